@@ -1,0 +1,104 @@
+# dsv4 build.  `make` = CPU-only build (never touches CUDA); `make CUDA=1` adds the
+# CUDA backend.  `make test` builds and runs every tests/test_*.c; `make SAN=1`
+# builds with ASan/UBSan; `make fuzz` builds the libFuzzer harnesses (clang).
+# Use BUILD=dir to keep separate trees (e.g. BUILD=build-san SAN=1).
+#
+# Dependencies (Debian packages; .ci/run installs the same list):
+#   libjansson-dev libpcre2-dev libmicrohttpd-dev, gcc with OpenMP, clang for fuzz.
+
+BUILD ?= build
+CC ?= cc
+CFLAGS_BASE := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -Isrc -fopenmp -g
+OPT ?= -O2 -march=x86-64-v3 -mtune=native
+LIBS := -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp
+
+ifeq ($(SAN),1)
+  OPT := -O1 -fno-omit-frame-pointer
+  CFLAGS_BASE += -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LIBS += -fsanitize=address,undefined
+endif
+
+CFLAGS := $(CFLAGS_BASE) $(OPT) $(EXTRA_CFLAGS)
+
+# Every .c under src/ except main.c and the CUDA tree belongs to the library.
+SRC := $(filter-out src/main.c,$(shell find src -name '*.c' -not -path 'src/backend/cuda/*' | sort))
+CUDA_SRC :=
+NVCC ?= /usr/local/cuda/bin/nvcc
+ifeq ($(CUDA),1)
+  CUDA_C_SRC := $(shell find src/backend/cuda -name '*.c' | sort)
+  CUDA_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
+  SRC += $(CUDA_C_SRC)
+  CFLAGS += -DDSV4_HAVE_CUDA=1
+  LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+  NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
+endif
+
+OBJ := $(SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB := $(BUILD)/libdsv4.a
+BIN := $(BUILD)/dsv4
+
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all test tests clean fuzz fuzz-replay default-model test-cuda format
+all: $(BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(BUILD)/src/main.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -MMD -MP $< $(LIB) -o $@ $(LIBS)
+
+tests: $(BIN) $(TEST_BIN)
+
+# Runs every unit test binary, then the CLI tests; the last line is "N passed, N failed".
+test: tests default-model
+	@BUILD=$(BUILD) bash tests/run.sh
+
+# The embedded default model: generated deterministically at build time by synth
+# (not a committed blob) with the real DeepSeek-V4 tokenizer.  See docs/DEFAULT_MODEL.md.
+DEFAULT_MODEL := $(BUILD)/default-model
+default-model: $(DEFAULT_MODEL)/config.json
+$(DEFAULT_MODEL)/config.json: $(BIN) data/tokenizer/tokenizer.json
+	@rm -rf $(DEFAULT_MODEL)
+	$(BIN) synth --config tiny --seed 1 --out $(DEFAULT_MODEL) --tokenizer data/tokenizer
+
+# ----- fuzzing (clang + libFuzzer); corpora under fuzz/corpus/<name>/ -----
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_LIB_SRC := $(SRC)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp=libgomp
+$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $< $(FUZZ_LIB_SRC) -o $@ -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread -lgomp
+fuzz: $(FUZZ_BIN)
+# Replays every committed corpus (no new inputs): what CI runs.
+fuzz-replay: $(FUZZ_BIN)
+	@set -e; for f in $(FUZZ_BIN); do n=$$(basename $$f); \
+	  echo "replay $$n"; $$f -runs=0 fuzz/corpus/$${n#fuzz_}/ 2>&1 | tail -1; done
+
+test-cuda: CUDA=1
+test-cuda:
+	$(MAKE) CUDA=1 BUILD=build-cuda all
+	$(MAKE) CUDA=1 BUILD=build-cuda $(filter build-cuda/tests/test_cuda%,$(TEST_SRC:tests/%.c=build-cuda/tests/%))
+
+format:
+	clang-format -i $$(find src tests fuzz -name '*.[ch]' -o -name '*.cu')
+
+clean:
+	rm -rf build build-*
+
+-include $(OBJ:.o=.d) $(BUILD)/src/main.d $(TEST_BIN:=.d)

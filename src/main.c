@@ -1,0 +1,38 @@
+/* dsv4: subcommand dispatch only. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/commands.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} command;
+
+static const command COMMANDS[] = {
+    {"inspect", dsv4_cmd_inspect, "describe a checkpoint or config: shapes, parameters, bytes, verdict"},
+    {"synth", dsv4_cmd_synth, "write a synthetic checkpoint in the official layout"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dsv4 COMMAND [options]   (dsv4 COMMAND --help for details)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        fprintf(f, "  %-12s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
