@@ -109,6 +109,10 @@ char *dsv4_config_to_json(const dsv4_config *cfg);
  * n_hash_layers is clamped to n. */
 int dsv4_config_truncate(dsv4_config *cfg, int n, dsv4_err *err);
 
+/* 1 if a and b hold the same model (every field but `name`), else 0 and, if
+ * diff is non-NULL, the first differing field's name written into it. */
+int dsv4_config_equal(const dsv4_config *a, const dsv4_config *b, char *diff, size_t diff_len);
+
 /* Convenience queries. */
 static inline int dsv4_config_total_layers(const dsv4_config *c) { return c->n_layers + c->n_mtp; }
 static inline int dsv4_config_is_hash(const dsv4_config *c, int layer) {
