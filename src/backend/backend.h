@@ -1,0 +1,129 @@
+/* backend/backend: the op table every compute backend fills (STYLE §5).
+ *
+ * Owns: the contract between model/forward (one graph, written once) and the
+ * backends (cpu today, cuda next).  Buffers are opaque backend memory reached
+ * through `void *`/`float *` handles that only the backend dereferences; the CPU
+ * backend's handles are host pointers.  Activations are float32 rows, row-major,
+ * `rows` rows per call (prefill chunks and several sequences batched together).
+ * Weights stay in their stored formats (dsv4_weight: bf16, fp8 blocks, mxfp4,
+ * nvfp4) and are dequantized by the op as it streams them.
+ *
+ * Each op documents its layout; flags are ints taken from dsv4_numerics by the
+ * caller, so a backend never sees profiles.  Ops do not fail: shapes are checked
+ * by the forward pass when a model is opened.  A CUDA backend must give results
+ * equal to the CPU op within a stated tolerance (tests/test_backend_cpu.c holds
+ * scalar references for each op).
+ *
+ * Tracing: if `trace` is set, the forward pass calls it after every op with the
+ * op name, the layer and the output buffer (the layer-diff tool hashes it).
+ * Threading: one thread calls a backend at a time; ops parallelise inside.
+ */
+#ifndef DSV4_BACKEND_BACKEND_H
+#define DSV4_BACKEND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/weights.h"
+#include "util/err.h"
+
+typedef struct dsv4_backend dsv4_backend;
+
+/* Quantization simulations applied in place by op `sim` on a [rows, stride]
+ * buffer, to `width` values starting at column `col0` of each row. */
+enum {
+    DSV4_SIM_BF16 = 1,        /* round to bf16 */
+    DSV4_SIM_FP8_B64 = 2,     /* fp8_sim, blocks of 64 (KV nope dims) */
+    DSV4_SIM_HAD_FP4_B32 = 3, /* Hadamard over width, then fp4_sim in blocks of 32 (indexer) */
+    DSV4_SIM_FP8_ROW = 4,     /* e4m3 with one pow2 scale per row (indexer.keys=fp8) */
+    DSV4_SIM_FP4_B32 = 5,     /* e2m1 blocks of 32 without Hadamard (indexer.keys=fp4) */
+};
+
+typedef struct dsv4_backend_ops {
+    const char *name;
+
+    /* ----- memory ----- */
+    void *(*alloc)(dsv4_backend *b, size_t bytes); /* zero-filled; NULL on failure */
+    void (*free)(dsv4_backend *b, void *p);
+    void (*upload)(dsv4_backend *b, void *dst, const void *src, size_t bytes);   /* host -> backend */
+    void (*download)(dsv4_backend *b, void *dst, const void *src, size_t bytes); /* backend -> host */
+    void (*copy)(dsv4_backend *b, void *dst, const void *src, size_t bytes);     /* backend -> backend */
+
+    /* ----- ops ----- */
+    /* out[r][:] = embed row tokens[r] (dim floats). */
+    void (*embed)(dsv4_backend *b, float *out, const int32_t *tokens, int rows, const dsv4_weight *w);
+    /* out[r][o] = sum_k W[o][k] x[r][k]; x [rows, W.cols], out [rows, W.rows].  act_fp8: x is
+     * act-quantized (1x128 ue8m0 e4m3) first; out_bf16: outputs rounded to bf16. */
+    void (*matmul)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+                   int out_bf16);
+    /* Grouped low-rank projection (wo_a): W [groups*R, C], x [rows, groups*C];
+     * out[r][g*R+j] = sum_k W[g*R+j][k] x[r][g*C+k]. */
+    void (*matmul_grouped)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int groups,
+                           int in_bf16, int out_bf16);
+    /* RMSNorm over `dim` of each row (in place allowed); w NULL = unweighted.  Rows are
+     * `rows*groups` vectors of `dim` (per-head norms use groups = n_heads). */
+    void (*rmsnorm)(dsv4_backend *b, float *out, const float *x, int rows, int dim, const dsv4_weight *w,
+                    float eps, int out_bf16);
+    /* Interleaved RoPE on the last rope_dim dims of each of n_heads heads (head_dim apart)
+     * in place: pair i = (x[2i], x[2i+1]) rotated by pos[r]*freq[i] (or its conjugate when
+     * inverse).  freq: rope_dim/2 floats (host pointer). */
+    void (*rope)(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
+                 const double *freq, int inverse, int out_bf16);
+    /* In-place simulation (DSV4_SIM_*) on columns [col0, col0+width) of each row of stride. */
+    void (*sim)(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode);
+    /* mHC pre (spec §2.3): X [rows, hc*dim] -> y [rows, dim], post [rows, hc], comb [rows, hc*hc]. */
+    void (*hc_pre)(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
+                   const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                   float norm_eps, float hc_eps, int gemm_bf16, int out_bf16);
+    /* mHC post: Xout[r][k] = post[k] o[r] + sum_j comb[j][k] R[r][j]; state rounded to bf16 if asked. */
+    void (*hc_post)(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
+                    const float *comb, int rows, int hc, int dim, int state_bf16);
+    /* hc_head (spec §2.7): y[r] = sum_j pre[j] X[r][j]. */
+    void (*hc_head)(dsv4_backend *b, float *y, const float *X, int rows, int hc, int dim, const dsv4_weight *fn,
+                    const dsv4_weight *base, const dsv4_weight *scale, float norm_eps, float hc_eps,
+                    int gemm_bf16, int out_bf16);
+    /* Sink attention (spec §2.5): q [rows, n_heads*head_dim]; row r attends to the n_kv[r] rows
+     * kv[r*max_kv + j] (pointers to head_dim floats, K = V); out [rows, n_heads*head_dim]. */
+    void (*sparse_attn)(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                        const float *const *kv, const int *n_kv, int max_kv, const float *sink, float scale,
+                        int prob_bf16, int out_bf16);
+    /* Indexer scores: score[r][j] = sum_h w[r][h] relu(q[r][h] . key[r*max_keys+j]) for j < n_keys[r]
+     * (q [rows, n_heads*head_dim]); score_bf16 rounds products and sums to bf16. */
+    void (*indexer_scores)(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
+                           int head_dim, const float *const *keys, const int *n_keys, int max_keys,
+                           int score_bf16);
+    /* Top-k per row of score[rows][stride] over the first n[r] entries: writes min(k, n[r]) indices
+     * to idx[r*k ...] (ascending index order) and the count to n_out[r]. */
+    void (*topk)(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride,
+                 const int *n, int k);
+    /* Softmax pooling (compressor emit): for each channel c < width,
+     * out[c] = sum_t softmax_t(gate[t][c]) kv[t][c] over n entries (entry t: pointers kv[t], gate[t]). */
+    void (*pool)(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width);
+    /* Router (spec §2.6): logits [rows, n_routed] (fp32) -> experts/weights [rows, k].
+     * hash_ids: tid2eid rows for each token (NULL = biased top-k with bias, may be NULL).
+     * scale multiplies the renormalised weights (routed_scaling_factor, or 1). */
+    void (*route)(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
+                  int k, const float *bias, const int32_t *hash_ids, float scale);
+    /* Routed + shared experts (clamped SwiGLU): out[r] = sum_k wgt[r][k] FFN_{e[r][k]}(x[r]) + FFN_shared(x[r]);
+     * before_w2: the weight multiplies the activation before w2 (else after).  out_scale multiplies
+     * the routed sum (moe.route_scale=output/both). */
+    void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
+                const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
+                int act_fp8, int act_bf16, float out_scale);
+} dsv4_backend_ops;
+
+typedef void (*dsv4_backend_trace_fn)(void *user, const char *op, int layer, const float *out, size_t n);
+
+struct dsv4_backend {
+    const dsv4_backend_ops *ops;
+    void *impl;                   /* backend-private */
+    int n_threads;                /* 0 = default */
+    dsv4_backend_trace_fn trace;  /* optional op trace */
+    void *trace_user;
+};
+
+/* The CPU reference backend (src/backend/cpu). */
+int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err);
+void dsv4_backend_cpu_free(dsv4_backend *b);
+
+#endif
