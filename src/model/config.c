@@ -301,7 +301,7 @@ static int read_compress_ratios(cfg_ctx *c, dsv4_config *cfg, int *have) {
      * nonzero one would mean a layer we do not know about). */
     if (n < (size_t)total)
         return dsv4_errf(c->err,
-                         "%s: \"compress_ratios\" has %zu entries, expected num_hidden_layers (%d) + "
+                         "%s: compress_ratios has %zu entries, expected num_hidden_layers (%d) + "
                          "num_nextn_predict_layers (%d)",
                          c->what, n, cfg->n_layers, cfg->n_mtp);
     for (size_t i = 0; i < n; i++) {
@@ -630,6 +630,19 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
         if (str_of(c, v, "model_type", &s)) return -1;
         if (strcmp(s, "deepseek_v4"))
             return dsv4_errf(c->err, "%s: \"model_type\" is \"%s\", expected deepseek_v4", c->what, s);
+    }
+    /* Keys that would change the math if set otherwise, checked when present. */
+    v = get(c->root, "hidden_act");
+    if (v) {
+        if (str_of(c, v, "hidden_act", &s)) return -1;
+        if (strcmp(s, "silu")) return dsv4_errf(c->err, "%s: \"hidden_act\" = \"%s\", expected silu", c->what, s);
+    }
+    static const char *must_be_false[] = {"tie_word_embeddings", "attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < sizeof must_be_false / sizeof must_be_false[0]; i++) {
+        v = get(c->root, must_be_false[i]);
+        if (v && !json_is_false(v))
+            return dsv4_errf(c->err, "%s: \"%s\" must be false for DeepSeek-V4, got %s", c->what, must_be_false[i],
+                             jtype(v));
     }
     for (size_t i = 0; i < sizeof INT_KEYS / sizeof INT_KEYS[0]; i++)
         if (req_int(c, INT_KEYS[i].key, INT_KEYS[i].lo, CFG_INT_MAX, (int *)((char *)cfg + INT_KEYS[i].off)))
