@@ -131,15 +131,51 @@ typedef enum {
 
 const char *dsv4_wclass_name(dsv4_wclass c);
 
+/* Which struct field an inventory entry binds to (dsv4_inv_entry.role). */
+typedef enum {
+    /* globals (layer = -1) */
+    DSV4_W_EMBED = 0, DSV4_W_HEAD, DSV4_W_NORM, DSV4_W_HC_HEAD_FN, DSV4_W_HC_HEAD_BASE, DSV4_W_HC_HEAD_SCALE,
+    /* per layer */
+    DSV4_W_ATTN_NORM, DSV4_W_FFN_NORM,
+    DSV4_W_HC_ATTN_FN, DSV4_W_HC_ATTN_BASE, DSV4_W_HC_ATTN_SCALE,
+    DSV4_W_HC_FFN_FN, DSV4_W_HC_FFN_BASE, DSV4_W_HC_FFN_SCALE,
+    DSV4_W_WQ_A, DSV4_W_Q_NORM, DSV4_W_WQ_B, DSV4_W_WKV, DSV4_W_KV_NORM, DSV4_W_WO_A, DSV4_W_WO_B,
+    DSV4_W_ATTN_SINK,
+    DSV4_W_COMP_WKV, DSV4_W_COMP_WGATE, DSV4_W_COMP_APE, DSV4_W_COMP_NORM,
+    DSV4_W_IDX_WQ_B, DSV4_W_IDX_WPROJ,
+    DSV4_W_IDX_COMP_WKV, DSV4_W_IDX_COMP_WGATE, DSV4_W_IDX_COMP_APE, DSV4_W_IDX_COMP_NORM,
+    DSV4_W_GATE, DSV4_W_GATE_BIAS, DSV4_W_TID2EID,
+    DSV4_W_EXP_W1, DSV4_W_EXP_W2, DSV4_W_EXP_W3,
+    DSV4_W_SH_W1, DSV4_W_SH_W2, DSV4_W_SH_W3,
+    /* MTP only */
+    DSV4_W_E_PROJ, DSV4_W_H_PROJ, DSV4_W_ENORM, DSV4_W_HNORM, DSV4_W_MTP_NORM,
+    DSV4_W_MTP_HC_HEAD_FN, DSV4_W_MTP_HC_HEAD_BASE, DSV4_W_MTP_HC_HEAD_SCALE,
+    DSV4_W_COUNT
+} dsv4_wrole;
+
+/* Which part of a logical weight a tensor holds. */
+typedef enum {
+    DSV4_PART_DATA = 0,        /* .weight (or the bare tensor: attn_sink, ape, hc_*, bias, tid2eid) */
+    DSV4_PART_SCALE,           /* FP8/MXFP4 .scale, NVFP4 .weight_scale */
+    DSV4_PART_SCALE2,          /* NVFP4 .weight_scale_2 (f32 scalar) */
+    DSV4_PART_INPUT_SCALE,     /* NVFP4 .input_scale (f32 scalar) */
+} dsv4_wpart;
+
 typedef struct dsv4_inv_entry {
     char name[96];
     dsv4_dtype dtype;
-    int ndim;
+    int ndim;                  /* 0 for NVFP4 scalars */
     int64_t shape[4];
     dsv4_wclass cls;
-    int layer;                 /* -1 for globals */
+    int layer;                 /* -1 for globals; MTP layer i is n_layers + i */
     int expert;                /* routed expert index, else -1 */
-    int role;                  /* internal: which field it binds to */
+    int role;                  /* dsv4_wrole: which field it binds to */
+    /* the logical weight this tensor belongs to (same for its data and scale tensors) */
+    dsv4_wpart part;
+    dsv4_wfmt fmt;
+    int64_t rows, cols;        /* logical [rows, cols] (vectors: rows = 1) */
+    int64_t params;            /* logical elements if part == DATA (tid2eid: 0, it is a table), else 0 */
+    size_t bytes;              /* prod(shape) * dtype size */
 } dsv4_inv_entry;
 
 /* Enumerates the tensors a checkpoint of this config holds, in a stable order
@@ -148,9 +184,24 @@ typedef struct dsv4_inv_entry {
 typedef int (*dsv4_inv_fn)(const dsv4_inv_entry *e, void *user);
 int dsv4_inventory(const dsv4_config *cfg, dsv4_inv_fn fn, void *user);
 
+/* Collects the inventory into a malloc'd array (*out, *n).  Returns 0 or -1. */
+int dsv4_inventory_list(const dsv4_config *cfg, dsv4_inv_entry **out, int64_t *n, dsv4_err *err);
+
+const char *dsv4_wfmt_name(dsv4_wfmt f);
+
 /* Binds every tensor of st into *m according to cfg.  On failure every problem
  * found is listed in err (truncated if very long), and *m is left empty. */
 int dsv4_weights_bind(dsv4_model_w *m, const dsv4_config *cfg, const dsv4_st *st, dsv4_err *err);
+/* Same, and on failure also returns in *report (malloc'd, caller frees; may be
+ * NULL) the problems one per line: up to 20, then "... and N more".  err gets a
+ * one-line summary with as many problems as fit. */
+int dsv4_weights_bind_report(dsv4_model_w *m, const dsv4_config *cfg, const dsv4_st *st, char **report,
+                             dsv4_err *err);
+/* Compares the hyperparameters that set tensor shapes (hidden_size, vocab_size,
+ * q_lora_rank, heads, experts, layer counts ...) against telltale tensors of st.
+ * Returns 0 if they agree, else -1 with err naming the config key, its value and
+ * the tensor that contradicts it.  Used to explain a wholesale shape mismatch. */
+int dsv4_weights_check_config(const dsv4_config *cfg, const dsv4_st *st, dsv4_err *err);
 void dsv4_weights_free(dsv4_model_w *m);
 
 #endif
