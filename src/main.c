@@ -12,7 +12,12 @@ typedef struct {
 
 static const command COMMANDS[] = {
     {"inspect", dsv4_cmd_inspect, "describe a checkpoint or config: shapes, parameters, bytes, verdict"},
+    {"logits", dsv4_cmd_logits, "next-token logits of a token sequence (float32 T x vocab)"},
+    {"switches", dsv4_cmd_switches, "list numerics switches and profiles; --measure their distance from exact"},
     {"synth", dsv4_cmd_synth, "write a synthetic checkpoint in the official layout"},
+    {"tokenize", dsv4_cmd_tokenize, "text on stdin -> token ids (comma-separated)"},
+    {"detokenize", dsv4_cmd_detokenize, "token ids on stdin -> text"},
+    {"render", dsv4_cmd_render, "messages JSON -> the DeepSeek-V4 chat prompt (or its token ids)"},
 };
 
 static void usage(FILE *f) {

@@ -9,5 +9,10 @@
 
 int dsv4_cmd_inspect(int argc, char **argv);
 int dsv4_cmd_synth(int argc, char **argv);
+int dsv4_cmd_tokenize(int argc, char **argv);
+int dsv4_cmd_detokenize(int argc, char **argv);
+int dsv4_cmd_render(int argc, char **argv);
+int dsv4_cmd_logits(int argc, char **argv);
+int dsv4_cmd_switches(int argc, char **argv);
 
 #endif
