@@ -86,7 +86,8 @@ static void test_flash_file(void) {
     CHECK(c.norm_eps == 1e-6 && c.hc_eps == 1e-6);
     CHECK(c.routed_scale == 1.5 && c.swiglu_limit == 10.0);
     CHECK(c.rope_theta == 10000 && c.compress_rope_theta == 160000);
-    CHECK(c.yarn_factor == 16 && c.yarn_original_seq == 65536 && c.yarn_beta_fast == 32 && c.yarn_beta_slow == 1);
+    CHECK(c.yarn_factor == 16 && c.yarn_original_seq == 65536 && c.yarn_beta_fast == 32 &&
+          c.yarn_beta_slow == 1);
     CHECK_EQ_INT(c.linear_dtype, DSV4_LINEAR_FP8);
     CHECK_EQ_INT(c.scale_fmt, DSV4_SCALE_UE8M0);
     CHECK_EQ_INT(c.quant_block, 128);
@@ -155,7 +156,8 @@ static void test_builtins(void) {
 
     REQUIRE(dsv4_config_builtin(&t, "tiny", &err) == 0);
     static const int ratios[6] = {0, 4, 8, 4, 8, 0};
-    for (int i = 0; i < 6; i++) CHECK_EQ_INT(t.compress_ratio[i], ratios[i]);
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ_INT(t.compress_ratio[i], ratios[i]);
     CHECK_EQ_INT(t.vocab_size, 129280);
     CHECK_EQ_INT(t.dim, 128);
     CHECK_EQ_INT(t.n_layers, 5);
@@ -179,7 +181,8 @@ static void test_builtins(void) {
     CHECK_EQ_INT(t.hc_sinkhorn_iters, 20);
     CHECK(t.norm_eps == 1e-6 && t.hc_eps == 1e-6 && t.routed_scale == 1.5 && t.swiglu_limit == 10);
     CHECK(t.rope_theta == 10000 && t.compress_rope_theta == 160000);
-    CHECK(t.yarn_factor == 16 && t.yarn_original_seq == 65536 && t.yarn_beta_fast == 32 && t.yarn_beta_slow == 1);
+    CHECK(t.yarn_factor == 16 && t.yarn_original_seq == 65536 && t.yarn_beta_fast == 32 &&
+          t.yarn_beta_slow == 1);
     CHECK(t.linear_dtype == DSV4_LINEAR_FP8 && t.scale_fmt == DSV4_SCALE_UE8M0 && t.quant_block == 128);
     CHECK(t.expert_dtype == DSV4_EXPERT_FP4);
     CHECK(t.bos_id == 0 && t.eos_id == 1 && t.max_position == 1048576);
@@ -264,15 +267,19 @@ static void test_roundtrip(void) {
     CHECK_STR(json_string_value(json_array_get(lt, 0)), "sliding_attention");
     CHECK_STR(json_string_value(json_array_get(lt, 1)), "compressed_sparse_attention");
     CHECK_STR(json_string_value(json_array_get(lt, 2)), "heavily_compressed_attention");
-    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "compress_rates"), "heavily_compressed_attention")), 8);
+    CHECK_EQ_INT(json_integer_value(
+                     json_object_get(json_object_get(j, "compress_rates"), "heavily_compressed_attention")),
+                 8);
     json_t *comp = json_object_get(json_object_get(j, "rope_parameters"), "compress");
     CHECK(json_real_value(json_object_get(comp, "attention_factor")) == 1.0);
     CHECK_STR(json_string_value(json_object_get(comp, "rope_type")), "yarn");
     CHECK(json_number_value(json_object_get(comp, "rope_theta")) == 160000);
     CHECK(json_number_value(json_object_get(j, "partial_rotary_factor")) == 0.25);
-    CHECK_STR(json_string_value(json_object_get(json_object_get(j, "quantization_config"), "scale_fmt")), "ue8m0");
+    CHECK_STR(json_string_value(json_object_get(json_object_get(j, "quantization_config"), "scale_fmt")),
+              "ue8m0");
     CHECK_STR(json_string_value(json_object_get(j, "model_type")), "deepseek_v4");
-    CHECK_STR(json_string_value(json_array_get(json_object_get(j, "architectures"), 0)), "DeepseekV4ForCausalLM");
+    CHECK_STR(json_string_value(json_array_get(json_object_get(j, "architectures"), 0)),
+              "DeepseekV4ForCausalLM");
     /* short decimals stay short */
     char *compact = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -287,9 +294,11 @@ static void test_roundtrip(void) {
 /* Keys whose absence is allowed: they do not change the math, or their
  * absence has a documented meaning checked below. */
 static const char *OPTIONAL_KEYS[] = {
-    "architectures", "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id",
-    "expert_dtype", "hidden_act", "initializer_range", "max_position_embeddings", "model_type",
-    "quantization_config", "tie_word_embeddings", "topk_method", "torch_dtype", "transformers_version",
+    "architectures", "attention_bias",      "attention_dropout",
+    "bos_token_id",  "eos_token_id",        "expert_dtype",
+    "hidden_act",    "initializer_range",   "max_position_embeddings",
+    "model_type",    "quantization_config", "tie_word_embeddings",
+    "topk_method",   "torch_dtype",         "transformers_version",
     "use_cache",
 };
 
@@ -327,9 +336,12 @@ static void test_missing_keys(void) {
 
     /* nested keys */
     static const char *nested[][2] = {
-        {"rope_scaling", "factor"},          {"rope_scaling", "original_max_position_embeddings"},
-        {"rope_scaling", "beta_fast"},       {"rope_scaling", "beta_slow"},
-        {"rope_scaling", "type"},            {"quantization_config", "quant_method"},
+        {"rope_scaling", "factor"},
+        {"rope_scaling", "original_max_position_embeddings"},
+        {"rope_scaling", "beta_fast"},
+        {"rope_scaling", "beta_slow"},
+        {"rope_scaling", "type"},
+        {"quantization_config", "quant_method"},
         {"quantization_config", "weight_block_size"},
     };
     for (size_t i = 0; i < sizeof nested / sizeof nested[0]; i++) {
@@ -418,14 +430,17 @@ static void test_wrong_types(void) {
         {"norm_topk_prob", "1", "norm_topk_prob", NULL},
         {"scoring_func", "7", "scoring_func", "string"},
         {"rope_scaling", "[16]", "rope_scaling", NULL},
-        {"rope_scaling", "{\"type\": \"yarn\", \"factor\": \"16\", \"original_max_position_embeddings\": 65536, "
-                         "\"beta_fast\": 32, \"beta_slow\": 1}",
+        {"rope_scaling",
+         "{\"type\": \"yarn\", \"factor\": \"16\", \"original_max_position_embeddings\": 65536, "
+         "\"beta_fast\": 32, \"beta_slow\": 1}",
          "rope_scaling.factor", NULL},
-        {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536.5, "
-                         "\"beta_fast\": 32, \"beta_slow\": 1}",
+        {"rope_scaling",
+         "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536.5, "
+         "\"beta_fast\": 32, \"beta_slow\": 1}",
          "rope_scaling.original_max_position_embeddings", NULL},
         {"quantization_config", "\"fp8\"", "quantization_config", NULL},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": 128}", "weight_block_size", NULL},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": 128}",
+         "weight_block_size", NULL},
         {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, \"128\"]}",
          "weight_block_size[1]", NULL},
         {"expert_dtype", "4", "expert_dtype", NULL},
@@ -445,9 +460,11 @@ static void test_wrong_types(void) {
 
 static void test_inconsistent_values(void) {
     static const bad_case cases[] = {
-        {"compress_ratios", "[0,0,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,"
-                            "4,128,4,128,4,128,4,128,4,0]",
-         "compress_ratios has 40 entries, expected num_hidden_layers (43) + num_nextn_predict_layers (1)", NULL},
+        {"compress_ratios",
+         "[0,0,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,4,128,"
+         "4,128,4,128,4,128,4,128,4,0]",
+         "compress_ratios has 40 entries, expected num_hidden_layers (43) + num_nextn_predict_layers (1)",
+         NULL},
         {"head_dim", "64", "head_dim", "qk_rope_head_dim"},
         {"head_dim", "32", "head_dim", "qk_rope_head_dim"},
         {"qk_rope_head_dim", "63", "qk_rope_head_dim", "even"},
@@ -472,26 +489,33 @@ static void test_inconsistent_values(void) {
         {"swiglu_limit", "-1", "swiglu_limit", NULL},
         {"rope_theta", "0", "rope_theta", NULL},
         {"rope_scaling", "{\"type\": \"linear\", \"factor\": 16}", "rope_scaling.type", NULL},
-        {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 0.5, \"original_max_position_embeddings\": 65536, "
-                         "\"beta_fast\": 32, \"beta_slow\": 1}",
+        {"rope_scaling",
+         "{\"type\": \"yarn\", \"factor\": 0.5, \"original_max_position_embeddings\": 65536, "
+         "\"beta_fast\": 32, \"beta_slow\": 1}",
          "rope_scaling.factor", NULL},
-        {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, "
-                         "\"beta_fast\": 1, \"beta_slow\": 32}",
+        {"rope_scaling",
+         "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, "
+         "\"beta_fast\": 1, \"beta_slow\": 32}",
          "beta_fast", NULL},
-        {"rope_scaling", "{\"type\": \"yarn\", \"rope_type\": \"linear\", \"factor\": 16}", "rope_type", "type"},
-        {"rope_scaling", "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, "
-                         "\"beta_fast\": 32, \"beta_slow\": 1, \"attention_factor\": 1.277}",
+        {"rope_scaling", "{\"type\": \"yarn\", \"rope_type\": \"linear\", \"factor\": 16}", "rope_type",
+         "type"},
+        {"rope_scaling",
+         "{\"type\": \"yarn\", \"factor\": 16, \"original_max_position_embeddings\": 65536, "
+         "\"beta_fast\": 32, \"beta_slow\": 1, \"attention_factor\": 1.277}",
          "attention_factor", NULL},
         {"quantization_config", "{\"quant_method\": \"awq\"}", "quant_method", "awq"},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", \"weight_block_size\": [128, 128]}",
+        {"quantization_config",
+         "{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\", \"weight_block_size\": [128, 128]}",
          "quantization_config.fmt", NULL},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"scale_fmt\": \"e4m3\", \"weight_block_size\": [128, 128]}",
+        {"quantization_config",
+         "{\"quant_method\": \"fp8\", \"scale_fmt\": \"e4m3\", \"weight_block_size\": [128, 128]}",
          "scale_fmt", NULL},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}", "weight_block_size",
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}",
+         "weight_block_size", NULL},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [0, 0]}",
+         "weight_block_size", NULL},
+        {"quantization_config", "{\"quant_method\": \"modelopt\", \"quant_algo\": \"FP8\"}", "quant_algo",
          NULL},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [0, 0]}", "weight_block_size",
-         NULL},
-        {"quantization_config", "{\"quant_method\": \"modelopt\", \"quant_algo\": \"FP8\"}", "quant_algo", NULL},
         {"quantization_config", "{\"quant_method\": \"modelopt\"}", "quant_algo", NULL},
         {"expert_dtype", "\"int8\"", "expert_dtype", "int8"},
         {"bos_token_id", "129280", "bos_token_id", "vocab_size"},
@@ -512,7 +536,8 @@ static void test_inconsistent_values(void) {
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         json_t *j = json_deep_copy(flash);
-        json_array_set_new(json_object_get(j, "compress_ratios"), edits[i].index, json_integer(edits[i].value));
+        json_array_set_new(json_object_get(j, "compress_ratios"), edits[i].index,
+                           json_integer(edits[i].value));
         dsv4_config c;
         dsv4_err err = {{0}};
         if (edits[i].needle) {
@@ -561,10 +586,13 @@ static void test_fixtures(void) {
     dsv4_err err = {{0}};
     REQUIRE(dsv4_config_builtin(&flash, "flash", &err) == 0);
 
-    REQUIRE(dsv4_config_load(&c, FIXTURES "flash_base.json", &err) == 0 || (fprintf(stderr, "  %s\n", err.msg), 0));
-    CHECK(c.expert_dtype == DSV4_EXPERT_FP8 && c.scale_fmt == DSV4_SCALE_F32 && c.linear_dtype == DSV4_LINEAR_FP8);
+    REQUIRE(dsv4_config_load(&c, FIXTURES "flash_base.json", &err) == 0 ||
+            (fprintf(stderr, "  %s\n", err.msg), 0));
+    CHECK(c.expert_dtype == DSV4_EXPERT_FP8 && c.scale_fmt == DSV4_SCALE_F32 &&
+          c.linear_dtype == DSV4_LINEAR_FP8);
 
-    REQUIRE(dsv4_config_load(&c, FIXTURES "flash_nvfp4.json", &err) == 0 || (fprintf(stderr, "  %s\n", err.msg), 0));
+    REQUIRE(dsv4_config_load(&c, FIXTURES "flash_nvfp4.json", &err) == 0 ||
+            (fprintf(stderr, "  %s\n", err.msg), 0));
     CHECK(c.expert_dtype == DSV4_EXPERT_NVFP4 && c.scale_fmt == DSV4_SCALE_UE8M0 &&
           c.linear_dtype == DSV4_LINEAR_FP8 && c.quant_block == 128);
 
@@ -602,9 +630,10 @@ static void test_transformers_only(void) {
     REQUIRE(parse_value(&c, j, &err) == 0);
     CHECK(same(&tiny, &c, "mixed consistent"));
     /* drop every official spelling that has a transformers twin */
-    static const char *official[] = {"compress_ratios", "num_hash_layers", "qk_rope_head_dim",
+    static const char *official[] = {"compress_ratios", "num_hash_layers",     "qk_rope_head_dim",
                                      "rope_theta",      "compress_rope_theta", "rope_scaling"};
-    for (size_t i = 0; i < sizeof official / sizeof official[0]; i++) json_object_del(j, official[i]);
+    for (size_t i = 0; i < sizeof official / sizeof official[0]; i++)
+        json_object_del(j, official[i]);
     CHECKF(parse_value(&c, j, &err) == 0, "%s", err.msg);
     CHECK(same(&tiny, &c, "transformers only")); /* MTP ratio 0 as in tiny */
 
@@ -623,7 +652,8 @@ static void test_transformers_only(void) {
     json_t *k = json_deep_copy(j);
     json_object_del(k, "partial_rotary_factor");
     json_object_del(json_object_get(json_object_get(k, "rope_parameters"), "main"), "partial_rotary_factor");
-    json_object_del(json_object_get(json_object_get(k, "rope_parameters"), "compress"), "partial_rotary_factor");
+    json_object_del(json_object_get(json_object_get(k, "rope_parameters"), "compress"),
+                    "partial_rotary_factor");
     EXPECT_FAIL(k, "no rope dims", "qk_rope_head_dim", "partial_rotary_factor");
     json_decref(k);
     k = json_deep_copy(j);
@@ -666,9 +696,11 @@ static json_t *member_parent(json_t *root, const char *path, char *last, size_t 
 
 static void test_mixed_contradicting(void) {
     static const tf_edit edits[] = {
-        {"mlp_layer_types", "[\"hash_moe\", \"moe\", \"moe\", \"moe\", \"moe\"]", "num_hash_layers", "mlp_layer_types"},
+        {"mlp_layer_types", "[\"hash_moe\", \"moe\", \"moe\", \"moe\", \"moe\"]", "num_hash_layers",
+         "mlp_layer_types"},
         {"mlp_layer_types", "[\"moe\", \"hash_moe\", \"moe\", \"moe\", \"moe\"]", "mlp_layer_types[1]", NULL},
-        {"mlp_layer_types", "[\"hash_moe\", \"hash_moe\", \"dense\", \"moe\", \"moe\"]", "mlp_layer_types[2]", NULL},
+        {"mlp_layer_types", "[\"hash_moe\", \"hash_moe\", \"dense\", \"moe\", \"moe\"]", "mlp_layer_types[2]",
+         NULL},
         {"mlp_layer_types", "[\"hash_moe\", \"hash_moe\", \"moe\", \"moe\"]", "mlp_layer_types", "4 entries"},
         {"layer_types",
          "[\"sliding_attention\", \"heavily_compressed_attention\", \"heavily_compressed_attention\", "
@@ -685,7 +717,8 @@ static void test_mixed_contradicting(void) {
         {"compress_rates.full_attention", "1", "full_attention", NULL},
         {"rope_parameters.main.rope_theta", "20000.0", "rope_theta", "rope_parameters.main.rope_theta"},
         {"rope_parameters.main.rope_type", "\"yarn\"", "rope_parameters.main.rope_type", NULL},
-        {"rope_parameters.compress.rope_theta", "40000.0", "compress_rope_theta", "rope_parameters.compress.rope_theta"},
+        {"rope_parameters.compress.rope_theta", "40000.0", "compress_rope_theta",
+         "rope_parameters.compress.rope_theta"},
         {"rope_parameters.compress.factor", "40.0", "rope_scaling", "rope_parameters"},
         {"rope_parameters.compress.beta_fast", "16.0", "rope_scaling", "rope_parameters"},
         {"rope_parameters.compress.rope_type", "\"default\"", "rope_scaling", "rope_parameters"},
@@ -694,8 +727,8 @@ static void test_mixed_contradicting(void) {
         {"rope_parameters.main", "7", "rope_parameters", "main"},
         {"partial_rotary_factor", "0.5", "partial_rotary_factor", "qk_rope_head_dim"},
         {"partial_rotary_factor", "0.3", "partial_rotary_factor", "whole number"},
-        {"rope_parameters.compress.partial_rotary_factor", "0.125", "rope_parameters.compress.partial_rotary_factor",
-         "qk_rope_head_dim"},
+        {"rope_parameters.compress.partial_rotary_factor", "0.125",
+         "rope_parameters.compress.partial_rotary_factor", "qk_rope_head_dim"},
         {"partial_rotary_factor", "1.5", "partial_rotary_factor", NULL},
     };
     json_t *base = tiny_json();
@@ -734,7 +767,8 @@ static void test_truncate(void) {
     CHECK_EQ_INT(c.n_mtp, 1);
     CHECK_EQ_INT(c.n_hash_layers, 3);
     static const int want[6] = {0, 0, 4, 128, 4, 0};
-    for (int i = 0; i < 6; i++) CHECK_EQ_INT(c.compress_ratio[i], want[i]);
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ_INT(c.compress_ratio[i], want[i]);
     CHECK(roundtrip(&c, "truncated flash"));
     REQUIRE(dsv4_config_truncate(&c, 2, &err) == 0);
     CHECK_EQ_INT(c.n_hash_layers, 2);
@@ -746,5 +780,6 @@ static void test_truncate(void) {
     CHECK_EQ_INT(c.n_layers, 2); /* unchanged by a failed call */
 }
 
-TEST_MAIN(test_flash_file, test_load_errors, test_builtins, test_roundtrip, test_missing_keys, test_wrong_types,
-          test_inconsistent_values, test_fixtures, test_transformers_only, test_mixed_contradicting, test_truncate)
+TEST_MAIN(test_flash_file, test_load_errors, test_builtins, test_roundtrip, test_missing_keys,
+          test_wrong_types, test_inconsistent_values, test_fixtures, test_transformers_only,
+          test_mixed_contradicting, test_truncate)

@@ -54,14 +54,22 @@ typedef struct {
 
 static const char *jtype(const json_t *v) {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: return "true";
-    case JSON_FALSE: return "false";
-    case JSON_NULL: return "null";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+        return "true";
+    case JSON_FALSE:
+        return "false";
+    case JSON_NULL:
+        return "null";
     }
     return "?";
 }
@@ -80,7 +88,8 @@ static int int_of(cfg_ctx *c, json_t *v, const char *key, int lo, int hi, int *o
         return dsv4_errf(c->err, "%s: \"%s\" must be an integer, got %s", c->what, key, jtype(v));
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return dsv4_errf(c->err, "%s: \"%s\" = %lld is out of range [%d, %d]", c->what, key, (long long)x, lo, hi);
+        return dsv4_errf(c->err, "%s: \"%s\" = %lld is out of range [%d, %d]", c->what, key, (long long)x, lo,
+                         hi);
     *out = (int)x;
     return 0;
 }
@@ -161,8 +170,10 @@ static int yarn_read(cfg_ctx *c, json_t *o, const char *prefix, yarn_params *y) 
     if (y->factor < 1)
         return dsv4_errf(c->err, "%s: \"%s.factor\" = %g must be >= 1", c->what, prefix, y->factor);
     if (!(y->beta_slow > 0) || !(y->beta_fast >= y->beta_slow))
-        return dsv4_errf(c->err, "%s: \"%s.beta_fast\" (%g) and \"%s.beta_slow\" (%g) must satisfy beta_fast >= beta_slow > 0",
-                         c->what, prefix, y->beta_fast, prefix, y->beta_slow);
+        return dsv4_errf(
+            c->err,
+            "%s: \"%s.beta_fast\" (%g) and \"%s.beta_slow\" (%g) must satisfy beta_fast >= beta_slow > 0",
+            c->what, prefix, y->beta_fast, prefix, y->beta_slow);
     /* transformers would scale cos/sin by attention_factor; V4 does not (spec §2.4). */
     json_t *af = get(o, "attention_factor");
     if (af) {
@@ -170,7 +181,8 @@ static int yarn_read(cfg_ctx *c, json_t *o, const char *prefix, yarn_params *y) 
         snprintf(key, sizeof key, "%s.attention_factor", prefix);
         if (num_of(c, af, key, &a)) return -1;
         if (a != 1.0)
-            return dsv4_errf(c->err, "%s: \"%s\" = %g: DeepSeek-V4 applies no YaRN attention scaling, it must be 1",
+            return dsv4_errf(c->err,
+                             "%s: \"%s\" = %g: DeepSeek-V4 applies no YaRN attention scaling, it must be 1",
                              c->what, key, a);
     }
     y->on = 1;
@@ -192,8 +204,8 @@ static int rope_type_of(cfg_ctx *c, json_t *o, const char *prefix, const char **
         snprintf(key, sizeof key, "%s.type", prefix);
         if (str_of(c, t2, key, &s)) return -1;
         if (*out && strcmp(*out, s))
-            return dsv4_errf(c->err, "%s: \"%s.rope_type\" (%s) and \"%s.type\" (%s) disagree", c->what, prefix,
-                             *out, prefix, s);
+            return dsv4_errf(c->err, "%s: \"%s.rope_type\" (%s) and \"%s.type\" (%s) disagree", c->what,
+                             prefix, *out, prefix, s);
         *out = s;
     }
     return 0;
@@ -209,7 +221,8 @@ static int yarn_from_object(cfg_ctx *c, json_t *o, const char *prefix, yarn_para
         memset(y, 0, sizeof *y);
         return 0;
     }
-    return dsv4_errf(c->err, "%s: \"%s.rope_type\" is \"%s\"; DeepSeek-V4 uses \"yarn\" (or \"default\" for none)",
+    return dsv4_errf(c->err,
+                     "%s: \"%s.rope_type\" is \"%s\"; DeepSeek-V4 uses \"yarn\" (or \"default\" for none)",
                      c->what, prefix, type);
 }
 
@@ -245,15 +258,17 @@ static int tf_rope_read(cfg_ctx *c, tf_rope *r) {
     json_t *main_o = get(rp, "main"), *comp = get(rp, "compress");
     if (main_o || comp) {
         if (!main_o || !comp || !json_is_object(main_o) || !json_is_object(comp))
-            return dsv4_errf(c->err, "%s: \"rope_parameters\" must hold both \"main\" and \"compress\" as objects",
+            return dsv4_errf(c->err,
+                             "%s: \"rope_parameters\" must hold both \"main\" and \"compress\" as objects",
                              c->what);
         const char *type;
         if (rope_type_of(c, main_o, "rope_parameters.main", &type)) return -1;
         if (type && strcmp(type, "default"))
-            return dsv4_errf(c->err,
-                             "%s: \"rope_parameters.main.rope_type\" is \"%s\"; uncompressed layers use plain RoPE "
-                             "(\"default\")",
-                             c->what, type);
+            return dsv4_errf(
+                c->err,
+                "%s: \"rope_parameters.main.rope_type\" is \"%s\"; uncompressed layers use plain RoPE "
+                "(\"default\")",
+                c->what, type);
         json_t *t = get(main_o, "rope_theta");
         if (t) {
             if (num_of(c, t, "rope_parameters.main.rope_theta", &r->theta)) return -1;
@@ -313,10 +328,11 @@ static int read_compress_ratios(cfg_ctx *c, dsv4_config *cfg, int *have) {
             return dsv4_errf(c->err, "%s: \"%s\" = %d: a ratio is 0 (uncompressed) or > 1", c->what, key, r);
         if (i >= (size_t)total) {
             if (r != 0)
-                return dsv4_errf(c->err,
-                                 "%s: \"%s\" = %d: entries past num_hidden_layers + num_nextn_predict_layers (%d) "
-                                 "must be 0",
-                                 c->what, key, r, total);
+                return dsv4_errf(
+                    c->err,
+                    "%s: \"%s\" = %d: entries past num_hidden_layers + num_nextn_predict_layers (%d) "
+                    "must be 0",
+                    c->what, key, r, total);
             continue;
         }
         cfg->compress_ratio[i] = r;
@@ -341,8 +357,8 @@ static int read_layer_types(cfg_ctx *c, const dsv4_config *cfg, int *ratios, int
     if (!json_is_array(lt))
         return dsv4_errf(c->err, "%s: \"layer_types\" must be an array, got %s", c->what, jtype(lt));
     if (json_array_size(lt) != (size_t)cfg->n_layers)
-        return dsv4_errf(c->err, "%s: \"layer_types\" has %zu entries, expected num_hidden_layers (%d)", c->what,
-                         json_array_size(lt), cfg->n_layers);
+        return dsv4_errf(c->err, "%s: \"layer_types\" has %zu entries, expected num_hidden_layers (%d)",
+                         c->what, json_array_size(lt), cfg->n_layers);
     json_t *rates = get(c->root, "compress_rates");
     if (rates && !json_is_object(rates))
         return dsv4_errf(c->err, "%s: \"compress_rates\" must be an object, got %s", c->what, jtype(rates));
@@ -368,19 +384,21 @@ static int read_layer_types(cfg_ctx *c, const dsv4_config *cfg, int *ratios, int
             /* dsv4 (like the reference) picks the overlapping compressor and the
              * indexer by ratio == 4, transformers by layer type: they must coincide. */
             if (s[0] == 'c' && r != 4)
-                return dsv4_errf(c->err, "%s: \"compress_rates.compressed_sparse_attention\" = %d must be 4", c->what,
-                                 r);
+                return dsv4_errf(c->err, "%s: \"compress_rates.compressed_sparse_attention\" = %d must be 4",
+                                 c->what, r);
             if (s[0] == 'h' && r == 4)
-                return dsv4_errf(c->err,
-                                 "%s: \"compress_rates.heavily_compressed_attention\" = 4 would make those layers "
-                                 "indexed (ratio 4 means compressed_sparse_attention)",
-                                 c->what);
+                return dsv4_errf(
+                    c->err,
+                    "%s: \"compress_rates.heavily_compressed_attention\" = 4 would make those layers "
+                    "indexed (ratio 4 means compressed_sparse_attention)",
+                    c->what);
             ratios[i] = r;
         } else {
-            return dsv4_errf(c->err,
-                             "%s: \"%s\" = \"%s\": expected sliding_attention, compressed_sparse_attention or "
-                             "heavily_compressed_attention",
-                             c->what, key, s);
+            return dsv4_errf(
+                c->err,
+                "%s: \"%s\" = \"%s\": expected sliding_attention, compressed_sparse_attention or "
+                "heavily_compressed_attention",
+                c->what, key, s);
         }
     }
     *have = 1;
@@ -395,8 +413,8 @@ static int read_mlp_layer_types(cfg_ctx *c, const dsv4_config *cfg, int *n_hash,
     if (!json_is_array(a))
         return dsv4_errf(c->err, "%s: \"mlp_layer_types\" must be an array, got %s", c->what, jtype(a));
     if (json_array_size(a) != (size_t)cfg->n_layers)
-        return dsv4_errf(c->err, "%s: \"mlp_layer_types\" has %zu entries, expected num_hidden_layers (%d)", c->what,
-                         json_array_size(a), cfg->n_layers);
+        return dsv4_errf(c->err, "%s: \"mlp_layer_types\" has %zu entries, expected num_hidden_layers (%d)",
+                         c->what, json_array_size(a), cfg->n_layers);
     int k = 0, seen_moe = 0;
     for (int i = 0; i < cfg->n_layers; i++) {
         char key[48];
@@ -405,7 +423,8 @@ static int read_mlp_layer_types(cfg_ctx *c, const dsv4_config *cfg, int *n_hash,
         if (str_of(c, json_array_get(a, i), key, &s)) return -1;
         if (!strcmp(s, "hash_moe")) {
             if (seen_moe)
-                return dsv4_errf(c->err, "%s: \"%s\" is hash_moe after a moe layer; hash layers must come first",
+                return dsv4_errf(c->err,
+                                 "%s: \"%s\" is hash_moe after a moe layer; hash layers must come first",
                                  c->what, key);
             k++;
         } else if (!strcmp(s, "moe")) {
@@ -428,12 +447,17 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
     int have_ed = eds != NULL;
     dsv4_expert_dtype e = DSV4_EXPERT_BF16;
     if (eds) {
-        if (!strcmp(eds, "fp4")) e = DSV4_EXPERT_FP4;
-        else if (!strcmp(eds, "fp8")) e = DSV4_EXPERT_FP8;
-        else if (!strcmp(eds, "nvfp4")) e = DSV4_EXPERT_NVFP4;
-        else if (!strcmp(eds, "bf16")) e = DSV4_EXPERT_BF16;
+        if (!strcmp(eds, "fp4"))
+            e = DSV4_EXPERT_FP4;
+        else if (!strcmp(eds, "fp8"))
+            e = DSV4_EXPERT_FP8;
+        else if (!strcmp(eds, "nvfp4"))
+            e = DSV4_EXPERT_NVFP4;
+        else if (!strcmp(eds, "bf16"))
+            e = DSV4_EXPERT_BF16;
         else
-            return dsv4_errf(c->err, "%s: \"expert_dtype\" = \"%s\": expected fp4, fp8, nvfp4 or bf16", c->what, eds);
+            return dsv4_errf(c->err, "%s: \"expert_dtype\" = \"%s\": expected fp4, fp8, nvfp4 or bf16",
+                             c->what, eds);
     }
 
     json_t *qc = get(c->root, "quantization_config");
@@ -443,9 +467,10 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
         cfg->scale_fmt = DSV4_SCALE_UE8M0;
         cfg->quant_block = 0;
         if (e == DSV4_EXPERT_FP8)
-            return dsv4_errf(c->err,
-                             "%s: \"expert_dtype\" = \"fp8\" needs \"quantization_config\" (its weight_block_size)",
-                             c->what);
+            return dsv4_errf(
+                c->err,
+                "%s: \"expert_dtype\" = \"fp8\" needs \"quantization_config\" (its weight_block_size)",
+                c->what);
         cfg->expert_dtype = e;
         return 0;
     }
@@ -466,11 +491,13 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
         if (!qa) return missing(c, "quantization_config.quant_algo");
         if (str_of(c, qa, "quantization_config.quant_algo", &algo)) return -1;
         if (strcmp(algo, "NVFP4"))
-            return dsv4_errf(c->err, "%s: \"quantization_config.quant_algo\" = \"%s\": only NVFP4 is supported",
+            return dsv4_errf(c->err,
+                             "%s: \"quantization_config.quant_algo\" = \"%s\": only NVFP4 is supported",
                              c->what, algo);
         if (have_ed && e != DSV4_EXPERT_NVFP4 && e != DSV4_EXPERT_FP4)
-            return dsv4_errf(c->err, "%s: \"expert_dtype\" = \"%s\" contradicts \"quantization_config.quant_algo\" NVFP4",
-                             c->what, eds);
+            return dsv4_errf(
+                c->err, "%s: \"expert_dtype\" = \"%s\" contradicts \"quantization_config.quant_algo\" NVFP4",
+                c->what, eds);
         cfg->linear_dtype = DSV4_LINEAR_FP8;
         cfg->scale_fmt = DSV4_SCALE_UE8M0;
         cfg->quant_block = 128;
@@ -478,7 +505,8 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
         return 0;
     }
     if (strcmp(method, "fp8"))
-        return dsv4_errf(c->err, "%s: \"quantization_config.quant_method\" = \"%s\": expected fp8 or modelopt",
+        return dsv4_errf(c->err,
+                         "%s: \"quantization_config.quant_method\" = \"%s\": expected fp8 or modelopt",
                          c->what, method);
 
     /* fmt: only e4m3 exists for V4; transformers' own fp8 configs omit it. */
@@ -495,22 +523,26 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
     if (sf) {
         const char *s;
         if (str_of(c, sf, "quantization_config.scale_fmt", &s)) return -1;
-        if (!strcmp(s, "ue8m0")) cfg->scale_fmt = DSV4_SCALE_UE8M0;
+        if (!strcmp(s, "ue8m0"))
+            cfg->scale_fmt = DSV4_SCALE_UE8M0;
         else if (strcmp(s, "float") && strcmp(s, "fp32"))
-            return dsv4_errf(c->err, "%s: \"quantization_config.scale_fmt\" = \"%s\": expected ue8m0, float or fp32",
+            return dsv4_errf(c->err,
+                             "%s: \"quantization_config.scale_fmt\" = \"%s\": expected ue8m0, float or fp32",
                              c->what, s);
     }
     json_t *bs = get(qc, "weight_block_size");
     if (!bs) return missing(c, "quantization_config.weight_block_size");
     if (!json_is_array(bs) || json_array_size(bs) != 2)
-        return dsv4_errf(c->err, "%s: \"quantization_config.weight_block_size\" must be an array of 2 integers",
-                         c->what);
+        return dsv4_errf(
+            c->err, "%s: \"quantization_config.weight_block_size\" must be an array of 2 integers", c->what);
     int b0, b1;
-    if (int_of(c, json_array_get(bs, 0), "quantization_config.weight_block_size[0]", 1, 65536, &b0)) return -1;
-    if (int_of(c, json_array_get(bs, 1), "quantization_config.weight_block_size[1]", 1, 65536, &b1)) return -1;
+    if (int_of(c, json_array_get(bs, 0), "quantization_config.weight_block_size[0]", 1, 65536, &b0))
+        return -1;
+    if (int_of(c, json_array_get(bs, 1), "quantization_config.weight_block_size[1]", 1, 65536, &b1))
+        return -1;
     if (b0 != b1)
-        return dsv4_errf(c->err, "%s: \"quantization_config.weight_block_size\" [%d, %d] must be square", c->what, b0,
-                         b1);
+        return dsv4_errf(c->err, "%s: \"quantization_config.weight_block_size\" [%d, %d] must be square",
+                         c->what, b0, b1);
     cfg->linear_dtype = DSV4_LINEAR_FP8;
     cfg->quant_block = b0;
     /* The reference's ModelArgs leaves expert_dtype None when absent: experts
@@ -521,22 +553,24 @@ static int read_formats(cfg_ctx *c, dsv4_config *cfg) {
 
 /* ----- consistency (shared by parse, builtins and truncate) ----- */
 
-static int is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+static int is_pow2(int x) {
+    return x > 0 && (x & (x - 1)) == 0;
+}
 
 static int validate(const dsv4_config *cfg, const char *what, dsv4_err *err) {
     int total = cfg->n_layers + cfg->n_mtp;
     if (cfg->n_layers < 1 || cfg->n_mtp < 0 || total > DSV4_MAX_LAYERS)
-        return dsv4_errf(err, "%s: num_hidden_layers (%d) + num_nextn_predict_layers (%d) must be in [1, %d]", what,
-                         cfg->n_layers, cfg->n_mtp, DSV4_MAX_LAYERS);
+        return dsv4_errf(err, "%s: num_hidden_layers (%d) + num_nextn_predict_layers (%d) must be in [1, %d]",
+                         what, cfg->n_layers, cfg->n_mtp, DSV4_MAX_LAYERS);
     if (cfg->rope_dim <= 0 || cfg->rope_dim % 2)
-        return dsv4_errf(err, "%s: qk_rope_head_dim (%d) must be positive and even (RoPE rotates pairs)", what,
-                         cfg->rope_dim);
+        return dsv4_errf(err, "%s: qk_rope_head_dim (%d) must be positive and even (RoPE rotates pairs)",
+                         what, cfg->rope_dim);
     if (cfg->head_dim <= cfg->rope_dim)
-        return dsv4_errf(err, "%s: head_dim (%d) must be larger than qk_rope_head_dim (%d)", what, cfg->head_dim,
-                         cfg->rope_dim);
+        return dsv4_errf(err, "%s: head_dim (%d) must be larger than qk_rope_head_dim (%d)", what,
+                         cfg->head_dim, cfg->rope_dim);
     if (cfg->n_heads % cfg->o_groups)
-        return dsv4_errf(err, "%s: num_attention_heads (%d) is not divisible by o_groups (%d)", what, cfg->n_heads,
-                         cfg->o_groups);
+        return dsv4_errf(err, "%s: num_attention_heads (%d) is not divisible by o_groups (%d)", what,
+                         cfg->n_heads, cfg->o_groups);
     if (cfg->n_active > cfg->n_routed)
         return dsv4_errf(err, "%s: num_experts_per_tok (%d) > n_routed_experts (%d)", what, cfg->n_active,
                          cfg->n_routed);
@@ -548,7 +582,8 @@ static int validate(const dsv4_config *cfg, const char *what, dsv4_err *err) {
     for (int i = 0; i < total; i++) {
         int r = cfg->compress_ratio[i];
         if (r < 0 || r == 1)
-            return dsv4_errf(err, "%s: compress_ratios[%d] = %d: a ratio is 0 (uncompressed) or > 1", what, i, r);
+            return dsv4_errf(err, "%s: compress_ratios[%d] = %d: a ratio is 0 (uncompressed) or > 1", what, i,
+                             r);
         if (r == 4) any4 = 1;
     }
     for (int i = total; i < DSV4_MAX_LAYERS; i++)
@@ -558,28 +593,32 @@ static int validate(const dsv4_config *cfg, const char *what, dsv4_err *err) {
         /* The indexer rotates its queries/keys by a Hadamard transform and
          * applies RoPE to their last rope dims (spec §2.5). */
         if (!is_pow2(cfg->index_head_dim))
-            return dsv4_errf(err, "%s: index_head_dim (%d) must be a power of two (ratio-4 layers use a Hadamard "
-                                  "transform on it)",
+            return dsv4_errf(err,
+                             "%s: index_head_dim (%d) must be a power of two (ratio-4 layers use a Hadamard "
+                             "transform on it)",
                              what, cfg->index_head_dim);
         if (cfg->index_head_dim < cfg->rope_dim)
-            return dsv4_errf(err, "%s: index_head_dim (%d) < qk_rope_head_dim (%d)", what, cfg->index_head_dim,
-                             cfg->rope_dim);
+            return dsv4_errf(err, "%s: index_head_dim (%d) < qk_rope_head_dim (%d)", what,
+                             cfg->index_head_dim, cfg->rope_dim);
     }
     if (!(cfg->norm_eps > 0) || !(cfg->hc_eps > 0))
-        return dsv4_errf(err, "%s: rms_norm_eps (%g) and hc_eps (%g) must be > 0", what, cfg->norm_eps, cfg->hc_eps);
+        return dsv4_errf(err, "%s: rms_norm_eps (%g) and hc_eps (%g) must be > 0", what, cfg->norm_eps,
+                         cfg->hc_eps);
     if (!(cfg->routed_scale > 0)) return dsv4_errf(err, "%s: routed_scaling_factor must be > 0", what);
     if (!(cfg->swiglu_limit >= 0)) return dsv4_errf(err, "%s: swiglu_limit must be >= 0", what);
     if (!(cfg->rope_theta > 1) || !(cfg->compress_rope_theta > 1))
-        return dsv4_errf(err, "%s: rope_theta (%g) and compress_rope_theta (%g) must be > 1", what, cfg->rope_theta,
-                         cfg->compress_rope_theta);
+        return dsv4_errf(err, "%s: rope_theta (%g) and compress_rope_theta (%g) must be > 1", what,
+                         cfg->rope_theta, cfg->compress_rope_theta);
     if (cfg->yarn_original_seq != 0 &&
         (!(cfg->yarn_factor >= 1) || !(cfg->yarn_original_seq >= 1) || !(cfg->yarn_beta_slow > 0) ||
          !(cfg->yarn_beta_fast >= cfg->yarn_beta_slow)))
-        return dsv4_errf(err, "%s: rope_scaling values are inconsistent (factor %g, original %g, beta %g/%g)", what,
-                         cfg->yarn_factor, cfg->yarn_original_seq, cfg->yarn_beta_fast, cfg->yarn_beta_slow);
-    if (cfg->bos_id < 0 || cfg->bos_id >= cfg->vocab_size || cfg->eos_id < 0 || cfg->eos_id >= cfg->vocab_size)
-        return dsv4_errf(err, "%s: bos_token_id (%d) / eos_token_id (%d) outside vocab_size (%d)", what, cfg->bos_id,
-                         cfg->eos_id, cfg->vocab_size);
+        return dsv4_errf(err, "%s: rope_scaling values are inconsistent (factor %g, original %g, beta %g/%g)",
+                         what, cfg->yarn_factor, cfg->yarn_original_seq, cfg->yarn_beta_fast,
+                         cfg->yarn_beta_slow);
+    if (cfg->bos_id < 0 || cfg->bos_id >= cfg->vocab_size || cfg->eos_id < 0 ||
+        cfg->eos_id >= cfg->vocab_size)
+        return dsv4_errf(err, "%s: bos_token_id (%d) / eos_token_id (%d) outside vocab_size (%d)", what,
+                         cfg->bos_id, cfg->eos_id, cfg->vocab_size);
     if (cfg->max_position < 1) return dsv4_errf(err, "%s: max_position_embeddings must be >= 1", what);
     if (cfg->linear_dtype == DSV4_LINEAR_FP8 && cfg->quant_block < 1)
         return dsv4_errf(err, "%s: fp8 linears need a weight_block_size", what);
@@ -596,7 +635,8 @@ typedef struct {
     int lo;
 } int_key;
 
-#define IK(k, f, lo) {k, offsetof(dsv4_config, f), lo}
+#define IK(k, f, lo)                                                                                         \
+    { k, offsetof(dsv4_config, f), lo }
 /* Integer keys read the same way in both spellings. */
 static const int_key INT_KEYS[] = {
     IK("vocab_size", vocab_size, 1),
@@ -635,26 +675,28 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     v = get(c->root, "hidden_act");
     if (v) {
         if (str_of(c, v, "hidden_act", &s)) return -1;
-        if (strcmp(s, "silu")) return dsv4_errf(c->err, "%s: \"hidden_act\" = \"%s\", expected silu", c->what, s);
+        if (strcmp(s, "silu"))
+            return dsv4_errf(c->err, "%s: \"hidden_act\" = \"%s\", expected silu", c->what, s);
     }
     static const char *must_be_false[] = {"tie_word_embeddings", "attention_bias", "mlp_bias"};
     for (size_t i = 0; i < sizeof must_be_false / sizeof must_be_false[0]; i++) {
         v = get(c->root, must_be_false[i]);
         if (v && !json_is_false(v))
-            return dsv4_errf(c->err, "%s: \"%s\" must be false for DeepSeek-V4, got %s", c->what, must_be_false[i],
-                             jtype(v));
+            return dsv4_errf(c->err, "%s: \"%s\" must be false for DeepSeek-V4, got %s", c->what,
+                             must_be_false[i], jtype(v));
     }
     for (size_t i = 0; i < sizeof INT_KEYS / sizeof INT_KEYS[0]; i++)
         if (req_int(c, INT_KEYS[i].key, INT_KEYS[i].lo, CFG_INT_MAX, (int *)((char *)cfg + INT_KEYS[i].off)))
             return -1;
     if (cfg->n_layers + cfg->n_mtp > DSV4_MAX_LAYERS)
-        return dsv4_errf(c->err, "%s: num_hidden_layers (%d) + num_nextn_predict_layers (%d) exceeds %d", c->what,
-                         cfg->n_layers, cfg->n_mtp, DSV4_MAX_LAYERS);
+        return dsv4_errf(c->err, "%s: num_hidden_layers (%d) + num_nextn_predict_layers (%d) exceeds %d",
+                         c->what, cfg->n_layers, cfg->n_mtp, DSV4_MAX_LAYERS);
 
     /* Single shared K=V head (MQA): the only layout V4 has. */
     int kvh;
     if (req_int(c, "num_key_value_heads", 0, CFG_INT_MAX, &kvh)) return -1;
-    if (kvh != 1) return dsv4_errf(c->err, "%s: \"num_key_value_heads\" = %d, DeepSeek-V4 has 1", c->what, kvh);
+    if (kvh != 1)
+        return dsv4_errf(c->err, "%s: \"num_key_value_heads\" = %d, DeepSeek-V4 has 1", c->what, kvh);
 
     v = get(c->root, "scoring_func");
     if (!v) return missing(c, "scoring_func");
@@ -673,7 +715,8 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     if (!v) return missing(c, "norm_topk_prob");
     if (!json_is_boolean(v))
         return dsv4_errf(c->err, "%s: \"norm_topk_prob\" must be true or false, got %s", c->what, jtype(v));
-    if (!json_is_true(v)) return dsv4_errf(c->err, "%s: \"norm_topk_prob\" must be true for DeepSeek-V4", c->what);
+    if (!json_is_true(v))
+        return dsv4_errf(c->err, "%s: \"norm_topk_prob\" must be true for DeepSeek-V4", c->what);
 
     if (req_pos(c, "routed_scaling_factor", &cfg->routed_scale)) return -1;
     if (req_pos(c, "hc_eps", &cfg->hc_eps)) return -1;
@@ -697,16 +740,18 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
         double d = tr.prf[i] * cfg->head_dim;
         int rd = (int)lround(d);
         if (fabs(d - rd) > 1e-6)
-            return dsv4_errf(c->err, "%s: \"%s\" (%g) times head_dim (%d) is not a whole number of dims", c->what,
-                             tr.prf_key[i], tr.prf[i], cfg->head_dim);
+            return dsv4_errf(c->err, "%s: \"%s\" (%g) times head_dim (%d) is not a whole number of dims",
+                             c->what, tr.prf_key[i], tr.prf[i], cfg->head_dim);
         if (have_rd && rd != cfg->rope_dim)
             return dsv4_errf(c->err, "%s: \"%s\" (%g x head_dim %d = %d) and \"%s\" (%d) disagree", c->what,
-                             tr.prf_key[i], tr.prf[i], cfg->head_dim, rd, have_rd == 1 ? "qk_rope_head_dim" : tr.prf_key[0],
-                             cfg->rope_dim);
+                             tr.prf_key[i], tr.prf[i], cfg->head_dim, rd,
+                             have_rd == 1 ? "qk_rope_head_dim" : tr.prf_key[0], cfg->rope_dim);
         if (!have_rd) have_rd = 2;
         cfg->rope_dim = rd;
     }
-    if (!have_rd) return dsv4_errf(c->err, "%s: missing required key \"qk_rope_head_dim\" (or \"partial_rotary_factor\")", c->what);
+    if (!have_rd)
+        return dsv4_errf(
+            c->err, "%s: missing required key \"qk_rope_head_dim\" (or \"partial_rotary_factor\")", c->what);
 
     double theta = 0, ctheta = 0;
     int have_theta = 0, have_ctheta = 0;
@@ -720,8 +765,8 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
         if (num_of(c, v, "compress_rope_theta", &ctheta)) return -1;
         have_ctheta = 1;
     }
-    if (merge_num(c, "rope_theta", have_theta, theta, "rope_parameters.main.rope_theta", tr.have_theta, tr.theta,
-                  &cfg->rope_theta))
+    if (merge_num(c, "rope_theta", have_theta, theta, "rope_parameters.main.rope_theta", tr.have_theta,
+                  tr.theta, &cfg->rope_theta))
         return -1;
     if (merge_num(c, "compress_rope_theta", have_ctheta, ctheta, "rope_parameters.compress.rope_theta",
                   tr.have_ctheta, tr.ctheta, &cfg->compress_rope_theta))
@@ -733,7 +778,8 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     v = get(c->root, "rope_scaling");
     if (v) {
         if (!json_is_object(v))
-            return dsv4_errf(c->err, "%s: \"rope_scaling\" must be an object or null, got %s", c->what, jtype(v));
+            return dsv4_errf(c->err, "%s: \"rope_scaling\" must be an object or null, got %s", c->what,
+                             jtype(v));
         const char *type;
         if (rope_type_of(c, v, "rope_scaling", &type)) return -1;
         if (!type) return missing(c, "rope_scaling.type");
@@ -742,11 +788,12 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
         if (yarn_read(c, v, "rope_scaling", &y)) return -1;
     }
     if (!have_rs && !tr.have_yarn)
-        return dsv4_errf(c->err, "%s: missing required key \"rope_scaling\" (or \"rope_parameters\")", c->what);
+        return dsv4_errf(c->err, "%s: missing required key \"rope_scaling\" (or \"rope_parameters\")",
+                         c->what);
     if (have_rs && tr.have_yarn &&
         (y.on != tr.yarn.on ||
-         (y.on && (y.factor != tr.yarn.factor || y.original != tr.yarn.original || y.beta_fast != tr.yarn.beta_fast ||
-                   y.beta_slow != tr.yarn.beta_slow))))
+         (y.on && (y.factor != tr.yarn.factor || y.original != tr.yarn.original ||
+                   y.beta_fast != tr.yarn.beta_fast || y.beta_slow != tr.yarn.beta_slow))))
         return dsv4_errf(c->err, "%s: \"rope_scaling\" and \"rope_parameters\" disagree on YaRN", c->what);
     if (!have_rs) y = tr.yarn;
     if (y.on) {
@@ -766,16 +813,19 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     if (read_compress_ratios(c, cfg, &have_cr)) return -1;
     if (read_layer_types(c, cfg, lt_ratio, &have_lt)) return -1;
     if (!have_cr && !have_lt)
-        return dsv4_errf(c->err, "%s: missing required key \"compress_ratios\" (or \"layer_types\")", c->what);
+        return dsv4_errf(c->err, "%s: missing required key \"compress_ratios\" (or \"layer_types\")",
+                         c->what);
     if (have_cr && have_lt) {
         for (int i = 0; i < cfg->n_layers; i++)
             if (cfg->compress_ratio[i] != lt_ratio[i])
                 return dsv4_errf(c->err,
-                                 "%s: \"compress_ratios\"[%d] = %d and \"layer_types\"[%d] / \"compress_rates\" (ratio %d) "
+                                 "%s: \"compress_ratios\"[%d] = %d and \"layer_types\"[%d] / "
+                                 "\"compress_rates\" (ratio %d) "
                                  "disagree",
                                  c->what, i, cfg->compress_ratio[i], i, lt_ratio[i]);
     } else if (have_lt) {
-        for (int i = 0; i < cfg->n_layers; i++) cfg->compress_ratio[i] = lt_ratio[i];
+        for (int i = 0; i < cfg->n_layers; i++)
+            cfg->compress_ratio[i] = lt_ratio[i];
         /* MTP ratios: not expressible in transformers' keys; 0 (see top). */
     }
 
@@ -787,9 +837,11 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     }
     if (read_mlp_layer_types(c, cfg, &mlt_hash, &have_mlt)) return -1;
     if (!have_nh && !have_mlt)
-        return dsv4_errf(c->err, "%s: missing required key \"num_hash_layers\" (or \"mlp_layer_types\")", c->what);
+        return dsv4_errf(c->err, "%s: missing required key \"num_hash_layers\" (or \"mlp_layer_types\")",
+                         c->what);
     if (have_nh && have_mlt && cfg->n_hash_layers != mlt_hash)
-        return dsv4_errf(c->err, "%s: \"num_hash_layers\" (%d) and \"mlp_layer_types\" (%d hash_moe layers) disagree",
+        return dsv4_errf(c->err,
+                         "%s: \"num_hash_layers\" (%d) and \"mlp_layer_types\" (%d hash_moe layers) disagree",
                          c->what, cfg->n_hash_layers, mlt_hash);
     if (!have_nh) cfg->n_hash_layers = mlt_hash;
 
@@ -815,10 +867,12 @@ static int parse_root(cfg_ctx *c, dsv4_config *cfg) {
     v = get(c->root, "max_position_embeddings");
     if (v) {
         if (!json_is_integer(v))
-            return dsv4_errf(c->err, "%s: \"max_position_embeddings\" must be an integer, got %s", c->what, jtype(v));
+            return dsv4_errf(c->err, "%s: \"max_position_embeddings\" must be an integer, got %s", c->what,
+                             jtype(v));
         json_int_t x = json_integer_value(v);
         if (x < 1 || x > ((json_int_t)1 << 40))
-            return dsv4_errf(c->err, "%s: \"max_position_embeddings\" = %lld is out of range", c->what, (long long)x);
+            return dsv4_errf(c->err, "%s: \"max_position_embeddings\" = %lld is out of range", c->what,
+                             (long long)x);
         cfg->max_position = x;
     }
     return validate(cfg, c->what, c->err);
@@ -830,7 +884,8 @@ int dsv4_config_parse(dsv4_config *cfg, const char *json, size_t len, const char
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return dsv4_errf(err, "%s: invalid JSON at line %d column %d: %s", what, jerr.line, jerr.column, jerr.text);
+        return dsv4_errf(err, "%s: invalid JSON at line %d column %d: %s", what, jerr.line, jerr.column,
+                         jerr.text);
     if (!json_is_object(root)) {
         int rc = dsv4_errf(err, "%s: top level must be an object, got %s", what, jtype(root));
         json_decref(root);
@@ -858,9 +913,12 @@ int dsv4_config_load(dsv4_config *cfg, const char *path, dsv4_err *err) {
     int bad = ferror(f);
     fclose(f);
     int rc;
-    if (bad) rc = dsv4_errf(err, "%s: read error", path);
-    else if (n > CFG_FILE_MAX) rc = dsv4_errf(err, "%s: larger than %u bytes, not a config.json", path, CFG_FILE_MAX);
-    else rc = dsv4_config_parse(cfg, buf, n, path, err);
+    if (bad)
+        rc = dsv4_errf(err, "%s: read error", path);
+    else if (n > CFG_FILE_MAX)
+        rc = dsv4_errf(err, "%s: larger than %u bytes, not a config.json", path, CFG_FILE_MAX);
+    else
+        rc = dsv4_config_parse(cfg, buf, n, path, err);
     free(buf);
     return rc;
 }
@@ -916,7 +974,8 @@ int dsv4_config_builtin(dsv4_config *cfg, const char *name, dsv4_err *err) {
         c.index_topk = 512;
         c.routed_scale = 1.5;
         /* layers 0,1: 0; then even 4, odd 128; MTP (index 43): 0 */
-        for (int i = 2; i < c.n_layers; i++) c.compress_ratio[i] = i % 2 ? 128 : 4;
+        for (int i = 2; i < c.n_layers; i++)
+            c.compress_ratio[i] = i % 2 ? 128 : 4;
     } else if (!strcmp(name, "pro")) {
         /* spec §1.3 */
         common_v4(&c);
@@ -932,7 +991,8 @@ int dsv4_config_builtin(dsv4_config *cfg, const char *name, dsv4_err *err) {
         c.routed_scale = 2.5;
         /* layers 0,1: 128 (not 0 as in Flash); then even 4, odd 128 (layer 60: 4); MTP: 0 */
         c.compress_ratio[0] = c.compress_ratio[1] = 128;
-        for (int i = 2; i < c.n_layers; i++) c.compress_ratio[i] = i % 2 ? 128 : 4;
+        for (int i = 2; i < c.n_layers; i++)
+            c.compress_ratio[i] = i % 2 ? 128 : 4;
     } else if (!strcmp(name, "tiny")) {
         /* Small enough for CI, yet every path is on: uncompressed, ratio-4
          * (indexer) and a non-128 "128-style" ratio, hash and routed layers, MTP,
@@ -958,7 +1018,8 @@ int dsv4_config_builtin(dsv4_config *cfg, const char *name, dsv4_err *err) {
         c.index_topk = 4;
         c.routed_scale = 1.5;
         static const int r[6] = {0, 4, 8, 4, 8, 0};
-        for (int i = 0; i < 6; i++) c.compress_ratio[i] = r[i];
+        for (int i = 0; i < 6; i++)
+            c.compress_ratio[i] = r[i];
     } else {
         return dsv4_errf(err, "unknown built-in config \"%s\" (expected flash, pro or tiny)", name);
     }
@@ -970,9 +1031,15 @@ int dsv4_config_builtin(dsv4_config *cfg, const char *name, dsv4_err *err) {
 
 /* ----- writing ----- */
 
-static int set_real(json_t *o, const char *k, double x) { return json_object_set_new(o, k, json_real(x)); }
-static int set_int(json_t *o, const char *k, json_int_t x) { return json_object_set_new(o, k, json_integer(x)); }
-static int set_str(json_t *o, const char *k, const char *s) { return json_object_set_new(o, k, json_string(s)); }
+static int set_real(json_t *o, const char *k, double x) {
+    return json_object_set_new(o, k, json_real(x));
+}
+static int set_int(json_t *o, const char *k, json_int_t x) {
+    return json_object_set_new(o, k, json_integer(x));
+}
+static int set_str(json_t *o, const char *k, const char *s) {
+    return json_object_set_new(o, k, json_string(s));
+}
 
 static json_t *yarn_json(const dsv4_config *c, int tf) {
     json_t *y = json_object();
@@ -1028,7 +1095,8 @@ static json_t *build_json(const dsv4_config *c) {
     int yarn_on = c->yarn_original_seq != 0;
     json_object_set_new(o, "rope_scaling", yarn_on ? yarn_json(c, 0) : json_null());
     json_t *cr = json_array();
-    for (int i = 0; i < total; i++) json_array_append_new(cr, json_integer(c->compress_ratio[i]));
+    for (int i = 0; i < total; i++)
+        json_array_append_new(cr, json_integer(c->compress_ratio[i]));
     json_object_set_new(o, "compress_ratios", cr);
     set_int(o, "bos_token_id", c->bos_id);
     set_int(o, "eos_token_id", c->eos_id);
@@ -1110,23 +1178,58 @@ static json_t *build_json(const dsv4_config *c) {
 
 /* Field-by-field comparison; writes the first differing field's name. */
 int dsv4_config_equal(const dsv4_config *a, const dsv4_config *b, char *diff, size_t diff_len) {
-#define F(f)                                                                                                           \
-    if (a->f != b->f) {                                                                                                \
-        if (diff && diff_len) snprintf(diff, diff_len, "%s", #f);                                                      \
-        return 0;                                                                                                      \
-    }
-    F(vocab_size) F(dim) F(n_layers) F(n_mtp) F(n_heads) F(head_dim) F(rope_dim) F(q_lora_rank) F(o_lora_rank)
-    F(o_groups) F(window) F(moe_inter) F(n_routed) F(n_shared) F(n_active) F(n_hash_layers) F(index_n_heads)
-    F(index_head_dim) F(index_topk) F(hc_mult) F(hc_sinkhorn_iters) F(norm_eps) F(hc_eps) F(routed_scale)
-    F(swiglu_limit) F(rope_theta) F(compress_rope_theta) F(yarn_factor) F(yarn_original_seq) F(yarn_beta_fast)
-    F(yarn_beta_slow) F(linear_dtype) F(scale_fmt) F(quant_block) F(expert_dtype) F(bos_id) F(eos_id)
-    F(max_position)
+#define F(f)                                                                                                 \
+    do {                                                                                                     \
+        if (a->f != b->f) {                                                                                  \
+            if (diff && diff_len) snprintf(diff, diff_len, "%s", #f);                                        \
+            return 0;                                                                                        \
+        }                                                                                                    \
+    } while (0)
+    F(vocab_size);
+    F(dim);
+    F(n_layers);
+    F(n_mtp);
+    F(n_heads);
+    F(head_dim);
+    F(rope_dim);
+    F(q_lora_rank);
+    F(o_lora_rank);
+    F(o_groups);
+    F(window);
+    F(moe_inter);
+    F(n_routed);
+    F(n_shared);
+    F(n_active);
+    F(n_hash_layers);
+    F(index_n_heads);
+    F(index_head_dim);
+    F(index_topk);
+    F(hc_mult);
+    F(hc_sinkhorn_iters);
+    F(norm_eps);
+    F(hc_eps);
+    F(routed_scale);
+    F(swiglu_limit);
+    F(rope_theta);
+    F(compress_rope_theta);
+    F(yarn_factor);
+    F(yarn_original_seq);
+    F(yarn_beta_fast);
+    F(yarn_beta_slow);
+    F(linear_dtype);
+    F(scale_fmt);
+    F(quant_block);
+    F(expert_dtype);
+    F(bos_id);
+    F(eos_id);
+    F(max_position);
 #undef F
-    for (int i = 0; i < DSV4_MAX_LAYERS; i++)
+    for (int i = 0; i < DSV4_MAX_LAYERS; i++) {
         if (a->compress_ratio[i] != b->compress_ratio[i]) {
             if (diff && diff_len) snprintf(diff, diff_len, "compress_ratio[%d]", i);
             return 0;
         }
+    }
     if (diff && diff_len) diff[0] = 0;
     return 1;
 }
@@ -1139,7 +1242,8 @@ char *dsv4_config_to_json(const dsv4_config *cfg) {
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
     if (text) {
         dsv4_config back;
-        if (dsv4_config_parse(&back, text, strlen(text), "to_json", NULL) || !dsv4_config_equal(&back, cfg, NULL, 0)) {
+        if (dsv4_config_parse(&back, text, strlen(text), "to_json", NULL) ||
+            !dsv4_config_equal(&back, cfg, NULL, 0)) {
             free(text);
             text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
         }
@@ -1151,8 +1255,10 @@ char *dsv4_config_to_json(const dsv4_config *cfg) {
 int dsv4_config_truncate(dsv4_config *cfg, int n, dsv4_err *err) {
     if (n < 1 || n > cfg->n_layers)
         return dsv4_errf(err, "%s: cannot truncate to %d layers (has %d)", cfg->name, n, cfg->n_layers);
-    for (int i = 0; i < cfg->n_mtp; i++) cfg->compress_ratio[n + i] = cfg->compress_ratio[cfg->n_layers + i];
-    for (int i = n + cfg->n_mtp; i < DSV4_MAX_LAYERS; i++) cfg->compress_ratio[i] = 0;
+    for (int i = 0; i < cfg->n_mtp; i++)
+        cfg->compress_ratio[n + i] = cfg->compress_ratio[cfg->n_layers + i];
+    for (int i = n + cfg->n_mtp; i < DSV4_MAX_LAYERS; i++)
+        cfg->compress_ratio[i] = 0;
     cfg->n_layers = n;
     if (cfg->n_hash_layers > n) cfg->n_hash_layers = n;
     return validate(cfg, cfg->name, err);
