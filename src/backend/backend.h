@@ -69,6 +69,8 @@ typedef struct dsv4_backend_ops {
      * inverse).  freq: rope_dim/2 floats (host pointer). */
     void (*rope)(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
                  const double *freq, int inverse, int out_bf16);
+    /* x[i] *= s for n floats, then optionally rounded to bf16. */
+    void (*scale)(dsv4_backend *b, float *x, size_t n, float s, int out_bf16);
     /* In-place simulation (DSV4_SIM_*) on columns [col0, col0+width) of each row of stride. */
     void (*sim)(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode);
     /* mHC pre (spec §2.3): X [rows, hc*dim] -> y [rows, dim], post [rows, hc], comb [rows, hc*hc]. */

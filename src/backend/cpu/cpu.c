@@ -44,12 +44,10 @@ static void *arena_push(arena *a, size_t bytes) {
     a->spills++;
     void *p = aligned_alloc(64, bytes);
     if (!p) abort(); /* out of memory for scratch: broken invariant (sizes come from the config) */
-    if (a->n_spill < 64) {
-        a->spill[a->n_spill] = p;
-        a->spill_at[a->n_spill++] = a->top;
-    } else {
-        abort();
-    }
+    if (a->n_spill >= 64) abort(); /* more than 64 nested scratch buffers: a bug */
+    a->spill[a->n_spill] = p;
+    a->spill_at[a->n_spill++] = a->top;
+    a->top += bytes; /* spilled buffers still take their place in the stack order */
     return p;
 }
 
@@ -204,6 +202,11 @@ static void cpu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_
             }
         }
     }
+}
+
+static void cpu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] = out_bf16 ? bf(x[i] * s) : x[i] * s;
 }
 
 static void cpu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode) {
@@ -552,6 +555,7 @@ static const dsv4_backend_ops CPU_OPS = {
     .matmul_grouped = cpu_matmul_grouped,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
+    .scale = cpu_scale,
     .sim = cpu_sim,
     .hc_pre = cpu_hc_pre,
     .hc_post = cpu_hc_post,

@@ -1,0 +1,274 @@
+/* engine/engine: the public API over model/forward and model/state (contract in engine.h). */
+#include "engine/engine.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/numerics.h"
+#include "model/safetensors.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+struct dsv4_engine {
+    dsv4_config cfg;
+    dsv4_st *st;
+    dsv4_model_w w;
+    int w_bound;
+    dsv4_backend be;
+    int be_init;
+    dsv4_model *model;
+    dsv4_numerics num;
+    char numerics_name[256];
+    char dir[4096];
+    int64_t snapshot_every;
+    int n_seqs;
+    dsv4_trace_fn trace;
+    void *trace_user;
+    uint64_t tag;           /* model shape + numerics, guards snapshots */
+};
+
+struct dsv4_seq {
+    dsv4_engine *e;
+    dsv4_state *st;
+};
+
+/* ----- opening ----- */
+static int has_config(const char *dir) {
+    char p[4400];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return stat(p, &sb) == 0;
+}
+
+int dsv4_engine_default_model(char *buf, size_t n, dsv4_err *err) {
+    const char *env = getenv("DSV4_DEFAULT_MODEL");
+    if (env && *env) {
+        if (!has_config(env))
+            return dsv4_errf(err, "DSV4_DEFAULT_MODEL=%s has no config.json", env);
+        snprintf(buf, n, "%s", env);
+        return 0;
+    }
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return dsv4_errf(err, "default model: cannot resolve /proc/self/exe");
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    char cand[4200];
+    snprintf(cand, sizeof cand, "%s/default-model", exe);
+    if (!has_config(cand))
+        return dsv4_errf(err, "no default model: %s/config.json is missing (run `make default-model`, "
+                              "set DSV4_DEFAULT_MODEL, or pass --model DIR)", cand);
+    snprintf(buf, n, "%s", cand);
+    return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+void dsv4_engine_close(dsv4_engine *e) {
+    if (!e) return;
+    dsv4_model_free(e->model);
+    if (e->be_init) dsv4_backend_cpu_free(&e->be);
+    if (e->w_bound) dsv4_weights_free(&e->w);
+    if (e->st) dsv4_st_close(e->st);
+    free(e);
+}
+
+static void route_trace(void *user, const dsv4_route_info *ri);
+
+int dsv4_engine_open(dsv4_engine **out, const dsv4_engine_opts *opts, dsv4_err *err) {
+    *out = NULL;
+    dsv4_engine_opts o = {0};
+    if (opts) o = *opts;
+    if (o.backend && strcmp(o.backend, "cpu"))
+        return dsv4_errf(err, "unknown backend '%s' (this build has: cpu)", o.backend);
+    dsv4_engine *e = calloc(1, sizeof *e);
+    if (!e) return dsv4_errf(err, "engine: out of memory");
+    if (o.model_dir) snprintf(e->dir, sizeof e->dir, "%s", o.model_dir);
+    else if (dsv4_engine_default_model(e->dir, sizeof e->dir, err)) goto fail;
+    if (dsv4_numerics_profile(&e->num, o.numerics, err)) goto fail;
+    snprintf(e->numerics_name, sizeof e->numerics_name, "%s", o.numerics ? o.numerics : "exact");
+    for (int i = 0; i < o.n_sets; i++) {
+        if (dsv4_numerics_set(&e->num, o.sets[i], err)) goto fail;
+        size_t l = strlen(e->numerics_name);
+        snprintf(e->numerics_name + l, sizeof e->numerics_name - l, " %s", o.sets[i]);
+    }
+    char cfgp[4200];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", e->dir);
+    if (dsv4_config_load(&e->cfg, cfgp, err)) goto fail;
+    if (dsv4_st_open(&e->st, e->dir, err)) goto fail;
+    if (dsv4_weights_bind(&e->w, &e->cfg, e->st, err)) {
+        dsv4_err_prefix(err, "%s", e->dir);
+        goto fail;
+    }
+    e->w_bound = 1;
+    if (dsv4_backend_cpu_init(&e->be, o.n_threads, err)) goto fail;
+    e->be_init = 1;
+    if (dsv4_model_init(&e->model, &e->w, &e->be, &e->num, 64, err)) goto fail;
+    dsv4_model_set_trace(e->model, route_trace, e);
+    int64_t period = dsv4_state_period(&e->cfg);
+    e->snapshot_every = o.snapshot_every > 0 ? o.snapshot_every : 0;
+    if (e->snapshot_every) e->snapshot_every = (e->snapshot_every + period - 1) / period * period;
+    uint64_t h = 1469598103934665603ull;
+    h = fnv(h, &e->cfg, sizeof e->cfg);
+    h = fnv(h, &e->num, sizeof e->num);
+    e->tag = h;
+    *out = e;
+    return 0;
+fail:
+    dsv4_engine_close(e);
+    return -1;
+}
+
+void dsv4_engine_get_info(const dsv4_engine *e, dsv4_engine_info *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->model_name, sizeof out->model_name, "%s", e->cfg.name);
+    snprintf(out->model_dir, sizeof out->model_dir, "%s", e->dir);
+    snprintf(out->numerics, sizeof out->numerics, "%s", e->numerics_name);
+    out->vocab_size = e->cfg.vocab_size;
+    out->bos_id = e->cfg.bos_id;
+    out->eos_id = e->cfg.eos_id;
+    out->n_layers = e->cfg.n_layers;
+    out->n_mtp = e->cfg.n_mtp;
+    out->max_position = e->cfg.max_position;
+    out->state_period = (int)dsv4_state_period(&e->cfg);
+}
+
+void dsv4_engine_numerics_string(const dsv4_engine *e, char *buf, size_t n) { dsv4_numerics_format(&e->num, buf, n); }
+
+/* ----- tracing ----- */
+static void route_trace(void *user, const dsv4_route_info *ri) {
+    dsv4_engine *e = user;
+    if (!e->trace) return;
+    dsv4_trace_event ev = {
+        .seq = ri->tag, .layer = ri->layer, .pos = ri->pos, .token = ri->token, .is_hash = ri->is_hash,
+        .n_experts = ri->k, .experts = ri->experts, .weights = ri->weights, .n_picks = ri->n_picks,
+        .picks = ri->picks,
+    };
+    e->trace(&ev, e->trace_user);
+}
+
+void dsv4_engine_set_trace(dsv4_engine *e, dsv4_trace_fn fn, void *user) {
+    e->trace = fn;
+    e->trace_user = user;
+}
+
+/* ----- sequences ----- */
+int dsv4_seq_new(dsv4_engine *e, dsv4_seq **out, dsv4_err *err) {
+    *out = NULL;
+    dsv4_seq *s = calloc(1, sizeof *s);
+    if (!s) return dsv4_errf(err, "sequence: out of memory");
+    if (dsv4_state_new(&s->st, &e->cfg, e->snapshot_every, err)) {
+        free(s);
+        return -1;
+    }
+    s->e = e;
+    e->n_seqs++;
+    *out = s;
+    return 0;
+}
+
+void dsv4_seq_free(dsv4_seq *s) {
+    if (!s) return;
+    s->e->n_seqs--;
+    dsv4_state_free(s->st);
+    free(s);
+}
+
+int64_t dsv4_seq_len(const dsv4_seq *s) { return s->st->len; }
+size_t dsv4_seq_state_bytes(const dsv4_seq *s) { return dsv4_state_bytes(s->st); }
+
+int dsv4_seq_append(dsv4_seq *s, const int32_t *tokens, int n, float *logits, int all_logits, dsv4_err *err) {
+    if (n < 1) return dsv4_errf(err, "append: no tokens");
+    dsv4_fwd_item it = {.st = s->st, .tokens = tokens, .n = n, .logits = logits, .all_logits = all_logits, .tag = s};
+    return dsv4_forward(s->e->model, &it, 1, err);
+}
+
+int dsv4_engine_step(dsv4_engine *e, dsv4_step_item *items, int n_items, dsv4_err *err) {
+    if (n_items <= 0) return 0;
+    dsv4_fwd_item stack[16];
+    dsv4_fwd_item *fi = n_items <= 16 ? stack : malloc(sizeof *fi * (size_t)n_items);
+    if (!fi) return dsv4_errf(err, "step: out of memory");
+    int rc = 0;
+    for (int i = 0; i < n_items && !rc; i++) {
+        if (!items[i].seq || items[i].seq->e != e) rc = dsv4_errf(err, "step: item %d has no sequence of this engine", i);
+        else if (items[i].n < 1) rc = dsv4_errf(err, "step: item %d has no tokens", i);
+        else
+            fi[i] = (dsv4_fwd_item){.st = items[i].seq->st, .tokens = items[i].tokens, .n = items[i].n,
+                                    .logits = items[i].logits, .all_logits = 0, .tag = items[i].seq};
+    }
+    if (!rc) rc = dsv4_forward(e->model, fi, n_items, err);
+    if (fi != stack) free(fi);
+    return rc;
+}
+
+int dsv4_seq_truncate(dsv4_seq *s, int64_t len, dsv4_err *err) {
+    int64_t from = 0;
+    if (len < 0 || len > s->st->len)
+        return dsv4_errf(err, "truncate: length %lld is outside [0, %lld]", (long long)len, (long long)s->st->len);
+    if (len == s->st->len) return 0;
+    /* keep the tokens to re-run before rewinding (the history buffer is reused) */
+    int64_t n = len;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!tok) return dsv4_errf(err, "truncate: out of memory");
+    memcpy(tok, s->st->tokens, sizeof(int32_t) * (size_t)n);
+    if (dsv4_state_rewind(s->st, len, &from, err)) {
+        free(tok);
+        return -1;
+    }
+    int rc = 0;
+    while (!rc && from < len) {
+        int chunk = len - from > (1 << 20) ? (1 << 20) : (int)(len - from);
+        dsv4_fwd_item it = {.st = s->st, .tokens = tok + from, .n = chunk, .tag = s};
+        rc = dsv4_forward(s->e->model, &it, 1, err);
+        from += chunk;
+    }
+    free(tok);
+    if (rc) dsv4_err_prefix(err, "truncate: re-running tokens from the checkpoint");
+    return rc;
+}
+
+int dsv4_seq_clone(dsv4_seq *src, int64_t len, dsv4_seq **out, dsv4_err *err) {
+    *out = NULL;
+    if (len < 0 || len > src->st->len)
+        return dsv4_errf(err, "clone: length %lld is outside [0, %lld]", (long long)len, (long long)src->st->len);
+    dsv4_seq *s = calloc(1, sizeof *s);
+    if (!s) return dsv4_errf(err, "clone: out of memory");
+    if (dsv4_state_clone(src->st, &s->st, err)) {
+        free(s);
+        return -1;
+    }
+    s->e = src->e;
+    s->e->n_seqs++;
+    if (dsv4_seq_truncate(s, len, err)) {
+        dsv4_seq_free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int dsv4_seq_snapshot(const dsv4_seq *s, void **blob, size_t *n, dsv4_err *err) {
+    return dsv4_state_serialize(s->st, s->e->tag, blob, n, err);
+}
+
+int dsv4_seq_restore(dsv4_seq *s, const void *blob, size_t n, dsv4_err *err) {
+    if (!blob) return dsv4_errf(err, "restore: no snapshot");
+    return dsv4_state_deserialize(s->st, s->e->tag, blob, n, err);
+}
+
+int dsv4_seq_draft(dsv4_seq *s, int32_t next_token, float *logits, dsv4_err *err) {
+    if (s->e->cfg.n_mtp < 1) return dsv4_errf(err, "draft: this model has no MTP block");
+    return dsv4_forward_mtp(s->e->model, s->st, 0, next_token, logits, err);
+}

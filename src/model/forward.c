@@ -1,0 +1,646 @@
+/* model/forward: the DeepSeek-V4 forward pass (contract in forward.h).
+ *
+ * Reading order: model init (rope tables, host copies of small vectors,
+ * validation) -> run-state buffers -> one layer (attention, compressors, indexer,
+ * MoE) -> the batch driver (sub-batches, head, checkpoints) -> MTP.
+ *
+ * Rows: a sub-batch is a list of segments, each a run of consecutive positions of
+ * one sequence; rows of all segments are stacked.  Within a layer every op runs on
+ * all rows at once.  Keys a query needs that were produced in this sub-batch come
+ * from the fresh kv rows (`kvc`), older ones from the sequence's ring; the ring is
+ * written only after attention, so a chunk longer than the window is fine.
+ * Compressor updates run row by row in position order (they are recurrences), and
+ * visibility (`t < (p+1) div r`) keeps rows emitted later in the chunk out of
+ * earlier queries.
+ */
+#include "model/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/quant.h"
+
+#define B_(m) ((m)->be)
+#define OPS(m) ((m)->be->ops)
+
+typedef struct segment {
+    int item;               /* index into the items of the call */
+    dsv4_state *st;
+    const int32_t *tok;
+    int n, row0;
+    int64_t pos0;
+} segment;
+
+struct dsv4_model {
+    const dsv4_model_w *w;
+    const dsv4_config *cfg;
+    dsv4_backend *be;
+    dsv4_numerics num;
+    int max_rows;
+    int n_all;              /* trunk + MTP layers */
+    double *freq_main, *freq_comp; /* rope_dim/2 each */
+    float **bias;           /* [layer] gate bias (n_routed) or NULL */
+    float **sink;           /* [layer] attn_sink (n_heads) */
+    float **ape;            /* [layer] main compressor ape [ratio][coff*head_dim] */
+    float **iape;           /* [layer] indexer compressor ape */
+    dsv4_route_trace_fn trace;
+    void *trace_user;
+
+    /* ----- run state (sized for max_rows at init; attention lists grow with context) ----- */
+    float *X, *Xb, *Xs;     /* [R][hc*dim] HC state, next state, saved state (MTP input) */
+    float *y, *post, *comb; /* [R][dim], [R][hc], [R][hc*hc] */
+    float *qa, *q, *kvc;    /* [R][q_lora], [R][nh*hd], [R][hd] */
+    float *ck, *cg;         /* [R][2*hd] compressor projections */
+    float *ick, *icg;       /* [R][2*ihd] */
+    float *iq, *iw;         /* [R][inh*ihd], [R][inh] */
+    float *o, *low, *a;     /* [R][nh*hd], [R][og*olr], [R][dim] */
+    float *rl, *wts;        /* [R][n_routed], [R][k] */
+    int32_t *experts, *hash;/* [R][k] */
+    float *hx, *logits;     /* [R][dim], [R][vocab] */
+    int64_t *pos, *cpos;    /* [R], [R+1] */
+    int32_t *tok;           /* [R] */
+    int *seg_of;            /* [R] */
+    segment *segs;          /* [R] */
+    int32_t *picks;         /* [R][topk] */
+    int *n_picks;           /* [R] */
+    const float **kvp;      /* [R][max_kv] */
+    int *n_kv;
+    int max_kv;
+    const float **keyp;     /* [R][max_keys] */
+    float *scores;          /* [R][max_keys] */
+    int *n_keys;
+    int max_keys;
+    const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
+};
+
+const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m) { return &m->num; }
+
+void dsv4_model_set_trace(dsv4_model *m, dsv4_route_trace_fn fn, void *user) {
+    m->trace = fn;
+    m->trace_user = user;
+}
+
+/* ----- RoPE tables (spec §2.4) ----- */
+/* base^(-2i/rd); YaRN on compressed layers only: pairs below `low` keep their frequency,
+ * above `high` are divided by the factor, linear blend between.  No mscale. */
+static void rope_table(double *f, int rd, double base, const dsv4_config *c, int yarn) {
+    int half = rd / 2;
+    for (int i = 0; i < half; i++) f[i] = 1.0 / pow(base, (2.0 * i) / rd);
+    if (!yarn || c->yarn_factor <= 1.0 || c->yarn_original_seq <= 0) return;
+    double orig = c->yarn_original_seq;
+#define CORR(nrot) (rd * log(orig / ((nrot) * 2.0 * M_PI)) / (2.0 * log(base)))
+    double low = floor(CORR(c->yarn_beta_fast)), high = ceil(CORR(c->yarn_beta_slow));
+#undef CORR
+    if (low < 0) low = 0;
+    if (high > rd - 1) high = rd - 1;
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; i++) {
+        double ramp = (i - low) / (high - low);
+        if (ramp < 0) ramp = 0;
+        if (ramp > 1) ramp = 1;
+        /* transformers/reference: extrapolation weight (1 - ramp) keeps f, ramp uses f/factor */
+        f[i] = f[i] / c->yarn_factor * ramp + f[i] * (1.0 - ramp);
+    }
+}
+
+/* ----- init ----- */
+static float *host_vec(const dsv4_weight *w) {
+    if (w->fmt == DSV4_WF_NONE) return NULL;
+    float *v = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+    if (!v) return NULL;
+    for (int64_t r = 0; r < w->rows; r++) dsv4_weight_row(w, r, v + r * w->cols);
+    return v;
+}
+
+static size_t nz(size_t n) { return n ? n : 1; }
+
+static int is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+void dsv4_model_free(dsv4_model *m) {
+    if (!m) return;
+    for (int l = 0; l < m->n_all; l++) {
+        if (m->bias) free(m->bias[l]);
+        if (m->sink) free(m->sink[l]);
+        if (m->ape) free(m->ape[l]);
+        if (m->iape) free(m->iape[l]);
+    }
+    free(m->bias);
+    free(m->sink);
+    free(m->ape);
+    free(m->iape);
+    free(m->freq_main);
+    free(m->freq_comp);
+    void *bufs[] = {m->X,   m->Xb,  m->Xs,      m->y,   m->post,   m->comb,   m->qa,     m->q,   m->kvc,
+                    m->ck,  m->cg,  m->ick,     m->icg, m->iq,     m->iw,     m->o,      m->low, m->a,
+                    m->rl,  m->wts, m->experts, m->hash, m->hx,    m->logits, m->pos,    m->cpos, m->tok,
+                    m->seg_of, m->segs, m->picks, m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp,
+                    m->scores, m->n_keys};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m);
+}
+
+int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, const dsv4_numerics *num,
+                    int max_rows, dsv4_err *err) {
+    *out = NULL;
+    const dsv4_config *c = &w->cfg;
+    if (max_rows <= 0) max_rows = 64;
+    if (c->hc_mult > 16) return dsv4_errf(err, "model: hc_mult %d > 16 is not supported", c->hc_mult);
+    if (c->rope_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim > c->index_head_dim)
+        return dsv4_errf(err, "model: qk_rope_head_dim %d must be even and fit head_dim %d and index_head_dim %d",
+                         c->rope_dim, c->head_dim, c->index_head_dim);
+    if (c->n_heads % c->o_groups)
+        return dsv4_errf(err, "model: num_attention_heads %d not divisible by o_groups %d", c->n_heads, c->o_groups);
+    if (num->indexer_sim_fp4 && !is_pow2(c->index_head_dim))
+        return dsv4_errf(err, "model: indexer.sim=fp4 needs a power-of-two index_head_dim (got %d)",
+                         c->index_head_dim);
+    for (int l = 0; l < dsv4_config_total_layers(c); l++) {
+        int r = c->compress_ratio[l];
+        if (r > 1 && 2 * r > 1024)
+            return dsv4_errf(err, "model: compress ratio %d of layer %d exceeds 512 (pool pointer table)", r, l);
+    }
+    dsv4_model *m = calloc(1, sizeof *m);
+    if (!m) return dsv4_errf(err, "model: out of memory");
+    m->w = w;
+    m->cfg = c;
+    m->be = be;
+    m->num = *num;
+    m->max_rows = max_rows;
+    m->n_all = w->n_layers;
+    int half = c->rope_dim / 2;
+    m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
+    m->freq_comp = malloc(sizeof(double) * (size_t)(half ? half : 1));
+    m->bias = calloc((size_t)m->n_all, sizeof(float *));
+    m->sink = calloc((size_t)m->n_all, sizeof(float *));
+    m->ape = calloc((size_t)m->n_all, sizeof(float *));
+    m->iape = calloc((size_t)m->n_all, sizeof(float *));
+    if (!m->freq_main || !m->freq_comp || !m->bias || !m->sink || !m->ape || !m->iape) goto oom;
+    rope_table(m->freq_main, c->rope_dim, c->rope_theta, c, 0);
+    rope_table(m->freq_comp, c->rope_dim, c->compress_rope_theta, c, 1);
+    for (int l = 0; l < m->n_all; l++) {
+        const dsv4_layer_w *L = &w->layers[l];
+        m->sink[l] = host_vec(&L->attn_sink);
+        if (!m->sink[l]) goto oom;
+        if (!L->is_hash && L->gate_bias.fmt != DSV4_WF_NONE && !(m->bias[l] = host_vec(&L->gate_bias))) goto oom;
+        if (L->has_comp && !(m->ape[l] = host_vec(&L->comp.ape))) goto oom;
+        if (L->has_indexer && !(m->iape[l] = host_vec(&L->idx.comp.ape))) goto oom;
+        if (L->is_hash) {
+            const dsv4_weight *t = &L->tid2eid;
+            if (t->cols != c->n_active || t->rows != c->vocab_size) {
+                dsv4_model_free(m);
+                return dsv4_errf(err, "model: %s has shape [%lld, %lld], expected [%d, %d]",
+                                 t->name ? t->name : "tid2eid", (long long)t->rows, (long long)t->cols,
+                                 c->vocab_size, c->n_active);
+            }
+            for (int64_t i = 0; i < t->rows * t->cols; i++) {
+                int64_t e = t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+                if (e < 0 || e >= c->n_routed) {
+                    dsv4_model_free(m);
+                    return dsv4_errf(err, "model: %s entry [%lld][%lld] = %lld is not an expert id in [0, %d)",
+                                     t->name ? t->name : "tid2eid", (long long)(i / t->cols),
+                                     (long long)(i % t->cols), (long long)e, c->n_routed);
+                }
+            }
+        }
+    }
+    size_t R = (size_t)max_rows, hcd = (size_t)c->hc_mult * c->dim, D = (size_t)c->dim;
+    size_t qd = (size_t)c->n_heads * c->head_dim, k = (size_t)c->n_active;
+#define AL(p, n) (((p) = calloc(nz(n), sizeof *(p))) == NULL)
+    if (AL(m->X, R * hcd) || AL(m->Xb, R * hcd) || AL(m->Xs, R * hcd) || AL(m->y, R * D) ||
+        AL(m->post, R * c->hc_mult) || AL(m->comb, R * c->hc_mult * c->hc_mult) || AL(m->qa, R * c->q_lora_rank) ||
+        AL(m->q, R * qd) || AL(m->kvc, R * c->head_dim) || AL(m->ck, R * 2 * c->head_dim) ||
+        AL(m->cg, R * 2 * c->head_dim) || AL(m->ick, R * 2 * c->index_head_dim) ||
+        AL(m->icg, R * 2 * c->index_head_dim) || AL(m->iq, R * c->index_n_heads * c->index_head_dim) ||
+        AL(m->iw, R * c->index_n_heads) || AL(m->o, R * qd) || AL(m->low, R * c->o_groups * c->o_lora_rank) ||
+        AL(m->a, R * D) || AL(m->rl, R * c->n_routed) || AL(m->wts, R * k) || AL(m->experts, R * k) ||
+        AL(m->hash, R * k) || AL(m->hx, R * D) || AL(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) ||
+        AL(m->cpos, R + 1) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
+        AL(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->n_picks, R) ||
+        AL(m->n_kv, R) || AL(m->n_keys, R))
+        goto oom;
+#undef AL
+    *out = m;
+    return 0;
+oom:
+    dsv4_model_free(m);
+    return dsv4_errf(err, "model: out of memory for run-state buffers (max_rows %d)", max_rows);
+}
+
+/* Grows the attention/indexer lists (amortised doubling: no allocation once the
+ * context stops growing). */
+static int ensure_lists(dsv4_model *m, int need_kv, int need_keys, dsv4_err *err) {
+    size_t R = (size_t)m->max_rows;
+    if (need_kv > m->max_kv) {
+        int cap = m->max_kv ? m->max_kv : 64;
+        while (cap < need_kv) cap *= 2;
+        const float **p = realloc((void *)m->kvp, sizeof *p * R * (size_t)cap);
+        if (!p) return dsv4_errf(err, "forward: out of memory for attention lists (%d rows)", cap);
+        m->kvp = p;
+        m->max_kv = cap;
+    }
+    if (need_keys > m->max_keys) {
+        int cap = m->max_keys ? m->max_keys : 64;
+        while (cap < need_keys) cap *= 2;
+        const float **p = realloc((void *)m->keyp, sizeof *p * R * (size_t)cap);
+        if (!p) return dsv4_errf(err, "forward: out of memory for indexer lists (%d keys)", cap);
+        m->keyp = p;
+        float *s = realloc(m->scores, sizeof *s * R * (size_t)cap);
+        if (!s) return dsv4_errf(err, "forward: out of memory for indexer scores (%d keys)", cap);
+        m->scores = s;
+        m->max_keys = cap;
+    }
+    return 0;
+}
+
+/* ----- compressor (spec §2.5) ----- */
+/* Stores token p's projections (gate already includes ape) into the decode-state
+ * buffers; on the last token of a window pools one row into `out` and returns 1. */
+static int comp_step(dsv4_model *m, dsv4_comp_state *cs, const float *kv, const float *g, int64_t p, float *out) {
+    int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
+    int slot = (cs->coff == 2 ? r : 0) + (int)(p % r);
+    memcpy(cs->kv + (size_t)slot * wd, kv, sizeof(float) * (size_t)wd);
+    memcpy(cs->score + (size_t)slot * wd, g, sizeof(float) * (size_t)wd);
+    if ((p + 1) % r) return 0;
+    int n = 0;
+    if (cs->coff == 2) {
+        /* previous window, first half of the channels; current window, second half */
+        for (int t = 0; t < r; t++, n++) {
+            m->poolkv[n] = cs->kv + (size_t)t * wd;
+            m->poolg[n] = cs->score + (size_t)t * wd;
+        }
+        for (int t = r; t < 2 * r; t++, n++) {
+            m->poolkv[n] = cs->kv + (size_t)t * wd + d;
+            m->poolg[n] = cs->score + (size_t)t * wd + d;
+        }
+    } else {
+        for (int t = 0; t < r; t++, n++) {
+            m->poolkv[n] = cs->kv + (size_t)t * wd;
+            m->poolg[n] = cs->score + (size_t)t * wd;
+        }
+    }
+    OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
+    if (cs->coff == 2) {
+        memcpy(cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        memcpy(cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+    }
+    return 1;
+}
+
+/* Runs one compressor over the rows of the sub-batch: projections for all rows,
+ * then the recurrence per segment; emitted rows are post-processed together
+ * (bf16, norm, RoPE at the window's first position, simulation). */
+static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_numerics *nm = &m->num;
+    float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
+    const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
+    int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
+    OPS(m)->matmul(B_(m), K, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
+    OPS(m)->matmul(B_(m), G, m->y, rows, &cw->wgate, 0, 0);
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_layer_state *ls = &sg->st->layers[layer];
+        dsv4_comp_state *cs = is_idx ? &ls->icomp : &ls->comp;
+        int64_t first = cs->n_rows;
+        int ne = 0;
+        for (int i = 0; i < sg->n; i++) {
+            int row = sg->row0 + i;
+            int64_t p = sg->pos0 + i;
+            float *g = G + (size_t)row * wd;
+            const float *ap = ape + (size_t)(p % r) * wd;
+            for (int j = 0; j < wd; j++) g[j] += ap[j];
+            if (comp_step(m, cs, K + (size_t)row * wd, g, p, cs->rows + (size_t)(first + ne) * d)) {
+                m->cpos[ne] = (p + 1 - r); /* RoPE at the window's first position */
+                ne++;
+            }
+        }
+        if (!ne) continue;
+        float *rw = cs->rows + (size_t)first * d;
+        if (nm->act_bf16) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
+        OPS(m)->rmsnorm(B_(m), rw, rw, ne, d, &cw->norm, (float)c->norm_eps, nm->act_bf16);
+        OPS(m)->rope(B_(m), rw, ne, 1, d, c->rope_dim, m->cpos, m->freq_comp, 0, nm->act_bf16);
+        if (!is_idx) {
+            if (nm->kv_sim_fp8) OPS(m)->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
+        } else {
+            if (nm->indexer_sim_fp4) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_HAD_FP4_B32);
+            static const int key_mode[] = {0, DSV4_SIM_BF16, DSV4_SIM_FP8_ROW, DSV4_SIM_FP4_B32};
+            if (nm->indexer_keys) OPS(m)->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
+        }
+        cs->n_rows = first + ne;
+    }
+}
+
+/* ----- one block (spec §2.2) ----- */
+static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_numerics *nm = &m->num;
+    const dsv4_layer_w *L = &m->w->layers[layer];
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
+    int hc = c->hc_mult, D = c->dim, hd = c->head_dim, nh = c->n_heads, rd = c->rope_dim, W = c->window;
+    int ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8;
+    const double *freq = ratio ? m->freq_comp : m->freq_main;
+    float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
+
+    /* ----- attention ----- */
+    op->hc_pre(b, m->y, m->post, m->comb, m->X, rows, hc, D, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale,
+               c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
+    op->rmsnorm(b, m->y, m->y, rows, D, &L->attn_norm, eps, bf);
+    op->matmul(b, m->qa, m->y, rows, &L->wq_a, a8, bf);
+    op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
+    op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
+    op->rmsnorm(b, m->q, m->q, rows * nh, hd, NULL, eps, bf); /* per-head unweighted RMS */
+    op->rope(b, m->q, rows, nh, hd, rd, m->pos, freq, 0, bf);
+    op->matmul(b, m->kvc, m->y, rows, &L->wkv, a8, bf);
+    op->rmsnorm(b, m->kvc, m->kvc, rows, hd, &L->kv_norm, eps, bf);
+    op->rope(b, m->kvc, rows, 1, hd, rd, m->pos, freq, 0, bf);
+    if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
+
+    if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg);
+
+    /* lightning indexer (ratio 4): picks per row */
+    int topk = c->index_topk;
+    if (L->has_indexer) {
+        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg);
+        int inh = c->index_n_heads, ihd = c->index_head_dim;
+        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
+        op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
+        if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
+        op->matmul(b, m->iw, m->y, rows, &L->idx.weights_proj, 0, bf);
+        op->scale(b, m->iw, (size_t)rows * inh, (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh)), bf);
+        int need = 1;
+        for (int i = 0; i < rows; i++) {
+            int64_t vis = (m->pos[i] + 1) / ratio;
+            if (vis > need) need = (int)vis;
+        }
+        if (ensure_lists(m, 0, need, err)) return -1;
+        for (int i = 0; i < rows; i++) {
+            segment *sg = &m->segs[m->seg_of[i]];
+            const dsv4_comp_state *ic = &sg->st->layers[layer].icomp;
+            int vis = (int)((m->pos[i] + 1) / ratio);
+            m->n_keys[i] = vis;
+            for (int t = 0; t < vis; t++) m->keyp[(size_t)i * m->max_keys + t] = ic->rows + (size_t)t * ihd;
+        }
+        op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->keyp, m->n_keys, m->max_keys,
+                           nm->indexer_score_bf16);
+        op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
+    }
+
+    /* key lists: window (fresh rows or ring) + compressed rows */
+    int need_kv = W;
+    for (int i = 0; i < rows; i++) {
+        int extra = 0;
+        if (L->has_indexer) extra = m->n_picks[i];
+        else if (ratio) extra = (int)((m->pos[i] + 1) / ratio);
+        if (W + extra > need_kv) need_kv = W + extra;
+    }
+    if (ensure_lists(m, need_kv, 0, err)) return -1;
+    for (int i = 0; i < rows; i++) {
+        segment *sg = &m->segs[m->seg_of[i]];
+        const dsv4_layer_state *ls = &sg->st->layers[layer];
+        const float **kl = m->kvp + (size_t)i * m->max_kv;
+        int n = 0;
+        int64_t p = m->pos[i], lo = p - W + 1 < 0 ? 0 : p - W + 1;
+        for (int64_t qp = lo; qp <= p; qp++) {
+            if (qp >= sg->pos0) {
+                kl[n++] = m->kvc + (size_t)(sg->row0 + (qp - sg->pos0)) * hd;
+            } else {
+                int slot = (int)(qp % W);
+                if (ls->ring_pos[slot] == qp) kl[n++] = ls->ring + (size_t)slot * hd;
+            }
+        }
+        if (L->has_indexer) {
+            for (int j = 0; j < m->n_picks[i]; j++)
+                kl[n++] = ls->comp.rows + (size_t)m->picks[(size_t)i * topk + j] * hd;
+        } else if (ratio) {
+            int vis = (int)((p + 1) / ratio);
+            for (int t = 0; t < vis; t++) kl[n++] = ls->comp.rows + (size_t)t * hd;
+        }
+        m->n_kv[i] = n;
+    }
+    op->sparse_attn(b, m->o, m->q, rows, nh, hd, m->kvp, m->n_kv, m->max_kv, m->sink[layer],
+                    (float)(1.0 / sqrt((double)hd)), nm->attn_prob_bf16, bf);
+    op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf); /* inverse RoPE at the query position */
+    op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
+    op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
+
+    /* the ring keeps the last `window` rows of each segment */
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_layer_state *ls = &sg->st->layers[layer];
+        int from = sg->n > W ? sg->n - W : 0;
+        for (int i = from; i < sg->n; i++) {
+            int64_t p = sg->pos0 + i;
+            int slot = (int)(p % W);
+            op->copy(b, ls->ring + (size_t)slot * hd, m->kvc + (size_t)(sg->row0 + i) * hd, sizeof(float) * hd);
+            ls->ring_pos[slot] = p;
+        }
+    }
+    op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
+
+    /* ----- MoE (spec §2.6) ----- */
+    op->hc_pre(b, m->y, m->post, m->comb, m->Xb, rows, hc, D, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
+               c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
+    op->rmsnorm(b, m->y, m->y, rows, D, &L->ffn_norm, eps, bf);
+    op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
+    int k = c->n_active;
+    const int32_t *hash = NULL;
+    if (L->is_hash) {
+        const dsv4_weight *t = &L->tid2eid;
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < k; j++) {
+                int64_t at = (int64_t)m->tok[i] * k + j;
+                m->hash[i * k + j] = (int32_t)(t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[at]
+                                                                     : ((const int32_t *)t->data)[at]);
+            }
+        hash = m->hash;
+    }
+    float rs = (float)c->routed_scale;
+    float router_scale = nm->route_scale == DSV4_RSCALE_OUTPUT ? 1.0f : rs;
+    float out_scale = nm->route_scale == DSV4_RSCALE_ROUTER ? 1.0f : rs;
+    op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, hash ? NULL : m->bias[layer], hash, router_scale);
+    op->moe(b, m->a, m->y, rows, L->experts, m->experts, m->wts, k, c->n_shared > 0 ? &L->shared : NULL,
+            (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    if (m->trace) {
+        float applied[64];
+        for (int i = 0; i < rows; i++) {
+            for (int j = 0; j < k && j < 64; j++) applied[j] = m->wts[i * k + j] * out_scale;
+            dsv4_route_info info = {
+                .tag = NULL, .layer = layer, .pos = m->pos[i], .token = m->tok[i], .is_hash = L->is_hash,
+                .k = k, .experts = m->experts + (size_t)i * k, .weights = applied,
+                .n_picks = L->has_indexer ? m->n_picks[i] : 0,
+                .picks = L->has_indexer ? m->picks + (size_t)i * topk : NULL,
+            };
+            info.tag = m->segs[m->seg_of[i]].item >= 0 ? (void *)&m->segs[m->seg_of[i]] : NULL;
+            m->trace(m->trace_user, &info);
+        }
+    }
+    op->hc_post(b, m->X, m->a, m->Xb, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
+    return 0;
+}
+
+/* hc_head -> norm -> head for `rows` HC states in X (spec §2.7), logits into m->logits. */
+static void head_rows(dsv4_model *m, const float *X, int rows, const dsv4_weight *fn, const dsv4_weight *base,
+                      const dsv4_weight *scale, const dsv4_weight *norm) {
+    const dsv4_config *c = m->cfg;
+    int bf = m->num.act_bf16;
+    OPS(m)->hc_head(B_(m), m->hx, X, rows, c->hc_mult, c->dim, fn, base, scale, (float)c->norm_eps,
+                    (float)c->hc_eps, m->num.mhc_gemm_bf16, bf);
+    OPS(m)->rmsnorm(B_(m), m->hx, m->hx, rows, c->dim, norm, (float)c->norm_eps, bf);
+    OPS(m)->matmul(B_(m), m->logits, m->hx, rows, &m->w->head, 0, 0); /* fp32 head */
+}
+
+/* ----- the batch driver ----- */
+static void *item_tag_of(dsv4_fwd_item *items, const segment *sg) { return items[sg->item].tag; }
+
+typedef struct {
+    dsv4_route_trace_fn fn;
+    void *user;
+    dsv4_fwd_item *items;
+} trace_shim;
+
+static void shim_fn(void *user, const dsv4_route_info *info) {
+    trace_shim *t = user;
+    dsv4_route_info c = *info;
+    c.tag = info->tag ? item_tag_of(t->items, (const segment *)info->tag) : NULL;
+    t->fn(t->user, &c);
+}
+
+int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    /* validate everything first: on error nothing has changed */
+    for (int i = 0; i < n_items; i++) {
+        if (!items[i].st || items[i].n < 1 || !items[i].tokens)
+            return dsv4_errf(err, "forward: item %d has no tokens", i);
+        for (int j = 0; j < i; j++)
+            if (items[j].st == items[i].st) return dsv4_errf(err, "forward: a sequence appears twice in one step");
+        for (int j = 0; j < items[i].n; j++)
+            if (items[i].tokens[j] < 0 || items[i].tokens[j] >= c->vocab_size)
+                return dsv4_errf(err, "forward: token %d at index %d of item %d is outside the vocabulary [0, %d)",
+                                 items[i].tokens[j], j, i, c->vocab_size);
+        if (items[i].st->len + items[i].n > (int64_t)INT32_MAX)
+            return dsv4_errf(err, "forward: sequence would exceed 2^31 tokens");
+    }
+    for (int i = 0; i < n_items; i++)
+        if (dsv4_state_reserve(items[i].st, items[i].n, err)) return -1;
+
+    trace_shim shim = {m->trace, m->trace_user, items};
+    dsv4_route_trace_fn saved = m->trace;
+    void *saved_user = m->trace_user;
+    if (saved) {
+        m->trace = shim_fn;
+        m->trace_user = &shim;
+    }
+    int *done = calloc((size_t)n_items, sizeof(int));
+    if (!done) return dsv4_errf(err, "forward: out of memory");
+    int rc = 0;
+    size_t hcd = (size_t)c->hc_mult * c->dim;
+    for (;;) {
+        /* ----- build one sub-batch ----- */
+        int rows = 0, nseg = 0;
+        for (int i = 0; i < n_items && rows < m->max_rows; i++) {
+            dsv4_fwd_item *it = &items[i];
+            int left = it->n - done[i];
+            if (left <= 0) continue;
+            int64_t len = it->st->len, every = it->st->snapshot_every;
+            int64_t to_ckpt = every - len % every; /* stop at the next checkpoint */
+            int take = left;
+            if (take > m->max_rows - rows) take = m->max_rows - rows;
+            if (take > to_ckpt) take = (int)to_ckpt;
+            segment *sg = &m->segs[nseg];
+            *sg = (segment){.item = i, .st = it->st, .tok = it->tokens + done[i], .n = take, .row0 = rows, .pos0 = len};
+            for (int j = 0; j < take; j++) {
+                m->pos[rows + j] = len + j;
+                m->tok[rows + j] = sg->tok[j];
+                m->seg_of[rows + j] = nseg;
+            }
+            rows += take;
+            nseg++;
+        }
+        if (!rows) break;
+        /* ----- embedding into hc_mult streams (spec §2.1) ----- */
+        OPS(m)->embed(B_(m), m->y, m->tok, rows, &m->w->embed);
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < c->hc_mult; k++)
+                OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
+                             sizeof(float) * c->dim);
+        for (int l = 0; l < c->n_layers && !rc; l++) rc = layer_forward(m, l, rows, nseg, err);
+        if (rc) break;
+        /* ----- bookkeeping, then logits for the rows that want them ----- */
+        int nl = 0;
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            dsv4_fwd_item *it = &items[sg->item];
+            for (int j = 0; j < sg->n; j++) sg->st->tokens[sg->pos0 + j] = sg->tok[j];
+            OPS(m)->copy(B_(m), sg->st->last_x, m->X + (size_t)(sg->row0 + sg->n - 1) * hcd, sizeof(float) * hcd);
+            for (int j = 0; j < sg->n; j++) {
+                int global = done[sg->item] + j;
+                if (!it->logits) continue;
+                if (!it->all_logits && global != it->n - 1) continue;
+                OPS(m)->copy(B_(m), m->Xs + (size_t)nl * hcd, m->X + (size_t)(sg->row0 + j) * hcd,
+                             sizeof(float) * hcd);
+                m->cpos[nl] = (int64_t)sg->item * ((int64_t)1 << 32) + global; /* where the row goes */
+                nl++;
+            }
+        }
+        if (nl) {
+            head_rows(m, m->Xs, nl, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
+            for (int i = 0; i < nl; i++) {
+                int item = (int)(m->cpos[i] >> 32), global = (int)(m->cpos[i] & 0xffffffff);
+                dsv4_fwd_item *it = &items[item];
+                float *dst = it->logits + (it->all_logits ? (size_t)global * c->vocab_size : 0);
+                OPS(m)->download(B_(m), dst, m->logits + (size_t)i * c->vocab_size, sizeof(float) * c->vocab_size);
+            }
+        }
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            sg->st->len += sg->n;
+            done[sg->item] += sg->n;
+            if (sg->st->len % sg->st->snapshot_every == 0 && (rc = dsv4_state_checkpoint(sg->st, err))) break;
+        }
+        if (rc) break;
+    }
+    free(done);
+    m->trace = saved;
+    m->trace_user = saved_user;
+    return rc;
+}
+
+/* ----- MTP (spec §2.8) ----- */
+int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token, float *logits, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    if (mtp_index < 0 || mtp_index >= c->n_mtp) return dsv4_errf(err, "mtp: the model has %d MTP blocks", c->n_mtp);
+    if (st->len < 1) return dsv4_errf(err, "mtp: the sequence is empty (nothing to draft from)");
+    if (token < 0 || token >= c->vocab_size)
+        return dsv4_errf(err, "mtp: token %d is outside the vocabulary [0, %d)", token, c->vocab_size);
+    int layer = c->n_layers + mtp_index;
+    const dsv4_layer_w *L = &m->w->layers[layer];
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
+    int bf = m->num.act_bf16, a8 = m->num.linear_act_fp8, D = c->dim, hc = c->hc_mult;
+    float eps = (float)c->norm_eps;
+    /* one row at position len-1: e = enorm(embed[token]); X'_k = e_proj e + h_proj hnorm(X_k) */
+    m->tok[0] = token;
+    m->pos[0] = st->len - 1;
+    m->segs[0] = (segment){.item = -1, .st = st, .tok = &m->tok[0], .n = 1, .row0 = 0, .pos0 = st->len - 1};
+    m->seg_of[0] = 0;
+    op->embed(b, m->y, m->tok, 1, &m->w->embed);
+    op->rmsnorm(b, m->y, m->y, 1, D, &L->enorm, eps, bf);
+    op->matmul(b, m->a, m->y, 1, &L->e_proj, a8, bf);
+    op->upload(b, m->Xb, st->last_x, sizeof(float) * (size_t)hc * D);
+    op->rmsnorm(b, m->Xb, m->Xb, hc, D, &L->hnorm, eps, bf);
+    op->matmul(b, m->X, m->Xb, hc, &L->h_proj, a8, bf); /* the hc streams are rows here */
+    for (int k = 0; k < hc; k++)
+        for (int d = 0; d < D; d++) {
+            float v = m->X[(size_t)k * D + d] + m->a[d];
+            m->X[(size_t)k * D + d] = bf ? dsv4_round_bf16(v) : v;
+        }
+    dsv4_route_trace_fn saved = m->trace;
+    m->trace = NULL;
+    int rc = layer_forward(m, layer, 1, 1, err);
+    m->trace = saved;
+    if (rc) return -1;
+    head_rows(m, m->X, 1, &L->hc_head_fn, &L->hc_head_base, &L->hc_head_scale, &L->norm);
+    op->download(b, logits, m->logits, sizeof(float) * c->vocab_size);
+    return 0;
+}

@@ -1,0 +1,71 @@
+/* model/forward: the DeepSeek-V4 graph (spec §2), written once against the
+ * backend op table.
+ *
+ * Owns: dsv4_model (bound weights + config + numerics + backend + the run-state
+ * buffers every forward call reuses) and the forward pass over a batch of
+ * sequences, each appending one or more tokens at its own positions.  A batch is
+ * cut into sub-batches of at most max_rows rows and at truncation-checkpoint
+ * boundaries; results do not depend on the cut (chunked prefill == prefill).
+ * Per layer: mHC pre -> attention (q LoRA, window ring, compressors, indexer, sink
+ * attention, grouped output) -> mHC post -> mHC pre -> MoE -> mHC post; then
+ * hc_head, norm, head for the rows whose logits are wanted.  The MTP block
+ * (spec §2.8) is a separate entry point.
+ *
+ * Lifetime: dsv4_model_init .. dsv4_model_free; borrows the weights and backend.
+ * Threading: one caller at a time (the engine thread); ops use OpenMP inside.
+ * Errors: init validates what the hot path relies on (shapes the ops assume,
+ * tid2eid entries in range, power-of-two Hadamard widths); forward validates
+ * token ids before touching any state, so on error no sequence has changed.
+ */
+#ifndef DSV4_MODEL_FORWARD_H
+#define DSV4_MODEL_FORWARD_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/numerics.h"
+#include "model/state.h"
+#include "model/weights.h"
+#include "util/err.h"
+
+/* Routing/indexer trace: one call per MoE layer and row.  `tag` is the item's tag. */
+typedef struct dsv4_route_info {
+    void *tag;
+    int layer;
+    int64_t pos;
+    int32_t token;
+    int is_hash;
+    int k;
+    const int32_t *experts;
+    const float *weights;   /* as applied: router weights x any output-side scale */
+    int n_picks;
+    const int32_t *picks;   /* indexer picks of this layer (ratio-4 layers) */
+} dsv4_route_info;
+typedef void (*dsv4_route_trace_fn)(void *user, const dsv4_route_info *info);
+
+typedef struct dsv4_model dsv4_model;
+
+int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, const dsv4_numerics *num,
+                    int max_rows, dsv4_err *err);
+void dsv4_model_free(dsv4_model *m);
+void dsv4_model_set_trace(dsv4_model *m, dsv4_route_trace_fn fn, void *user);
+const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m);
+
+typedef struct dsv4_fwd_item {
+    dsv4_state *st;
+    const int32_t *tokens;
+    int n;                  /* >= 1 */
+    float *logits;          /* NULL, vocab floats (last row) or n*vocab (all_logits) */
+    int all_logits;
+    void *tag;              /* handed to the trace */
+} dsv4_fwd_item;
+
+/* Runs every item (distinct states).  Items are advanced by n tokens each. */
+int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err);
+
+/* MTP draft (spec §2.8): from st's last HC state and the embedding of `token`,
+ * at position st->len - 1, through MTP block `mtp_index`; writes vocab logits.
+ * Updates only the MTP block's window ring. */
+int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token, float *logits, dsv4_err *err);
+
+#endif
