@@ -25,9 +25,16 @@ int dsv4_err_prefix(dsv4_err *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
+    /* Build "prefix: old" by hand: snprintf("%s: %s") of two full-size buffers
+     * trips -Wformat-truncation, and truncation is what we want anyway. */
     char old[DSV4_ERR_MAX];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    size_t np = strlen(prefix), no = strnlen(old, sizeof old - 1), cap = sizeof err->msg - 1;
+    size_t k = 0;
+    for (size_t i = 0; i < np && k < cap; i++) err->msg[k++] = prefix[i];
+    for (const char *sep = ": "; *sep && k < cap; sep++) err->msg[k++] = *sep;
+    for (size_t i = 0; i < no && k < cap; i++) err->msg[k++] = old[i];
+    err->msg[k] = 0;
     return -1;
 }
 
