@@ -77,37 +77,119 @@ static void rng_seed(uint64_t st[4], uint64_t seed) {
 /* libm's exp may differ in the last bit between libraries; the draw compares a
  * running sum of probabilities against a uniform, so one ulp could change the
  * token.  This uses only + - * and an exact power-of-two scale, so it gives
- * the same bits on every IEEE-754 machine.  Relative error ~2e-16 (degree-12
- * Taylor on |r| <= ln2/2 after Cody-Waite reduction).  Results below e^-708
- * (~3e-308) are flushed to 0: they are 0 as float probabilities anyway and
- * add nothing to a sum that contains e^0 = 1. */
+ * the same bits on every IEEE-754 machine (default rounding mode).  Relative
+ * error ~2e-16: k = round(x/ln2) by the 1.5*2^52 trick, Cody-Waite
+ * reduction, degree-12 Taylor on |r| <= ln2/2.  Domain x <= 0 (callers pass a
+ * value minus the maximum; larger x is treated as 0).  x <= -708 (e^-708 ~
+ * 3e-308), -inf and NaN give 0: such values are 0 as float probabilities and
+ * add nothing to a sum that contains e^0 = 1.
+ * det_exp4 is the same sequence of operations on 4 lanes (GCC/clang vector
+ * extensions, plain C on targets without SIMD), so it gives the same bits;
+ * test_det_exp_accuracy checks that. */
+#define EXP_ROUND 6755399441055744.0 /* 1.5 * 2^52 */
+#define EXP_LN2_HI 6.93147180369123816490e-01 /* low bits zero: k*ln2_hi exact */
+#define EXP_LN2_LO 1.90821492927058770002e-10
+#define EXP_LOG2E 1.44269504088896338700e+00
+#define EXP_POLY(q, r)                                                                                     \
+    do {                                                                                                   \
+        q = q * r + 1.0 / 39916800.0;                                                                      \
+        q = q * r + 1.0 / 3628800.0;                                                                       \
+        q = q * r + 1.0 / 362880.0;                                                                        \
+        q = q * r + 1.0 / 40320.0;                                                                         \
+        q = q * r + 1.0 / 5040.0;                                                                          \
+        q = q * r + 1.0 / 720.0;                                                                           \
+        q = q * r + 1.0 / 120.0;                                                                           \
+        q = q * r + 1.0 / 24.0;                                                                            \
+        q = q * r + 1.0 / 6.0;                                                                             \
+        q = q * r + 0.5;                                                                                   \
+        q = q * r + 1.0;                                                                                   \
+        q = q * r + 1.0;                                                                                   \
+    } while (0)
+
 static inline double det_exp(double x) {
-    if (!(x > -708.0)) return 0.0; /* underflow, -inf, NaN */
-    if (x > 709.0) return INFINITY;
-    const double ln2_hi = 6.93147180369123816490e-01; /* low bits zero: k*ln2_hi exact */
-    const double ln2_lo = 1.90821492927058770002e-10;
-    const double log2e = 1.44269504088896338700e+00;
-    double kd = floor(x * log2e + 0.5);
-    double r = (x - kd * ln2_hi) - kd * ln2_lo;
+    int live = x > -708.0; /* false for -inf and NaN too */
+    double xc = live ? x : -708.0;
+    xc = xc < 0.0 ? xc : 0.0;
+    double t = xc * EXP_LOG2E + EXP_ROUND; /* k in the low mantissa bits */
+    double kd = t - EXP_ROUND;
+    double r = (xc - kd * EXP_LN2_HI) - kd * EXP_LN2_LO;
     double q = 1.0 / 479001600.0; /* 1/12! */
-    q = q * r + 1.0 / 39916800.0;
-    q = q * r + 1.0 / 3628800.0;
-    q = q * r + 1.0 / 362880.0;
-    q = q * r + 1.0 / 40320.0;
-    q = q * r + 1.0 / 5040.0;
-    q = q * r + 1.0 / 720.0;
-    q = q * r + 1.0 / 120.0;
-    q = q * r + 1.0 / 24.0;
-    q = q * r + 1.0 / 6.0;
-    q = q * r + 0.5;
-    q = q * r + 1.0;
-    q = q * r + 1.0;
-    /* 2^k built from its bits: k is in [-1021, 1023], a normal exponent */
-    union {
-        uint64_t u;
-        double d;
-    } scale = {.u = (uint64_t)((int64_t)kd + 1023) << 52};
-    return q * scale.d;
+    EXP_POLY(q, r);
+    uint64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits + 1023u) << 52; /* 2^k: k in [-1022, 0] is a normal exponent */
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return live ? q * scale : 0.0;
+}
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4i __attribute__((vector_size(32)));
+typedef uint64_t v4u __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+#define v4d_splat(x) ((v4d){(x), (x), (x), (x)})
+
+/* By pointer: passing 32-byte vectors by value changes the ABI on baseline x86-64. */
+static inline void det_exp4(const v4d *in, v4d *out) {
+    v4d x = *in;
+    v4i live = x > v4d_splat(-708.0);
+    v4d xc = (v4d)(((v4i)x & live) | ((v4i)v4d_splat(-708.0) & ~live));
+    xc = (v4d)((v4i)xc & (xc < v4d_splat(0.0))); /* not negative -> +0 */
+    v4d t = xc * EXP_LOG2E + EXP_ROUND;
+    v4d kd = t - EXP_ROUND;
+    v4d r = (xc - kd * EXP_LN2_HI) - kd * EXP_LN2_LO;
+    v4d q = v4d_splat(1.0 / 479001600.0);
+    EXP_POLY(q, r);
+    v4u bits = ((v4u)t + 1023u) << 52;
+    v4d res = q * (v4d)bits;
+    *out = (v4d)((v4i)res & live);
+}
+
+/* Sum of floats in a fixed order: four interleaved partial sums (ids i = 4j+c
+ * go to partial c), combined as (s0+s1)+(s2+s3).  Fixed order = same bits
+ * everywhere; four chains instead of one make it ~4x faster. */
+static double sum_f32(const float *v, int n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += v[i];
+        s1 += v[i + 1];
+        s2 += v[i + 2];
+        s3 += v[i + 3];
+    }
+    for (; i < n; i++) s0 += v[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* dst[i] = det_exp((src[i] - m) / T) for n values (dst may be src), four
+ * lanes at a time; the tail runs the same operations scalar. */
+#define EXP_BLOCK 256
+static void exp_shifted(float *dst, const float *src, int n, double m, double T) {
+    int i = 0;
+    const v4d vm = v4d_splat(m), vT = v4d_splat(T);
+    for (; i + 4 <= n; i += 4) {
+        v4f x;
+        memcpy(&x, src + i, sizeof x);
+        v4d y = (__builtin_convertvector(x, v4d) - vm) / vT;
+        det_exp4(&y, &y);
+        v4f f = __builtin_convertvector(y, v4f);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    for (; i < n; i++) dst[i] = (float)det_exp(((double)src[i] - m) / T);
+}
+
+/* log(sum(exp(v - m))) + m for the maximum m of v[0..n); -inf entries count
+ * nothing.  One pass in blocks through a small stack buffer. */
+static double logsumexp_with_max(const float *v, int n, double m) {
+    float tmp[EXP_BLOCK];
+    double s = 0.0;
+    for (int i0 = 0; i0 < n; i0 += EXP_BLOCK) {
+        int nb = n - i0 < EXP_BLOCK ? n - i0 : EXP_BLOCK;
+        exp_shifted(tmp, v + i0, nb, m, 1.0);
+        s += sum_f32(tmp, nb);
+    }
+    return m + log(s);
 }
 
 /* ----- ordering and heaps over token ids keyed by a value array ----- */
@@ -169,22 +251,6 @@ static int select_best(const float *v, const int32_t *ids, int n, int k, int32_t
         heap_sift_down(out, e, 0, v, 0);
     }
     return m;
-}
-
-/* log(sum(exp(v))) over all n values in one pass (online max rescaling).
- * -inf entries contribute nothing; all -inf gives -inf. */
-static double logsumexp(const float *v, int n) {
-    double m = -INFINITY, s = 0.0;
-    for (int i = 0; i < n; i++) {
-        double x = v[i];
-        if (x > m) {
-            s = s * det_exp(m - x) + 1.0;
-            m = x;
-        } else if (x > -INFINITY) {
-            s += det_exp(x - m);
-        }
-    }
-    return m == -INFINITY ? -INFINITY : m + log(s);
 }
 
 /* Buckets for top-p: the top 11 bits of a positive float (8 exponent bits and
@@ -413,11 +479,14 @@ static float to_logit(double x) {
     return (float)x;
 }
 
-/* repetition penalty -> presence/frequency penalties -> logit_bias, on w. */
-static void apply_penalties(dsv4_sampler *s, float *w) {
+/* repetition penalty -> presence/frequency penalties -> logit_bias, on w.
+ * Returns 1 if it may have changed anything. */
+static int apply_penalties(dsv4_sampler *s, float *w) {
     const dsv4_sampling_params *p = &s->p;
     double rep = p->repetition_penalty, pres = p->presence_penalty, freq = p->frequency_penalty;
-    if (rep != 1.0 || pres != 0.0 || freq != 0.0) {
+    int changed = s->n_bias > 0;
+    if ((rep != 1.0 || pres != 0.0 || freq != 0.0) && s->n_seen > 0) {
+        changed = 1;
         for (int i = 0; i < s->n_seen; i++) {
             int32_t id = s->seen[i];
             uint32_t gen = s->count[id] & GEN_MASK;
@@ -428,6 +497,20 @@ static void apply_penalties(dsv4_sampler *s, float *w) {
         }
     }
     for (int i = 0; i < s->n_bias; i++) w[s->bias_id[i]] = to_logit((double)w[s->bias_id[i]] + s->bias_val[i]);
+    return changed;
+}
+
+/* Fills out->logprob for token and out->top_* from values v whose
+ * log-normaliser is lz (logprob = v - lz); ids/n restrict the alternatives
+ * (ids NULL: 0..n-1). */
+static void report_logprobs(const float *v, double lz, int log_of_v, const int32_t *ids, int n, int n_top,
+                            int32_t token, dsv4_sample *out) {
+    out->logprob = (float)((log_of_v ? log(v[token]) : (double)v[token]) - lz);
+    out->n_top = select_best(v, ids, n, n_top, out->top_ids);
+    for (int j = 0; j < out->n_top; j++) {
+        double x = v[out->top_ids[j]];
+        out->top_logprobs[j] = (float)((log_of_v ? log(x) : x) - lz);
+    }
 }
 
 int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, dsv4_err *err) {
@@ -439,41 +522,41 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
     int32_t *cand = s->cand;
     memset(out, 0, sizeof *out);
 
+    /* pass 1: validate, copy, maximum (ties keep the lowest id) */
+    int32_t best = 0;
+    float M = -INFINITY;
     for (int i = 0; i < V; i++) {
         float x = logits[i];
         if (isnan(x) || x == INFINITY)
             return dsv4_errf(err, "sampler: logit of token %d is %s", i, isnan(x) ? "NaN" : "+inf");
         w[i] = x;
-    }
-    const int want_lp = p->logprobs, n_top = p->top_logprobs;
-    const int raw = p->logprobs_mode == DSV4_LOGPROBS_RAW;
-    double raw_lse = 0.0;
-    if (want_lp && raw) {
-        raw_lse = logsumexp(logits, V);
-        if (raw_lse == -INFINITY) return dsv4_errf(err, "sampler: every logit is -inf");
-        out->n_top = select_best(logits, NULL, V, n_top, out->top_ids);
-        for (int j = 0; j < out->n_top; j++) out->top_logprobs[j] = (float)(logits[out->top_ids[j]] - raw_lse);
-    }
-
-    apply_penalties(s, w);
-    int32_t best = 0;
-    float M = w[0];
-    for (int i = 1; i < V; i++)
-        if (w[i] > M) { /* strict: ties keep the lowest id */
-            M = w[i];
+        if (x > M) {
+            M = x;
             best = i;
         }
-    if (M == -INFINITY) return dsv4_errf(err, "sampler: every token has logit -inf after penalties and logit_bias");
+    }
+    if (M == -INFINITY) return dsv4_errf(err, "sampler: every logit is -inf");
+    const int want_lp = p->logprobs, n_top = p->top_logprobs;
+    const int raw = p->logprobs_mode == DSV4_LOGPROBS_RAW;
+    const double raw_lse = want_lp && raw ? logsumexp_with_max(logits, V, M) : 0.0;
+    if (want_lp && raw) report_logprobs(logits, raw_lse, 0, NULL, V, n_top, best, out);
+
+    if (apply_penalties(s, w)) {
+        best = 0;
+        M = w[0];
+        for (int i = 1; i < V; i++)
+            if (w[i] > M) {
+                M = w[i];
+                best = i;
+            }
+        if (M == -INFINITY)
+            return dsv4_errf(err, "sampler: every token has logit -inf after penalties and logit_bias");
+    }
 
     int32_t token;
     if (p->temperature == 0.0f) {
         token = best;
-        if (want_lp && !raw) {
-            double lse = logsumexp(w, V);
-            out->logprob = (float)(w[token] - lse);
-            out->n_top = select_best(w, NULL, V, n_top, out->top_ids);
-            for (int j = 0; j < out->n_top; j++) out->top_logprobs[j] = (float)(w[out->top_ids[j]] - lse);
-        }
+        if (want_lp && !raw) report_logprobs(w, logsumexp_with_max(w, V, M), 0, NULL, V, n_top, token, out);
     } else {
         const double T = p->temperature;
         int32_t *kept = NULL; /* NULL: every token, in id order */
@@ -495,13 +578,9 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
                 n_kept = m;
             }
         } else {
-            double Z = 0.0;
-            for (int i = 0; i < V; i++) {
-                w[i] = (float)det_exp(((double)w[i] - M) / T);
-                Z += w[i];
-            }
+            exp_shifted(w, w, V, M, T);
             if (p->top_p < 1.0f) {
-                n_kept = select_top_p(w, V, Z, p->top_p, cand, s->top_p_mass);
+                n_kept = select_top_p(w, V, sum_f32(w, V), p->top_p, cand, s->top_p_mass);
                 kept = cand;
             }
         }
@@ -521,7 +600,10 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
         }
         /* the draw: one uniform against the running sum, in the kept order */
         double Z = 0.0;
-        for (int j = 0; j < n_kept; j++) Z += w[kept ? kept[j] : j];
+        if (kept)
+            for (int j = 0; j < n_kept; j++) Z += w[kept[j]];
+        else
+            Z = sum_f32(w, V);
         double r = rng_uniform(s->rng) * Z, cum = 0.0;
         token = -1;
         int32_t last_nonzero = best;
@@ -535,15 +617,10 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
                 break;
             }
         }
-        if (token < 0) token = last_nonzero; /* r rounded up to Z */
-        if (want_lp && !raw) {
-            double lz = log(Z);
-            out->logprob = (float)(log(w[token]) - lz);
-            out->n_top = select_best(w, kept, n_kept, n_top, out->top_ids);
-            for (int j = 0; j < out->n_top; j++) out->top_logprobs[j] = (float)(log(w[out->top_ids[j]]) - lz);
-        }
+        if (token < 0) token = last_nonzero; /* rounding: r at or past the last partial sum */
+        if (want_lp && !raw) report_logprobs(w, log(Z), 1, kept, n_kept, n_top, token, out);
     }
-    if (want_lp && raw) out->logprob = (float)(logits[token] - raw_lse);
+    if (want_lp && raw) out->logprob = (float)((double)logits[token] - raw_lse);
     out->token = token;
     return 0;
 }
