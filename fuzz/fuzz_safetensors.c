@@ -26,7 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < n; i++) {
         const uint8_t *p = t[i].data;
         size_t elems = 1;
-        for (int d = 0; d < t[i].ndim; d++) elems *= (size_t)t[i].shape[d];
+        for (int d = 0; d < t[i].ndim; d++)
+            elems *= (size_t)t[i].shape[d];
         if (!t[i].name[0] || t[i].ndim < 0 || t[i].ndim > DSV4_ST_MAX_DIMS) abort();
         if (elems * dsv4_dtype_size(t[i].dtype) != t[i].nbytes) abort();
         if (p < data + 8 || p > data + size || t[i].nbytes > (size_t)(data + size - p)) abort();

@@ -16,7 +16,9 @@ static uint64_t rng_next(void) {
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static double rng_unit(void) { return (double)(rng_next() >> 11) * 0x1p-53; }
+static double rng_unit(void) {
+    return (double)(rng_next() >> 11) * 0x1p-53;
+}
 
 static uint32_t bits_of(float f) {
     uint32_t b;
@@ -41,7 +43,9 @@ static double ref_e4m3(int c) {
     double v = e == 0 ? ldexp(m, -9) : ldexp(1.0 + m / 8.0, e - 7);
     return s ? -v : v;
 }
-static double ref_e8m0(int c) { return c == 255 ? NAN : ldexp(1.0, c - 127); }
+static double ref_e8m0(int c) {
+    return c == 255 ? NAN : ldexp(1.0, c - 127);
+}
 static double ref_e2m1(int c) {
     int s = (c >> 3) & 1, e = (c >> 1) & 3, m = c & 1;
     double v = e == 0 ? m * 0.5 : ldexp(1.0 + m / 2.0, e - 1);
@@ -101,8 +105,10 @@ static void test_roundtrip_all_codes(void) {
         if ((c & 0x7f) == 0x7f) continue;
         CHECKF(dsv4_f32_to_e4m3(dsv4_e4m3_to_f32((uint8_t)c)) == c, "e4m3 code 0x%02x", c);
     }
-    for (int c = 0; c < 255; c++) CHECKF(dsv4_f32_to_e8m0(dsv4_e8m0_to_f32((uint8_t)c)) == c, "e8m0 code %d", c);
-    for (int c = 0; c < 16; c++) CHECKF(dsv4_f32_to_e2m1(dsv4_e2m1_to_f32((uint8_t)c)) == c, "e2m1 code %d", c);
+    for (int c = 0; c < 255; c++)
+        CHECKF(dsv4_f32_to_e8m0(dsv4_e8m0_to_f32((uint8_t)c)) == c, "e8m0 code %d", c);
+    for (int c = 0; c < 16; c++)
+        CHECKF(dsv4_f32_to_e2m1(dsv4_e2m1_to_f32((uint8_t)c)) == c, "e2m1 code %d", c);
     int bad_bf16 = 0, bad_f16 = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         float b = dsv4_bf16_to_f32((uint16_t)h);
@@ -160,18 +166,21 @@ static void test_e4m3_rne_ties_and_saturation(void) {
     CHECK(dsv4_f32_to_e4m3(-INFINITY) == 0xfe);
     CHECK(dsv4_f32_to_e4m3(-1000.0f) == 0xfe);
     CHECK((dsv4_f32_to_e4m3(NAN) & 0x7f) == 0x7f);
-    CHECK(dsv4_f32_to_e4m3(0x1p-10f) == 0x00); /* tie between 0 and 2^-9 -> 0 */
+    CHECK(dsv4_f32_to_e4m3(0x1p-10f) == 0x00);     /* tie between 0 and 2^-9 -> 0 */
     CHECK(dsv4_f32_to_e4m3(3 * 0x1p-10f) == 0x02); /* tie between 1 and 2 (x 2^-9) -> 2 */
     CHECK(dsv4_f32_to_e4m3(-0.0f) == 0x80);
     CHECK(dsv4_f32_to_e4m3(1e-30f) == 0x00);
 }
 
 static void test_e2m1_rne(void) {
-    static const struct { float x; uint8_t c; } cases[] = {
-        {0.25f, 0}, {0.2500001f, 1}, {0.75f, 2}, {0.7499999f, 1}, {1.25f, 2}, {1.2500001f, 3},
-        {1.75f, 4}, {2.5f, 4},       {2.5000002f, 5}, {3.5f, 6}, {5.0f, 6}, {5.0000005f, 7},
-        {6.0f, 7},  {100.0f, 7},     {INFINITY, 7},   {-0.75f, 0xa}, {-5.0f, 0xe}, {-7.0f, 0xf},
-        {-0.0f, 8}, {0.1f, 0},
+    static const struct {
+        float x;
+        uint8_t c;
+    } cases[] = {
+        {0.25f, 0},      {0.2500001f, 1}, {0.75f, 2},   {0.7499999f, 1}, {1.25f, 2},
+        {1.2500001f, 3}, {1.75f, 4},      {2.5f, 4},    {2.5000002f, 5}, {3.5f, 6},
+        {5.0f, 6},       {5.0000005f, 7}, {6.0f, 7},    {100.0f, 7},     {INFINITY, 7},
+        {-0.75f, 0xa},   {-5.0f, 0xe},    {-7.0f, 0xf}, {-0.0f, 8},      {0.1f, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         CHECKF(dsv4_f32_to_e2m1(cases[i].x) == cases[i].c, "x=%.9g got %d want %d", cases[i].x,
@@ -193,11 +202,11 @@ static void test_e8m0_encode(void) {
 
 static void test_bf16_rne_and_nan(void) {
     CHECK(dsv4_f32_to_bf16(1.0f) == 0x3f80);
-    CHECK(dsv4_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);       /* tie, 0x3f80 even */
-    CHECK(dsv4_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);   /* tie, 0x3f81 odd -> up */
+    CHECK(dsv4_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);     /* tie, 0x3f80 even */
+    CHECK(dsv4_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82); /* tie, 0x3f81 odd -> up */
     CHECK(dsv4_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);
     CHECK(dsv4_f32_to_bf16(-1.0f - 0x1p-8f) == 0xbf80);
-    CHECK(dsv4_f32_to_bf16(FLT_MAX) == 0x7f80);               /* rounds to inf */
+    CHECK(dsv4_f32_to_bf16(FLT_MAX) == 0x7f80); /* rounds to inf */
     CHECK(dsv4_f32_to_bf16(INFINITY) == 0x7f80);
     CHECK(dsv4_f32_to_bf16(-INFINITY) == 0xff80);
     uint16_t qn = dsv4_f32_to_bf16(float_of(0x7f800001u)); /* signalling NaN with payload in low bits */
@@ -264,7 +273,8 @@ static void slow_fp8_qdq(const float *x, float *out, int64_t n, int block, float
     for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
         int64_t len = n - b0 < block ? n - b0 : block;
         double amax = 0;
-        for (int64_t i = 0; i < len; i++) amax = fmax(amax, fabs(x[b0 + i]));
+        for (int64_t i = 0; i < len; i++)
+            amax = fmax(amax, fabs(x[b0 + i]));
         float am = (float)fmax(amax, 1e-4f);
         float s = slow_pow2_ceil(am * (1.0f / 448.0f));
         scales[bi] = s;
@@ -281,7 +291,8 @@ static void slow_fp4_qdq(const float *x, float *out, int64_t n, int block) {
     for (int64_t b0 = 0; b0 < n; b0 += block) {
         int64_t len = n - b0 < block ? n - b0 : block;
         double amax = 0;
-        for (int64_t i = 0; i < len; i++) amax = fmax(amax, fabs(x[b0 + i]));
+        for (int64_t i = 0; i < len; i++)
+            amax = fmax(amax, fabs(x[b0 + i]));
         float am = (float)fmax(amax, 6.0 * ldexp(1.0, -126));
         float s = slow_pow2_ceil(am / 6.0f);
         for (int64_t i = 0; i < len; i++) {
@@ -306,8 +317,10 @@ static void fill_test_vector(float *x, int64_t n, int block) {
 }
 
 static void test_fp8_quant_dequant_vs_slow(void) {
-    static const struct { int64_t n; int block; } cfg[] = {{128 * 5, 128}, {128 * 4 + 44, 128}, {64 * 6 + 1, 64},
-                                                           {7, 64}, {300, 64}};
+    static const struct {
+        int64_t n;
+        int block;
+    } cfg[] = {{128 * 5, 128}, {128 * 4 + 44, 128}, {64 * 6 + 1, 64}, {7, 64}, {300, 64}};
     float x[1024], got[1024], want[1024], gs[16], ws[16];
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         int64_t n = cfg[k].n;
@@ -321,7 +334,8 @@ static void test_fp8_quant_dequant_vs_slow(void) {
                 fprintf(stderr, "  cfg %zu i=%lld x=%.9g got %.9g want %.9g\n", k, (long long)i, x[i], got[i],
                         want[i]);
         CHECKF(bad == 0, "cfg %zu: %d mismatches", k, bad);
-        for (int64_t b = 0; b < (n + block - 1) / block; b++) CHECK(gs[b] == ws[b]);
+        for (int64_t b = 0; b < (n + block - 1) / block; b++)
+            CHECK(gs[b] == ws[b]);
         /* in place gives the same */
         dsv4_fp8_quant_dequant(x, x, n, block, NULL);
         CHECK(memcmp(x, got, (size_t)n * sizeof(float)) == 0);
@@ -341,7 +355,10 @@ static void test_fp8_quant_dequant_vs_slow(void) {
 }
 
 static void test_fp4_quant_dequant_vs_slow(void) {
-    static const struct { int64_t n; int block; } cfg[] = {{32 * 8, 32}, {32 * 5 + 17, 32}, {3, 32}, {129, 16}};
+    static const struct {
+        int64_t n;
+        int block;
+    } cfg[] = {{32 * 8, 32}, {32 * 5 + 17, 32}, {3, 32}, {129, 16}};
     float x[512], got[512], want[512];
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         int64_t n = cfg[k].n;
@@ -371,7 +388,8 @@ static void test_hadamard(void) {
     CHECK_NEAR(v2[1], 2.0 / sqrt(2.0), 1e-6);
     float v4[4] = {1, 0, 0, 0};
     dsv4_hadamard(v4, 4);
-    for (int i = 0; i < 4; i++) CHECK(v4[i] == 0.5f);
+    for (int i = 0; i < 4; i++)
+        CHECK(v4[i] == 0.5f);
     /* Sylvester order: column j of H_n is (-1)^popcount(i&j) / sqrt(n). */
     static const int ns[] = {8, 128};
     for (int k = 0; k < 2; k++) {
@@ -388,18 +406,21 @@ static void test_hadamard(void) {
     }
     /* H.H = I */
     float x[128], y[128];
-    for (int i = 0; i < 128; i++) x[i] = y[i] = (float)(rng_unit() * 2 - 1);
+    for (int i = 0; i < 128; i++)
+        x[i] = y[i] = (float)(rng_unit() * 2 - 1);
     dsv4_hadamard(y, 128);
     dsv4_hadamard(y, 128);
-    for (int i = 0; i < 128; i++) CHECK_NEAR(y[i], x[i], 1e-5);
+    for (int i = 0; i < 128; i++)
+        CHECK_NEAR(y[i], x[i], 1e-5);
 }
 
 static void test_fp8_row_dequant(void) {
     /* 3 x 5 weight, block 2: scale grid 2 x 3 (partial blocks both ways). */
     enum { R = 3, C = 5, B = 2 };
     uint8_t w[R * C];
-    for (int i = 0; i < R * C; i++) w[i] = (uint8_t)(0x30 + i * 5); /* various, some negative */
-    w[4] = 0xb8;                                                       /* -1.0 */
+    for (int i = 0; i < R * C; i++)
+        w[i] = (uint8_t)(0x30 + i * 5); /* various, some negative */
+    w[4] = 0xb8;                        /* -1.0 */
     uint8_t se[2 * 3] = {127, 128, 120, 130, 126, 0};
     float sf[2 * 3] = {1.0f, 0.5f, 3.0f, -2.0f, 0.25f, 10.0f};
     float out[C];
@@ -441,7 +462,8 @@ static void test_fp4_row_dequant(void) {
         /* MXFP4: e8m0 per 32 */
         int64_t g32 = (cols + 31) / 32;
         uint8_t s32[R * 3];
-        for (int i = 0; i < R * 3; i++) s32[i] = (uint8_t)(120 + i * 2);
+        for (int i = 0; i < R * 3; i++)
+            s32[i] = (uint8_t)(120 + i * 2);
         float out[80];
         for (int r = 0; r < R; r++) {
             dsv4_dequant_mxfp4_row(w, s32, r, cols, out);
@@ -454,7 +476,8 @@ static void test_fp4_row_dequant(void) {
         /* NVFP4: e4m3 per 16, global scale2 */
         int64_t g16 = (cols + 15) / 16;
         uint8_t s16[R * 5];
-        for (int i = 0; i < R * 5; i++) s16[i] = (uint8_t)(0x30 + i * 3);
+        for (int i = 0; i < R * 5; i++)
+            s16[i] = (uint8_t)(0x30 + i * 3);
         const float scale2 = 0x1p-12f;
         for (int r = 0; r < R; r++) {
             dsv4_dequant_nvfp4_row(w, s16, scale2, r, cols, out);

@@ -25,7 +25,9 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
 }
-static void scratch_free(void) { nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+static void scratch_free(void) {
+    nftw(scratch, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 static const char *in_scratch(const char *name) {
     static char buf[4][512];
@@ -48,9 +50,11 @@ static uint8_t *raw_image(const char *header, size_t data_len, size_t *len) {
     size_t hl = strlen(header);
     *len = 8 + hl + data_len;
     uint8_t *b = calloc(1, *len + 8); /* + 8: room for the aligned copy below */
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     memcpy(b + 8, header, hl);
-    for (size_t i = 0; i < data_len; i++) b[8 + hl + i] = (uint8_t)i;
+    for (size_t i = 0; i < data_len; i++)
+        b[8 + hl + i] = (uint8_t)i;
     return b;
 }
 
@@ -65,13 +69,15 @@ typedef struct {
 
 static size_t decl_bytes(const decl *d) {
     size_t n = dsv4_dtype_size(d->dt);
-    for (int i = 0; i < d->ndim; i++) n *= (size_t)d->shape[i];
+    for (int i = 0; i < d->ndim; i++)
+        n *= (size_t)d->shape[i];
     return n;
 }
 
 /* Deterministic content per tensor so a mix-up between tensors shows. */
 static void fill_content(uint8_t *p, size_t n, int seed) {
-    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 31 + (size_t)seed * 101 + 7);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(i * 31 + (size_t)seed * 101 + 7);
 }
 
 /* Writes the tensors, data in `chunk`-byte pieces (0: one call per tensor). */
@@ -88,7 +94,8 @@ static int write_st(const char *path, const decl *d, int n, size_t chunk, dsv4_e
         return -1;
     }
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += decl_bytes(&d[i]);
+    for (int i = 0; i < n; i++)
+        total += decl_bytes(&d[i]);
     uint8_t *all = malloc(total + 1), *p = all;
     for (int i = 0; i < n; i++) {
         fill_content(p, decl_bytes(&d[i]), i);
@@ -121,7 +128,8 @@ static void check_contents(const dsv4_st *st, const decl *d, int n) {
         CHECK_STR(t->name, d[i].name);
         CHECK_EQ_INT(t->dtype, d[i].dt);
         CHECK_EQ_INT(t->ndim, d[i].ndim);
-        for (int k = 0; k < d[i].ndim; k++) CHECK_EQ_INT(t->shape[k], d[i].shape[k]);
+        for (int k = 0; k < d[i].ndim; k++)
+            CHECK_EQ_INT(t->shape[k], d[i].shape[k]);
         size_t nb = decl_bytes(&d[i]);
         CHECK_EQ_INT(t->nbytes, nb);
         CHECKF((uintptr_t)t->data % dsv4_dtype_size(t->dtype) == 0, "%s misaligned", d[i].name);
@@ -149,12 +157,12 @@ static void test_dtype_table(void) {
 }
 
 static const decl ALL_DTYPES[] = {
-    {"a.bf16", DSV4_DT_BF16, 2, {3, 5}},       {"b.f16", DSV4_DT_F16, 1, {7}},
-    {"c.f32", DSV4_DT_F32, 3, {2, 3, 1}},      {"d.e4m3", DSV4_DT_F8_E4M3, 2, {4, 9}},
-    {"e.e8m0", DSV4_DT_F8_E8M0, 1, {3}},       {"f.i8", DSV4_DT_I8, 2, {5, 1}},
-    {"g.u8", DSV4_DT_U8, 1, {11}},             {"h.i32", DSV4_DT_I32, 1, {3}},
-    {"i.i64", DSV4_DT_I64, 2, {2, 3}},         {"j.scalar", DSV4_DT_F32, 0, {0}},
-    {"k.empty", DSV4_DT_BF16, 2, {0, 4}},      {"l.odd \"name\"\\/\xc3\xa9", DSV4_DT_U8, 1, {1}},
+    {"a.bf16", DSV4_DT_BF16, 2, {3, 5}},  {"b.f16", DSV4_DT_F16, 1, {7}},
+    {"c.f32", DSV4_DT_F32, 3, {2, 3, 1}}, {"d.e4m3", DSV4_DT_F8_E4M3, 2, {4, 9}},
+    {"e.e8m0", DSV4_DT_F8_E8M0, 1, {3}},  {"f.i8", DSV4_DT_I8, 2, {5, 1}},
+    {"g.u8", DSV4_DT_U8, 1, {11}},        {"h.i32", DSV4_DT_I32, 1, {3}},
+    {"i.i64", DSV4_DT_I64, 2, {2, 3}},    {"j.scalar", DSV4_DT_F32, 0, {0}},
+    {"k.empty", DSV4_DT_BF16, 2, {0, 4}}, {"l.odd \"name\"\\/\xc3\xa9", DSV4_DT_U8, 1, {1}},
 };
 #define N_ALL (int)(sizeof ALL_DTYPES / sizeof ALL_DTYPES[0])
 
@@ -175,12 +183,14 @@ static void test_roundtrip_every_dtype(void) {
         CHECK_EQ_INT(dsv4_st_n_shards(st), 1);
         CHECK_STR(dsv4_st_shard_path(st, 0), path);
         size_t total = 0;
-        for (int i = 0; i < N_ALL; i++) total += decl_bytes(&ALL_DTYPES[i]);
+        for (int i = 0; i < N_ALL; i++)
+            total += decl_bytes(&ALL_DTYPES[i]);
         CHECK_EQ_INT(dsv4_st_data_bytes(st), total);
         check_contents(st, ALL_DTYPES, N_ALL);
         CHECK(dsv4_st_find(st, "nope") == NULL);
         CHECK(dsv4_st_at(st, N_ALL) == NULL && dsv4_st_at(st, -1) == NULL);
-        for (int i = 0; i < N_ALL; i++) CHECK(dsv4_st_find(st, dsv4_st_at(st, i)->name) == dsv4_st_at(st, i));
+        for (int i = 0; i < N_ALL; i++)
+            CHECK(dsv4_st_find(st, dsv4_st_at(st, i)->name) == dsv4_st_at(st, i));
         dsv4_st_close(st);
     }
     /* Header: length a multiple of 8, padded with spaces, format metadata. */
@@ -189,7 +199,8 @@ static void test_roundtrip_every_dtype(void) {
     uint8_t len8[8];
     REQUIRE(fread(len8, 1, 8, f) == 8);
     uint64_t hl = 0;
-    for (int i = 0; i < 8; i++) hl |= (uint64_t)len8[i] << (8 * i);
+    for (int i = 0; i < 8; i++)
+        hl |= (uint64_t)len8[i] << (8 * i);
     CHECK(hl % 8 == 0);
     char *hdr = calloc(1, hl + 1);
     REQUIRE(fread(hdr, 1, hl, f) == hl);
@@ -208,7 +219,8 @@ static void test_roundtrip_every_dtype(void) {
 static void test_sharded_directory(void) {
     scratch_new();
     dsv4_err err = {{0}};
-    static const decl s1[] = {{"embed.weight", DSV4_DT_BF16, 2, {8, 4}}, {"layers.0.attn.wkv.weight", DSV4_DT_F8_E4M3, 2, {4, 4}}};
+    static const decl s1[] = {{"embed.weight", DSV4_DT_BF16, 2, {8, 4}},
+                              {"layers.0.attn.wkv.weight", DSV4_DT_F8_E4M3, 2, {4, 4}}};
     static const decl s2[] = {{"layers.0.attn.wkv.scale", DSV4_DT_F8_E8M0, 2, {1, 1}},
                               {"head.weight", DSV4_DT_BF16, 2, {8, 4}},
                               {"norm.weight", DSV4_DT_F32, 1, {4}}};
@@ -259,7 +271,8 @@ static void test_many_tensors(void) {
     }
     REQUIRE(dsv4_st_writer_begin_data(w, &err) == 0);
     uint16_t *vals = malloc(N * sizeof *vals);
-    for (int i = 0; i < N; i++) vals[i] = (uint16_t)i;
+    for (int i = 0; i < N; i++)
+        vals[i] = (uint16_t)i;
     REQUIRE(dsv4_st_writer_data(w, vals, N * sizeof *vals, &err) == 0);
     free(vals);
     REQUIRE(dsv4_st_writer_close(w, &err) == 0);
@@ -323,7 +336,8 @@ static void test_writer_errors(void) {
     CHECK(dsv4_st_writer_close(w, &err) == 0);
     CHECK(access(path, F_OK) == 0);
     /* unwritable destination */
-    CHECK(dsv4_st_writer_open(&w, "/nonexistent-dir/x.safetensors", &err) < 0 && strstr(err.msg, "cannot create"));
+    CHECK(dsv4_st_writer_open(&w, "/nonexistent-dir/x.safetensors", &err) < 0 &&
+          strstr(err.msg, "cannot create"));
     scratch_free();
 }
 
@@ -339,53 +353,90 @@ typedef struct {
 static const bad_case BAD[] = {
     {"not json", "{\"a\": {\"dtype\": ", 0, {"not valid JSON"}},
     {"not an object", "[1, 2, 3]", 0, {"not a JSON object"}},
-    {"unknown dtype", "{\"w.x\": {\"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 8]}}", 8,
+    {"unknown dtype",
+     "{\"w.x\": {\"dtype\": \"F64\", \"shape\": [1], \"data_offsets\": [0, 8]}}",
+     8,
      {"'w.x'", "dtype 'F64'"}},
-    {"dtype not a string", "{\"w\": {\"dtype\": 3, \"shape\": [1], \"data_offsets\": [0, 1]}}", 8, {"'w'", "dtype"}},
+    {"dtype not a string",
+     "{\"w\": {\"dtype\": 3, \"shape\": [1], \"data_offsets\": [0, 1]}}",
+     8,
+     {"'w'", "dtype"}},
     {"size mismatch",
-     "{\"layers.3.attn.wkv.weight\": {\"dtype\": \"BF16\", \"shape\": [4, 4], \"data_offsets\": [10, 20]}}", 64,
+     "{\"layers.3.attn.wkv.weight\": {\"dtype\": \"BF16\", \"shape\": [4, 4], \"data_offsets\": [10, 20]}}",
+     64,
      {"'layers.3.attn.wkv.weight'", "data_offsets [10,20] span 10 bytes but shape [4,4] x BF16 needs 32"}},
-    {"beyond data", "{\"w\": {\"dtype\": \"F32\", \"shape\": [8], \"data_offsets\": [0, 32]}}", 16,
+    {"beyond data",
+     "{\"w\": {\"dtype\": \"F32\", \"shape\": [8], \"data_offsets\": [0, 32]}}",
+     16,
      {"'w'", "beyond the data section"}},
     {"overlap",
      "{\"a\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [0, 8]},"
      " \"b\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [4, 12]}}",
-     16, {"overlap", "'a'", "'b'"}},
+     16,
+     {"overlap", "'a'", "'b'"}},
     {"overlap hidden behind a short one",
      "{\"a\": {\"dtype\": \"U8\", \"shape\": [16], \"data_offsets\": [0, 16]},"
      " \"b\": {\"dtype\": \"U8\", \"shape\": [2], \"data_offsets\": [2, 4]},"
      " \"c\": {\"dtype\": \"U8\", \"shape\": [2], \"data_offsets\": [8, 10]}}",
-     16, {"overlap"}},
-    {"negative shape", "{\"w\": {\"dtype\": \"U8\", \"shape\": [-1], \"data_offsets\": [0, 0]}}", 0,
+     16,
+     {"overlap"}},
+    {"negative shape",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [-1], \"data_offsets\": [0, 0]}}",
+     0,
      {"'w'", "shape[0]", "non-negative integer"}},
-    {"float shape", "{\"w\": {\"dtype\": \"U8\", \"shape\": [2, 2.0], \"data_offsets\": [0, 4]}}", 4,
+    {"float shape",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [2, 2.0], \"data_offsets\": [0, 4]}}",
+     4,
      {"'w'", "shape[1]"}},
     {"shape not list", "{\"w\": {\"dtype\": \"U8\", \"shape\": 4, \"data_offsets\": [0, 4]}}", 4, {"shape"}},
     {"duplicate keys",
      "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]},"
      " \"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
-     2, {"duplicate"}},
+     2,
+     {"duplicate"}},
     {"shape overflow",
-     "{\"w\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296, 16], \"data_offsets\": [0, 4]}}", 4,
+     "{\"w\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296, 16], \"data_offsets\": [0, 4]}}",
+     4,
      {"'w'", "overflows"}},
-    {"bytes overflow", "{\"w\": {\"dtype\": \"I64\", \"shape\": [4611686018427387904], \"data_offsets\": [0, 4]}}",
-     4, {"'w'", "overflows"}},
-    {"begin after end", "{\"w\": {\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [4, 2]}}", 8,
+    {"bytes overflow",
+     "{\"w\": {\"dtype\": \"I64\", \"shape\": [4611686018427387904], \"data_offsets\": [0, 4]}}",
+     4,
+     {"'w'", "overflows"}},
+    {"begin after end",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [4, 2]}}",
+     8,
      {"begin after end"}},
-    {"offsets not a pair", "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0]}}", 8,
+    {"offsets not a pair",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0]}}",
+     8,
      {"data_offsets", "two"}},
-    {"negative offset", "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [-1, 0]}}", 8,
+    {"negative offset",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [-1, 0]}}",
+     8,
      {"data_offsets"}},
-    {"missing field", "{\"w\": {\"shape\": [1], \"data_offsets\": [0, 1]}}", 8, {"'w'", "missing field 'dtype'"}},
-    {"unknown field", "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1], \"x\": 1}}", 8,
+    {"missing field",
+     "{\"w\": {\"shape\": [1], \"data_offsets\": [0, 1]}}",
+     8,
+     {"'w'", "missing field 'dtype'"}},
+    {"unknown field",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1], \"x\": 1}}",
+     8,
      {"unknown field 'x'"}},
     {"entry not object", "{\"w\": [1]}", 0, {"'w'", "not a JSON object"}},
-    {"empty name", "{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 8, {"empty name"}},
+    {"empty name",
+     "{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}",
+     8,
+     {"empty name"}},
     {"metadata not str", "{\"__metadata__\": {\"format\": 1}}", 0, {"__metadata__", "'format'"}},
     {"metadata not object", "{\"__metadata__\": [1]}", 0, {"__metadata__"}},
-    {"too many dims", "{\"w\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}", 8,
+    {"too many dims",
+     "{\"w\": {\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 1]}}",
+     8,
      {"'w'", "9 dimensions"}},
-    {"misaligned", "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [2, 6]}}", 8, {"'w'", "aligned"}},
+    {"misaligned",
+     "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [2, 6]}}",
+     8,
+     {"'w'", "aligned"}},
     {"trailing garbage", "{} x", 0, {"not valid JSON"}},
 };
 
@@ -400,15 +451,16 @@ static void test_malformed_headers(void) {
         memcpy(al, img, 8 + hl);
         memset(al + 8 + hl, ' ', pad);
         memcpy(al + 8 + hl + pad, img + 8 + hl, BAD[i].data_len);
-        for (int k = 0; k < 8; k++) al[k] = (uint8_t)((uint64_t)(hl + pad) >> (8 * k));
+        for (int k = 0; k < 8; k++)
+            al[k] = (uint8_t)((uint64_t)(hl + pad) >> (8 * k));
         dsv4_tensor *t = NULL;
         int n = -1;
         dsv4_err err = {{0}};
         int rc = dsv4_st_parse_buffer(al, len + pad, "case.safetensors", &t, &n, &err);
         CHECKF(rc < 0, "case '%s' was accepted", BAD[i].label);
         CHECK(t == NULL && n == 0);
-        CHECKF(strncmp(err.msg, "case.safetensors: ", 18) == 0, "case '%s': message does not name the file: %s",
-               BAD[i].label, err.msg);
+        CHECKF(strncmp(err.msg, "case.safetensors: ", 18) == 0,
+               "case '%s': message does not name the file: %s", BAD[i].label, err.msg);
         for (int k = 0; k < 3 && BAD[i].expect[k]; k++)
             CHECKF(strstr(err.msg, BAD[i].expect[k]) != NULL, "case '%s': message \"%s\" lacks \"%s\"",
                    BAD[i].label, err.msg, BAD[i].expect[k]);
@@ -482,7 +534,8 @@ static void test_malformed_sharded(void) {
     /* two files without an index */
     expect_open_fails(NULL, "2 .safetensors files", "fit together");
     /* a correct index first, to be sure the failures below come from the edits */
-    const char *good = "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\"}}";
+    const char *good =
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\"}}";
     write_bytes(in_scratch("model.safetensors.index.json"), good, strlen(good));
     dsv4_st *st = NULL;
     dsv4_err err = {{0}};
@@ -490,28 +543,33 @@ static void test_malformed_sharded(void) {
     CHECK_EQ_INT(dsv4_st_count(st), 3);
     dsv4_st_close(st);
 
-    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"c.safetensors\"}}",
-                      "c.safetensors", "cannot open");
-    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\","
-                      " \"w\": \"b.safetensors\"}}",
-                      "'w'", "no such tensor");
+    expect_open_fails(
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"c.safetensors\"}}",
+        "c.safetensors", "cannot open");
+    expect_open_fails(
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\","
+        " \"w\": \"b.safetensors\"}}",
+        "'w'", "no such tensor");
     expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"z\": \"b.safetensors\"}}", "'y'",
                       "not listed");
-    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"b.safetensors\", \"z\": \"b.safetensors\"}}",
-                      "'y'", "places");
+    expect_open_fails(
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"b.safetensors\", \"z\": \"b.safetensors\"}}",
+        "'y'", "places");
     expect_open_fails("{\"weight_map\": {\"x\": \"../a.safetensors\"}}", "'x'", "shard file name");
     expect_open_fails("{\"weight_map\": {\"x\": 3}}", "'x'", "shard file name");
     expect_open_fails("{\"weight_map\": {}}", "lists no tensors", NULL);
     expect_open_fails("{\"metadata\": {}}", "weight_map", NULL);
-    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"x\": \"a.safetensors\"}}", "duplicate", NULL);
+    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"x\": \"a.safetensors\"}}", "duplicate",
+                      NULL);
     expect_open_fails("{\"weight_map\": ", "index.json", "cannot read index");
     /* the same tensor in two shards */
     dsv4_err e2 = {{0}};
     static const decl c[] = {{"z", DSV4_DT_BF16, 1, {4}}};
     REQUIRE(write_st(in_scratch("c.safetensors"), c, 1, 0, &e2) == 0);
-    expect_open_fails("{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\","
-                      " \"q\": \"c.safetensors\"}}",
-                      "'z'", "two shards");
+    expect_open_fails(
+        "{\"weight_map\": {\"x\": \"a.safetensors\", \"y\": \"a.safetensors\", \"z\": \"b.safetensors\","
+        " \"q\": \"c.safetensors\"}}",
+        "'z'", "two shards");
     /* a bad shard: its message says which file */
     write_bytes(in_scratch("b.safetensors"), "garbage", 7);
     expect_open_fails(good, "b.safetensors", "truncated");

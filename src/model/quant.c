@@ -29,7 +29,9 @@ static inline float f32_from_bits(uint32_t b) {
 
 /* ----- bf16 / f16 ----- */
 
-float dsv4_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+float dsv4_bf16_to_f32(uint16_t h) {
+    return f32_from_bits((uint32_t)h << 16);
+}
 
 uint16_t dsv4_f32_to_bf16(float f) {
     uint32_t b = f32_bits(f);
@@ -40,10 +42,13 @@ uint16_t dsv4_f32_to_bf16(float f) {
     return (uint16_t)(b >> 16);
 }
 
-float dsv4_round_bf16(float f) { return dsv4_bf16_to_f32(dsv4_f32_to_bf16(f)); }
+float dsv4_round_bf16(float f) {
+    return dsv4_bf16_to_f32(dsv4_f32_to_bf16(f));
+}
 
 void dsv4_round_bf16_n(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = dsv4_round_bf16(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dsv4_round_bf16(x[i]);
 }
 
 float dsv4_f16_to_f32(uint16_t h) {
@@ -80,7 +85,7 @@ float dsv4_e4m3_to_f32(uint8_t c) {
     uint32_t sign = (uint32_t)(c & 0x80u) << 24;
     uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
     if (e == 15 && m == 7) return f32_from_bits(sign | 0x7fc00000u); /* 0x7F / 0xFF */
-    if (e == 0) {                                                     /* subnormal m * 2^-9 */
+    if (e == 0) {                                                    /* subnormal m * 2^-9 */
         float v = (float)m * 0x1p-9f;
         return f32_from_bits(f32_bits(v) | sign);
     }
@@ -129,21 +134,31 @@ uint8_t dsv4_f32_to_e8m0(float pow2) {
 static const float E2M1_VALUES[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-float dsv4_e2m1_to_f32(uint8_t nibble) { return E2M1_VALUES[nibble & 0xfu]; }
+float dsv4_e2m1_to_f32(uint8_t nibble) {
+    return E2M1_VALUES[nibble & 0xfu];
+}
 
 /* RNE onto the e2m1 grid: a tie goes to the code with an even mantissa bit,
  * so 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; above 6 saturates.
  * e2m1 has no NaN: NaN encodes as +0 (callers deal with NaN before encoding). */
 static inline uint8_t e2m1_encode_abs(float a) {
     uint8_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
+    if (a <= 0.25f)
+        c = 0;
+    else if (a < 0.75f)
+        c = 1;
+    else if (a <= 1.25f)
+        c = 2;
+    else if (a < 1.75f)
+        c = 3;
+    else if (a <= 2.5f)
+        c = 4;
+    else if (a < 3.5f)
+        c = 5;
+    else if (a <= 5.0f)
+        c = 6;
+    else
+        c = 7;
     return c;
 }
 
@@ -169,13 +184,16 @@ static void tables_build(void) {
     }
 }
 
-static inline void tables_init(void) { pthread_once(&TABLES_ONCE, tables_build); }
+static inline void tables_init(void) {
+    pthread_once(&TABLES_ONCE, tables_build);
+}
 
 /* ----- weight dequantization ----- */
 
 void dsv4_dequant_bf16_row(const uint16_t *w, int64_t row, int64_t cols, float *out) {
     const uint16_t *r = w + row * cols;
-    for (int64_t c = 0; c < cols; c++) out[c] = f32_from_bits((uint32_t)r[c] << 16);
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = f32_from_bits((uint32_t)r[c] << 16);
 }
 
 void dsv4_dequant_f32_row(const float *w, int64_t row, int64_t cols, float *out) {
@@ -193,7 +211,8 @@ void dsv4_dequant_fp8_row(const uint8_t *w, const uint8_t *scale_e8m0, const flo
     for (int64_t cb = 0; cb < scols; cb++) {
         float s = scale_e8m0 ? E8M0_TABLE[scale_e8m0[srow + cb]] : scale_f32[srow + cb];
         int64_t c0 = cb * block, c1 = c0 + block < cols ? c0 + block : cols;
-        for (int64_t c = c0; c < c1; c++) out[c] = E4M3_TABLE[r[c]] * s;
+        for (int64_t c = c0; c < c1; c++)
+            out[c] = E4M3_TABLE[r[c]] * s;
     }
 }
 
@@ -225,7 +244,8 @@ void dsv4_dequant_mxfp4_row(const uint8_t *w, const uint8_t *scale, int64_t row,
     /* Convert scales in chunks so the per-element loop never touches e8m0 codes. */
     for (int64_t g0 = 0; g0 < ngroups; g0 += 64) {
         int64_t ng = ngroups - g0 < 64 ? ngroups - g0 : 64;
-        for (int64_t g = 0; g < ng; g++) s[g] = E8M0_TABLE[sr[g0 + g]];
+        for (int64_t g = 0; g < ng; g++)
+            s[g] = E8M0_TABLE[sr[g0 + g]];
         int64_t c0 = g0 * 32, c1 = c0 + ng * 32 < cols ? c0 + ng * 32 : cols;
         fp4_row(wr + c0 / 2, s, c1 - c0, 32, out + c0);
     }
@@ -241,7 +261,8 @@ void dsv4_dequant_nvfp4_row(const uint8_t *w, const uint8_t *scale, float scale2
     const uint8_t *wr = w + row * ((cols + 1) / 2);
     for (int64_t g0 = 0; g0 < ngroups; g0 += 64) {
         int64_t ng = ngroups - g0 < 64 ? ngroups - g0 : 64;
-        for (int64_t g = 0; g < ng; g++) s[g] = E4M3_TABLE[sr[g0 + g]] * scale2;
+        for (int64_t g = 0; g < ng; g++)
+            s[g] = E4M3_TABLE[sr[g0 + g]] * scale2;
         int64_t c0 = g0 * 16, c1 = c0 + ng * 16 < cols ? c0 + ng * 16 : cols;
         fp4_row(wr + c0 / 2, s, c1 - c0, 16, out + c0);
     }
@@ -280,7 +301,8 @@ void dsv4_fp8_quant_dequant(const float *x, float *out, int64_t n, int block, fl
         int64_t len = n - b0 < block ? n - b0 : block;
         float amax = block_amax(x + b0, len);
         if (isnan(amax)) {
-            for (int64_t i = 0; i < len; i++) out[b0 + i] = NAN;
+            for (int64_t i = 0; i < len; i++)
+                out[b0 + i] = NAN;
             if (scales) scales[bi] = NAN;
             continue;
         }
@@ -288,7 +310,8 @@ void dsv4_fp8_quant_dequant(const float *x, float *out, int64_t n, int block, fl
         /* The reference multiplies by a precomputed 1/448 (fp8_max_inv). */
         float s = dsv4_pow2_ceil(amax * (1.0f / 448.0f));
         float inv = 1.0f / s; /* exact: s is a power of two well inside range */
-        for (int64_t i = 0; i < len; i++) out[b0 + i] = E4M3_TABLE[dsv4_f32_to_e4m3(x[b0 + i] * inv)] * s;
+        for (int64_t i = 0; i < len; i++)
+            out[b0 + i] = E4M3_TABLE[dsv4_f32_to_e4m3(x[b0 + i] * inv)] * s;
         if (scales) scales[bi] = s;
     }
 }
@@ -298,7 +321,8 @@ void dsv4_fp4_quant_dequant(const float *x, float *out, int64_t n, int block) {
         int64_t len = n - b0 < block ? n - b0 : block;
         float amax = block_amax(x + b0, len);
         if (isnan(amax)) {
-            for (int64_t i = 0; i < len; i++) out[b0 + i] = NAN;
+            for (int64_t i = 0; i < len; i++)
+                out[b0 + i] = NAN;
             continue;
         }
         if (amax < 6.0f * 0x1p-126f) amax = 6.0f * 0x1p-126f;
@@ -325,5 +349,6 @@ void dsv4_hadamard(float *x, int n) {
         }
     }
     float scale = (float)(1.0 / sqrt((double)n));
-    for (int i = 0; i < n; i++) x[i] *= scale;
+    for (int i = 0; i < n; i++)
+        x[i] *= scale;
 }

@@ -33,9 +33,9 @@ static const struct {
     const char *name;
     size_t size;
 } DTYPES[DSV4_DT_COUNT] = {
-    [DSV4_DT_BF16] = {"BF16", 2},    [DSV4_DT_F16] = {"F16", 2},         [DSV4_DT_F32] = {"F32", 4},
+    [DSV4_DT_BF16] = {"BF16", 2},       [DSV4_DT_F16] = {"F16", 2},         [DSV4_DT_F32] = {"F32", 4},
     [DSV4_DT_F8_E4M3] = {"F8_E4M3", 1}, [DSV4_DT_F8_E8M0] = {"F8_E8M0", 1}, [DSV4_DT_I8] = {"I8", 1},
-    [DSV4_DT_U8] = {"U8", 1},        [DSV4_DT_I32] = {"I32", 4},         [DSV4_DT_I64] = {"I64", 8},
+    [DSV4_DT_U8] = {"U8", 1},           [DSV4_DT_I32] = {"I32", 4},         [DSV4_DT_I64] = {"I64", 8},
 };
 
 const char *dsv4_dtype_name(dsv4_dtype dt) {
@@ -51,7 +51,9 @@ int dsv4_dtype_parse(const char *s, dsv4_dtype *out) {
     return -1;
 }
 
-size_t dsv4_dtype_size(dsv4_dtype dt) { return (unsigned)dt < DSV4_DT_COUNT ? DTYPES[dt].size : 0; }
+size_t dsv4_dtype_size(dsv4_dtype dt) {
+    return (unsigned)dt < DSV4_DT_COUNT ? DTYPES[dt].size : 0;
+}
 
 /* ----- message helpers ----- */
 
@@ -64,7 +66,8 @@ typedef struct {
 static shown show(const char *name) {
     shown o;
     size_t i = 0;
-    for (; name[i] && i < sizeof o.s - 4; i++) o.s[i] = (unsigned char)name[i] < 0x20 ? '?' : name[i];
+    for (; i < sizeof o.s - 4 && name[i]; i++)
+        o.s[i] = (unsigned char)name[i] < 0x20 ? '?' : name[i];
     if (name[i]) memcpy(o.s + i, "...", 3), i += 3;
     o.s[i] = 0;
     return o;
@@ -88,11 +91,14 @@ static shape_str fmt_shape(const int64_t *shape, int ndim) {
 
 static void table_free(dsv4_tensor *t, int n) {
     if (!t) return;
-    for (int i = 0; i < n; i++) free((char *)t[i].name);
+    for (int i = 0; i < n; i++)
+        free((char *)t[i].name);
     free(t);
 }
 
-void dsv4_st_free_table(dsv4_tensor *tensors, int n) { table_free(tensors, n); }
+void dsv4_st_free_table(dsv4_tensor *tensors, int n) {
+    table_free(tensors, n);
+}
 
 /* Reads a non-negative JSON integer into *out; -1 if it is not one. */
 static int json_nonneg(const json_t *v, int64_t *out) {
@@ -107,26 +113,35 @@ static int json_nonneg(const json_t *v, int64_t *out) {
  * start of the data section (its length data_len). */
 static int parse_entry(const char *what, const char *name, json_t *e, const uint8_t *data, size_t data_len,
                        dsv4_tensor *t, dsv4_err *err) {
-    if (!json_is_object(e)) return dsv4_errf(err, "%s: tensor '%s': entry is not a JSON object", what, show(name).s);
+    if (!json_is_object(e))
+        return dsv4_errf(err, "%s: tensor '%s': entry is not a JSON object", what, show(name).s);
     json_t *jd = NULL, *js = NULL, *jo = NULL;
     const char *k;
     json_t *v;
     json_object_foreach(e, k, v) {
-        if (!strcmp(k, "dtype")) jd = v;
-        else if (!strcmp(k, "shape")) js = v;
-        else if (!strcmp(k, "data_offsets")) jo = v;
-        else return dsv4_errf(err, "%s: tensor '%s': unknown field '%s'", what, show(name).s, show(k).s);
+        if (!strcmp(k, "dtype"))
+            jd = v;
+        else if (!strcmp(k, "shape"))
+            js = v;
+        else if (!strcmp(k, "data_offsets"))
+            jo = v;
+        else
+            return dsv4_errf(err, "%s: tensor '%s': unknown field '%s'", what, show(name).s, show(k).s);
     }
     if (!jd || !js || !jo)
         return dsv4_errf(err, "%s: tensor '%s': missing field '%s'", what, show(name).s,
-                         !jd ? "dtype" : !js ? "shape" : "data_offsets");
+                         !jd   ? "dtype"
+                         : !js ? "shape"
+                               : "data_offsets");
 
-    if (!json_is_string(jd)) return dsv4_errf(err, "%s: tensor '%s': dtype is not a string", what, show(name).s);
+    if (!json_is_string(jd))
+        return dsv4_errf(err, "%s: tensor '%s': dtype is not a string", what, show(name).s);
     if (dsv4_dtype_parse(json_string_value(jd), &t->dtype) < 0)
-        return dsv4_errf(err,
-                         "%s: tensor '%s': unknown or unsupported dtype '%s' (supported: BF16 F16 F32 F8_E4M3 "
-                         "F8_E8M0 I8 U8 I32 I64)",
-                         what, show(name).s, show(json_string_value(jd)).s);
+        return dsv4_errf(
+            err,
+            "%s: tensor '%s': unknown or unsupported dtype '%s' (supported: BF16 F16 F32 F8_E4M3 "
+            "F8_E8M0 I8 U8 I32 I64)",
+            what, show(name).s, show(json_string_value(jd)).s);
 
     if (!json_is_array(js)) return dsv4_errf(err, "%s: tensor '%s': shape is not a list", what, show(name).s);
     size_t nd = json_array_size(js);
@@ -155,28 +170,30 @@ static int parse_entry(const char *what, const char *name, json_t *e, const uint
     int64_t off[2];
     if (!json_is_array(jo) || json_array_size(jo) != 2 || json_nonneg(json_array_get(jo, 0), &off[0]) < 0 ||
         json_nonneg(json_array_get(jo, 1), &off[1]) < 0)
-        return dsv4_errf(err, "%s: tensor '%s': data_offsets must be a list of two non-negative integers", what,
-                         show(name).s);
+        return dsv4_errf(err, "%s: tensor '%s': data_offsets must be a list of two non-negative integers",
+                         what, show(name).s);
     if (off[0] > off[1])
         return dsv4_errf(err, "%s: tensor '%s': data_offsets [%lld,%lld] begin after end", what, show(name).s,
                          (long long)off[0], (long long)off[1]);
     if ((uint64_t)off[1] > data_len)
-        return dsv4_errf(err, "%s: tensor '%s': data_offsets [%lld,%lld] go beyond the data section (%zu bytes)",
+        return dsv4_errf(err,
+                         "%s: tensor '%s': data_offsets [%lld,%lld] go beyond the data section (%zu bytes)",
                          what, show(name).s, (long long)off[0], (long long)off[1], data_len);
     size_t span = (size_t)(off[1] - off[0]);
     if (span != nbytes)
-        return dsv4_errf(err, "%s: tensor '%s': data_offsets [%lld,%lld] span %zu bytes but shape %s x %s needs %zu",
-                         what, show(name).s, (long long)off[0], (long long)off[1], span,
-                         fmt_shape(t->shape, t->ndim).s, dsv4_dtype_name(t->dtype), nbytes);
+        return dsv4_errf(
+            err, "%s: tensor '%s': data_offsets [%lld,%lld] span %zu bytes but shape %s x %s needs %zu", what,
+            show(name).s, (long long)off[0], (long long)off[1], span, fmt_shape(t->shape, t->ndim).s,
+            dsv4_dtype_name(t->dtype), nbytes);
     t->data = data + off[0];
     t->nbytes = nbytes;
     /* Consumers read through typed pointers; a misaligned one would be undefined
      * behaviour.  Writers that pad the header to 8 and order tensors by element
      * size (the reference writer, ours) always satisfy this. */
     if (nbytes && (uintptr_t)t->data % dsv4_dtype_size(t->dtype) != 0)
-        return dsv4_errf(err, "%s: tensor '%s': data at offset %lld is not aligned to its %zu-byte %s elements",
-                         what, show(name).s, (long long)off[0], dsv4_dtype_size(t->dtype),
-                         dsv4_dtype_name(t->dtype));
+        return dsv4_errf(
+            err, "%s: tensor '%s': data at offset %lld is not aligned to its %zu-byte %s elements", what,
+            show(name).s, (long long)off[0], dsv4_dtype_size(t->dtype), dsv4_dtype_name(t->dtype));
     return 0;
 }
 
@@ -235,17 +252,20 @@ int dsv4_st_parse_buffer(const uint8_t *buf, size_t len, const char *what, dsv4_
     *n_tensors = 0;
     if (!what) what = "safetensors";
     if (len < 8)
-        return dsv4_errf(err, "%s: truncated file: %zu bytes, shorter than the 8-byte header length", what, len);
+        return dsv4_errf(err, "%s: truncated file: %zu bytes, shorter than the 8-byte header length", what,
+                         len);
     uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)buf[i] << (8 * i);
-    if (hlen < 2) return dsv4_errf(err, "%s: header length %llu is too small (at least 2, '{}')", what,
-                                   (unsigned long long)hlen);
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    if (hlen < 2)
+        return dsv4_errf(err, "%s: header length %llu is too small (at least 2, '{}')", what,
+                         (unsigned long long)hlen);
     if (hlen > ST_MAX_HEADER)
         return dsv4_errf(err, "%s: header length %llu exceeds the limit of %llu bytes", what,
                          (unsigned long long)hlen, (unsigned long long)ST_MAX_HEADER);
     if (hlen > len - 8)
-        return dsv4_errf(err, "%s: header length %llu is beyond the file size (%zu bytes): truncated file?", what,
-                         (unsigned long long)hlen, len);
+        return dsv4_errf(err, "%s: header length %llu is beyond the file size (%zu bytes): truncated file?",
+                         what, (unsigned long long)hlen, len);
 
     json_error_t je;
     json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
@@ -316,7 +336,8 @@ struct dsv4_st {
 
 static uint64_t name_hash(const char *s) { /* FNV-1a */
     uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return h;
 }
 
@@ -329,7 +350,8 @@ static const char *base_name(const char *path) {
  * single header cannot repeat a key: the JSON parser rejects duplicates). */
 static int build_hash(dsv4_st *st, dsv4_err *err) {
     size_t cap = 16;
-    while (cap < (size_t)st->n * 2) cap <<= 1;
+    while (cap < (size_t)st->n * 2)
+        cap <<= 1;
     st->slots = malloc(cap * sizeof *st->slots);
     if (!st->slots) return dsv4_errf(err, "out of memory for the tensor name table (%d tensors)", st->n);
     memset(st->slots, 0xff, cap * sizeof *st->slots);
@@ -354,15 +376,21 @@ const dsv4_tensor *dsv4_st_find(const dsv4_st *st, const char *name) {
     return NULL;
 }
 
-int dsv4_st_count(const dsv4_st *st) { return st ? st->n : 0; }
+int dsv4_st_count(const dsv4_st *st) {
+    return st ? st->n : 0;
+}
 const dsv4_tensor *dsv4_st_at(const dsv4_st *st, int i) {
     return st && i >= 0 && i < st->n ? &st->tensors[i] : NULL;
 }
-int dsv4_st_n_shards(const dsv4_st *st) { return st ? st->n_shards : 0; }
+int dsv4_st_n_shards(const dsv4_st *st) {
+    return st ? st->n_shards : 0;
+}
 const char *dsv4_st_shard_path(const dsv4_st *st, int i) {
     return st && i >= 0 && i < st->n_shards ? st->shard_paths[i] : NULL;
 }
-size_t dsv4_st_data_bytes(const dsv4_st *st) { return st ? st->data_bytes : 0; }
+size_t dsv4_st_data_bytes(const dsv4_st *st) {
+    return st ? st->data_bytes : 0;
+}
 
 void dsv4_st_close(dsv4_st *st) {
     if (!st) return;
@@ -494,13 +522,15 @@ static int open_sharded(dsv4_st *st, const char *dir, const char *index_path, ds
     json_t *v;
     json_object_foreach(wm, key, v) {
         if (!json_is_string(v) || !shard_name_ok(json_string_value(v))) {
-            dsv4_errf(err, "%s: weight_map entry for tensor '%s' must be a shard file name in the same directory",
+            dsv4_errf(err,
+                      "%s: weight_map entry for tensor '%s' must be a shard file name in the same directory",
                       index_path, show(key).s);
             goto done;
         }
         const char *s = json_string_value(v);
         int found = n_names && !strcmp(names[n_names - 1], s); /* entries usually come grouped by shard */
-        for (int i = 0; i < n_names && !found; i++) found = !strcmp(names[i], s);
+        for (int i = 0; i < n_names && !found; i++)
+            found = !strcmp(names[i], s);
         if (!found) names[n_names++] = s;
     }
     char path[PATH_MAX];
@@ -557,14 +587,17 @@ static int find_single_file(const char *dir, char *out, size_t cap, dsv4_err *er
     struct dirent *de;
     while ((de = readdir(d))) {
         if (de->d_name[0] == '.' || !has_suffix(de->d_name, ".safetensors")) continue;
-        if (count == 0) snprintf(first, sizeof first, "%s", de->d_name);
-        else if (count == 1) snprintf(second, sizeof second, "%s", de->d_name);
+        if (count == 0)
+            snprintf(first, sizeof first, "%s", de->d_name);
+        else if (count == 1)
+            snprintf(second, sizeof second, "%s", de->d_name);
         count++;
     }
     closedir(d);
     if (count == 0) return dsv4_errf(err, "%s: no %s and no .safetensors file", dir, ST_INDEX_NAME);
     if (count > 1)
-        return dsv4_errf(err, "%s: %d .safetensors files (%s, %s, ...) but no %s to say how they fit together",
+        return dsv4_errf(err,
+                         "%s: %d .safetensors files (%s, %s, ...) but no %s to say how they fit together",
                          dir, count, first, second, ST_INDEX_NAME);
     return path_join(out, cap, dir, first, err);
 }
@@ -579,8 +612,10 @@ int dsv4_st_open(dsv4_st **out, const char *path, dsv4_err *err) {
     int rc;
     if (S_ISDIR(sb.st_mode)) {
         char p[PATH_MAX];
-        if (path_join(p, sizeof p, path, ST_INDEX_NAME, err) < 0) rc = -1;
-        else if (access(p, F_OK) == 0) rc = open_sharded(st, path, p, err);
+        if (path_join(p, sizeof p, path, ST_INDEX_NAME, err) < 0)
+            rc = -1;
+        else if (access(p, F_OK) == 0)
+            rc = open_sharded(st, path, p, err);
         else if ((rc = find_single_file(path, p, sizeof p, err)) == 0 && (rc = add_shard(st, p, err)) == 0)
             rc = build_hash(st, err);
     } else {
@@ -621,7 +656,8 @@ struct dsv4_st_writer {
 static void writer_free(dsv4_st_writer *w) {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
-    for (int i = 0; i < w->n; i++) free(w->t[i].name);
+    for (int i = 0; i < w->n; i++)
+        free(w->t[i].name);
     free(w->t);
     json_decref(w->seen);
     free(w->path);
@@ -661,13 +697,13 @@ int dsv4_st_writer_add(dsv4_st_writer *w, const char *name, dsv4_dtype dt, int n
     if (w->began) return dsv4_errf(err, "%s: tensor '%s' added after the data began", w->path, show(name).s);
     if (!name || !name[0]) return dsv4_errf(err, "%s: tensor with an empty name", w->path);
     if (!strcmp(name, "__metadata__")) return dsv4_errf(err, "%s: '__metadata__' is reserved", w->path);
-    if ((unsigned)dt >= DSV4_DT_COUNT) return dsv4_errf(err, "%s: tensor '%s': invalid dtype %d", w->path,
-                                                        show(name).s, (int)dt);
+    if ((unsigned)dt >= DSV4_DT_COUNT)
+        return dsv4_errf(err, "%s: tensor '%s': invalid dtype %d", w->path, show(name).s, (int)dt);
     if (ndim < 0 || ndim > DSV4_ST_MAX_DIMS)
         return dsv4_errf(err, "%s: tensor '%s': %d dimensions (0..%d allowed)", w->path, show(name).s, ndim,
                          DSV4_ST_MAX_DIMS);
-    if (json_object_get(w->seen, name)) return dsv4_errf(err, "%s: tensor '%s' declared twice", w->path,
-                                                          show(name).s);
+    if (json_object_get(w->seen, name))
+        return dsv4_errf(err, "%s: tensor '%s' declared twice", w->path, show(name).s);
     wtensor t = {.dt = dt, .ndim = ndim};
     size_t nelem = 1;
     int zero = 0;
@@ -747,7 +783,8 @@ int dsv4_st_writer_begin_data(dsv4_st_writer *w, dsv4_err *err) {
             /* Every *_new call takes ownership even when it fails (jansson
              * frees the value), so each runs unconditionally: nothing leaks. */
             json_t *shp = json_array(), *offs = json_array(), *e = json_object();
-            for (int d = 0; d < t->ndim; d++) bad |= json_array_append_new(shp, json_integer(t->shape[d])) < 0;
+            for (int d = 0; d < t->ndim; d++)
+                bad |= json_array_append_new(shp, json_integer(t->shape[d])) < 0;
             bad |= json_array_append_new(offs, json_integer((json_int_t)t->offset)) < 0;
             bad |= json_array_append_new(offs, json_integer((json_int_t)off)) < 0;
             bad |= json_object_set_new(e, "dtype", json_string(dsv4_dtype_name(t->dt))) < 0;
@@ -768,7 +805,8 @@ int dsv4_st_writer_begin_data(dsv4_st_writer *w, dsv4_err *err) {
         w->failed = 1;
         return dsv4_errf(err, "%s: out of memory", w->path);
     }
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     memcpy(buf + 8, hdr, hl);
     memset(buf + 8 + hl, ' ', padded - hl);
     free(hdr);
@@ -816,13 +854,17 @@ int dsv4_st_writer_data(dsv4_st_writer *w, const void *data, size_t nbytes, dsv4
 int dsv4_st_writer_close(dsv4_st_writer *w, dsv4_err *err) {
     if (!w) return 0;
     int rc = 0;
-    if (w->failed) rc = dsv4_errf(err, "%s: not written: an earlier write failed", w->path);
-    else if (!w->began) rc = dsv4_errf(err, "%s: closed before begin_data", w->path);
+    if (w->failed)
+        rc = dsv4_errf(err, "%s: not written: an earlier write failed", w->path);
+    else if (!w->began)
+        rc = dsv4_errf(err, "%s: closed before begin_data", w->path);
     else if (w->cur < w->n)
         rc = dsv4_errf(err, "%s: closed with tensor '%s' incomplete (%zu of %zu bytes written)", w->path,
                        show(w->t[w->cur].name).s, w->cur_done, w->t[w->cur].nbytes);
-    if (rc == 0 && fsync(w->fd) < 0) rc = dsv4_errf(err, "%s: fsync failed: %s", w->tmp_path, strerror(errno));
-    if (close(w->fd) < 0 && rc == 0) rc = dsv4_errf(err, "%s: close failed: %s", w->tmp_path, strerror(errno));
+    if (rc == 0 && fsync(w->fd) < 0)
+        rc = dsv4_errf(err, "%s: fsync failed: %s", w->tmp_path, strerror(errno));
+    if (close(w->fd) < 0 && rc == 0)
+        rc = dsv4_errf(err, "%s: close failed: %s", w->tmp_path, strerror(errno));
     w->fd = -1;
     if (rc == 0 && rename(w->tmp_path, w->path) < 0)
         rc = dsv4_errf(err, "%s: cannot rename %s into place: %s", w->path, w->tmp_path, strerror(errno));
