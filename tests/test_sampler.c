@@ -265,6 +265,23 @@ static void test_frequencies_match_softmax(void) {
     e[2] = exp(2.0) / (exp(2.0) + exp(1.5)), e[5] = 1 - e[2];
     p.top_p = 0.5f;
     check_frequencies("top-p 0.5", l, V, &p, e, 30000, 10.83); /* df 1 */
+    /* processed logprobs over the nucleus {2, 5, 0} of top-p 0.7 sum to 1 */
+    dsv4_sampling_params_default(&p);
+    p.top_p = 0.7f;
+    p.top_logprobs = 8;
+    p.logprobs_mode = DSV4_LOGPROBS_PROCESSED;
+    dsv4_sampler *s = make(V, &p);
+    REQUIRE(s);
+    dsv4_sample out;
+    dsv4_err err;
+    REQUIRE(dsv4_sampler_sample(s, l, &out, &err) == 0);
+    CHECK_EQ_INT(out.n_top, 3);
+    CHECK(out.top_ids[0] == 2 && out.top_ids[1] == 5 && out.top_ids[2] == 0);
+    double sum = 0;
+    for (int j = 0; j < out.n_top; j++) sum += exp(out.top_logprobs[j]);
+    CHECK_NEAR(sum, 1.0, 1e-6);
+    CHECK_NEAR(out.top_logprobs[0], log(exp(2.0) / (exp(2.0) + exp(1.5) + exp(1.0))), 1e-6);
+    dsv4_sampler_free(s);
     /* top-k 4 then top-p 0.8 of the renormalised four {2,5,0,1}: masses
      * .4097 .2485 .1507 .0914 -> cum .658 < .8, .809 >= .8 -> {2,5,0} */
     dsv4_sampling_params_default(&p);
@@ -773,6 +790,53 @@ static void test_stop_overlapping_strings(void) {
     }
 }
 
+/* Against a naive reference: the first byte position where any stop string
+ * ends (same end: the longer), over random texts, stop sets and cuts. */
+static void test_stop_random_against_reference(void) {
+    dsv4_stop st;
+    dsv4_err err;
+    for (int trial = 0; trial < 400; trial++) {
+        char stops[4][8], text[41], want[64], got[64];
+        const char *sp[4];
+        int ns = 1 + (int)(test_uniform() * 4);
+        for (int i = 0; i < ns; i++) {
+            int len = 1 + (int)(test_uniform() * 4);
+            for (int j = 0; j < len; j++) stops[i][j] = (char)('a' + (int)(test_uniform() * 3));
+            stops[i][len] = 0;
+            sp[i] = stops[i];
+        }
+        for (int j = 0; j < 40; j++) text[j] = (char)('a' + (int)(test_uniform() * 3));
+        text[40] = 0;
+        int incl = trial & 1, ref_which = -1;
+        size_t ref_len = 40;
+        for (size_t e = 1; e <= 40 && ref_which < 0; e++) {
+            size_t best_len = 0;
+            for (int i = 0; i < ns; i++) {
+                size_t L = strlen(sp[i]);
+                if (L <= e && memcmp(text + e - L, sp[i], L) == 0 && L > best_len) {
+                    best_len = L;
+                    ref_which = i;
+                }
+            }
+            if (ref_which >= 0) ref_len = incl ? e : e - best_len;
+        }
+        memcpy(want, text, ref_len);
+        want[ref_len] = 0;
+        int cuts[64];
+        for (int c = 0; c < 63; c++) cuts[c] = 1 + (int)(test_uniform() * 5);
+        cuts[63] = 0;
+        const int *cut_sets[3] = {ONE_BYTE, cuts, NULL};
+        for (int k = 0; k < 3; k++) {
+            REQUIRE(dsv4_stop_init(&st, -1, sp, NULL, ns, incl, &err) == 0);
+            int which, r = feed_all(&st, text, cut_sets[k], got, &which);
+            CHECKF(r == (ref_which >= 0) && strcmp(got, want) == 0 &&
+                       (ref_which < 0 || !strcmp(sp[which], sp[ref_which])),
+                   "text %s stops %s/%s/%s/%s cut %d: got '%s' want '%s'", text, sp[0], ns > 1 ? sp[1] : "",
+                   ns > 2 ? sp[2] : "", ns > 3 ? sp[3] : "", k, got, want);
+        }
+    }
+}
+
 static void test_stop_at_start_and_utf8(void) {
     dsv4_stop st;
     dsv4_err err;
@@ -876,5 +940,6 @@ TEST_MAIN(test_prng_reference_values, test_det_exp_accuracy, test_greedy_argmax_
           test_temperature_to_zero_limit, test_top_k1_and_tiny_top_p_are_greedy, test_frequencies_match_softmax,
           test_min_p_filters, test_seed_reproducible, test_penalties_exact, test_logprobs_normalised_and_sorted,
           test_bad_input_is_an_error, test_no_alloc_after_init, test_full_vocab_speed,
-          test_stop_across_one_byte_pieces, test_stop_overlapping_strings, test_stop_at_start_and_utf8,
+          test_stop_across_one_byte_pieces, test_stop_overlapping_strings, test_stop_random_against_reference,
+          test_stop_at_start_and_utf8,
           test_stop_ids_and_errors)
