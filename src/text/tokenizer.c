@@ -217,6 +217,7 @@ enum { STEP_SPLIT, STEP_PREFIX_SPACE };
 typedef struct {
     int kind;
     pcre2_code *re;
+    int jit; /* re has JIT code: use the fast entry point */
     int behavior;
     int invert;
 } pretok_step;
@@ -278,8 +279,10 @@ struct dsv4_tokenizer {
 
     added_token *added;
     size_t n_added;
-    int32_t *added_order;       /* indices into added, by first byte then longest first */
-    uint32_t added_first[257];  /* added_order[added_first[b] .. added_first[b+1]) start with byte b */
+    /* a byte trie of the added contents: (node << 32 | byte) -> child node */
+    merge_map trie;
+    int32_t *trie_tok;           /* [2 * nodes]: index into added of the token ending here, per pass; -1 */
+    unsigned char can_start[256]; /* a byte that begins some added token */
     pcre2_code *word_re;        /* one word character, for single_word */
 
     pretok_step steps[MAX_STEPS];
@@ -290,10 +293,21 @@ struct dsv4_tokenizer {
     cache_shard *cache;
 };
 
+/* 8 bytes at a time: pieces and tokens are short, so the tail matters */
 static uint64_t hash_bytes(const void *p, size_t n) {
     const unsigned char *s = p;
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+        h ^= h >> 31;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0x94D049BB133111EBULL;
     return h ^ (h >> 29);
 }
 
@@ -399,7 +413,8 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok) {
     merge_map_free(&tok->merges);
     for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);
     free(tok->added);
-    free(tok->added_order);
+    merge_map_free(&tok->trie);
+    free(tok->trie_tok);
     pcre2_code_free(tok->word_re);
     for (int i = 0; i < tok->n_steps; i++) pcre2_code_free(tok->steps[i].re);
     pcre2_match_context_free(tok->mctx);
@@ -529,6 +544,8 @@ static int json_flag(json_t *obj, const char *key, int def, const char *where, i
 }
 
 static int add_step(dsv4_tokenizer *tok, pretok_step st, const char *where, dsv4_err *err) {
+    size_t jit_size = 0;
+    if (st.re && pcre2_pattern_info(st.re, PCRE2_INFO_JITSIZE, &jit_size) == 0 && jit_size > 0) st.jit = 1;
     if (tok->n_steps >= MAX_STEPS) {
         pcre2_code_free(st.re);
         return dsv4_errf(err, "%s: more than %d pre-tokenizer steps", where, MAX_STEPS);
@@ -814,21 +831,11 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
     return 0;
 }
 
-static int cmp_added(const void *pa, const void *pb, void *ctx) {
-    const added_token *t = ctx;
-    const added_token *a = &t[*(const int32_t *)pa], *b = &t[*(const int32_t *)pb];
-    unsigned char fa = (unsigned char)a->content[0], fb = (unsigned char)b->content[0];
-    if (fa != fb) return fa < fb ? -1 : 1;
-    if (a->len != b->len) return a->len > b->len ? -1 : 1; /* longest first */
-    return memcmp(a->content, b->content, a->len);
-}
-
 static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
     json_t *added = json_object_get(root, "added_tokens");
     size_t n = json_array_size(added);
     tok->added = calloc(n ? n : 1, sizeof *tok->added);
-    tok->added_order = calloc(n ? n : 1, sizeof *tok->added_order);
-    if (!tok->added || !tok->added_order) return dsv4_errf(err, "out of memory");
+    if (!tok->added) return dsv4_errf(err, "out of memory");
     str_map seen;
     if (str_map_init(&seen, n)) return dsv4_errf(err, "out of memory");
     int rc = 0;
@@ -879,14 +886,28 @@ static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
     }
     str_map_free(&seen);
     if (rc) return -1;
-    for (size_t i = 0; i < tok->n_added; i++) tok->added_order[i] = (int32_t)i;
-    qsort_r(tok->added_order, tok->n_added, sizeof *tok->added_order, cmp_added, tok->added);
-    size_t j = 0;
-    for (int b = 0; b <= 256; b++) {
-        while (j < tok->n_added && (unsigned char)tok->added[tok->added_order[j]].content[0] < b) j++;
-        tok->added_first[b] = (uint32_t)j;
+    size_t total = 1;
+    for (size_t i = 0; i < tok->n_added; i++) total += tok->added[i].len;
+    tok->trie_tok = malloc(2 * total * sizeof *tok->trie_tok);
+    if (!tok->trie_tok || merge_map_init(&tok->trie, total)) return dsv4_errf(err, "out of memory");
+    for (size_t i = 0; i < 2 * total; i++) tok->trie_tok[i] = -1;
+    int32_t nodes = 1;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        const added_token *t = &tok->added[i];
+        int32_t node = 0;
+        for (size_t k = 0; k < t->len; k++) {
+            unsigned char b = (unsigned char)t->content[k];
+            uint32_t unused;
+            int32_t child;
+            if (!merge_map_get(&tok->trie, node, b, &unused, &child)) {
+                child = nodes++;
+                merge_map_put(&tok->trie, node, b, 0, child);
+            }
+            node = child;
+        }
+        tok->trie_tok[2 * node + (t->normalized ? 1 : 0)] = (int32_t)i;
+        tok->can_start[(unsigned char)t->content[0]] = 1;
     }
-    tok->added_first[256] = (uint32_t)tok->n_added;
     return 0;
 }
 
@@ -1172,13 +1193,15 @@ static int lv_push(enc_ctx *c, int level, size_t *n, span sp) {
 /* Finds every match of RE in S[0..n) the way the Rust onig crate iterates:
  * an empty match right where the previous match ended is skipped by advancing
  * one character.  Fills level LEVEL with matches and the gaps between them. */
-static int find_matches(enc_ctx *c, int level, const pcre2_code *re, const char *s, size_t n, size_t *count) {
+static int find_matches(enc_ctx *c, int level, const pcre2_code *re, int jit, const char *s, size_t n,
+                        size_t *count) {
     *count = 0;
     if (n == 0) return lv_push(c, level, count, (span){0, 0, 0});
     size_t pos = 0, prev = 0;
     int64_t last_end = -1;
     while (pos <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, c->tok->mctx);
+        int rc = jit ? pcre2_jit_match(re, (PCRE2_SPTR)s, n, pos, 0, c->md, c->tok->mctx)
+                     : pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, c->tok->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[200];
@@ -1280,7 +1303,7 @@ static int pretok(enc_ctx *c, int level, const char *base, size_t s, size_t e, s
         return pretok(c, level + 1, c->pfx, 0, n, orig + s, 1);
     }
     size_t n;
-    if (find_matches(c, level, st->re, base + s, e - s, &n)) return -1;
+    if (find_matches(c, level, st->re, st->jit, base + s, e - s, &n)) return -1;
     span *m = c->lv[level];
     if (st->invert)
         for (size_t i = 0; i < n; i++) m[i].match = !m[i].match;
@@ -1315,15 +1338,16 @@ static int split_added(enc_ctx *c, const char *text, size_t s, size_t e, int pas
     const dsv4_tokenizer *tok = c->tok;
     size_t start_off = s, i = s;
     while (i < e) {
-        unsigned char b = (unsigned char)text[i];
+        if (!tok->can_start[(unsigned char)text[i]]) {
+            i++;
+            continue;
+        }
         const added_token *hit = NULL;
-        for (uint32_t k = tok->added_first[b]; k < tok->added_first[b + 1]; k++) {
-            const added_token *t = &tok->added[tok->added_order[k]];
-            if (t->normalized != pass) continue;
-            if (t->len <= e - i && !memcmp(text + i, t->content, t->len)) {
-                hit = t; /* longest first */
-                break;
-            }
+        int32_t node = 0;
+        for (size_t j = i; j < e; j++) { /* walk the trie; the deepest token wins */
+            uint32_t unused;
+            if (!merge_map_get(&tok->trie, node, (unsigned char)text[j], &unused, &node)) break;
+            if (tok->trie_tok[2 * node + pass] >= 0) hit = &tok->added[tok->trie_tok[2 * node + pass]];
         }
         if (!hit) {
             i++;
