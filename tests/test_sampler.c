@@ -22,9 +22,18 @@
 #include "util/err.h"
 
 static long n_allocs_;
-static void *counted_malloc_(size_t n) { n_allocs_++; return malloc(n); }
-static void *counted_calloc_(size_t n, size_t m) { n_allocs_++; return calloc(n, m); }
-__attribute__((unused)) static void *counted_realloc_(void *p, size_t n) { n_allocs_++; return realloc(p, n); }
+static void *counted_malloc_(size_t n) {
+    n_allocs_++;
+    return malloc(n);
+}
+static void *counted_calloc_(size_t n, size_t m) {
+    n_allocs_++;
+    return calloc(n, m);
+}
+__attribute__((unused)) static void *counted_realloc_(void *p, size_t n) {
+    n_allocs_++;
+    return realloc(p, n);
+}
 #define malloc(n) counted_malloc_(n)
 #define calloc(n, m) counted_calloc_(n, m)
 #define realloc(p, n) counted_realloc_(p, n)
@@ -54,9 +63,12 @@ static int draw(dsv4_sampler *s, const float *logits) {
 }
 
 static uint64_t test_rng_ = 12345;
-static double test_uniform(void) { return (double)(splitmix64(&test_rng_) >> 11) * 0x1.0p-53; }
+static double test_uniform(void) {
+    return (double)(splitmix64(&test_rng_) >> 11) * 0x1.0p-53;
+}
 static void random_logits(float *l, int V, double scale) {
-    for (int i = 0; i < V; i++) l[i] = (float)((test_uniform() * 2 - 1) * scale);
+    for (int i = 0; i < V; i++)
+        l[i] = (float)((test_uniform() * 2 - 1) * scale);
 }
 
 static int argmax_lowest(const float *l, int V) {
@@ -156,7 +168,8 @@ static void test_temperature_to_zero_limit(void) {
         dsv4_sampler *s = make(V, &p);
         REQUIRE(s);
         int bad = 0;
-        for (int i = 0; i < 300; i++) bad += draw(s, l) != want;
+        for (int i = 0; i < 300; i++)
+            bad += draw(s, l) != want;
         CHECKF(bad == 0, "temperature %g: %d of 300 draws were not the argmax", (double)temps[t], bad);
         dsv4_sampler_free(s);
     }
@@ -168,7 +181,8 @@ static void test_temperature_to_zero_limit(void) {
     dsv4_sampler *s = make(V, &p);
     REQUIRE(s);
     int other = 0;
-    for (int i = 0; i < 300; i++) other += draw(s, l) != want;
+    for (int i = 0; i < 300; i++)
+        other += draw(s, l) != want;
     CHECK(other > 100);
     dsv4_sampler_free(s);
 }
@@ -187,7 +201,8 @@ static void test_top_k1_and_tiny_top_p_are_greedy(void) {
         p.top_k = 1;
         dsv4_sampler *s = make(V, &p);
         REQUIRE(s);
-        for (int i = 0; i < 20; i++) CHECK_EQ_INT(draw(s, l), want);
+        for (int i = 0; i < 20; i++)
+            CHECK_EQ_INT(draw(s, l), want);
         dsv4_sampler_free(s);
         dsv4_sampling_params_default(&p);
         p.has_seed = 1;
@@ -195,7 +210,8 @@ static void test_top_k1_and_tiny_top_p_are_greedy(void) {
         p.top_p = (trial % 3) ? 1e-6f : 0.0f;
         s = make(V, &p);
         REQUIRE(s);
-        for (int i = 0; i < 20; i++) CHECK_EQ_INT(draw(s, l), want);
+        for (int i = 0; i < 20; i++)
+            CHECK_EQ_INT(draw(s, l), want);
         dsv4_sampler_free(s);
     }
 }
@@ -219,7 +235,8 @@ static void check_frequencies(const char *what, const float *l, int V, const dsv
         obs[t]++;
     }
     for (int i = 0; i < V; i++)
-        CHECKF(expect[i] > 0 || obs[i] == 0, "%s: token %d drawn %ld times but has probability 0", what, i, obs[i]);
+        CHECKF(expect[i] > 0 || obs[i] == 0, "%s: token %d drawn %ld times but has probability 0", what, i,
+               obs[i]);
     double x = chi_square(obs, expect, V, draws);
     CHECKF(x < crit, "%s: chi-square %.2f >= %.2f", what, x, crit);
     dsv4_sampler_free(s);
@@ -233,8 +250,10 @@ static void test_frequencies_match_softmax(void) {
     const double temps[2] = {1.0, 0.7};
     for (int t = 0; t < 2; t++) {
         z = 0;
-        for (int i = 0; i < V; i++) z += e[i] = exp(l[i] / temps[t]);
-        for (int i = 0; i < V; i++) e[i] /= z;
+        for (int i = 0; i < V; i++)
+            z += e[i] = exp(l[i] / temps[t]);
+        for (int i = 0; i < V; i++)
+            e[i] /= z;
         dsv4_sampling_params p;
         dsv4_sampling_params_default(&p);
         p.temperature = (float)temps[t];
@@ -245,7 +264,8 @@ static void test_frequencies_match_softmax(void) {
     }
     /* top-k 3 renormalises over ids 2, 5, 0 */
     z = exp(2.0) + exp(1.5) + exp(1.0);
-    for (int i = 0; i < V; i++) e[i] = 0;
+    for (int i = 0; i < V; i++)
+        e[i] = 0;
     e[2] = exp(2.0) / z, e[5] = exp(1.5) / z, e[0] = exp(1.0) / z;
     dsv4_sampling_params p;
     dsv4_sampling_params_default(&p);
@@ -261,7 +281,8 @@ static void test_frequencies_match_softmax(void) {
     p.seed = 5;
     check_frequencies("top-p 0.7", l, V, &p, e, 30000, 13.82);
     /* top-p 0.5 keeps {2, 5} (0.379 < 0.5) */
-    for (int i = 0; i < V; i++) e[i] = 0;
+    for (int i = 0; i < V; i++)
+        e[i] = 0;
     e[2] = exp(2.0) / (exp(2.0) + exp(1.5)), e[5] = 1 - e[2];
     p.top_p = 0.5f;
     check_frequencies("top-p 0.5", l, V, &p, e, 30000, 10.83); /* df 1 */
@@ -278,7 +299,8 @@ static void test_frequencies_match_softmax(void) {
     CHECK_EQ_INT(out.n_top, 3);
     CHECK(out.top_ids[0] == 2 && out.top_ids[1] == 5 && out.top_ids[2] == 0);
     double sum = 0;
-    for (int j = 0; j < out.n_top; j++) sum += exp(out.top_logprobs[j]);
+    for (int j = 0; j < out.n_top; j++)
+        sum += exp(out.top_logprobs[j]);
     CHECK_NEAR(sum, 1.0, 1e-6);
     CHECK_NEAR(out.top_logprobs[0], log(exp(2.0) / (exp(2.0) + exp(1.5) + exp(1.0))), 1e-6);
     dsv4_sampler_free(s);
@@ -296,7 +318,8 @@ static void test_min_p_filters(void) {
     enum { V = 6 };
     const double prob[V] = {0.04, 0.5, 0.06, 0.3, 0.1, 0.0};
     float l[V];
-    for (int i = 0; i < V; i++) l[i] = prob[i] > 0 ? (float)log(prob[i]) : -INFINITY;
+    for (int i = 0; i < V; i++)
+        l[i] = prob[i] > 0 ? (float)log(prob[i]) : -INFINITY;
     /* min_p 0.15: threshold 0.15 * 0.5 = 0.075 keeps ids 1, 3, 4 */
     double e[V] = {0, 0.5 / 0.9, 0, 0.3 / 0.9, 0.1 / 0.9, 0};
     dsv4_sampling_params p;
@@ -309,7 +332,8 @@ static void test_min_p_filters(void) {
     p.min_p = 1.0f;
     dsv4_sampler *s = make(V, &p);
     REQUIRE(s);
-    for (int i = 0; i < 50; i++) CHECK_EQ_INT(draw(s, l), 1);
+    for (int i = 0; i < 50; i++)
+        CHECK_EQ_INT(draw(s, l), 1);
     dsv4_sampler_free(s);
     /* processed logprobs report the renormalised kept distribution */
     p.min_p = 0.15f;
@@ -345,28 +369,34 @@ static void test_seed_reproducible(void) {
     p.top_p = 0.9f;
     dsv4_sampler *s = make(V, &p);
     REQUIRE(s);
-    for (int i = 0; i < N; i++) a[i] = draw(s, l);
+    for (int i = 0; i < N; i++)
+        a[i] = draw(s, l);
     dsv4_err err;
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0); /* same seed again */
-    for (int i = 0; i < N; i++) b[i] = draw(s, l);
+    for (int i = 0; i < N; i++)
+        b[i] = draw(s, l);
     CHECK(memcmp(a, b, sizeof a) == 0);
     p.seed = 0xdeadbef0;
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0);
-    for (int i = 0; i < N; i++) c[i] = draw(s, l);
+    for (int i = 0; i < N; i++)
+        c[i] = draw(s, l);
     int same = 0;
-    for (int i = 0; i < N; i++) same += a[i] == c[i];
+    for (int i = 0; i < N; i++)
+        same += a[i] == c[i];
     CHECKF(same < N / 2, "different seeds agree on %d of %d draws", same, N);
     /* no seed: one is chosen, reported, and replays */
     p.has_seed = 0;
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0);
     uint64_t used = dsv4_sampler_seed(s);
-    for (int i = 0; i < N; i++) a[i] = draw(s, l);
+    for (int i = 0; i < N; i++)
+        a[i] = draw(s, l);
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0);
     CHECK(dsv4_sampler_seed(s) != used); /* a fresh clock seed each reset */
     p.has_seed = 1;
     p.seed = used;
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0);
-    for (int i = 0; i < N; i++) b[i] = draw(s, l);
+    for (int i = 0; i < N; i++)
+        b[i] = draw(s, l);
     CHECK(memcmp(a, b, sizeof a) == 0);
     dsv4_sampler_free(s);
     /* a pinned stream: these ids come from this implementation (xoshiro256**
@@ -378,7 +408,8 @@ static void test_seed_reproducible(void) {
     REQUIRE(s);
     const float l8[8] = {1.0f, 0.5f, 2.0f, -1.0f, 0.0f, 1.5f, -0.5f, 0.25f};
     char got[64] = {0};
-    for (int i = 0; i < 16; i++) got[i] = (char)('0' + draw(s, l8));
+    for (int i = 0; i < 16; i++)
+        got[i] = (char)('0' + draw(s, l8));
     printf("# seed 42 stream: %s\n", got);
     CHECK_STR(got, PINNED_STREAM_42);
     dsv4_sampler_free(s);
@@ -413,14 +444,15 @@ static void test_penalties_exact(void) {
     apply_penalties(s, w);
     float want[V];
     memcpy(want, l, sizeof want);
-    want[1] = 2.0f / 1.5f;                          /* prompt only: repetition */
-    want[2] = -2.0f * 1.5f - 0.5f - 0.25f * 1;      /* prompt + generated once */
-    want[3] = 3.0f / 1.5f - 0.5f - 0.25f * 2;       /* generated twice */
-    want[8] = -0.5f * 1.5f;                         /* prompt, negative */
-    want[9] = 1.5f / 1.5f - 0.5f - 0.25f + 0.25f;   /* generated once + bias */
-    want[5] = -1.0f + 2.0f;                         /* bias only */
+    want[1] = 2.0f / 1.5f;                        /* prompt only: repetition */
+    want[2] = -2.0f * 1.5f - 0.5f - 0.25f * 1;    /* prompt + generated once */
+    want[3] = 3.0f / 1.5f - 0.5f - 0.25f * 2;     /* generated twice */
+    want[8] = -0.5f * 1.5f;                       /* prompt, negative */
+    want[9] = 1.5f / 1.5f - 0.5f - 0.25f + 0.25f; /* generated once + bias */
+    want[5] = -1.0f + 2.0f;                       /* bias only */
     want[7] = 0.0f - 100.0f;
-    for (int i = 0; i < V; i++) CHECKF(fabsf(w[i] - want[i]) < 1e-6f, "id %d: %g, want %g", i, w[i], want[i]);
+    for (int i = 0; i < V; i++)
+        CHECKF(fabsf(w[i] - want[i]) < 1e-6f, "id %d: %g, want %g", i, w[i], want[i]);
     /* untouched ids stay bit-identical */
     CHECK(w[0] == l[0] && w[4] == l[4] && w[6] == l[6]);
     /* the public path sees the same: processed logprobs at temperature 0 */
@@ -430,7 +462,8 @@ static void test_penalties_exact(void) {
     REQUIRE(dsv4_sampler_reset(s, &p, &err) == 0);
     REQUIRE(dsv4_sampler_add_prompt(s, prompt, 4, &err) == 0);
     const int32_t gen[4] = {2, 3, 3, 9};
-    for (int i = 0; i < 4; i++) REQUIRE(dsv4_sampler_accept(s, gen[i], &err) == 0);
+    for (int i = 0; i < 4; i++)
+        REQUIRE(dsv4_sampler_accept(s, gen[i], &err) == 0);
     dsv4_sample out;
     REQUIRE(dsv4_sampler_sample(s, l, &out, &err) == 0);
     CHECK_EQ_INT(out.token, 6);
@@ -502,7 +535,8 @@ static void test_logprobs_normalised_and_sorted(void) {
     long double m = big[0], z = 0;
     for (int i = 1; i < BIG; i++)
         if (big[i] > m) m = big[i];
-    for (int i = 0; i < BIG; i++) z += expl((long double)big[i] - m);
+    for (int i = 0; i < BIG; i++)
+        z += expl((long double)big[i] - m);
     long double lse = m + logl(z);
     CHECK_NEAR(out.logprob, (double)((long double)big[out.token] - lse), 1e-5);
     REQUIRE(out.n_top == 5);
@@ -510,7 +544,8 @@ static void test_logprobs_normalised_and_sorted(void) {
         int id = out.top_ids[j];
         CHECK_NEAR(out.top_logprobs[j], (double)((long double)big[id] - lse), 1e-5);
         int above = 0;
-        for (int i = 0; i < BIG; i++) above += big[i] > big[id];
+        for (int i = 0; i < BIG; i++)
+            above += big[i] > big[id];
         CHECK_EQ_INT(above, j);
     }
     dsv4_sampler_free(s);
@@ -524,13 +559,13 @@ static void test_bad_input_is_an_error(void) {
     CHECK(dsv4_sampler_init(&s, 0, NULL, &err) == -1 && s == NULL);
     CHECK(strstr(err.msg, "vocab_size"));
     dsv4_sampling_params p;
-#define BAD(stmt, word)                                                                                     \
-    do {                                                                                                    \
-        dsv4_sampling_params_default(&p);                                                                   \
-        stmt;                                                                                               \
-        err.msg[0] = 0;                                                                                     \
-        CHECKF(dsv4_sampling_params_check(&p, 100, &err) == -1 && strstr(err.msg, word), "%s: '%s'", #stmt, \
-               err.msg);                                                                                    \
+#define BAD(stmt, word)                                                                                      \
+    do {                                                                                                     \
+        dsv4_sampling_params_default(&p);                                                                    \
+        stmt;                                                                                                \
+        err.msg[0] = 0;                                                                                      \
+        CHECKF(dsv4_sampling_params_check(&p, 100, &err) == -1 && strstr(err.msg, word), "%s: '%s'", #stmt,  \
+               err.msg);                                                                                     \
     } while (0)
     BAD(p.temperature = -1, "temperature");
     BAD(p.temperature = NAN, "temperature");
@@ -569,7 +604,8 @@ static void test_bad_input_is_an_error(void) {
     CHECK(dsv4_sampler_sample(s, l, &out, &err) == -1 && strstr(err.msg, "token 42 is NaN"));
     l[42] = INFINITY;
     CHECK(dsv4_sampler_sample(s, l, &out, &err) == -1 && strstr(err.msg, "token 42 is +inf"));
-    for (int i = 0; i < 100; i++) l[i] = -INFINITY;
+    for (int i = 0; i < 100; i++)
+        l[i] = -INFINITY;
     CHECK(dsv4_sampler_sample(s, l, &out, &err) == -1 && strstr(err.msg, "-inf"));
     CHECK(dsv4_sampler_accept(s, 100, &err) == -1 && strstr(err.msg, "100"));
     CHECK(dsv4_sampler_accept(s, -1, &err) == -1);
@@ -659,7 +695,7 @@ static void test_full_vocab_speed(void) {
         const char *name;
         float t, top_p, min_p;
         int top_k;
-    } cfg[] = {{"greedy", 0, 1, 0, 0}, {"T=1", 1, 1, 0, 0},         {"top-p .95", 1, 0.95f, 0, 0},
+    } cfg[] = {{"greedy", 0, 1, 0, 0},    {"T=1", 1, 1, 0, 0},           {"top-p .95", 1, 0.95f, 0, 0},
                {"top-k 50", 1, 1, 0, 50}, {"min-p .05", 1, 1, 0.05f, 0}, {"k40+p.9", 0.7f, 0.9f, 0, 40}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         dsv4_sampling_params p;
@@ -673,7 +709,8 @@ static void test_full_vocab_speed(void) {
         dsv4_sampler *s = make(BIG, &p);
         REQUIRE(s);
         double t0 = dsv4_now();
-        for (int i = 0; i < 20; i++) REQUIRE(draw(s, l) >= 0);
+        for (int i = 0; i < 20; i++)
+            REQUIRE(draw(s, l) >= 0);
         double ms = (dsv4_now() - t0) / 20 * 1e3;
         printf("# %-10s %.3f ms per sample (vocab %d, with logprobs)\n", cfg[c].name, ms, BIG);
         CHECKF(ms < 50, "%s: %.1f ms per sample", cfg[c].name, ms);
@@ -780,12 +817,13 @@ static void test_stop_overlapping_strings(void) {
         rw = feed_all(&st, texts[t], NULL, whole, &ww);
         for (int trial = 0; trial < 50; trial++) {
             int cuts[64];
-            for (int c = 0; c < 63; c++) cuts[c] = 1 + (int)(test_uniform() * 4);
+            for (int c = 0; c < 63; c++)
+                cuts[c] = 1 + (int)(test_uniform() * 4);
             cuts[63] = 0;
             REQUIRE(dsv4_stop_init(&st, -1, s4, NULL, 4, 1, &err) == 0);
             int w2, r2 = feed_all(&st, texts[t], cuts, got, &w2);
-            CHECKF(r2 == rw && w2 == ww && strcmp(got, whole) == 0, "'%s': '%s'/%d vs whole '%s'/%d", texts[t],
-                   got, w2, whole, ww);
+            CHECKF(r2 == rw && w2 == ww && strcmp(got, whole) == 0, "'%s': '%s'/%d vs whole '%s'/%d",
+                   texts[t], got, w2, whole, ww);
         }
     }
 }
@@ -801,11 +839,13 @@ static void test_stop_random_against_reference(void) {
         int ns = 1 + (int)(test_uniform() * 4);
         for (int i = 0; i < ns; i++) {
             int len = 1 + (int)(test_uniform() * 4);
-            for (int j = 0; j < len; j++) stops[i][j] = (char)('a' + (int)(test_uniform() * 3));
+            for (int j = 0; j < len; j++)
+                stops[i][j] = (char)('a' + (int)(test_uniform() * 3));
             stops[i][len] = 0;
             sp[i] = stops[i];
         }
-        for (int j = 0; j < 40; j++) text[j] = (char)('a' + (int)(test_uniform() * 3));
+        for (int j = 0; j < 40; j++)
+            text[j] = (char)('a' + (int)(test_uniform() * 3));
         text[40] = 0;
         int incl = trial & 1, ref_which = -1;
         size_t ref_len = 40;
@@ -823,7 +863,8 @@ static void test_stop_random_against_reference(void) {
         memcpy(want, text, ref_len);
         want[ref_len] = 0;
         int cuts[64];
-        for (int c = 0; c < 63; c++) cuts[c] = 1 + (int)(test_uniform() * 5);
+        for (int c = 0; c < 63; c++)
+            cuts[c] = 1 + (int)(test_uniform() * 5);
         cuts[63] = 0;
         const int *cut_sets[3] = {ONE_BYTE, cuts, NULL};
         for (int k = 0; k < 3; k++) {
@@ -851,7 +892,9 @@ static void test_stop_at_start_and_utf8(void) {
     CHECK_STR(got, "");
     /* multi-byte stops: the DSV4 end-of-sentence text and a CJK full stop,
      * fed a byte at a time and as whole characters */
-    const char *s2[2] = {"<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "\xe3\x80\x82"};
+    const char *s2[2] = {"<\xef\xbd\x9c"
+                         "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                         "\xe3\x80\x82"};
     const char *text = "\xe4\xbd\xa0\xe5\xa5\xbd\xe3\x80\x82\xe5\x86\x8d\xe8\xa7\x81"; /* 你好。再见 */
     REQUIRE(dsv4_stop_init(&st, 1, s2, NULL, 2, 0, &err) == 0);
     CHECK_EQ_INT(feed_all(&st, text, ONE_BYTE, got, &which), 1);
@@ -861,7 +904,8 @@ static void test_stop_at_start_and_utf8(void) {
     REQUIRE(dsv4_stop_init(&st, 1, s2, NULL, 2, 1, &err) == 0);
     CHECK_EQ_INT(feed_all(&st, text, three, got, &which), 1);
     CHECK_STR(got, "\xe4\xbd\xa0\xe5\xa5\xbd\xe3\x80\x82");
-    const char *text2 = "ok<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>x";
+    const char *text2 = "ok<\xef\xbd\x9c"
+                        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>x";
     REQUIRE(dsv4_stop_init(&st, 1, s2, NULL, 2, 0, &err) == 0);
     CHECK_EQ_INT(feed_all(&st, text2, ONE_BYTE, got, &which), 1);
     CHECK_STR(got, "ok");
@@ -894,7 +938,8 @@ static void test_stop_ids_and_errors(void) {
     CHECK_EQ_INT(st.n_ids, 2);
     CHECK(dsv4_stop_is_stop_id(&st, 128822));
     CHECK(dsv4_stop_add_id(&st, -5, &err) == -1 && strstr(err.msg, "negative"));
-    for (int i = 0; i < 14; i++) REQUIRE(dsv4_stop_add_id(&st, 1000 + i, &err) == 0);
+    for (int i = 0; i < 14; i++)
+        REQUIRE(dsv4_stop_add_id(&st, 1000 + i, &err) == 0);
     CHECK(dsv4_stop_add_id(&st, 5000, &err) == -1 && strstr(err.msg, "more than 16"));
     REQUIRE(dsv4_stop_init(&st, -1, NULL, NULL, 0, 0, &err) == 0);
     CHECK(!dsv4_stop_is_stop_id(&st, 1));
@@ -909,7 +954,8 @@ static void test_stop_ids_and_errors(void) {
     longs[256] = 0; /* exactly 256: allowed */
     REQUIRE(dsv4_stop_init(&st, 1, lp, NULL, 1, 0, &err) == 0);
     const char *many[17];
-    for (int i = 0; i < 17; i++) many[i] = "x";
+    for (int i = 0; i < 17; i++)
+        many[i] = "x";
     CHECK(dsv4_stop_init(&st, 1, many, NULL, 17, 0, &err) == -1 && strstr(err.msg, "17 stop strings"));
     const char *nulls[2] = {"a", NULL};
     CHECK(dsv4_stop_init(&st, 1, nulls, NULL, 2, 0, &err) == -1 && strstr(err.msg, "string 1 is NULL"));
@@ -937,9 +983,8 @@ static void test_stop_ids_and_errors(void) {
 }
 
 TEST_MAIN(test_prng_reference_values, test_det_exp_accuracy, test_greedy_argmax_and_ties,
-          test_temperature_to_zero_limit, test_top_k1_and_tiny_top_p_are_greedy, test_frequencies_match_softmax,
-          test_min_p_filters, test_seed_reproducible, test_penalties_exact, test_logprobs_normalised_and_sorted,
-          test_bad_input_is_an_error, test_no_alloc_after_init, test_full_vocab_speed,
-          test_stop_across_one_byte_pieces, test_stop_overlapping_strings, test_stop_random_against_reference,
-          test_stop_at_start_and_utf8,
-          test_stop_ids_and_errors)
+          test_temperature_to_zero_limit, test_top_k1_and_tiny_top_p_are_greedy,
+          test_frequencies_match_softmax, test_min_p_filters, test_seed_reproducible, test_penalties_exact,
+          test_logprobs_normalised_and_sorted, test_bad_input_is_an_error, test_no_alloc_after_init,
+          test_full_vocab_speed, test_stop_across_one_byte_pieces, test_stop_overlapping_strings,
+          test_stop_random_against_reference, test_stop_at_start_and_utf8, test_stop_ids_and_errors)

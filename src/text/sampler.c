@@ -20,7 +20,7 @@
 
 struct dsv4_sampler {
     int vocab;
-    int ready; /* 0 after a failed reset: sample() refuses */
+    int ready;              /* 0 after a failed reset: sample() refuses */
     dsv4_sampling_params p; /* validated copy; logit_bias pointers cleared */
     uint64_t seed;
     uint64_t rng[4]; /* xoshiro256** state */
@@ -51,7 +51,9 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl64(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t xoshiro_next(uint64_t st[4]) {
     uint64_t result = rotl64(st[1] * 5, 7) * 9;
@@ -66,11 +68,14 @@ static uint64_t xoshiro_next(uint64_t st[4]) {
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t st[4]) { return (double)(xoshiro_next(st) >> 11) * 0x1.0p-53; }
+static double rng_uniform(uint64_t st[4]) {
+    return (double)(xoshiro_next(st) >> 11) * 0x1.0p-53;
+}
 
 static void rng_seed(uint64_t st[4], uint64_t seed) {
     uint64_t x = seed;
-    for (int i = 0; i < 4; i++) st[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++)
+        st[i] = splitmix64(&x);
 }
 
 /* ----- exp() of our own ----- */
@@ -86,24 +91,24 @@ static void rng_seed(uint64_t st[4], uint64_t seed) {
  * det_exp4 is the same sequence of operations on 4 lanes (GCC/clang vector
  * extensions, plain C on targets without SIMD), so it gives the same bits;
  * test_det_exp_accuracy checks that. */
-#define EXP_ROUND 6755399441055744.0 /* 1.5 * 2^52 */
+#define EXP_ROUND 6755399441055744.0          /* 1.5 * 2^52 */
 #define EXP_LN2_HI 6.93147180369123816490e-01 /* low bits zero: k*ln2_hi exact */
 #define EXP_LN2_LO 1.90821492927058770002e-10
 #define EXP_LOG2E 1.44269504088896338700e+00
-#define EXP_POLY(q, r)                                                                                     \
-    do {                                                                                                   \
-        q = q * r + 1.0 / 39916800.0;                                                                      \
-        q = q * r + 1.0 / 3628800.0;                                                                       \
-        q = q * r + 1.0 / 362880.0;                                                                        \
-        q = q * r + 1.0 / 40320.0;                                                                         \
-        q = q * r + 1.0 / 5040.0;                                                                          \
-        q = q * r + 1.0 / 720.0;                                                                           \
-        q = q * r + 1.0 / 120.0;                                                                           \
-        q = q * r + 1.0 / 24.0;                                                                            \
-        q = q * r + 1.0 / 6.0;                                                                             \
-        q = q * r + 0.5;                                                                                   \
-        q = q * r + 1.0;                                                                                   \
-        q = q * r + 1.0;                                                                                   \
+#define EXP_POLY(q, r)                                                                                       \
+    do {                                                                                                     \
+        q = q * r + 1.0 / 39916800.0;                                                                        \
+        q = q * r + 1.0 / 3628800.0;                                                                         \
+        q = q * r + 1.0 / 362880.0;                                                                          \
+        q = q * r + 1.0 / 40320.0;                                                                           \
+        q = q * r + 1.0 / 5040.0;                                                                            \
+        q = q * r + 1.0 / 720.0;                                                                             \
+        q = q * r + 1.0 / 120.0;                                                                             \
+        q = q * r + 1.0 / 24.0;                                                                              \
+        q = q * r + 1.0 / 6.0;                                                                               \
+        q = q * r + 0.5;                                                                                     \
+        q = q * r + 1.0;                                                                                     \
+        q = q * r + 1.0;                                                                                     \
     } while (0)
 
 static inline double det_exp(double x) {
@@ -158,7 +163,8 @@ static double sum_f32(const float *v, int n) {
         s2 += v[i + 2];
         s3 += v[i + 3];
     }
-    for (; i < n; i++) s0 += v[i];
+    for (; i < n; i++)
+        s0 += v[i];
     return (s0 + s1) + (s2 + s3);
 }
 
@@ -176,7 +182,8 @@ static void exp_shifted(float *dst, const float *src, int n, double m, double T)
         v4f f = __builtin_convertvector(y, v4f);
         memcpy(dst + i, &f, sizeof f);
     }
-    for (; i < n; i++) dst[i] = (float)det_exp(((double)src[i] - m) / T);
+    for (; i < n; i++)
+        dst[i] = (float)det_exp(((double)src[i] - m) / T);
 }
 
 /* log(sum(exp(v - m))) + m for the maximum m of v[0..n); -inf entries count
@@ -195,7 +202,9 @@ static double logsumexp_with_max(const float *v, int n, double m) {
 /* ----- ordering and heaps over token ids keyed by a value array ----- */
 
 /* a ranks before b: higher value, ties to the lower id. */
-static inline int ranks_before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+static inline int ranks_before(const float *v, int32_t a, int32_t b) {
+    return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
 
 /* Heap of ids: with best_at_root the root ranks first (max-heap), otherwise the
  * root ranks last (a min-heap that keeps the best n seen). */
@@ -288,13 +297,17 @@ static int select_top_p(const float *pv, int V, double Z, double top_p, int32_t 
     for (int i = 0; i < V; i++) {
         if (!(pv[i] > 0.0f)) continue;
         int k = p_bucket(pv[i]);
-        if (k > b) cand[n++] = i;
-        else if (k == b) cand[V - 1 - nb++] = i;
+        if (k > b)
+            cand[n++] = i;
+        else if (k == b)
+            cand[V - 1 - nb++] = i;
     }
     double cum = 0.0;
-    for (int j = 0; j < n; j++) cum += pv[cand[j]];
+    for (int j = 0; j < n; j++)
+        cum += pv[cand[j]];
     int32_t *h = cand + V - nb; /* max-heap of the boundary bucket */
-    for (int i = nb / 2 - 1; i >= 0; i--) heap_sift_down(h, nb, i, pv, 1);
+    for (int i = nb / 2 - 1; i >= 0; i--)
+        heap_sift_down(h, nb, i, pv, 1);
     int hn = nb, m = 0;
     while (hn > 0 && (cum < target || n + m == 0)) { /* pop the best; it lands at h[hn-1] */
         int32_t best = h[0];
@@ -331,27 +344,34 @@ int dsv4_sampling_params_check(const dsv4_sampling_params *p, int vocab_size, ds
     if (!isfinite(p->temperature) || p->temperature < 0)
         return dsv4_errf(err, "temperature: %g is not a finite number >= 0", (double)p->temperature);
     if (p->top_k < -1) return dsv4_errf(err, "top_k: %d is negative (use 0 or -1 for no limit)", p->top_k);
-    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f)) return dsv4_errf(err, "top_p: %g is not in [0, 1]", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return dsv4_errf(err, "min_p: %g is not in [0, 1]", (double)p->min_p);
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
+        return dsv4_errf(err, "top_p: %g is not in [0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return dsv4_errf(err, "min_p: %g is not in [0, 1]", (double)p->min_p);
     if (!isfinite(p->presence_penalty))
         return dsv4_errf(err, "presence_penalty: %g is not finite", (double)p->presence_penalty);
     if (!isfinite(p->frequency_penalty))
         return dsv4_errf(err, "frequency_penalty: %g is not finite", (double)p->frequency_penalty);
     if (!isfinite(p->repetition_penalty) || p->repetition_penalty <= 0)
-        return dsv4_errf(err, "repetition_penalty: %g is not a finite number > 0", (double)p->repetition_penalty);
-    if (p->logprobs != 0 && p->logprobs != 1) return dsv4_errf(err, "logprobs: %d is not 0 or 1", p->logprobs);
+        return dsv4_errf(err, "repetition_penalty: %g is not a finite number > 0",
+                         (double)p->repetition_penalty);
+    if (p->logprobs != 0 && p->logprobs != 1)
+        return dsv4_errf(err, "logprobs: %d is not 0 or 1", p->logprobs);
     if (p->top_logprobs < 0 || p->top_logprobs > DSV4_SAMPLER_MAX_TOP_LOGPROBS)
-        return dsv4_errf(err, "top_logprobs: %d is not in [0, %d]", p->top_logprobs, DSV4_SAMPLER_MAX_TOP_LOGPROBS);
+        return dsv4_errf(err, "top_logprobs: %d is not in [0, %d]", p->top_logprobs,
+                         DSV4_SAMPLER_MAX_TOP_LOGPROBS);
     if (p->logprobs_mode != DSV4_LOGPROBS_RAW && p->logprobs_mode != DSV4_LOGPROBS_PROCESSED)
         return dsv4_errf(err, "logprobs_mode: %d is not raw (0) or processed (1)", (int)p->logprobs_mode);
     if (p->n_logit_bias < 0 || p->n_logit_bias > DSV4_SAMPLER_MAX_LOGIT_BIAS)
-        return dsv4_errf(err, "logit_bias: %d entries (at most %d)", p->n_logit_bias, DSV4_SAMPLER_MAX_LOGIT_BIAS);
+        return dsv4_errf(err, "logit_bias: %d entries (at most %d)", p->n_logit_bias,
+                         DSV4_SAMPLER_MAX_LOGIT_BIAS);
     if (p->n_logit_bias > 0 && (!p->logit_bias_ids || !p->logit_bias_values))
         return dsv4_errf(err, "logit_bias: %d entries but no arrays", p->n_logit_bias);
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t id = p->logit_bias_ids[i];
         if (id < 0 || id >= vocab_size)
-            return dsv4_errf(err, "logit_bias: token id %ld is outside the vocabulary [0, %d)", (long)id, vocab_size);
+            return dsv4_errf(err, "logit_bias: token id %ld is outside the vocabulary [0, %d)", (long)id,
+                             vocab_size);
         if (!isfinite(p->logit_bias_values[i]))
             return dsv4_errf(err, "logit_bias: value for token id %ld is not finite", (long)id);
     }
@@ -415,15 +435,18 @@ int dsv4_sampler_reset(dsv4_sampler *s, const dsv4_sampling_params *p, dsv4_err 
         p = &def;
     }
     s->ready = 0;
-    for (int i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
+    for (int i = 0; i < s->n_seen; i++)
+        s->count[s->seen[i]] = 0;
     s->n_seen = 0;
     s->n_bias = 0;
     if (dsv4_sampling_params_check(p, s->vocab, err) != 0) return dsv4_err_prefix(err, "sampler");
     /* logit_bias: reject repeated ids, using cand as a scratch mark table */
-    for (int i = 0; i < p->n_logit_bias; i++) s->cand[p->logit_bias_ids[i]] = -1;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        s->cand[p->logit_bias_ids[i]] = -1;
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t id = p->logit_bias_ids[i];
-        if (s->cand[id] == 1) return dsv4_errf(err, "sampler: logit_bias: token id %ld appears twice", (long)id);
+        if (s->cand[id] == 1)
+            return dsv4_errf(err, "sampler: logit_bias: token id %ld appears twice", (long)id);
         s->cand[id] = 1;
         s->bias_id[i] = id;
         s->bias_val[i] = p->logit_bias_values[i];
@@ -439,7 +462,9 @@ int dsv4_sampler_reset(dsv4_sampler *s, const dsv4_sampling_params *p, dsv4_err 
     return 0;
 }
 
-uint64_t dsv4_sampler_seed(const dsv4_sampler *s) { return s ? s->seed : 0; }
+uint64_t dsv4_sampler_seed(const dsv4_sampler *s) {
+    return s ? s->seed : 0;
+}
 
 /* ----- history ----- */
 
@@ -461,7 +486,8 @@ int dsv4_sampler_add_prompt(dsv4_sampler *s, const int32_t *ids, size_t n, dsv4_
 int dsv4_sampler_accept(dsv4_sampler *s, int32_t id, dsv4_err *err) {
     if (!s) return dsv4_errf(err, "sampler accept: NULL sampler");
     if (id < 0 || id >= s->vocab)
-        return dsv4_errf(err, "sampler: accepted token id %ld is outside the vocabulary [0, %d)", (long)id, s->vocab);
+        return dsv4_errf(err, "sampler: accepted token id %ld is outside the vocabulary [0, %d)", (long)id,
+                         s->vocab);
     uint32_t c = s->count[id];
     if (c == 0) s->seen[s->n_seen++] = id;
     uint32_t gen = c & GEN_MASK;
@@ -496,7 +522,8 @@ static int apply_penalties(dsv4_sampler *s, float *w) {
             w[id] = to_logit(l);
         }
     }
-    for (int i = 0; i < s->n_bias; i++) w[s->bias_id[i]] = to_logit((double)w[s->bias_id[i]] + s->bias_val[i]);
+    for (int i = 0; i < s->n_bias; i++)
+        w[s->bias_id[i]] = to_logit((double)w[s->bias_id[i]] + s->bias_val[i]);
     return changed;
 }
 
@@ -565,15 +592,19 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
             /* top-k on the logits (same order as the probabilities), then
              * probabilities for those k only */
             n_kept = select_best(w, NULL, V, p->top_k, cand);
-            for (int j = 0; j < n_kept; j++) w[cand[j]] = (float)det_exp(((double)w[cand[j]] - M) / T);
-            while (n_kept > 1 && w[cand[n_kept - 1]] == 0.0f) n_kept--;
+            for (int j = 0; j < n_kept; j++)
+                w[cand[j]] = (float)det_exp(((double)w[cand[j]] - M) / T);
+            while (n_kept > 1 && w[cand[n_kept - 1]] == 0.0f)
+                n_kept--;
             kept = cand;
             if (p->top_p < 1.0f) { /* already sorted: walk the prefix */
                 double Z = 0.0, cum = 0.0;
-                for (int j = 0; j < n_kept; j++) Z += w[cand[j]];
+                for (int j = 0; j < n_kept; j++)
+                    Z += w[cand[j]];
                 double target = (double)p->top_p * Z;
                 int m = 0;
-                do cum += w[cand[m++]];
+                do
+                    cum += w[cand[m++]];
                 while (m < n_kept && cum < target);
                 n_kept = m;
             }
@@ -601,7 +632,8 @@ int dsv4_sampler_sample(dsv4_sampler *s, const float *logits, dsv4_sample *out, 
         /* the draw: one uniform against the running sum, in the kept order */
         double Z = 0.0;
         if (kept)
-            for (int j = 0; j < n_kept; j++) Z += w[kept[j]];
+            for (int j = 0; j < n_kept; j++)
+                Z += w[kept[j]];
         else
             Z = sum_f32(w, V);
         double r = rng_uniform(s->rng) * Z, cum = 0.0;

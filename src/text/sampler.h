@@ -29,7 +29,7 @@
 #include "util/err.h"
 
 #define DSV4_SAMPLER_MAX_TOP_LOGPROBS 20 /* OpenAI's top_logprobs limit */
-#define DSV4_SAMPLER_MAX_LOGIT_BIAS 4096  /* logit_bias entries per request */
+#define DSV4_SAMPLER_MAX_LOGIT_BIAS 4096 /* logit_bias entries per request */
 
 typedef enum {
     /* log-softmax of the model's logits exactly as given (OpenAI-like; default) */
@@ -51,8 +51,8 @@ typedef struct dsv4_sampling_params {
     float repetition_penalty; /* HF/CTRL: > 0; over prompt+generated: l > 0 ? l / r : l * r; 1 = off */
     int has_seed;             /* 0: seed from the clock; read it back with dsv4_sampler_seed */
     uint64_t seed;
-    int logprobs;             /* 1: report the chosen token's logprob */
-    int top_logprobs;         /* 0..DSV4_SAMPLER_MAX_TOP_LOGPROBS alternatives (implies logprobs) */
+    int logprobs;     /* 1: report the chosen token's logprob */
+    int top_logprobs; /* 0..DSV4_SAMPLER_MAX_TOP_LOGPROBS alternatives (implies logprobs) */
     dsv4_logprobs_mode logprobs_mode;
     /* OpenAI logit_bias: added to the logits of these token ids (each id at most
      * once, at most DSV4_SAMPLER_MAX_LOGIT_BIAS entries, finite values).  Copied

@@ -3,8 +3,8 @@
 
 #include <string.h>
 
-int dsv4_stop_init(dsv4_stop *st, int32_t eos_id, const char *const *strings, const size_t *lens, int n_strings,
-                   int include_stop_str, dsv4_err *err) {
+int dsv4_stop_init(dsv4_stop *st, int32_t eos_id, const char *const *strings, const size_t *lens,
+                   int n_strings, int include_stop_str, dsv4_err *err) {
     if (!st) return dsv4_errf(err, "stop init: NULL stop object");
     memset(st, 0, sizeof *st);
     if (n_strings < 0 || n_strings > DSV4_STOP_MAX_STRINGS)
@@ -21,8 +21,10 @@ int dsv4_stop_init(dsv4_stop *st, int32_t eos_id, const char *const *strings, co
     }
     st->n_strings = n_strings;
     st->include_stop_str = include_stop_str ? 1 : 0;
-    if (eos_id >= 0) st->ids[st->n_ids++] = eos_id;
-    else if (eos_id != -1) return dsv4_errf(err, "stop: eos id %ld is negative (use -1 for none)", (long)eos_id);
+    if (eos_id >= 0)
+        st->ids[st->n_ids++] = eos_id;
+    else if (eos_id != -1)
+        return dsv4_errf(err, "stop: eos id %ld is negative (use -1 for none)", (long)eos_id);
     return 0;
 }
 
@@ -60,8 +62,8 @@ static size_t holdback(const dsv4_stop *st, const char *b, size_t n) {
     return best;
 }
 
-int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size_t out_cap, dsv4_stop_result *res,
-                   dsv4_err *err) {
+int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size_t out_cap,
+                   dsv4_stop_result *res, dsv4_err *err) {
     if (!st || !out || !res || (len > 0 && !piece)) return dsv4_errf(err, "stop feed: NULL argument");
     res->emit_len = 0;
     res->stopped = 0;
@@ -69,8 +71,8 @@ int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size
     if (st->stopped) return dsv4_errf(err, "stop: text fed after a stop string already ended the sequence");
     size_t need;
     if (dsv4_add_size(st->n_held, len, &need) != 0 || need > out_cap)
-        return dsv4_errf(err, "stop: output buffer of %zu bytes is too small (need %zu held + %zu new)", out_cap,
-                         st->n_held, len);
+        return dsv4_errf(err, "stop: output buffer of %zu bytes is too small (need %zu held + %zu new)",
+                         out_cap, st->n_held, len);
     /* b = held text + piece.  The held text contains no complete stop string
      * (we would have stopped), so any match ends inside the new piece. */
     char *b = out;
@@ -109,7 +111,8 @@ int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size
 long dsv4_stop_flush(dsv4_stop *st, char *out, size_t out_cap, dsv4_err *err) {
     if (!st || (!out && st->n_held > 0)) return dsv4_errf(err, "stop flush: NULL argument");
     if (out_cap < st->n_held)
-        return dsv4_errf(err, "stop flush: output buffer of %zu bytes is too small (need %zu)", out_cap, st->n_held);
+        return dsv4_errf(err, "stop flush: output buffer of %zu bytes is too small (need %zu)", out_cap,
+                         st->n_held);
     size_t n = st->n_held;
     if (n) memcpy(out, st->held, n);
     st->n_held = 0;

@@ -49,8 +49,8 @@ typedef struct dsv4_stop_result {
  * ignore_eos).  strings[i] has lens[i] bytes (lens NULL: NUL-terminated).  An
  * empty string, one over DSV4_STOP_MAX_LEN bytes or more than
  * DSV4_STOP_MAX_STRINGS strings is an error naming it. */
-int dsv4_stop_init(dsv4_stop *st, int32_t eos_id, const char *const *strings, const size_t *lens, int n_strings,
-                   int include_stop_str, dsv4_err *err);
+int dsv4_stop_init(dsv4_stop *st, int32_t eos_id, const char *const *strings, const size_t *lens,
+                   int n_strings, int include_stop_str, dsv4_err *err);
 
 /* Adds another stop token id (vLLM's stop_token_ids).  Negative ids and more
  * than DSV4_STOP_MAX_IDS ids are errors; a repeated id is ignored. */
@@ -63,8 +63,8 @@ int dsv4_stop_is_stop_id(const dsv4_stop *st, int32_t id);
  * to emit now into out and fills *res.  out_cap must hold the held text plus
  * the piece: len + DSV4_STOP_MAX_LEN always suffices.  After a stop string
  * matched, the held text is dropped and further feeds are an error. */
-int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size_t out_cap, dsv4_stop_result *res,
-                   dsv4_err *err);
+int dsv4_stop_feed(dsv4_stop *st, const char *piece, size_t len, char *out, size_t out_cap,
+                   dsv4_stop_result *res, dsv4_err *err);
 
 /* The sequence ended without a stop string (a stop id, max_tokens, cancel):
  * writes the held-back text (< DSV4_STOP_MAX_LEN bytes) into out and returns
