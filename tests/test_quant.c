@@ -340,6 +340,30 @@ static void test_fp8_quant_dequant_vs_slow(void) {
         dsv4_fp8_quant_dequant(x, x, n, block, NULL);
         CHECK(memcmp(x, got, (size_t)n * sizeof(float)) == 0);
     }
+    /* Every e4m3 value, every midpoint between neighbours (ties) and a hair to
+     * each side of it, with 448 in the block so the scale is 1: the whole
+     * grid including subnormals, checked against the slow path. */
+    {
+        static float g[4 * 127], gg[4 * 127], gw[4 * 127];
+        float s1, s2[8];
+        int m = 0;
+        for (int c = 0; c < 0x7e; c++) {
+            float lo = dsv4_e4m3_to_f32((uint8_t)c), hi = dsv4_e4m3_to_f32((uint8_t)(c + 1));
+            float mid = (lo + hi) * 0.5f;
+            g[m++] = (c & 1) ? -mid : mid;
+            g[m++] = nextafterf(mid, 0.0f);
+            g[m++] = -nextafterf(mid, INFINITY);
+            g[m++] = lo;
+        }
+        g[m++] = 448.0f;
+        dsv4_fp8_quant_dequant(g, gg, m, m, &s1);
+        slow_fp8_qdq(g, gw, m, m, s2);
+        CHECK(s1 == 1.0f && s2[0] == 1.0f);
+        int bad = 0;
+        for (int i = 0; i < m; i++)
+            bad += gg[i] != gw[i];
+        CHECK_EQ_INT(bad, 0);
+    }
     /* zero block: scale from the 1e-4 floor, outputs zero */
     float z[128] = {0}, zs;
     dsv4_fp8_quant_dequant(z, z, 128, 128, &zs);

@@ -172,15 +172,12 @@ uint8_t dsv4_f32_to_e2m1(float f) {
 
 static float E4M3_TABLE[256];
 static float E8M0_TABLE[256];
-static float E2M1_PAIR_TABLE[256][2]; /* byte -> {low nibble, high nibble} */
 static pthread_once_t TABLES_ONCE = PTHREAD_ONCE_INIT;
 
 static void tables_build(void) {
     for (int c = 0; c < 256; c++) {
         E4M3_TABLE[c] = dsv4_e4m3_to_f32((uint8_t)c);
         E8M0_TABLE[c] = dsv4_e8m0_to_f32((uint8_t)c);
-        E2M1_PAIR_TABLE[c][0] = E2M1_VALUES[c & 0xf];
-        E2M1_PAIR_TABLE[c][1] = E2M1_VALUES[c >> 4];
     }
 }
 
@@ -220,18 +217,24 @@ void dsv4_dequant_fp8_row(const uint8_t *w, const uint8_t *scale_e8m0, const flo
  * high nibble; a row takes ceil(cols/2) bytes (an odd last element leaves the
  * high nibble unused).  `group` elements share one scale; ceil(cols/group)
  * scales per row. */
-static inline void fp4_row(const uint8_t *wr, const float *scales, int64_t cols, int group, float *out) {
+static inline void fp4_row(const uint8_t *restrict wr, const float *restrict scales, int64_t cols, int group,
+                           float *restrict out) {
     int64_t ngroups = (cols + group - 1) / group;
     for (int64_t g = 0; g < ngroups; g++) {
         float s = scales[g];
         int64_t c0 = g * group, c1 = c0 + group < cols ? c0 + group : cols;
-        int64_t c = c0;
-        for (; c + 1 < c1; c += 2) { /* c0 is even because group is */
-            const float *p = E2M1_PAIR_TABLE[wr[c >> 1]];
-            out[c] = p[0] * s;
-            out[c + 1] = p[1] * s;
+        const uint8_t *b = wr + c0 / 2; /* c0 is even because group is */
+        float *o = out + c0;
+        int64_t pairs = (c1 - c0) / 2;
+        float t[16]; /* the 16 codes pre-multiplied by this group's scale */
+        for (int k = 0; k < 16; k++)
+            t[k] = E2M1_VALUES[k] * s;
+        for (int64_t j = 0; j < pairs; j++) {
+            uint8_t v = b[j];
+            o[2 * j] = t[v & 15];
+            o[2 * j + 1] = t[v >> 4];
         }
-        if (c < c1) out[c] = E2M1_PAIR_TABLE[wr[c >> 1]][0] * s;
+        if ((c1 - c0) & 1) o[2 * pairs] = t[b[pairs] & 15];
     }
 }
 
