@@ -108,6 +108,7 @@ static size_t utf8_cut(const char *s, size_t n) {
 
 static const char *find_first(const char *s, size_t n, const char *const *tags, int ntags, int *which) {
     const char *best = NULL;
+    if (!n) return NULL; /* s may be NULL then */
     for (int t = 0; t < ntags; t++) {
         const char *q = memmem(s, n, tags[t], strlen(tags[t]));
         if (q && (!best || q < best)) best = q, *which = t;
