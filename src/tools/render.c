@@ -138,7 +138,9 @@ int dsv4_cmd_render(int argc, char **argv) {
     size_t len = 0;
     int rc = 0;
     if (dsv4_chat_render_doc(doc, tools, &opts, &prompt, &len, &err)) {
-        fprintf(stderr, "dsv4 render: %s: %s\n", messages_path, err.msg);
+        /* name the file the faulty part came from */
+        int from_tools = tools_path && !strncmp(err.msg, "tools", 5);
+        fprintf(stderr, "dsv4 render: %s: %s\n", from_tools ? tools_path : messages_path, err.msg);
         rc = 1;
     } else if (ids) {
         rc = print_ids(tok_path, prompt, len);
