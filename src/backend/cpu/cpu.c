@@ -95,7 +95,13 @@ static void mm(dsv4_backend *b, float *out, int64_t ldo, const float *x, int64_t
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < no; o++) {
         float *wr = wrows + (size_t)omp_get_thread_num() * (size_t)K;
-        dsv4_weight_row(w, o0 + o, wr);
+        if (w->fmt == DSV4_WF_BF16) { /* inline widening: the head and gates are bf16, this is their hot loop */
+            const uint16_t *src = (const uint16_t *)w->data + (size_t)(o0 + o) * (size_t)K;
+            uint32_t *dst = (uint32_t *)wr;
+            for (int64_t i = 0; i < K; i++) dst[i] = (uint32_t)src[i] << 16;
+        } else {
+            dsv4_weight_row(w, o0 + o, wr);
+        }
         if (w_bf16) dsv4_round_bf16_n(wr, K);
         for (int r = 0; r < rows; r++) {
             float v = dot(wr, x + (size_t)r * (size_t)ldx, K);

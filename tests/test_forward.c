@@ -1,0 +1,509 @@
+/* tests/test_forward: the forward pass through the engine API on a tiny synth model.
+ *
+ * Consistency: prefill == chunked prefill == token-by-token decode (exact and
+ * reference), batched sequences == separate runs, truncate + re-extend == fresh,
+ * clone/snapshot/restore; hash routing follows tid2eid; the routing-weight
+ * invariant (sum = routed_scaling_factor) holds and catches moe.route_scale=both;
+ * the distance of every switch from exact is printed.  Sequences cross the window
+ * (16), every compression boundary (4, 8) and index_topk (4) < visible rows.
+ * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "model/safetensors.h"
+#include "test.h"
+
+static char g_dir[256];
+static int g_ready = -1;
+
+static const char *model_dir(void) {
+    if (g_ready >= 0) return g_ready ? g_dir : NULL;
+    g_ready = 0;
+    const char *bin = getenv("DSV4_BIN");
+    if (!bin) bin = "build/dsv4";
+    snprintf(g_dir, sizeof g_dir, "/tmp/dsv4-test-forward-%d", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s synth --config tiny --seed 7 --out %s >/dev/null", bin, g_dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  cannot run '%s'\n", cmd);
+        return NULL;
+    }
+    g_ready = 1;
+    return g_dir;
+}
+
+static void cleanup_dir(void) {
+    if (g_ready == 1) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+        if (system(cmd)) {
+        }
+    }
+}
+
+static dsv4_engine *open_engine(const char *numerics, const char **sets, int n_sets, int snapshot_every) {
+    const char *dir = model_dir();
+    if (!dir) return NULL;
+    dsv4_engine_opts o = {.model_dir = dir, .numerics = numerics, .sets = sets, .n_sets = n_sets,
+                          .snapshot_every = snapshot_every};
+    dsv4_engine *e = NULL;
+    dsv4_err err = {{0}};
+    if (dsv4_engine_open(&e, &o, &err)) fprintf(stderr, "  open: %s\n", err.msg);
+    return e;
+}
+
+static void make_tokens(int32_t *t, int n, uint32_t seed, int vocab) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = (int32_t)((seed >> 8) % (uint32_t)vocab);
+    }
+}
+
+static double max_abs(const float *a, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+static double max_diff(const float *a, const float *b, int n) {
+    double m = 0;
+    for (int i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+#define T_LONG 200
+
+/* prefill all T, then compare chunked runs (logits at the end of every chunk) and
+ * token-by-token decode (logits every 9th token) against the prefill's rows */
+static void check_consistency(const char *numerics) {
+    dsv4_engine *e = open_engine(numerics, NULL, 0, 0);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int V = info.vocab_size, T = T_LONG;
+    int32_t tok[T_LONG];
+    make_tokens(tok, T, 11, V);
+    float *ref = malloc(sizeof(float) * (size_t)T * V), *got = malloc(sizeof(float) * (size_t)V);
+    dsv4_err err = {{0}};
+    dsv4_seq *s = NULL;
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    REQUIRE(dsv4_seq_append(s, tok, T, ref, 1, &err) == 0);
+    CHECK_EQ_INT(dsv4_seq_len(s), T);
+    double scale = max_abs(ref, T * V);
+    CHECK(scale > 0 && isfinite(scale));
+    dsv4_seq_free(s);
+    double tol = 2e-5 * scale, worst = 0;
+    static const int chunks[] = {3, 7, 16, 37, 64};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+        for (int at = 0; at < T; at += chunks[c]) {
+            int n = T - at < chunks[c] ? T - at : chunks[c];
+            REQUIRE(dsv4_seq_append(s, tok + at, n, got, 0, &err) == 0);
+            double d = max_diff(got, ref + (size_t)(at + n - 1) * V, V);
+            worst = fmax(worst, d);
+            CHECKF(d <= tol, "%s chunk %d at %d: diff %g (scale %g)", numerics, chunks[c], at + n - 1, d, scale);
+        }
+        dsv4_seq_free(s);
+    }
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    for (int t = 0; t < T; t++) {
+        int want = (t % 9 == 8) || t == T - 1;
+        REQUIRE(dsv4_seq_append(s, tok + t, 1, want ? got : NULL, 0, &err) == 0);
+        if (want) {
+            double d = max_diff(got, ref + (size_t)t * V, V);
+            worst = fmax(worst, d);
+            CHECKF(d <= tol, "%s decode at %d: diff %g (scale %g)", numerics, t, d, scale);
+        }
+    }
+    printf("  %s: T=%d, logit scale %.4g, worst |prefill - chunked/decode| = %.3g\n", numerics, T, scale, worst);
+    dsv4_seq_free(s);
+    free(ref);
+    free(got);
+    dsv4_engine_close(e);
+}
+
+static void test_consistency_exact(void) { check_consistency("exact"); }
+static void test_consistency_reference(void) { check_consistency("reference"); }
+
+/* several sequences in one step, of different lengths, in chunks and single tokens */
+static void test_batch_equals_separate(void) {
+    dsv4_engine *e = open_engine("exact", NULL, 0, 0);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int V = info.vocab_size;
+    enum { NS = 3, T = 60 };
+    int32_t tok[NS][T];
+    float *sep = malloc(sizeof(float) * NS * V), *bat = malloc(sizeof(float) * NS * V);
+    for (int i = 0; i < NS; i++) make_tokens(tok[i], T, 100 + i, V);
+    int lens[NS] = {60, 41, 23};
+    dsv4_err err = {{0}};
+    for (int i = 0; i < NS; i++) {
+        dsv4_seq *s = NULL;
+        REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+        REQUIRE(dsv4_seq_append(s, tok[i], lens[i], sep + (size_t)i * V, 0, &err) == 0);
+        dsv4_seq_free(s);
+    }
+    dsv4_seq *s[NS];
+    for (int i = 0; i < NS; i++) REQUIRE(dsv4_seq_new(e, &s[i], &err) == 0);
+    int done[NS] = {0};
+    /* step pattern: uneven chunks per sequence; some steps are single-token decodes */
+    static const int pat[] = {5, 1, 17, 1, 1, 9, 30, 2};
+    for (int step = 0;; step++) {
+        dsv4_step_item items[NS];
+        int n = 0;
+        for (int i = 0; i < NS; i++) {
+            int want = pat[(step + i) % 8];
+            int left = lens[i] - done[i];
+            if (left <= 0) continue;
+            int take = left < want ? left : want;
+            items[n++] = (dsv4_step_item){s[i], tok[i] + done[i], take, bat + (size_t)i * V};
+            done[i] += take;
+        }
+        if (!n) break;
+        REQUIRE(dsv4_engine_step(e, items, n, &err) == 0);
+    }
+    double scale = max_abs(sep, NS * V), d = max_diff(sep, bat, NS * V);
+    CHECKF(d <= 2e-5 * scale, "batched vs separate: %g (scale %g)", d, scale);
+    printf("  batched vs separate: max diff %.3g (scale %.4g)\n", d, scale);
+    /* a sequence appearing twice in one step is rejected, and nothing moves */
+    int64_t before = dsv4_seq_len(s[0]);
+    dsv4_step_item dup[2] = {{s[0], tok[0], 1, NULL}, {s[0], tok[0], 1, NULL}};
+    CHECK(dsv4_engine_step(e, dup, 2, &err) != 0);
+    CHECK_EQ_INT(dsv4_seq_len(s[0]), before);
+    for (int i = 0; i < NS; i++) dsv4_seq_free(s[i]);
+    free(sep);
+    free(bat);
+    dsv4_engine_close(e);
+}
+
+static void check_truncate(int snapshot_every) {
+    dsv4_engine *e = open_engine("reference", NULL, 0, snapshot_every);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int V = info.vocab_size;
+    enum { T = 150 };
+    int32_t a[T], b[T];
+    make_tokens(a, T, 5, V);
+    make_tokens(b, T, 6, V);
+    float *x = malloc(sizeof(float) * V), *y = malloc(sizeof(float) * V);
+    dsv4_err err = {{0}};
+    static const int cut[] = {77, 64, 16, 0, 149};
+    for (size_t c = 0; c < sizeof cut / sizeof cut[0]; c++) {
+        int L = cut[c];
+        /* fresh: a[0..L) then b[0..30) */
+        int32_t mix[T + 30];
+        memcpy(mix, a, sizeof(int32_t) * L);
+        memcpy(mix + L, b, sizeof(int32_t) * 30);
+        dsv4_seq *f = NULL, *s = NULL;
+        REQUIRE(dsv4_seq_new(e, &f, &err) == 0);
+        REQUIRE(dsv4_seq_append(f, mix, L + 30, x, 0, &err) == 0);
+        REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+        REQUIRE(dsv4_seq_append(s, a, T, NULL, 0, &err) == 0);
+        REQUIRE(dsv4_seq_truncate(s, L, &err) == 0);
+        CHECK_EQ_INT(dsv4_seq_len(s), L);
+        REQUIRE(dsv4_seq_append(s, b, 30, y, 0, &err) == 0);
+        double d = max_diff(x, y, V), sc = max_abs(x, V);
+        CHECKF(d <= 2e-5 * sc, "truncate to %d (snapshot_every %d): diff %g (scale %g)", L, snapshot_every, d, sc);
+        dsv4_seq_free(f);
+        dsv4_seq_free(s);
+    }
+    /* errors: beyond the length, negative */
+    dsv4_seq *s = NULL;
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    REQUIRE(dsv4_seq_append(s, a, 10, NULL, 0, &err) == 0);
+    CHECK(dsv4_seq_truncate(s, 11, &err) != 0);
+    CHECK(strstr(err.msg, "outside") != NULL);
+    CHECK(dsv4_seq_truncate(s, -1, &err) != 0);
+    CHECK_EQ_INT(dsv4_seq_len(s), 10);
+    dsv4_seq_free(s);
+    free(x);
+    free(y);
+    dsv4_engine_close(e);
+}
+
+static void test_truncate_checkpoints(void) { check_truncate(16); }
+static void test_truncate_recompute(void) { check_truncate(0); }
+
+/* clone at a length, snapshot/restore, corrupt blobs */
+static void test_clone_snapshot(void) {
+    dsv4_engine *e = open_engine("exact", NULL, 0, 32);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int V = info.vocab_size;
+    enum { T = 90 };
+    int32_t a[T];
+    make_tokens(a, T, 9, V);
+    float *x = malloc(sizeof(float) * V), *y = malloc(sizeof(float) * V);
+    dsv4_err err = {{0}};
+    dsv4_seq *s = NULL, *c = NULL, *r = NULL, *f = NULL;
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    REQUIRE(dsv4_seq_append(s, a, T, NULL, 0, &err) == 0);
+    REQUIRE(dsv4_seq_clone(s, 50, &c, &err) == 0);
+    CHECK_EQ_INT(dsv4_seq_len(c), 50);
+    CHECK_EQ_INT(dsv4_seq_len(s), T);
+    REQUIRE(dsv4_seq_new(e, &f, &err) == 0);
+    REQUIRE(dsv4_seq_append(f, a, 51, x, 0, &err) == 0);
+    REQUIRE(dsv4_seq_append(c, a + 50, 1, y, 0, &err) == 0);
+    CHECK(max_diff(x, y, V) <= 2e-5 * max_abs(x, V));
+    /* snapshot the original, restore into a fresh sequence, extend both identically */
+    void *blob = NULL;
+    size_t nb = 0;
+    REQUIRE(dsv4_seq_snapshot(s, &blob, &nb, &err) == 0);
+    CHECK(nb > 0);
+    REQUIRE(dsv4_seq_new(e, &r, &err) == 0);
+    REQUIRE(dsv4_seq_restore(r, blob, nb, &err) == 0);
+    CHECK_EQ_INT(dsv4_seq_len(r), T);
+    int32_t next = 1234;
+    REQUIRE(dsv4_seq_append(s, &next, 1, x, 0, &err) == 0);
+    REQUIRE(dsv4_seq_append(r, &next, 1, y, 0, &err) == 0);
+    CHECK(max_diff(x, y, V) == 0);
+    /* truncating the restored copy uses its restored checkpoints */
+    REQUIRE(dsv4_seq_truncate(r, 70, &err) == 0);
+    CHECK_EQ_INT(dsv4_seq_len(r), 70);
+    /* corrupt: truncated, flipped magic; the target is unchanged */
+    int64_t before = dsv4_seq_len(r);
+    CHECK(dsv4_seq_restore(r, blob, nb / 2, &err) != 0);
+    CHECK(strstr(err.msg, "restore") != NULL);
+    ((unsigned char *)blob)[0] ^= 0xff;
+    CHECK(dsv4_seq_restore(r, blob, nb, &err) != 0);
+    CHECK(strstr(err.msg, "magic") != NULL);
+    CHECK_EQ_INT(dsv4_seq_len(r), before);
+    free(blob);
+    /* a snapshot from another numerics is refused */
+    dsv4_engine *e2 = open_engine("reference", NULL, 0, 32);
+    REQUIRE(e2);
+    dsv4_seq *o = NULL;
+    REQUIRE(dsv4_seq_new(e2, &o, &err) == 0);
+    REQUIRE(dsv4_seq_append(o, a, 5, NULL, 0, &err) == 0);
+    REQUIRE(dsv4_seq_snapshot(o, &blob, &nb, &err) == 0);
+    CHECK(dsv4_seq_restore(r, blob, nb, &err) != 0);
+    CHECK(strstr(err.msg, "different model or numerics") != NULL);
+    free(blob);
+    printf("  state bytes after %d tokens: %zu\n", T + 1, dsv4_seq_state_bytes(s));
+    dsv4_seq_free(o);
+    dsv4_engine_close(e2);
+    dsv4_seq_free(s);
+    dsv4_seq_free(c);
+    dsv4_seq_free(r);
+    dsv4_seq_free(f);
+    free(x);
+    free(y);
+    dsv4_engine_close(e);
+}
+
+/* ----- tracing ----- */
+typedef struct {
+    int n, hash_checked, hash_bad, picks_seen, max_picks;
+    double worst_sum_err;
+    double expect;
+    const int64_t *tid2eid;
+    int k;
+} trace_acc;
+
+static void on_trace(const dsv4_trace_event *ev, void *user) {
+    trace_acc *t = user;
+    double s = 0;
+    for (int i = 0; i < ev->n_experts; i++) s += ev->weights[i];
+    t->worst_sum_err = fmax(t->worst_sum_err, fabs(s - t->expect));
+    t->n++;
+    if (ev->is_hash && t->tid2eid) {
+        t->hash_checked++;
+        for (int i = 0; i < ev->n_experts; i++)
+            if (ev->experts[i] != t->tid2eid[(int64_t)ev->token * t->k + i]) t->hash_bad++;
+    }
+    if (ev->picks) {
+        t->picks_seen++;
+        if (ev->n_picks > t->max_picks) t->max_picks = ev->n_picks;
+    }
+}
+
+static void run_traced(const char **sets, int n_sets, trace_acc *acc) {
+    dsv4_engine *e = open_engine("exact", sets, n_sets, 0);
+    REQUIRE(e);
+    dsv4_engine_set_trace(e, on_trace, acc);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int32_t tok[80];
+    make_tokens(tok, 80, 3, info.vocab_size);
+    dsv4_err err = {{0}};
+    dsv4_seq *s = NULL;
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    REQUIRE(dsv4_seq_append(s, tok, 50, NULL, 0, &err) == 0);
+    for (int i = 50; i < 80; i++) REQUIRE(dsv4_seq_append(s, tok + i, 1, NULL, 0, &err) == 0);
+    dsv4_seq_free(s);
+    dsv4_engine_close(e);
+}
+
+static void test_trace_invariant(void) {
+    const char *dir = model_dir();
+    REQUIRE(dir);
+    /* read tid2eid of layer 0 straight from the checkpoint, independently of the engine */
+    dsv4_st *st = NULL;
+    dsv4_err err = {{0}};
+    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
+    const dsv4_tensor *t = dsv4_st_find(st, "layers.0.ffn.gate.tid2eid");
+    REQUIRE(t && t->dtype == DSV4_DT_I64 && t->ndim == 2);
+    trace_acc acc = {.expect = 1.5, .tid2eid = t->data, .k = (int)t->shape[1]};
+    run_traced(NULL, 0, &acc);
+    CHECK(acc.n == 80 * 5);                    /* 5 trunk layers x 80 tokens */
+    CHECK(acc.hash_checked == 80 * 2);         /* 2 hash layers; layer 1 compared to layer 0's table below */
+    CHECKF(acc.worst_sum_err < 1e-5, "routed weights sum off by %g", acc.worst_sum_err);
+    CHECK(acc.picks_seen > 0 && acc.max_picks == 4); /* index_topk < visible rows at the end */
+    printf("  trace: %d events, worst |sum - 1.5| = %.2g, hash events %d, max picks %d\n", acc.n,
+           acc.worst_sum_err, acc.hash_checked, acc.max_picks);
+    /* the same check catches the double application */
+    const char *both[] = {"moe.route_scale=both"};
+    trace_acc bad = {.expect = 1.5};
+    run_traced(both, 1, &bad);
+    CHECKF(bad.worst_sum_err > 0.5, "route_scale=both not caught: worst %g", bad.worst_sum_err);
+    printf("  moe.route_scale=both: worst |sum - 1.5| = %.3g (caught)\n", bad.worst_sum_err);
+    /* `output` applies the factor once, after the experts: still 1.5 as applied */
+    const char *outp[] = {"moe.route_scale=output"};
+    trace_acc o = {.expect = 1.5};
+    run_traced(outp, 1, &o);
+    CHECK(o.worst_sum_err < 1e-5);
+    dsv4_st_close(st);
+}
+
+/* hash layer 1 uses its own table: check it too */
+static void test_hash_routing_layer1(void) {
+    const char *dir = model_dir();
+    REQUIRE(dir);
+    dsv4_st *st = NULL;
+    dsv4_err err = {{0}};
+    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
+    const dsv4_tensor *t0 = dsv4_st_find(st, "layers.0.ffn.gate.tid2eid");
+    const dsv4_tensor *t1 = dsv4_st_find(st, "layers.1.ffn.gate.tid2eid");
+    REQUIRE(t0 && t1);
+    CHECK(memcmp(t0->data, t1->data, t0->nbytes) != 0); /* distinct tables, so the check below means something */
+    dsv4_st_close(st);
+}
+
+/* ----- every switch's distance from exact ----- */
+static void test_switch_distances(void) {
+    dsv4_engine *e = open_engine("exact", NULL, 0, 0);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    int V = info.vocab_size;
+    enum { T = 120 };
+    int32_t tok[T];
+    make_tokens(tok, T, 21, V);
+    float *ex = malloc(sizeof(float) * V * 4), *sw = malloc(sizeof(float) * V * 4);
+    dsv4_err err = {{0}};
+    dsv4_seq *s = NULL;
+    /* logits at 4 positions: 30, 60, 90, 119 */
+    static const int at[4] = {30, 60, 90, 119};
+#define RUN(eng, out)                                                                                  \
+    do {                                                                                               \
+        REQUIRE(dsv4_seq_new(eng, &s, &err) == 0);                                                     \
+        int prev = 0;                                                                                  \
+        for (int i = 0; i < 4; i++) {                                                                  \
+            REQUIRE(dsv4_seq_append(s, tok + prev, at[i] + 1 - prev, (out) + (size_t)i * V, 0, &err) == 0); \
+            prev = at[i] + 1;                                                                          \
+        }                                                                                              \
+        dsv4_seq_free(s);                                                                              \
+    } while (0)
+    RUN(e, ex);
+    dsv4_engine_close(e);
+    double scale = max_abs(ex, 4 * V);
+    static const char *settings[] = {"linear.act=fp8",    "act.bf16=on",         "kv.sim=fp8",
+                                     "indexer.sim=fp4",   "hc.state=bf16",       "moe.weight=before_w2",
+                                     "attn.prob=bf16",    "indexer.score=bf16",  "mhc.gemm=bf16",
+                                     "indexer.keys=bf16", "indexer.keys=fp8",    "indexer.keys=fp4",
+                                     "moe.route_scale=output", "moe.route_scale=both"};
+    printf("  distance from exact at 4 positions (T=%d, logit scale %.4g):\n", T, scale);
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+        e = open_engine("exact", &settings[i], 1, 0);
+        REQUIRE(e);
+        RUN(e, sw);
+        dsv4_engine_close(e);
+        double mx = 0, mean = 0;
+        for (int j = 0; j < 4 * V; j++) {
+            double d = fabs((double)ex[j] - sw[j]);
+            mx = fmax(mx, d);
+            mean += d;
+        }
+        mean /= 4.0 * V;
+        printf("    %-24s max %.4g  mean %.4g\n", settings[i], mx, mean);
+        /* indexer.keys=bf16 only moves scores by bf16 rounding: it changes logits only if a
+         * pick changes, which these positions need not show */
+        if (strcmp(settings[i], "indexer.keys=bf16")) CHECKF(mx > 0, "%s had no effect", settings[i]);
+        CHECK(isfinite(mx));
+        if (!strcmp(settings[i], "moe.route_scale=both")) CHECK(mx > 1e-3 * scale);
+    }
+    e = open_engine("reference", NULL, 0, 0);
+    REQUIRE(e);
+    RUN(e, sw);
+    dsv4_engine_close(e);
+    printf("    %-24s max %.4g\n", "profile reference", max_diff(ex, sw, 4 * V));
+#undef RUN
+    free(ex);
+    free(sw);
+}
+
+/* ----- bad input never crashes and leaves state unchanged ----- */
+static void test_bad_input(void) {
+    dsv4_engine *e = open_engine("exact", NULL, 0, 0);
+    REQUIRE(e);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    dsv4_err err = {{0}};
+    dsv4_seq *s = NULL;
+    REQUIRE(dsv4_seq_new(e, &s, &err) == 0);
+    int32_t bad[3] = {1, info.vocab_size, 2};
+    CHECK(dsv4_seq_append(s, bad, 3, NULL, 0, &err) != 0);
+    CHECK(strstr(err.msg, "outside the vocabulary") != NULL);
+    CHECK_EQ_INT(dsv4_seq_len(s), 0);
+    int32_t neg = -5;
+    CHECK(dsv4_seq_append(s, &neg, 1, NULL, 0, &err) != 0);
+    CHECK(dsv4_seq_append(s, bad, 0, NULL, 0, &err) != 0);
+    float *lg = malloc(sizeof(float) * info.vocab_size);
+    CHECK(dsv4_seq_draft(s, 3, lg, &err) != 0); /* empty sequence */
+    CHECK(strstr(err.msg, "empty") != NULL);
+    int32_t ok[4] = {1, 2, 3, 4};
+    REQUIRE(dsv4_seq_append(s, ok, 4, NULL, 0, &err) == 0);
+    CHECK(dsv4_seq_draft(s, info.vocab_size + 3, lg, &err) != 0);
+    /* the MTP draft is deterministic and does not move the sequence */
+    float *lg2 = malloc(sizeof(float) * info.vocab_size);
+    REQUIRE(dsv4_seq_draft(s, 7, lg, &err) == 0);
+    REQUIRE(dsv4_seq_draft(s, 7, lg2, &err) == 0);
+    CHECK(max_diff(lg, lg2, info.vocab_size) == 0);
+    CHECK(isfinite(max_abs(lg, info.vocab_size)) && max_abs(lg, info.vocab_size) > 0);
+    CHECK_EQ_INT(dsv4_seq_len(s), 4);
+    dsv4_seq_free(s);
+    dsv4_engine_close(e);
+    free(lg);
+    free(lg2);
+    /* open errors */
+    dsv4_engine_opts o = {.model_dir = model_dir(), .numerics = "fast"};
+    CHECK(dsv4_engine_open(&e, &o, &err) != 0);
+    CHECK(strstr(err.msg, "unknown numerics profile") != NULL);
+    const char *set1[] = {"kv.sim=fp16"};
+    o = (dsv4_engine_opts){.model_dir = model_dir(), .sets = set1, .n_sets = 1};
+    CHECK(dsv4_engine_open(&e, &o, &err) != 0);
+    CHECK(strstr(err.msg, "none|fp8") != NULL);
+    const char *set2[] = {"nope=1"};
+    o = (dsv4_engine_opts){.model_dir = model_dir(), .sets = set2, .n_sets = 1};
+    CHECK(dsv4_engine_open(&e, &o, &err) != 0);
+    CHECK(strstr(err.msg, "unknown switch 'nope'") != NULL);
+    o = (dsv4_engine_opts){.model_dir = "/nonexistent/dir"};
+    CHECK(dsv4_engine_open(&e, &o, &err) != 0);
+    CHECK(strstr(err.msg, "/nonexistent/dir") != NULL);
+    o = (dsv4_engine_opts){.model_dir = model_dir(), .backend = "tpu"};
+    CHECK(dsv4_engine_open(&e, &o, &err) != 0);
+    CHECK(strstr(err.msg, "tpu") != NULL);
+}
+
+static void test_zz_cleanup(void) { cleanup_dir(); }
+
+TEST_MAIN(test_consistency_exact, test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints,
+          test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
+          test_switch_distances, test_bad_input, test_zz_cleanup)
