@@ -68,7 +68,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(a.ncalls == b.ncalls && a.malformed == b.malformed && a.eos == b.eos);
     for (size_t i = 0; i < a.ncalls; i++)
         check(!strcmp(a.calls[i].id, b.calls[i].id) && !strcmp(a.calls[i].name, b.calls[i].name) &&
-              !strcmp(a.calls[i].arguments, b.calls[i].arguments) && a.calls[i].malformed == b.calls[i].malformed);
+              !strcmp(a.calls[i].arguments, b.calls[i].arguments) &&
+              a.calls[i].malformed == b.calls[i].malformed);
     dsv4_dsml_message_free(&a);
     dsv4_dsml_message_free(&b);
     return 0;

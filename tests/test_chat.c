@@ -39,8 +39,8 @@ static json_t *J(const char *text) {
 }
 
 /* Renders MESSAGES (JSON text) with options; returns malloc'd prompt or NULL (error in *err). */
-static char *render(const char *messages, const char *tools, dsv4_chat_mode mode, int drop, dsv4_effort effort,
-                    dsv4_err *err) {
+static char *render(const char *messages, const char *tools, dsv4_chat_mode mode, int drop,
+                    dsv4_effort effort, dsv4_err *err) {
     json_t *m = J(messages), *t = tools ? J(tools) : NULL;
     dsv4_chat_opts o;
     dsv4_chat_opts_default(&o);
@@ -77,18 +77,28 @@ static void check_official(int n, dsv4_chat_mode mode) {
     if (got) {
         CHECK_EQ_INT(got_len, want_len);
         size_t i = 0;
-        while (i < got_len && i < want_len && got[i] == want[i]) i++;
-        CHECKF(got_len == want_len && i == want_len, "case %d differs at byte %zu: got \"%.60s\"", n, i, got + i);
+        while (i < got_len && i < want_len && got[i] == want[i])
+            i++;
+        CHECKF(got_len == want_len && i == want_len, "case %d differs at byte %zu: got \"%.60s\"", n, i,
+               got + i);
     }
     free(got);
     free(want);
     json_decref(doc);
 }
 
-static void test_official_1(void) { check_official(1, DSV4_CHAT_MODE_THINKING); }
-static void test_official_2(void) { check_official(2, DSV4_CHAT_MODE_THINKING); }
-static void test_official_3(void) { check_official(3, DSV4_CHAT_MODE_THINKING); }
-static void test_official_4(void) { check_official(4, DSV4_CHAT_MODE_CHAT); }
+static void test_official_1(void) {
+    check_official(1, DSV4_CHAT_MODE_THINKING);
+}
+static void test_official_2(void) {
+    check_official(2, DSV4_CHAT_MODE_THINKING);
+}
+static void test_official_3(void) {
+    check_official(3, DSV4_CHAT_MODE_THINKING);
+}
+static void test_official_4(void) {
+    check_official(4, DSV4_CHAT_MODE_CHAT);
+}
 
 /* ----- Python json.dumps ----- */
 
@@ -121,8 +131,8 @@ static void test_json_py(void) {
 
 /* ----- rendering rules ----- */
 
-static void expect_render(const char *messages, const char *tools, dsv4_chat_mode mode, int drop, dsv4_effort eff,
-                          const char *want) {
+static void expect_render(const char *messages, const char *tools, dsv4_chat_mode mode, int drop,
+                          dsv4_effort eff, const char *want) {
     dsv4_err err = {{0}};
     char *got = render(messages, tools, mode, drop, eff, &err);
     CHECKF(got != NULL, "%s", err.msg);
@@ -178,7 +188,8 @@ static void test_drop_thinking(void) {
     CHECK(strstr(got, "{\"name\": \"f\"}\n\nYou MUST strictly follow") != NULL);
     free(got);
     /* reasoning under vLLM's key name */
-    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"reasoning\":\"r\",\"content\":\"a\"}]",
+    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"reasoning\":\"r\","
+                  "\"content\":\"a\"}]",
                   NULL, DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_NONE, BOS U "q" A "<think>r</think>a" EOS);
 }
 
@@ -187,7 +198,8 @@ static void test_effort(void) {
     dsv4_err err = {{0}};
     char *got = render(m, NULL, DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_MAX, &err);
     REQUIRE(got);
-    const char *head = BOS "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough";
+    const char *head =
+        BOS "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough";
     CHECK(!strncmp(got, head, strlen(head)));
     const char *tail = "no assumption is left unchecked.\n\n" U "q" A "<think>";
     CHECK(strlen(got) > strlen(tail) && !strcmp(got + strlen(got) - strlen(tail), tail));
@@ -201,22 +213,25 @@ static void test_effort(void) {
 }
 
 static void test_tool_results_order(void) {
-    const char *m =
-        "[{\"role\":\"user\",\"content\":\"q\"},"
-        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
-        "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": 1}\"}},"
-        "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"s\\\": \\\"v\\\"}\"}}]},"
-        "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"R2\"},"
-        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"R1\"}]";
+    const char *m = "[{\"role\":\"user\",\"content\":\"q\"},"
+                    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+                    "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{"
+                    "\\\"x\\\": 1}\"}},"
+                    "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{"
+                    "\\\"s\\\": \\\"v\\\"}\"}}]},"
+                    "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"R2\"},"
+                    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"R1\"}]";
     expect_render(m, NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
                   BOS U "q" A "</think>\n\n<" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D
                         "parameter name=\"x\" string=\"false\">1</" D "parameter>\n</" D "invoke>\n<" D
-                        "invoke name=\"g\">\n<" D "parameter name=\"s\" string=\"true\">v</" D "parameter>\n</" D
-                        "invoke>\n</" D "tool_calls>" EOS U "<tool_result>R1</tool_result>\n\n<tool_result>R2</tool_result>" A
-                        "</think>");
+                        "invoke name=\"g\">\n<" D "parameter name=\"s\" string=\"true\">v</" D
+                        "parameter>\n</" D "invoke>\n</" D "tool_calls>" EOS U
+                        "<tool_result>R1</tool_result>\n\n<tool_result>R2</tool_result>" A "</think>");
     /* a user message after tool results joins them; content parts are joined with \n\n */
-    const char *m2 = "[{\"role\":\"tool\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image\"}]},"
-                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"b\"},{\"type\":\"text\",\"text\":\"c\"}]}]";
+    const char *m2 =
+        "[{\"role\":\"tool\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"b\"},{\"type\":\"text\",\"text\":"
+        "\"c\"}]}]";
     expect_render(m2, NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
                   BOS U "<tool_result>a\n\n[Unsupported image]</tool_result>\n\nb\n\nc" A "</think>");
     /* consecutive user messages merge too (the reference does) */
@@ -226,10 +241,11 @@ static void test_tool_results_order(void) {
 
 static void test_arguments_forms(void) {
     /* arguments as an object, as a non-object, empty, with nested/unicode values */
-    const char *m = "[{\"role\":\"assistant\",\"content\":\"c\",\"tool_calls\":["
-                    "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"a\":[1,2.5],\"b\":\"é\"}}},"
-                    "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"[1]\"}},"
-                    "{\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"\"}}]}]";
+    const char *m =
+        "[{\"role\":\"assistant\",\"content\":\"c\",\"tool_calls\":["
+        "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"a\":[1,2.5],\"b\":\"é\"}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"[1]\"}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":\"\"}}]}]";
     expect_render(m, NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
                   BOS "c\n\n<" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D
                       "parameter name=\"a\" string=\"false\">[1, 2.5]</" D "parameter>\n<" D
@@ -238,7 +254,8 @@ static void test_arguments_forms(void) {
                       "parameter>\n</" D "invoke>\n<" D "invoke name=\"h\">\n\n</" D "invoke>\n</" D
                       "tool_calls>" EOS);
     /* wo_eos leaves the turn open (prefill) */
-    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"Sure\",\"wo_eos\":true}]",
+    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"Sure\",\"wo_"
+                  "eos\":true}]",
                   NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE, BOS U "q" A "</think>Sure");
 }
 
@@ -249,25 +266,29 @@ static void test_developer_reminder(void) {
                     "{\"role\":\"user\",\"content\":\"q\"}]";
     /* thinking + drop: the developer message before the last user is dropped */
     expect_render(m, NULL, DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_NONE,
-                  BOS "S" "a" EOS "<｜latest_reminder｜>2026-01-01" U "q" A "<think>");
+                  BOS "S"
+                      "a" EOS "<｜latest_reminder｜>2026-01-01" U "q" A "<think>");
     expect_render(m, NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
                   BOS "S" U "d1" A "</think>a" EOS "<｜latest_reminder｜>2026-01-01" U "q" A "</think>");
     /* a user followed by latest_reminder still opens the assistant turn */
-    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"latest_reminder\",\"content\":\"x\"}]", NULL,
-                  DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE, BOS U "q" A "</think><｜latest_reminder｜>x");
+    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"latest_reminder\",\"content\":\"x\"}]",
+                  NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
+                  BOS U "q" A "</think><｜latest_reminder｜>x");
 }
 
 static void test_tasks(void) {
-    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"query\"}]", NULL, DSV4_CHAT_MODE_THINKING, 1,
-                  DSV4_EFFORT_NONE, BOS U "q<｜query｜>");
-    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"action\"}]", NULL, DSV4_CHAT_MODE_THINKING, 1,
-                  DSV4_EFFORT_NONE, BOS U "q" A "<think><｜action｜>");
+    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"query\"}]", NULL, DSV4_CHAT_MODE_THINKING,
+                  1, DSV4_EFFORT_NONE, BOS U "q<｜query｜>");
+    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"action\"}]", NULL,
+                  DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_NONE, BOS U "q" A "<think><｜action｜>");
     expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"action\"}]", NULL, DSV4_CHAT_MODE_CHAT, 1,
                   DSV4_EFFORT_NONE, BOS U "q" A "</think><｜action｜>");
-    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\",\"task\":\"title\"}]",
+    expect_render("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\",\"task\":"
+                  "\"title\"}]",
                   NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE, BOS U "q" A "</think>a" EOS "<｜title｜>");
     /* the assistant answering a task has no thinking part even in thinking mode */
-    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"domain\"},{\"role\":\"assistant\",\"content\":\"Law\"}]",
+    expect_render("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"domain\"},{\"role\":\"assistant\","
+                  "\"content\":\"Law\"}]",
                   NULL, DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_NONE, BOS U "q<｜domain｜>Law" EOS);
     expect_error("[{\"role\":\"user\",\"content\":\"q\",\"task\":\"nope\"}]", NULL, "messages[0].task");
 }
@@ -281,14 +302,18 @@ static void test_response_format_and_tools(void) {
     char *out = NULL;
     dsv4_err err = {{0}};
     REQUIRE(dsv4_chat_render(m, NULL, &o, &out, NULL, &err) == 0);
-    CHECK_STR(out, BOS "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
-                       "{\"type\": \"object\", \"x\": 1.5}" U "q" A "</think>");
+    CHECK_STR(out,
+              BOS "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
+                  "{\"type\": \"object\", \"x\": 1.5}" U "q" A "</think>");
     free(out);
     /* tools with no system message: an empty system message carries them */
     o.response_format = NULL;
     REQUIRE(dsv4_chat_render(m, tools, &o, &out, NULL, &err) == 0);
-    CHECK(!strncmp(out, BOS "\n\n## Tools\n\nYou have access", strlen(BOS "\n\n## Tools\n\nYou have access")));
-    CHECK(strstr(out, "### Available Tool Schemas\n\n{\"name\": \"f\", \"description\": \"d\"}\n\nYou MUST") != NULL);
+    CHECK(
+        !strncmp(out, BOS "\n\n## Tools\n\nYou have access", strlen(BOS "\n\n## Tools\n\nYou have access")));
+    CHECK(
+        strstr(out, "### Available Tool Schemas\n\n{\"name\": \"f\", \"description\": \"d\"}\n\nYou MUST") !=
+        NULL);
     free(out);
     json_decref(m);
     json_decref(rf);
@@ -300,7 +325,8 @@ static void test_response_format_and_tools(void) {
 
 static void test_render_errors(void) {
     expect_error("{\"role\":\"user\"}", NULL, "messages: must be a list");
-    expect_error("[{\"role\":\"robot\",\"content\":\"x\"}]", NULL, "messages[0].role: unknown role \"robot\"");
+    expect_error("[{\"role\":\"robot\",\"content\":\"x\"}]", NULL,
+                 "messages[0].role: unknown role \"robot\"");
     expect_error("[{\"content\":\"x\"}]", NULL, "messages[0].role: missing");
     expect_error("[{\"role\":\"user\"}]", NULL, "messages[0].content: missing");
     expect_error("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"developer\",\"content\":\"\"}]", NULL,
@@ -308,18 +334,21 @@ static void test_render_errors(void) {
     expect_error("[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]", NULL,
                  "messages[0].content[0]: unsupported part type \"image_url\"");
     expect_error("[{\"role\":\"user\",\"content\":5}]", NULL, "messages[0].content");
-    expect_error("[{\"role\":\"assistant\",\"tool_calls\":{}}]", NULL, "messages[0].tool_calls: must be a list");
+    expect_error("[{\"role\":\"assistant\",\"tool_calls\":{}}]", NULL,
+                 "messages[0].tool_calls: must be a list");
     expect_error("[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}]", NULL,
                  "messages[0].tool_calls[0].function.name");
     expect_error("[{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\"}]}]", NULL,
                  "messages[0].tool_calls[0].function: missing");
-    expect_error("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
-                 "{\"name\":\"f\",\"arguments\":\"{oops\"}}]}]",
-                 NULL, "messages[1].tool_calls[0].function.arguments: not valid JSON");
+    expect_error(
+        "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"function\":"
+        "{\"name\":\"f\",\"arguments\":\"{oops\"}}]}]",
+        NULL, "messages[1].tool_calls[0].function.arguments: not valid JSON");
     expect_error("[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]", NULL,
                  "function.arguments: missing");
     expect_error("[{\"role\":\"user\",\"content\":\"q\",\"tool_calls\":[]}]", NULL, "only assistant");
-    expect_error("[{\"role\":\"user\",\"content\":\"q\"}]", "{\"type\":\"function\"}", "tools: must be a list");
+    expect_error("[{\"role\":\"user\",\"content\":\"q\"}]", "{\"type\":\"function\"}",
+                 "tools: must be a list");
     expect_error("[{\"role\":\"user\",\"content\":\"q\"}]", "[\"f\"]", "tools[0]: must be an object");
     expect_error("[{\"role\":\"system\",\"content\":\"q\",\"tools\":[{\"type\":\"function\"}]}]", NULL,
                  "messages[0].tools[0].function");
@@ -329,7 +358,8 @@ static void test_render_errors(void) {
     expect_render("[{\"role\":\"tool\",\"content\":\"r\"}]", NULL, DSV4_CHAT_MODE_CHAT, 1, DSV4_EFFORT_NONE,
                   BOS U "<tool_result>r</tool_result>" A "</think>");
     /* render_doc options and errors */
-    json_t *doc = J("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"thinking\":true,\"reasoning_effort\":\"high\"}");
+    json_t *doc = J("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"thinking\":true,\"reasoning_"
+                    "effort\":\"high\"}");
     char *out = NULL;
     dsv4_err err = {{0}};
     REQUIRE(dsv4_chat_render_doc(doc, NULL, NULL, &out, NULL, &err) == 0);
@@ -392,7 +422,8 @@ static int same_message(const dsv4_dsml_message *a, const dsv4_dsml_message *b) 
     if (a->ncalls != b->ncalls || a->malformed != b->malformed || a->eos != b->eos) return 0;
     for (size_t i = 0; i < a->ncalls; i++)
         if (strcmp(a->calls[i].id, b->calls[i].id) || strcmp(a->calls[i].name, b->calls[i].name) ||
-            strcmp(a->calls[i].arguments, b->calls[i].arguments) || a->calls[i].malformed != b->calls[i].malformed)
+            strcmp(a->calls[i].arguments, b->calls[i].arguments) ||
+            a->calls[i].malformed != b->calls[i].malformed)
             return 0;
     return 1;
 }
@@ -412,7 +443,8 @@ static void check_splits(const char *text, dsv4_chat_mode mode, dsv4_dsml_messag
         dsv4_dsml_message_free(&m);
     }
     size_t *cuts = malloc((n + 1) * sizeof *cuts);
-    for (size_t i = 0; i < n; i++) cuts[i] = i + 1;
+    for (size_t i = 0; i < n; i++)
+        cuts[i] = i + 1;
     dsv4_dsml_message m;
     int rc = parse_split(text, n, mode, cuts, n ? (int)n - 1 : 0, &m);
     CHECKF(rc == 0 && same_message(&m, whole), "byte-at-a-time differs");
@@ -472,14 +504,16 @@ static void test_parse_tool_calls(void) {
     CHECK(m.eos && !m.malformed);
     REQUIRE(m.ncalls == 2);
     CHECK_STR(m.calls[0].name, "get_weather");
-    CHECK_STR(m.calls[0].arguments, "{\"location\": \"Bei\\\"jing\\n\", \"days\": 3, \"opts\": {\"a\": [1, 2.5]}}");
+    CHECK_STR(m.calls[0].arguments,
+              "{\"location\": \"Bei\\\"jing\\n\", \"days\": 3, \"opts\": {\"a\": [1, 2.5]}}");
     CHECK_STR(m.calls[1].name, "search");
     CHECK_STR(m.calls[1].arguments, "{\"q\": \"a < b & </x>\"}");
     CHECK(!strncmp(m.calls[0].id, "call_", 5) && strlen(m.calls[0].id) == 29);
     CHECK(strcmp(m.calls[0].id, m.calls[1].id) != 0);
     dsv4_dsml_message_free(&m);
     /* no parameters, no "\n\n" before the block, text after the block is content */
-    check_splits("<" D "tool_calls>\n<" D "invoke name=\"now\">\n\n</" D "invoke>\n</" D "tool_calls>\ntail" EOS,
+    check_splits("<" D "tool_calls>\n<" D "invoke name=\"now\">\n\n</" D "invoke>\n</" D
+                 "tool_calls>\ntail" EOS,
                  DSV4_CHAT_MODE_CHAT, &m);
     REQUIRE(m.ncalls == 1);
     CHECK_STR(m.calls[0].arguments, "{}");
@@ -504,10 +538,12 @@ static void test_parse_malformed(void) {
         /* unclosed invoke, then EOS */
         {"hi" CALLS("<" D "invoke name=\"f\">\n" PARAM("a", "true", "1")) EOS, NULL, 0},
         /* EOS in the middle of a parameter value */
-        {"hi\n\n<" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D "parameter name=\"a\" string=\"true\">12" EOS, NULL,
-         0},
+        {"hi\n\n<" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D
+         "parameter name=\"a\" string=\"true\">12" EOS,
+         NULL, 0},
         /* bad attribute */
-        {"hi" CALLS(INVOKE("f", "<" D "parameter name=\"a\" string=\"maybe\">1</" D "parameter>\n")) EOS, NULL, 0},
+        {"hi" CALLS(INVOKE("f", "<" D "parameter name=\"a\" string=\"maybe\">1</" D "parameter>\n")) EOS,
+         NULL, 0},
         {"hi" CALLS("<" D "invoke nam=\"f\">\n</" D "invoke>\n") EOS, NULL, 0},
         /* garbage inside the block */
         {"hi" CALLS("garbage\n") EOS, NULL, 0},
@@ -528,8 +564,8 @@ static void test_parse_malformed(void) {
             /* every byte but the final EOS comes back as content */
             size_t n = strlen(cases[i].text), e = strlen(EOS);
             if (n >= e && !strcmp(cases[i].text + n - e, EOS)) n -= e;
-            CHECKF(strlen(m.content) == n && !strncmp(m.content, cases[i].text, n), "case %zu content \"%s\"", i,
-                   m.content);
+            CHECKF(strlen(m.content) == n && !strncmp(m.content, cases[i].text, n), "case %zu content \"%s\"",
+                   i, m.content);
         }
         dsv4_dsml_message_free(&m);
     }
@@ -558,11 +594,13 @@ static void test_parse_utf8_holdback(void) {
 /* render(assistant with tool calls) -> parse -> the same calls */
 static void test_round_trip(void) {
     const char *msgs =
-        "[{\"role\":\"system\",\"content\":\"S\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]},"
+        "[{\"role\":\"system\",\"content\":\"S\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+        "\"f\"}}]},"
         "{\"role\":\"user\",\"content\":\"q\"},"
         "{\"role\":\"assistant\",\"reasoning_content\":\"think\",\"content\":\"ok\",\"tool_calls\":["
         "{\"id\":\"x\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
-        "\"{\\\"s\\\": \\\"line1\\\\nline2 \\\\u00e9\\\", \\\"n\\\": -1.5e-7, \\\"b\\\": true, \\\"o\\\": {\\\"k\\\": [null, \\\"v\\\"]}}\"}},"
+        "\"{\\\"s\\\": \\\"line1\\\\nline2 \\\\u00e9\\\", \\\"n\\\": -1.5e-7, \\\"b\\\": true, \\\"o\\\": "
+        "{\\\"k\\\": [null, \\\"v\\\"]}}\"}},"
         "{\"id\":\"y\",\"type\":\"function\",\"function\":{\"name\":\"g_2\",\"arguments\":\"{}\"}}]}]";
     dsv4_err err = {{0}};
     char *prompt = render(msgs, NULL, DSV4_CHAT_MODE_THINKING, 1, DSV4_EFFORT_NONE, &err);
@@ -579,7 +617,8 @@ static void test_round_trip(void) {
     REQUIRE(m.ncalls == 2);
     json_t *in = J(msgs);
     for (size_t i = 0; i < 2; i++) {
-        json_t *f = json_object_get(json_array_get(json_object_get(json_array_get(in, 2), "tool_calls"), i), "function");
+        json_t *f = json_object_get(json_array_get(json_object_get(json_array_get(in, 2), "tool_calls"), i),
+                                    "function");
         CHECK_STR(m.calls[i].name, json_string_value(json_object_get(f, "name")));
         json_t *want = J(json_string_value(json_object_get(f, "arguments")));
         json_t *got = J(m.calls[i].arguments);
@@ -599,7 +638,8 @@ static void test_round_trip(void) {
     start += strlen(mark);
     char *end = strstr(start, U);
     REQUIRE(end);
-    REQUIRE(dsv4_chat_parse_completion(start, (size_t)(end - start), DSV4_CHAT_MODE_THINKING, 7, &m, &err) == 0);
+    REQUIRE(dsv4_chat_parse_completion(start, (size_t)(end - start), DSV4_CHAT_MODE_THINKING, 7, &m, &err) ==
+            0);
     CHECK_STR(m.content, "");
     REQUIRE(m.ncalls == 1);
     CHECK_STR(m.calls[0].arguments, "{\"location\": \"Beijing\", \"unit\": \"celsius\"}");
@@ -608,6 +648,7 @@ static void test_round_trip(void) {
 }
 
 TEST_MAIN(test_official_1, test_official_2, test_official_3, test_official_4, test_json_py, test_basic_modes,
-          test_drop_thinking, test_effort, test_tool_results_order, test_arguments_forms, test_developer_reminder,
-          test_tasks, test_response_format_and_tools, test_render_errors, test_parse_reasoning_content,
-          test_parse_tool_calls, test_parse_malformed, test_parse_utf8_holdback, test_round_trip)
+          test_drop_thinking, test_effort, test_tool_results_order, test_arguments_forms,
+          test_developer_reminder, test_tasks, test_response_format_and_tools, test_render_errors,
+          test_parse_reasoning_content, test_parse_tool_calls, test_parse_malformed, test_parse_utf8_holdback,
+          test_round_trip)

@@ -38,7 +38,9 @@ void dsv4_chat_buf_put(dsv4_chat_buf *b, const char *s, size_t n) {
     b->data[b->len] = 0;
 }
 
-void dsv4_chat_buf_puts(dsv4_chat_buf *b, const char *s) { dsv4_chat_buf_put(b, s, strlen(s)); }
+void dsv4_chat_buf_puts(dsv4_chat_buf *b, const char *s) {
+    dsv4_chat_buf_put(b, s, strlen(s));
+}
 
 void dsv4_chat_buf_free(dsv4_chat_buf *b) {
     free(b->data);
@@ -56,15 +58,24 @@ static size_t utf8_seq_len(const unsigned char *s, size_t n) {
     if (c < 0x80) return 1;
     size_t len;
     unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if (c >= 0xE1 && c <= 0xEC) len = 3;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c >= 0xEE && c <= 0xEF) len = 3;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
-    else return 0;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c == 0xE0)
+        len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC)
+        len = 3;
+    else if (c == 0xED)
+        len = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF)
+        len = 3;
+    else if (c == 0xF0)
+        len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+        len = 4;
+    else if (c == 0xF4)
+        len = 4, hi = 0x8F;
+    else
+        return 0;
     if (n < len) return 0;
     if (s[1] < lo || s[1] > hi) return 0;
     for (size_t i = 2; i < len; i++)
@@ -82,13 +93,20 @@ void dsv4_chat_json_py_string(dsv4_chat_buf *b, const char *s, size_t n) {
         const char *esc = NULL;
         char tmp[8];
         size_t adv = 1;
-        if (c == '"') esc = "\\\"";
-        else if (c == '\\') esc = "\\\\";
-        else if (c == '\n') esc = "\\n";
-        else if (c == '\r') esc = "\\r";
-        else if (c == '\t') esc = "\\t";
-        else if (c == '\b') esc = "\\b";
-        else if (c == '\f') esc = "\\f";
+        if (c == '"')
+            esc = "\\\"";
+        else if (c == '\\')
+            esc = "\\\\";
+        else if (c == '\n')
+            esc = "\\n";
+        else if (c == '\r')
+            esc = "\\r";
+        else if (c == '\t')
+            esc = "\\t";
+        else if (c == '\b')
+            esc = "\\b";
+        else if (c == '\f')
+            esc = "\\f";
         else if (c < 0x20) {
             snprintf(tmp, sizeof tmp, "\\u%04x", c); /* Python writes lower-case hex */
             esc = tmp;
@@ -129,7 +147,8 @@ static void py_float_repr(dsv4_chat_buf *b, double d) {
     for (; *p && *p != 'e'; p++)
         if (*p >= '0' && *p <= '9' && nd < 31) digits[nd++] = *p;
     int e = atoi(p + 1);
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
     digits[nd] = 0;
     char out[96];
     int o = 0;
@@ -138,20 +157,25 @@ static void py_float_repr(dsv4_chat_buf *b, double d) {
         out[o++] = digits[0];
         if (nd > 1) {
             out[o++] = '.';
-            for (int i = 1; i < nd; i++) out[o++] = digits[i];
+            for (int i = 1; i < nd; i++)
+                out[o++] = digits[i];
         }
         o += snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
     } else if (e < 0) {
         out[o++] = '0';
         out[o++] = '.';
-        for (int i = 0; i < -e - 1; i++) out[o++] = '0';
-        for (int i = 0; i < nd; i++) out[o++] = digits[i];
+        for (int i = 0; i < -e - 1; i++)
+            out[o++] = '0';
+        for (int i = 0; i < nd; i++)
+            out[o++] = digits[i];
     } else {
         int ipart = e + 1; /* digits before the point */
-        for (int i = 0; i < ipart; i++) out[o++] = i < nd ? digits[i] : '0';
+        for (int i = 0; i < ipart; i++)
+            out[o++] = i < nd ? digits[i] : '0';
         out[o++] = '.';
         if (nd > ipart)
-            for (int i = ipart; i < nd; i++) out[o++] = digits[i];
+            for (int i = ipart; i < nd; i++)
+                out[o++] = digits[i];
         else
             out[o++] = '0';
     }
@@ -211,13 +235,20 @@ void dsv4_chat_json_py(dsv4_chat_buf *b, const json_t *v) {
 static int py_truthy(const json_t *v) {
     if (!v) return 0;
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return json_object_size(v) > 0;
-    case JSON_ARRAY: return json_array_size(v) > 0;
-    case JSON_STRING: return json_string_length(v) > 0;
-    case JSON_INTEGER: return json_integer_value(v) != 0;
-    case JSON_REAL: return json_real_value(v) != 0;
-    case JSON_TRUE: return 1;
-    default: return 0;
+    case JSON_OBJECT:
+        return json_object_size(v) > 0;
+    case JSON_ARRAY:
+        return json_array_size(v) > 0;
+    case JSON_STRING:
+        return json_string_length(v) > 0;
+    case JSON_INTEGER:
+        return json_integer_value(v) != 0;
+    case JSON_REAL:
+        return json_real_value(v) != 0;
+    case JSON_TRUE:
+        return 1;
+    default:
+        return 0;
     }
 }
 
@@ -229,7 +260,8 @@ static int py_truthy(const json_t *v) {
 
 static const char REASONING_EFFORT_MAX[] =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
-    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the "
+    "root "
     "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
     "scenarios.\n"
     "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
@@ -268,8 +300,8 @@ static const char *const TASK_TOKENS[] = {"<｜action｜>", "<｜query｜>", "<�
 #define TASK_ACTION 0
 
 enum { R_SYSTEM, R_USER, R_ASSISTANT, R_TOOL, R_DEVELOPER, R_LATEST_REMINDER, N_ROLES };
-static const char *const ROLE_NAMES[N_ROLES] = {"system",    "user",      "assistant",
-                                                "tool",      "developer", "latest_reminder"};
+static const char *const ROLE_NAMES[N_ROLES] = {"system", "user",      "assistant",
+                                                "tool",   "developer", "latest_reminder"};
 
 /* ------------------------------------------------------------------------- */
 /* validated messages                                                         */
@@ -308,9 +340,11 @@ typedef struct {
 } msgs;
 
 static void msgs_free(msgs *l) {
-    for (int i = 0; i < l->n; i++) free(l->m[i].blocks);
+    for (int i = 0; i < l->n; i++)
+        free(l->m[i].blocks);
     free(l->m);
-    for (int i = 0; i < l->nowned; i++) free(l->owned[i]);
+    for (int i = 0; i < l->nowned; i++)
+        free(l->owned[i]);
     free(l->owned);
     memset(l, 0, sizeof *l);
 }
@@ -318,7 +352,8 @@ static void msgs_free(msgs *l) {
 static int grow(void **p, int *cap, int need, size_t elem, dsv4_err *err) {
     if (need <= *cap) return 0;
     int c = *cap ? *cap * 2 : 8;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = realloc(*p, (size_t)c * elem);
     if (!q) return dsv4_errf(err, "chat: out of memory");
     *p = q;
@@ -370,7 +405,8 @@ static int flatten_content(msgs *l, const json_t *c, int idx, int tool_style, ms
         const char *type = json_string_value(json_object_get(part, "type"));
         if (!json_is_object(part) || !type) {
             dsv4_chat_buf_free(&b);
-            return dsv4_errf(err, "messages[%d].content[%zu]: must be an object with a string \"type\"", idx, j);
+            return dsv4_errf(err, "messages[%d].content[%zu]: must be an object with a string \"type\"", idx,
+                             j);
         }
         if (j) dsv4_chat_buf_put(&b, "\n\n", 2);
         if (!strcmp(type, "text")) {
@@ -386,8 +422,8 @@ static int flatten_content(msgs *l, const json_t *c, int idx, int tool_style, ms
             dsv4_chat_buf_puts(&b, "]");
         } else {
             dsv4_chat_buf_free(&b);
-            return dsv4_errf(err, "messages[%d].content[%zu]: unsupported part type \"%s\" (only \"text\")", idx, j,
-                             type);
+            return dsv4_errf(err, "messages[%d].content[%zu]: unsupported part type \"%s\" (only \"text\")",
+                             idx, j, type);
         }
     }
     dsv4_chat_buf_put(&b, "", 0); /* make data non-NULL for an empty list */
@@ -427,13 +463,14 @@ static json_t *call_arguments(const json_t *args, int idx, size_t j, dsv4_err *e
     if (json_is_string(args)) {
         const char *s = json_string_value(args);
         size_t n = json_string_length(args), k = 0;
-        while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r')) k++;
+        while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r'))
+            k++;
         if (k == n) return json_object();
         json_error_t je;
         v = json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
         if (!v) {
-            dsv4_errf(err, "messages[%d].tool_calls[%zu].function.arguments: not valid JSON: %s (at %d:%d)", idx, j,
-                      je.text, je.line, je.column);
+            dsv4_errf(err, "messages[%d].tool_calls[%zu].function.arguments: not valid JSON: %s (at %d:%d)",
+                      idx, j, je.text, je.line, je.column);
             return NULL;
         }
     } else if (args && !json_is_null(args)) {
@@ -456,7 +493,8 @@ static int check_tool_calls(const json_t *tc, int idx, dsv4_err *err) {
     if (!json_is_array(tc)) return dsv4_errf(err, "messages[%d].tool_calls: must be a list", idx);
     for (size_t j = 0; j < json_array_size(tc); j++) {
         const json_t *c = json_array_get(tc, j);
-        if (!json_is_object(c)) return dsv4_errf(err, "messages[%d].tool_calls[%zu]: must be an object", idx, j);
+        if (!json_is_object(c))
+            return dsv4_errf(err, "messages[%d].tool_calls[%zu]: must be an object", idx, j);
         const json_t *type = json_object_get(c, "type");
         if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function")))
             return dsv4_errf(err, "messages[%d].tool_calls[%zu].type: must be \"function\"", idx, j);
@@ -530,7 +568,8 @@ static int read_message(msgs *l, const json_t *jm, int idx, msg *m, dsv4_err *er
     }
     /* reasoning_content (DeepSeek/OpenAI-compatible name) or reasoning (vLLM's) */
     if (optional_string(jm, "reasoning_content", idx, &m->reasoning, &m->reasoning_len, err)) return -1;
-    if (!m->reasoning && optional_string(jm, "reasoning", idx, &m->reasoning, &m->reasoning_len, err)) return -1;
+    if (!m->reasoning && optional_string(jm, "reasoning", idx, &m->reasoning, &m->reasoning_len, err))
+        return -1;
     if (optional_string(jm, "tool_call_id", idx, &m->tool_call_id, NULL, err)) return -1;
 
     const json_t *task = json_object_get(jm, "task");
@@ -539,9 +578,9 @@ static int read_message(msgs *l, const json_t *jm, int idx, msg *m, dsv4_err *er
         for (int k = 0; t && k < N_TASKS; k++)
             if (!strcmp(t, TASK_NAMES[k])) m->task = k;
         if (m->task < 0)
-            return dsv4_errf(err,
-                             "messages[%d].task: must be one of action, query, authority, domain, title, read_url",
-                             idx);
+            return dsv4_errf(
+                err, "messages[%d].task: must be one of action, query, authority, domain, title, read_url",
+                idx);
     }
     const json_t *wo = json_object_get(jm, "wo_eos");
     if (wo && !json_is_boolean(wo) && !json_is_null(wo))
@@ -618,7 +657,8 @@ static void sort_tool_results(msgs *l) {
         for (size_t j = 0; j < json_array_size(calls); j++)
             if (*call_id(json_array_get(calls, j))) has_ids = 1;
         int ntool = 0;
-        for (int k = 0; k < m->nblocks; k++) ntool += m->blocks[k].is_tool;
+        for (int k = 0; k < m->nblocks; k++)
+            ntool += m->blocks[k].is_tool;
         if (ntool < 2 || !has_ids) continue;
         /* rank = index of the last call with that id (later duplicates overwrite, like a dict) */
         block *tools = calloc((size_t)ntool, sizeof(block));
@@ -782,7 +822,8 @@ static int render_message(dsv4_chat_buf *b, const msgs *l, int idx, const dsv4_c
         return dsv4_errf(err, "messages[%d]: internal error: unmerged tool message", m->src);
     }
 
-    if (idx + 1 < l->n && l->m[idx + 1].role != R_ASSISTANT && l->m[idx + 1].role != R_LATEST_REMINDER) return 0;
+    if (idx + 1 < l->n && l->m[idx + 1].role != R_ASSISTANT && l->m[idx + 1].role != R_LATEST_REMINDER)
+        return 0;
     if (m->task >= 0) {
         if (m->task != TASK_ACTION) {
             dsv4_chat_buf_puts(b, TASK_TOKENS[m->task]);
@@ -808,10 +849,14 @@ void dsv4_chat_opts_default(dsv4_chat_opts *o) {
 }
 
 int dsv4_chat_effort_parse(const char *s, dsv4_effort *out, dsv4_err *err) {
-    if (!s || !strcmp(s, "none")) *out = DSV4_EFFORT_NONE;
-    else if (!strcmp(s, "high")) *out = DSV4_EFFORT_HIGH;
-    else if (!strcmp(s, "max")) *out = DSV4_EFFORT_MAX;
-    else return dsv4_errf(err, "reasoning_effort: \"%s\" is not one of none, high, max", s);
+    if (!s || !strcmp(s, "none"))
+        *out = DSV4_EFFORT_NONE;
+    else if (!strcmp(s, "high"))
+        *out = DSV4_EFFORT_HIGH;
+    else if (!strcmp(s, "max"))
+        *out = DSV4_EFFORT_MAX;
+    else
+        return dsv4_errf(err, "reasoning_effort: \"%s\" is not one of none, high, max", s);
     return 0;
 }
 
@@ -871,7 +916,8 @@ int dsv4_chat_render(const json_t *messages, const json_t *tools, const dsv4_cha
         }
         if (py_truthy(opts->response_format)) {
             if (s->response_format) {
-                dsv4_errf(err, "response_format: given both for the request and on messages[0]; give it once");
+                dsv4_errf(err,
+                          "response_format: given both for the request and on messages[0]; give it once");
                 goto done;
             }
             s->response_format = opts->response_format;
@@ -908,8 +954,10 @@ done:
 int dsv4_chat_render_doc(const json_t *doc, const json_t *tools, const dsv4_chat_opts *opts, char **out,
                          size_t *out_len, dsv4_err *err) {
     dsv4_chat_opts o;
-    if (opts) o = *opts;
-    else dsv4_chat_opts_default(&o);
+    if (opts)
+        o = *opts;
+    else
+        dsv4_chat_opts_default(&o);
     *out = NULL;
     if (json_is_array(doc)) return dsv4_chat_render(doc, tools, &o, out, out_len, err);
     if (!json_is_object(doc))
@@ -918,7 +966,8 @@ int dsv4_chat_render_doc(const json_t *doc, const json_t *tools, const dsv4_chat
     if (!json_is_array(messages)) return dsv4_errf(err, "messages: missing or not a list");
     const json_t *t = json_object_get(doc, "tools");
     if (t && !json_is_null(t)) {
-        if (tools && !json_is_null(tools)) return dsv4_errf(err, "tools: given twice (in the request and apart)");
+        if (tools && !json_is_null(tools))
+            return dsv4_errf(err, "tools: given twice (in the request and apart)");
         tools = t;
     }
     const json_t *v;
@@ -928,9 +977,12 @@ int dsv4_chat_render_doc(const json_t *doc, const json_t *tools, const dsv4_chat
     }
     if ((v = json_object_get(doc, "thinking_mode"))) {
         const char *s = json_string_value(v);
-        if (s && !strcmp(s, "thinking")) o.mode = DSV4_CHAT_MODE_THINKING;
-        else if (s && !strcmp(s, "chat")) o.mode = DSV4_CHAT_MODE_CHAT;
-        else return dsv4_errf(err, "thinking_mode: must be \"chat\" or \"thinking\"");
+        if (s && !strcmp(s, "thinking"))
+            o.mode = DSV4_CHAT_MODE_THINKING;
+        else if (s && !strcmp(s, "chat"))
+            o.mode = DSV4_CHAT_MODE_CHAT;
+        else
+            return dsv4_errf(err, "thinking_mode: must be \"chat\" or \"thinking\"");
     }
     if ((v = json_object_get(doc, "reasoning_effort")) && !json_is_null(v)) {
         if (!json_is_string(v)) return dsv4_errf(err, "reasoning_effort: must be a string");

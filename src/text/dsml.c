@@ -70,7 +70,9 @@ static void consume(dsv4_dsml_parser *p, size_t k) {
 
 /* ----- small matchers ----- */
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static int is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 /* 1: S starts with TAG; 0: S is a proper prefix of TAG (need more); -1: no. */
 static int lit(const char *s, size_t n, const char *tag, size_t tn) {
@@ -100,7 +102,10 @@ static size_t utf8_cut(const char *s, size_t n) {
     for (size_t back = 1; back <= 3 && back <= n; back++) {
         unsigned c = u[n - back];
         if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
-        size_t need = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+        size_t need = c >= 0xC2 && c <= 0xDF   ? 2
+                      : c >= 0xE0 && c <= 0xEF ? 3
+                      : c >= 0xF0 && c <= 0xF4 ? 4
+                                               : 1;
         return need > back ? n - back : n;
     }
     return n;
@@ -136,7 +141,8 @@ static int step_text(dsv4_dsml_parser *p) {
     int which = 0;
     const char *q = find_first(s, n, reasoning ? REASONING_TAGS : CONTENT_STOPS, 2, &which);
     if (!q) {
-        size_t e = utf8_cut(s, n - hold_len(s, n, reasoning ? REASONING_TAGS : CONTENT_HOLDS, reasoning ? 2 : 3));
+        size_t e =
+            utf8_cut(s, n - hold_len(s, n, reasoning ? REASONING_TAGS : CONTENT_HOLDS, reasoning ? 2 : 3));
         emit_text(p, t, s, e, 0);
         consume(p, e);
         return 0;
@@ -180,14 +186,16 @@ static int fail(dsv4_dsml_parser *p, size_t at) {
 }
 
 static void skip_ws(dsv4_dsml_parser *p) {
-    while (p->cur < p->pend.len && is_ws(p->pend.data[p->cur])) p->cur++;
+    while (p->cur < p->pend.len && is_ws(p->pend.data[p->cur]))
+        p->cur++;
 }
 
 /* Reads `name="VALUE"` at S[*i..n) (leading white space allowed).  Returns 1 and
  * writes *vs and *vn, 0 for need more, -1 for malformed. */
 static int attr(const char *s, size_t n, size_t *i, const char *key, size_t keylen, size_t *vs, size_t *vn) {
     size_t k = *i;
-    while (k < n && is_ws(s[k])) k++;
+    while (k < n && is_ws(s[k]))
+        k++;
     if (k == n) return 0;
     int m = lit(s + k, n - k, key, keylen);
     if (m <= 0) return m;
@@ -213,7 +221,8 @@ static void put_id(char *id, uint64_t seed, int index) {
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         z ^= z >> 31;
-        for (int k = 0; k < 12; k++) id[5 + w * 12 + k] = HEX[(z >> (4 * k)) & 15];
+        for (int k = 0; k < 12; k++)
+            id[5 + w * 12 + k] = HEX[(z >> (4 * k)) & 15];
     }
     id[29] = 0;
 }
@@ -279,7 +288,8 @@ static int step_block(dsv4_dsml_parser *p) {
     case B_ITEM: { /* an invoke, or the end of the block */
         skip_ws(p);
         if (p->cur == n) return 0;
-        int a = lit(s + p->cur, n - p->cur, LIT(T_INV_OPEN)), b = lit(s + p->cur, n - p->cur, LIT(T_BLOCK_CLOSE));
+        int a = lit(s + p->cur, n - p->cur, LIT(T_INV_OPEN)),
+            b = lit(s + p->cur, n - p->cur, LIT(T_BLOCK_CLOSE));
         if (a == 1) {
             p->inv_start = p->cur;
             p->cur += strlen(T_INV_OPEN);
@@ -314,7 +324,8 @@ static int step_block(dsv4_dsml_parser *p) {
     case B_INV_BODY: { /* a parameter, or the end of the invoke */
         skip_ws(p);
         if (p->cur == n) return 0;
-        int a = lit(s + p->cur, n - p->cur, LIT(T_PARAM_OPEN)), b = lit(s + p->cur, n - p->cur, LIT(T_INV_CLOSE));
+        int a = lit(s + p->cur, n - p->cur, LIT(T_PARAM_OPEN)),
+            b = lit(s + p->cur, n - p->cur, LIT(T_INV_CLOSE));
         if (a == 1) {
             p->cur += strlen(T_PARAM_OPEN);
             p->bstate = B_PARAM_ATTR;
@@ -341,7 +352,8 @@ static int step_block(dsv4_dsml_parser *p) {
         int is_true = r > 0 && vn == 4 && !memcmp(s + vs, "true", 4);
         int is_false = r > 0 && vn == 5 && !memcmp(s + vs, "false", 5);
         if (!is_true && !is_false) return fail(p, p->cur);
-        while (i < n && is_ws(s[i])) i++;
+        while (i < n && is_ws(s[i]))
+            i++;
         if (i == n) return 0;
         if (s[i] != '>') return fail(p, p->cur);
         p->key.len = 0;
@@ -377,8 +389,12 @@ static void run(dsv4_dsml_parser *p) {
         int progress;
         switch (p->state) {
         case P_REASONING:
-        case P_CONTENT: progress = step_text(p); break;
-        case P_BLOCK: progress = step_block(p); break;
+        case P_CONTENT:
+            progress = step_text(p);
+            break;
+        case P_BLOCK:
+            progress = step_block(p);
+            break;
         default: /* after EOS: text is accounted for and ignored */
             emit_markup(p, p->pend.data, p->pend.len);
             consume(p, p->pend.len);
@@ -390,8 +406,8 @@ static void run(dsv4_dsml_parser *p) {
 
 /* ----- public API ----- */
 
-int dsv4_dsml_parser_init(dsv4_dsml_parser **out, dsv4_chat_mode mode, uint64_t id_seed, dsv4_dsml_event_fn fn,
-                          void *user, dsv4_err *err) {
+int dsv4_dsml_parser_init(dsv4_dsml_parser **out, dsv4_chat_mode mode, uint64_t id_seed,
+                          dsv4_dsml_event_fn fn, void *user, dsv4_err *err) {
     dsv4_dsml_parser *p = calloc(1, sizeof *p);
     if (!p) return dsv4_errf(err, "dsml: out of memory");
     p->state = mode == DSV4_CHAT_MODE_THINKING ? P_REASONING : P_CONTENT;
@@ -436,24 +452,31 @@ int dsv4_dsml_parser_finish(dsv4_dsml_parser *p, dsv4_err *err) {
         run(p);
     }
     if (p->state == P_REASONING || p->state == P_CONTENT)
-        emit_text(p, p->state == P_REASONING ? DSV4_DSML_REASONING : DSV4_DSML_CONTENT, p->pend.data, p->pend.len,
-                  0);
-    else emit_markup(p, p->pend.data, p->pend.len);
+        emit_text(p, p->state == P_REASONING ? DSV4_DSML_REASONING : DSV4_DSML_CONTENT, p->pend.data,
+                  p->pend.len, 0);
+    else
+        emit_markup(p, p->pend.data, p->pend.len);
     consume(p, p->pend.len);
     dsv4_dsml_event ev = {.type = DSV4_DSML_END, .malformed = p->malformed, .eos = p->eos};
     emit(p, &ev);
     return check_oom(p, err);
 }
 
-int dsv4_dsml_parser_malformed(const dsv4_dsml_parser *p) { return p->malformed; }
+int dsv4_dsml_parser_malformed(const dsv4_dsml_parser *p) {
+    return p->malformed;
+}
 
 /* ----- collecting a whole message ----- */
 
 void dsv4_dsml_collect(void *user, const dsv4_dsml_event *ev) {
     dsv4_dsml_collector *c = user;
     switch (ev->type) {
-    case DSV4_DSML_REASONING: dsv4_chat_buf_put(&c->reasoning, ev->text, ev->len); break;
-    case DSV4_DSML_CONTENT: dsv4_chat_buf_put(&c->content, ev->text, ev->len); break;
+    case DSV4_DSML_REASONING:
+        dsv4_chat_buf_put(&c->reasoning, ev->text, ev->len);
+        break;
+    case DSV4_DSML_CONTENT:
+        dsv4_chat_buf_put(&c->content, ev->text, ev->len);
+        break;
     case DSV4_DSML_CALL_START: {
         if (c->ncalls == c->cap) {
             size_t cap = c->cap ? c->cap * 2 : 4;
@@ -485,7 +508,8 @@ void dsv4_dsml_collect(void *user, const dsv4_dsml_event *ev) {
         c->malformed = ev->malformed;
         c->eos = ev->eos;
         break;
-    case DSV4_DSML_MARKUP: break;
+    case DSV4_DSML_MARKUP:
+        break;
     }
 }
 

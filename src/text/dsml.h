@@ -59,8 +59,8 @@ typedef struct dsv4_dsml_parser dsv4_dsml_parser;
  * starts as reasoning, until "</think>"), else chat (it starts as content; see
  * dsv4_chat_prompt_opens_thinking).  ID_SEED makes the generated tool call ids
  * (the same seed gives the same ids).  FN may be NULL. */
-int dsv4_dsml_parser_init(dsv4_dsml_parser **out, dsv4_chat_mode mode, uint64_t id_seed, dsv4_dsml_event_fn fn,
-                          void *user, dsv4_err *err);
+int dsv4_dsml_parser_init(dsv4_dsml_parser **out, dsv4_chat_mode mode, uint64_t id_seed,
+                          dsv4_dsml_event_fn fn, void *user, dsv4_err *err);
 void dsv4_dsml_parser_free(dsv4_dsml_parser *p);
 
 /* Feeds the next piece of decoded output.  Events for whatever is decided are

@@ -12,20 +12,23 @@
 #include "tools/commands.h"
 
 static void usage_render(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 render --messages FILE.json [--tools FILE.json] [--thinking] [--effort none|high|max]\n"
-            "                   [--keep-thinking] [--no-bos] [--ids [--tokenizer FILE]]\n"
-            "Prints the DeepSeek-V4 prompt for a conversation exactly (no newline added).\n"
-            "FILE is a list of messages, or an object with \"messages\" and optionally \"tools\", \"thinking\",\n"
-            "\"reasoning_effort\", \"drop_thinking\", \"response_format\" (these override the flags).\n"
-            "  --tools FILE     an OpenAI tools list ([{\"type\": \"function\", \"function\": {...}}])\n"
-            "  --thinking       thinking mode (default: chat mode)\n"
-            "  --effort E       reasoning effort: none (default), high, max (max adds a preamble in thinking mode)\n"
-            "  --keep-thinking  keep the reasoning of earlier turns (drop_thinking off)\n"
-            "  --no-bos         leave out <\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\n"
-            "  --ids            print the token ids, comma-separated, one line\n"
-            "  --tokenizer F    tokenizer.json for --ids (default: $DSV4_TOKENIZER, else data/tokenizer next to\n"
-            "                   the binary)\n");
+    fprintf(
+        f,
+        "usage: dsv4 render --messages FILE.json [--tools FILE.json] [--thinking] [--effort none|high|max]\n"
+        "                   [--keep-thinking] [--no-bos] [--ids [--tokenizer FILE]]\n"
+        "Prints the DeepSeek-V4 prompt for a conversation exactly (no newline added).\n"
+        "FILE is a list of messages, or an object with \"messages\" and optionally \"tools\", \"thinking\",\n"
+        "\"reasoning_effort\", \"drop_thinking\", \"response_format\" (these override the flags).\n"
+        "  --tools FILE     an OpenAI tools list ([{\"type\": \"function\", \"function\": {...}}])\n"
+        "  --thinking       thinking mode (default: chat mode)\n"
+        "  --effort E       reasoning effort: none (default), high, max (max adds a preamble in thinking "
+        "mode)\n"
+        "  --keep-thinking  keep the reasoning of earlier turns (drop_thinking off)\n"
+        "  --no-bos         leave out <\xef\xbd\x9c"
+        "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>\n"
+        "  --ids            print the token ids, comma-separated, one line\n"
+        "  --tokenizer F    tokenizer.json for --ids (default: $DSV4_TOKENIZER, else data/tokenizer next to\n"
+        "                   the binary)\n");
 }
 
 static json_t *load_json(const char *path, const char *what) {
@@ -66,7 +69,8 @@ static int print_ids(const char *tok_path, const char *prompt, size_t len) {
     char path[4200];
     if (!tok_path) {
         if (default_tokenizer(path, sizeof path)) {
-            fprintf(stderr, "dsv4 render: --ids needs a tokenizer: give --tokenizer FILE or set $DSV4_TOKENIZER\n");
+            fprintf(stderr,
+                    "dsv4 render: --ids needs a tokenizer: give --tokenizer FILE or set $DSV4_TOKENIZER\n");
             return 1;
         }
         tok_path = path;
@@ -80,9 +84,11 @@ static int print_ids(const char *tok_path, const char *prompt, size_t len) {
     dsv4_ids ids = {0};
     /* special tokens in the rendered text are matched: the prompt is ours */
     int rc = dsv4_tokenizer_encode(tok, prompt, len, 0, &ids, &err);
-    if (rc) fprintf(stderr, "dsv4 render: encoding the prompt: %s\n", err.msg);
+    if (rc)
+        fprintf(stderr, "dsv4 render: encoding the prompt: %s\n", err.msg);
     else {
-        for (size_t i = 0; i < ids.len; i++) printf(i ? ",%d" : "%d", ids.ids[i]);
+        for (size_t i = 0; i < ids.len; i++)
+            printf(i ? ",%d" : "%d", ids.ids[i]);
         putchar('\n');
     }
     dsv4_ids_free(&ids);
@@ -101,14 +107,22 @@ int dsv4_cmd_render(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage_render(stdout);
             return 0;
-        } else if (!strcmp(a, "--messages") && has_val) messages_path = argv[++i];
-        else if (!strcmp(a, "--tools") && has_val) tools_path = argv[++i];
-        else if (!strcmp(a, "--tokenizer") && has_val) tok_path = argv[++i];
-        else if (!strcmp(a, "--effort") && has_val) effort = argv[++i];
-        else if (!strcmp(a, "--thinking")) opts.mode = DSV4_CHAT_MODE_THINKING;
-        else if (!strcmp(a, "--keep-thinking")) opts.drop_thinking = 0;
-        else if (!strcmp(a, "--no-bos")) opts.add_bos = 0;
-        else if (!strcmp(a, "--ids")) ids = 1;
+        } else if (!strcmp(a, "--messages") && has_val)
+            messages_path = argv[++i];
+        else if (!strcmp(a, "--tools") && has_val)
+            tools_path = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && has_val)
+            tok_path = argv[++i];
+        else if (!strcmp(a, "--effort") && has_val)
+            effort = argv[++i];
+        else if (!strcmp(a, "--thinking"))
+            opts.mode = DSV4_CHAT_MODE_THINKING;
+        else if (!strcmp(a, "--keep-thinking"))
+            opts.drop_thinking = 0;
+        else if (!strcmp(a, "--no-bos"))
+            opts.add_bos = 0;
+        else if (!strcmp(a, "--ids"))
+            ids = 1;
         else {
             fprintf(stderr, "dsv4 render: unknown or incomplete option '%s' (see --help)\n", a);
             return 2;
