@@ -495,8 +495,10 @@ static void test_split_behaviors(void) {
                                NULL));
     REQUIRE(tok);
     CHECK_STR(pieces_of(tok, "ab12  c", 0), "ab|1|2| | |c");
-    /* U+0085 (NEL) is \s for Oniguruma, so it stays with the spaces */
+    /* U+0085 (NEL) is \s for Oniguruma (and PCRE2); U+180E is not White_Space
+     * (Oniguruma) although PCRE2's own \s counts it: it must not split */
     CHECK_STR(pieces_of(tok, "a\xc2\x85 b", 0), "a|\xc2\x85| |b");
+    CHECK_STR(pieces_of(tok, "a\xe1\xa0\x8e b", 0), "a\xe1\xa0\x8e| |b");
     dsv4_tokenizer_free(tok);
 }
 
@@ -697,11 +699,12 @@ static size_t b64_decode(const char *s, size_t n, char *out) {
     return o;
 }
 
-static void test_hf_corpus(void) {
-    const char *path = "tests/data/tokenizer_corpus.jsonl";
+/* Every line {"b64", "lossy", "ids"}: our ids must equal HF's, and valid
+ * strings must round-trip. */
+static void run_corpus(const char *path, const char *name) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        printf("NOTE test_hf_corpus: %s is absent; skipped (it is generated with HF tokenizers on the device)\n", path);
+        printf("NOTE %s: %s is absent; skipped (it is generated with HF tokenizers on the device)\n", name, path);
         return;
     }
     dsv4_tokenizer *tok = real_tok();
@@ -743,12 +746,17 @@ static void test_hf_corpus(void) {
     free(line);
     fclose(f);
     dsv4_ids_free(&ids);
-    printf("NOTE test_hf_corpus: %zu strings, %zu identical, %zu differ, %zu round-trip failures\n", lineno, n_ok, n_bad,
+    printf("NOTE %s: %zu strings, %zu identical, %zu differ, %zu round-trip failures\n", name, lineno, n_ok, n_bad,
            n_rt_bad);
     CHECK(lineno > 0);
     CHECK_EQ_INT(n_bad, 0);
     CHECK_EQ_INT(n_rt_bad, 0);
 }
+
+static void test_hf_corpus(void) { run_corpus("tests/data/tokenizer_corpus.jsonl", "test_hf_corpus"); }
+
+/* whitespace and recently assigned characters (tests/tokenizer_edges_inputs.py) */
+static void test_hf_edges(void) { run_corpus("tests/data/tokenizer_edges.jsonl", "test_hf_edges"); }
 
 static void test_cleanup(void) {
     if (tmpdir_[0]) {
@@ -761,4 +769,4 @@ static void test_cleanup(void) {
 
 TEST_MAIN(test_published_vectors, test_special_ids, test_no_added_flags, test_roundtrip,
           test_stream_decode, test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_added_token_flags,
-          test_malformed, test_threads, test_hf_corpus, test_cleanup)
+          test_malformed, test_threads, test_hf_corpus, test_hf_edges, test_cleanup)
