@@ -7,7 +7,7 @@
  * dequantizes is exactly what was meant: nothing is lost on the way to disk.
  *
  * Determinism: each tensor's bytes are a function of (seed, tensor name) only.
- * Row r of a tensor draws from a splitmix64 stream seeded by hash(seed, name, r),
+ * Row r of a tensor draws from a wyrand stream seeded by hash(seed, name, r),
  * so neither the order of tensors, nor the shard size, nor the thread count
  * changes a single byte.
  *
@@ -24,13 +24,14 @@
  *   hc bases N(0, 0.1); hc scales U(0.1, 1); compressor ape N(0, 0.5);
  *   gate bias N(0, 0.05); tid2eid: n_active distinct experts per token.
  * Quantized weights: each scale block gets a power-of-two scale 2^(e0+j) with
- * j uniform in {-1,0,1} (so block indexing matters in every reader) and codes
- * with a fixed spread (std ~32..64 for e4m3, ~1..2 for e2m1) chosen so that
- * the dequantized std over the tensor is 1/sqrt(fan_in).
+ * j in {-1,0,1} cycling over the blocks (so block indexing matters in every
+ * reader) and codes with a fixed spread (std 32..64 for e4m3, 1..2 for e2m1)
+ * chosen so that the dequantized std over the tensor is exactly 1/sqrt(fan_in).
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,12 @@ typedef struct {
     uint64_t s;
 } rng;
 
-static inline uint64_t rng_next(rng *r) { return mix64(r->s += 0x9e3779b97f4a7c15ull); }
+/* wyrand: one 64x64->128 multiply per draw; the row seed comes from mix64. */
+static inline uint64_t rng_next(rng *r) {
+    r->s += 0xa0761d6478bd642full;
+    __extension__ unsigned __int128 t = (unsigned __int128)r->s * (r->s ^ 0xe7037ed1a0b428dbull);
+    return (uint64_t)(t >> 64) ^ (uint64_t)t;
+}
 static inline rng rng_row(uint64_t key, int64_t row) {
     rng r = {mix64(key ^ mix64((uint64_t)row + 0x632be59bd9b4e019ull))};
     return r;
@@ -196,14 +202,32 @@ typedef struct {
     int64_t rows, row_bytes;
 } plan;
 
-#define JIT_MEAN_SQ 1.75 /* E[4^j], j uniform in {-1,0,1}: (1/4 + 1 + 4) / 3 */
+/* Scale-block jitter j in {-1, 0, 1}: a balanced pattern over the linear
+ * block index, offset per tensor, so neighbouring blocks differ and the three
+ * values occur equally often (the tensor's std does not depend on luck). */
+static inline int jit(uint64_t key, int64_t i) { return (int)(((uint64_t)i + key % 3) % 3) - 1; }
 
-/* Base exponent e0 so that codes of spread in [lo, 2 lo) times 2^(e0+j) give std sigma overall. */
-static int base_exp(double sigma, double lo) { return (int)floor(log2(sigma / sqrt(JIT_MEAN_SQ) / lo)); }
-static double code_sigma(double sigma, int e0) { return sigma / sqrt(JIT_MEAN_SQ) / ldexp(1.0, e0); }
+/* E[4^j] over a tensor's n blocks, exactly. */
+static double jit_mean_sq(uint64_t key, int64_t n) {
+    double acc = 0;
+    for (int r = 0; r < 3; r++) { /* blocks i with (i + key%3) % 3 == r: j = r - 1 */
+        int64_t first = ((int64_t)r - (int64_t)(key % 3) + 3) % 3;
+        int64_t cnt = first < n ? (n - first + 2) / 3 : 0;
+        acc += (double)cnt * ldexp(1.0, 2 * (r - 1));
+    }
+    return n > 0 ? acc / (double)n : 1.0;
+}
 
-/* Scale-block jitter j in {-1, 0, 1}, a function of (key, block index). */
-static inline int jit(uint64_t key, int64_t i) { return (int)(mix64(key ^ mix64((uint64_t)i * 0x2545f4914f6cdd1dull)) % 3) - 1; }
+/* Number of scale blocks of a quantized weight. */
+static int64_t n_blocks(const dsv4_config *cfg, const dsv4_inv_entry *e) {
+    int64_t B = cfg->quant_block > 0 ? cfg->quant_block : 128;
+    switch (e->fmt) {
+    case DSV4_WF_FP8: return ((e->rows + B - 1) / B) * ((e->cols + B - 1) / B);
+    case DSV4_WF_MXFP4: return e->rows * ((e->cols + 31) / 32);
+    case DSV4_WF_NVFP4: return e->rows * ((e->cols + 15) / 16);
+    default: return 1;
+    }
+}
 
 static void plan_init(plan *p, const dsv4_config *cfg, const dsv4_inv_entry *e, uint64_t seed, table_cache *tc) {
     memset(p, 0, sizeof *p);
@@ -215,10 +239,18 @@ static void plan_init(plan *p, const dsv4_config *cfg, const dsv4_inv_entry *e, 
     p->row_bytes = p->rows ? (int64_t)(e->bytes / (size_t)p->rows) : 0;
     int quant = e->fmt == DSV4_WF_FP8 || e->fmt == DSV4_WF_MXFP4 || e->fmt == DSV4_WF_NVFP4;
     if (quant) {
-        double lo = e->fmt == DSV4_WF_FP8 ? 32.0 : 1.0;
-        p->e0 = base_exp(p->d.b, lo);
+        /* Scales and codes are separate tensors: both derive the same jitter
+         * pattern from the key of the weight tensor's name. */
+        char wname[sizeof e->name];
+        snprintf(wname, sizeof wname, "%s", e->name);
+        char *dot = strrchr(wname, '.');
+        if (dot && e->part != DSV4_PART_DATA) snprintf(dot, sizeof wname - (size_t)(dot - wname), ".weight");
+        p->key = name_key(seed, wname);
+        double lo = e->fmt == DSV4_WF_FP8 ? 32.0 : 1.0; /* code spread: e4m3 [32,64), e2m1 [1,2) */
+        double rms = p->d.b / sqrt(jit_mean_sq(p->key, n_blocks(cfg, e)));
+        p->e0 = (int)floor(log2(rms / lo));
         if (e->part == DSV4_PART_DATA)
-            p->tab = table_get(tc, e->fmt == DSV4_WF_FP8 ? TAB_E4M3 : TAB_E2M1, 0, code_sigma(p->d.b, p->e0));
+            p->tab = table_get(tc, e->fmt == DSV4_WF_FP8 ? TAB_E4M3 : TAB_E2M1, 0, rms / ldexp(1.0, p->e0));
     } else if (e->dtype == DSV4_DT_BF16 && p->d.kind == D_NORMAL && e->bytes >= (1u << 20)) {
         p->tab = table_get(tc, TAB_BF16, p->d.a, p->d.b);
     }
@@ -313,14 +345,128 @@ static void gen_row(const plan *p, int64_t r, uint8_t *out) {
     }
 }
 
-/* ----- writing ----- */
+/* ----- writing: generate into one buffer while a thread writes the other ----- */
+typedef struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint8_t *buf[2];
+    size_t cap[2], len[2];
+    dsv4_st_writer *w[2];
+    int full[2];
+    int head, tail; /* next buffer to fill / to write */
+    int stop, failed;
+    dsv4_err err;
+    double t_write; /* seconds the writer thread spent in the writer */
+} pipeline;
+
+static void *pipeline_writer(void *arg) {
+    pipeline *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->full[p->tail] && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (!p->full[p->tail]) break;
+        int i = p->tail;
+        pthread_mutex_unlock(&p->mu);
+        double t0 = dsv4_now();
+        dsv4_err e;
+        int rc = p->failed ? 0 : dsv4_st_writer_data(p->w[i], p->buf[i], p->len[i], &e);
+        double dt = dsv4_now() - t0;
+        pthread_mutex_lock(&p->mu);
+        p->t_write += dt;
+        if (rc && !p->failed) {
+            p->failed = 1;
+            p->err = e;
+        }
+        p->full[i] = 0;
+        p->tail ^= 1;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static int pipeline_start(pipeline *p, size_t cap, dsv4_err *err) {
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < 2; i++) {
+        p->buf[i] = malloc(cap);
+        p->cap[i] = cap;
+        if (!p->buf[i]) {
+            free(p->buf[0]);
+            return dsv4_errf(err, "out of memory for %zu-byte write buffers", cap);
+        }
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->th, NULL, pipeline_writer, p)) {
+        free(p->buf[0]);
+        free(p->buf[1]);
+        return dsv4_errf(err, "cannot start the writer thread");
+    }
+    return 0;
+}
+
+/* The next free buffer, at least `need` bytes; NULL (err set) on failure. */
+static uint8_t *pipeline_acquire(pipeline *p, size_t need, dsv4_err *err) {
+    pthread_mutex_lock(&p->mu);
+    while (p->full[p->head] && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+    int failed = p->failed;
+    if (failed && err) *err = p->err;
+    pthread_mutex_unlock(&p->mu);
+    if (failed) return NULL;
+    int i = p->head; /* not full: the writer thread does not touch it */
+    if (need > p->cap[i]) {
+        uint8_t *nb = realloc(p->buf[i], need);
+        if (!nb) {
+            dsv4_errf(err, "out of memory for a %zu-byte chunk", need);
+            return NULL;
+        }
+        p->buf[i] = nb;
+        p->cap[i] = need;
+    }
+    return p->buf[i];
+}
+
+static void pipeline_submit(pipeline *p, dsv4_st_writer *w, size_t len) {
+    pthread_mutex_lock(&p->mu);
+    int i = p->head;
+    p->w[i] = w;
+    p->len[i] = len;
+    p->full[i] = 1;
+    p->head ^= 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Waits until everything submitted is written; returns -1 (err set) if a write failed. */
+static int pipeline_drain(pipeline *p, dsv4_err *err) {
+    pthread_mutex_lock(&p->mu);
+    while (p->full[0] || p->full[1]) pthread_cond_wait(&p->cv, &p->mu);
+    int failed = p->failed;
+    if (failed && err) *err = p->err;
+    pthread_mutex_unlock(&p->mu);
+    return failed ? -1 : 0;
+}
+
+static void pipeline_stop(pipeline *p) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->th, NULL);
+    free(p->buf[0]);
+    free(p->buf[1]);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+}
+
 typedef struct {
     const char *out_dir;
     uint64_t seed;
     size_t shard_bytes;
-    uint8_t *buf;
-    size_t buf_cap;
+    pipeline pipe;
     table_cache tc;
+    double t_gen, t_close; /* seconds generating / closing shards (reported) */
 } synth_ctx;
 
 static int write_tensor(synth_ctx *s, const dsv4_config *cfg, dsv4_st_writer *w, const dsv4_inv_entry *e,
@@ -328,22 +474,19 @@ static int write_tensor(synth_ctx *s, const dsv4_config *cfg, dsv4_st_writer *w,
     plan p;
     plan_init(&p, cfg, e, s->seed, &s->tc);
     if (e->bytes == 0) return 0;
-    int64_t rows_per = p.row_bytes > 0 ? (int64_t)(s->buf_cap / (size_t)p.row_bytes) : p.rows;
+    int64_t rows_per = p.row_bytes > 0 ? (int64_t)(s->pipe.cap[0] / (size_t)p.row_bytes) : p.rows;
     if (rows_per < 1) rows_per = 1;
     for (int64_t r0 = 0; r0 < p.rows; r0 += rows_per) {
         int64_t r1 = r0 + rows_per < p.rows ? r0 + rows_per : p.rows;
         size_t need = (size_t)(r1 - r0) * (size_t)p.row_bytes;
-        if (need > s->buf_cap) { /* a single row larger than the buffer */
-            uint8_t *nb = realloc(s->buf, need);
-            if (!nb) return dsv4_errf(err, "%s: out of memory for a %zu-byte row", e->name, need);
-            s->buf = nb;
-            s->buf_cap = need;
-        }
-        uint8_t *buf = s->buf;
+        uint8_t *buf = pipeline_acquire(&s->pipe, need, err);
+        if (!buf) return dsv4_err_prefix(err, "%s", e->name);
         int64_t rb = p.row_bytes;
+        double t0 = dsv4_now();
 #pragma omp parallel for schedule(static) if (r1 - r0 > 1 && need > (1u << 16))
         for (int64_t r = r0; r < r1; r++) gen_row(&p, r, buf + (size_t)(r - r0) * (size_t)rb);
-        if (dsv4_st_writer_data(w, buf, need, err)) return dsv4_err_prefix(err, "%s", e->name);
+        s->t_gen += dsv4_now() - t0;
+        pipeline_submit(&s->pipe, w, need);
     }
     return 0;
 }
@@ -447,8 +590,12 @@ static int write_checkpoint(synth_ctx *s, const dsv4_config *cfg, int64_t *n_ten
             rc = dsv4_st_writer_add(w, inv[i].name, inv[i].dtype, inv[i].ndim, inv[i].shape, err);
         if (!rc) rc = dsv4_st_writer_begin_data(w, err);
         for (int64_t i = i0; i < i1 && !rc; i++) rc = write_tensor(s, cfg, w, &inv[i], err);
+        if (pipeline_drain(&s->pipe, rc ? NULL : err)) rc = -1; /* the writer must be idle before close */
         dsv4_err cerr;
-        if (dsv4_st_writer_close(w, &cerr) && !rc) {
+        double tc0 = dsv4_now();
+        int crc = dsv4_st_writer_close(w, &cerr);
+        s->t_close += dsv4_now() - tc0;
+        if (crc && !rc) {
             *err = cerr;
             rc = -1;
         }
@@ -646,22 +793,18 @@ int dsv4_cmd_synth(int argc, char **argv) {
     s.out_dir = out;
     s.seed = (uint64_t)seed;
     s.shard_bytes = (size_t)shard;
-    s.buf_cap = 64u << 20;
-    if (!rc) {
-        s.buf = malloc(s.buf_cap);
-        if (!s.buf) rc = dsv4_errf(&err, "out of memory");
-    }
-    if (!rc) {
+    if (!rc && !(rc = pipeline_start(&s.pipe, 32u << 20, &err))) {
         z_table_init();
         rc = write_checkpoint(&s, &cfg, &n_tensors, &total, &n_shards, &err);
+        pipeline_stop(&s.pipe);
     }
-    free(s.buf);
     for (int i = 0; i < N_TABLES; i++) free(s.tc.t[i]);
     if (rc) {
         fprintf(stderr, "dsv4 synth: %s\n", err.msg);
         return 1;
     }
-    printf("synth: %s -> %s: %" PRId64 " tensors, %zu bytes (%.2f GiB) in %d shard%s, %.1f s\n", cfg.name, out,
-           n_tensors, total, (double)total / (1u << 30), n_shards, n_shards == 1 ? "" : "s", dsv4_now() - t0);
+    printf("synth: %s -> %s: %" PRId64 " tensors, %zu bytes (%.2f GiB) in %d shard%s, %.1f s (generate %.1f s, write %.1f s, sync %.1f s)\n",
+           cfg.name, out, n_tensors, total, (double)total / (1u << 30), n_shards, n_shards == 1 ? "" : "s",
+           dsv4_now() - t0, s.t_gen, s.pipe.t_write, s.t_close);
     return 0;
 }
