@@ -239,20 +239,24 @@ typedef struct {
     size_t cap; /* power of two */
 } str_map;
 
-/* (left id, right id) -> (rank, merged id) */
+/* (left id, right id) -> (rank, merged id); one 16-byte slot per entry so a
+ * probe touches one cache line */
 typedef struct {
-    uint64_t *key; /* MERGE_EMPTY = free */
-    uint32_t *rank;
-    int32_t *out;
+    uint64_t key; /* MERGE_EMPTY = free */
+    uint32_t rank;
+    int32_t out;
+} merge_slot;
+typedef struct {
+    merge_slot *slot;
     size_t cap;
 } merge_map;
 #define MERGE_EMPTY UINT64_MAX
 
 /* ----- the piece cache: sharded, direct-mapped, locked per shard ----- */
 #define CACHE_SHARDS 64
-#define CACHE_SLOTS 256 /* per shard */
-#define CACHE_MAXP 32   /* longest piece cached, bytes */
-#define CACHE_MAXI 16   /* most ids of a cached piece */
+#define CACHE_SLOTS 1024 /* per shard: 64K entries of 64 bytes, 4 MiB */
+#define CACHE_MAXP 22    /* longest piece cached, bytes */
+#define CACHE_MAXI 8     /* most ids of a cached piece */
 typedef struct {
     uint64_t h;
     uint8_t n, nids;
@@ -359,42 +363,34 @@ static int merge_map_init(merge_map *m, size_t n) {
     size_t cap = 16;
     while (cap < n * 2) cap *= 2;
     m->cap = cap;
-    m->key = malloc(cap * sizeof *m->key);
-    m->rank = malloc(cap * sizeof *m->rank);
-    m->out = malloc(cap * sizeof *m->out);
-    if (!m->key || !m->rank || !m->out) return -1;
-    for (size_t i = 0; i < cap; i++) m->key[i] = MERGE_EMPTY;
+    m->slot = malloc(cap * sizeof *m->slot);
+    if (!m->slot) return -1;
+    for (size_t i = 0; i < cap; i++) m->slot[i].key = MERGE_EMPTY;
     return 0;
 }
 
-static void merge_map_free(merge_map *m) {
-    free(m->key);
-    free(m->rank);
-    free(m->out);
-}
+static void merge_map_free(merge_map *m) { free(m->slot); }
 
 /* A later duplicate of a merge replaces the earlier one (what a Rust HashMap
  * built from the list does). */
 static void merge_map_put(merge_map *m, int32_t a, int32_t b, uint32_t rank, int32_t out) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = hash_pair(k) & (m->cap - 1);
-    while (m->key[i] != MERGE_EMPTY && m->key[i] != k) i = (i + 1) & (m->cap - 1);
-    m->key[i] = k;
-    m->rank[i] = rank;
-    m->out[i] = out;
+    while (m->slot[i].key != MERGE_EMPTY && m->slot[i].key != k) i = (i + 1) & (m->cap - 1);
+    m->slot[i] = (merge_slot){k, rank, out};
 }
 
 static inline int merge_map_get(const merge_map *m, int32_t a, int32_t b, uint32_t *rank, int32_t *out) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = hash_pair(k) & (m->cap - 1);
     for (;;) {
-        uint64_t x = m->key[i];
-        if (x == k) {
-            *rank = m->rank[i];
-            *out = m->out[i];
+        const merge_slot *sl = &m->slot[i];
+        if (sl->key == k) {
+            *rank = sl->rank;
+            *out = sl->out;
             return 1;
         }
-        if (x == MERGE_EMPTY) return 0;
+        if (sl->key == MERGE_EMPTY) return 0;
         i = (i + 1) & (m->cap - 1);
     }
 }
@@ -1055,6 +1051,41 @@ static inline void try_pair(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t l
         heap_push(s, (merge_cand){rank, left, out});
 }
 
+/* Short pieces: the rank of each live pair sits beside its left symbol and the
+ * lowest (rank, position) is found by a scan, which beats a heap below a few
+ * dozen symbols.  Same order as the heap: a pair's span only grows when a
+ * neighbour merges, so a stale heap entry can never match the current pair. */
+#define SHORT_PIECE 48
+#define NO_RANK UINT32_MAX
+static void bpe_short(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t m) {
+    uint32_t rank[SHORT_PIECE];
+    int32_t out[SHORT_PIECE];
+    for (int32_t i = 0; i < m; i++) {
+        rank[i] = NO_RANK;
+        if (i + 1 < m && !merge_map_get(&tok->merges, s->sym[i], s->sym[i + 1], &rank[i], &out[i])) rank[i] = NO_RANK;
+    }
+    for (;;) {
+        uint32_t best = NO_RANK;
+        int32_t at = -1;
+        for (int32_t i = 0; i >= 0; i = s->next[i])
+            if (rank[i] < best) best = rank[i], at = i;
+        if (at < 0) return;
+        int32_t right = s->next[at];
+        s->sym[at] = out[at];
+        s->sym[right] = -1;
+        s->next[at] = s->next[right];
+        if (s->next[right] >= 0) s->prev[s->next[right]] = at;
+        int32_t nb[2] = {s->prev[at], at}; /* the two pairs that changed */
+        for (int k = 0; k < 2; k++) {
+            int32_t l = nb[k];
+            if (l < 0) continue;
+            rank[l] = NO_RANK;
+            if (s->next[l] >= 0 && !merge_map_get(&tok->merges, s->sym[l], s->sym[s->next[l]], &rank[l], &out[l]))
+                rank[l] = NO_RANK;
+        }
+    }
+}
+
 /* Merges the byte symbols of P by rank, lowest rank first and leftmost among
  * equal ranks (the order of the Rust library's priority queue), and appends the
  * resulting ids. */
@@ -1089,23 +1120,27 @@ static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n
     }
     if (m == 0) return 0;
     s->next[m - 1] = -1;
-    s->heap_len = 0;
-    for (int32_t i = 0; i + 1 < m; i++) try_pair(tok, s, i);
-    while (s->heap_len) {
-        merge_cand c = heap_pop(s);
-        if (s->sym[c.pos] < 0) continue; /* merged away */
-        int32_t right = s->next[c.pos];
-        if (right < 0) continue;
-        uint32_t rank;
-        int32_t merged;
-        if (!merge_map_get(&tok->merges, s->sym[c.pos], s->sym[right], &rank, &merged) || merged != c.out)
-            continue; /* stale: a neighbour changed */
-        s->sym[c.pos] = merged;
-        s->sym[right] = -1;
-        s->next[c.pos] = s->next[right];
-        if (s->next[right] >= 0) s->prev[s->next[right]] = c.pos;
-        if (s->prev[c.pos] >= 0) try_pair(tok, s, s->prev[c.pos]);
-        try_pair(tok, s, c.pos);
+    if (m <= SHORT_PIECE) {
+        bpe_short(tok, s, m);
+    } else {
+        s->heap_len = 0;
+        for (int32_t i = 0; i + 1 < m; i++) try_pair(tok, s, i);
+        while (s->heap_len) {
+            merge_cand c = heap_pop(s);
+            if (s->sym[c.pos] < 0) continue; /* merged away */
+            int32_t right = s->next[c.pos];
+            if (right < 0) continue;
+            uint32_t rank;
+            int32_t merged;
+            if (!merge_map_get(&tok->merges, s->sym[c.pos], s->sym[right], &rank, &merged) || merged != c.out)
+                continue; /* stale: a neighbour changed */
+            s->sym[c.pos] = merged;
+            s->sym[right] = -1;
+            s->next[c.pos] = s->next[right];
+            if (s->next[right] >= 0) s->prev[s->next[right]] = c.pos;
+            if (s->prev[c.pos] >= 0) try_pair(tok, s, s->prev[c.pos]);
+            try_pair(tok, s, c.pos);
+        }
     }
     if (ids_reserve(out, (size_t)m, err)) return -1;
     for (int32_t i = 0; i >= 0; i = s->next[i]) out->ids[out->len++] = s->sym[i];
