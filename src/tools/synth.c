@@ -628,6 +628,28 @@ static int write_checkpoint(synth_ctx *s, const dsv4_config *cfg, int64_t *n_ten
     return rc;
 }
 
+/* mkdir -p: creates dir and any missing parents. */
+static int mkdir_p(const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(p, 0777) && errno != EEXIST) return -1;
+        *q = '/';
+    }
+    if (mkdir(p, 0777) && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(p, &st) || !S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
 /* ----- command line ----- */
 static void synth_usage(FILE *f) {
     fprintf(f,
@@ -768,7 +790,7 @@ int dsv4_cmd_synth(int argc, char **argv) {
 
     memcpy(cfg.name, cname, sizeof cname);
     double t0 = dsv4_now();
-    if (mkdir(out, 0777) && errno != EEXIST) {
+    if (mkdir_p(out)) {
         fprintf(stderr, "dsv4 synth: %s: cannot create directory: %s\n", out, strerror(errno));
         free(js);
         return 1;
