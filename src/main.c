@@ -18,6 +18,7 @@ static const command COMMANDS[] = {
     {"tokenize", dsv4_cmd_tokenize, "text on stdin -> token ids (comma-separated)"},
     {"detokenize", dsv4_cmd_detokenize, "token ids on stdin -> text"},
     {"render", dsv4_cmd_render, "messages JSON -> the DeepSeek-V4 chat prompt (or its token ids)"},
+    {"serve", dsv4_cmd_serve, "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)"},
 };
 
 static void usage(FILE *f) {

@@ -14,5 +14,6 @@ int dsv4_cmd_detokenize(int argc, char **argv);
 int dsv4_cmd_render(int argc, char **argv);
 int dsv4_cmd_logits(int argc, char **argv);
 int dsv4_cmd_switches(int argc, char **argv);
+int dsv4_cmd_serve(int argc, char **argv);
 
 #endif
