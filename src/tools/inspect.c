@@ -200,7 +200,7 @@ typedef struct {
     size_t file_bytes;
     char *report;          /* binding problems, one per line */
     char error[DSV4_ERR_MAX + 64];
-    char hint[DSV4_ERR_MAX];
+    char hint[DSV4_ERR_MAX + 4200];
 } verdict;
 
 static void print_text(const dsv4_config *cfg, const inv_stats *s, const verdict *v) {
@@ -436,7 +436,7 @@ int dsv4_cmd_inspect(int argc, char **argv) {
             } else {
                 snprintf(v.error, sizeof v.error, "%s", err.msg);
                 if (dsv4_weights_check_config(&cfg, st, &err))
-                    snprintf(v.hint, sizeof v.hint, "%s/config.json disagrees with the tensors: %s", dir, err.msg);
+                    snprintf(v.hint, sizeof v.hint, "%.4096s/config.json disagrees with the tensors: %s", dir, err.msg);
             }
             dsv4_st_close(st);
         }
