@@ -18,6 +18,8 @@ static const command COMMANDS[] = {
     {"tokenize", dsv4_cmd_tokenize, "text on stdin -> token ids (comma-separated)"},
     {"detokenize", dsv4_cmd_detokenize, "token ids on stdin -> text"},
     {"render", dsv4_cmd_render, "messages JSON -> the DeepSeek-V4 chat prompt (or its token ids)"},
+    {"generate", dsv4_cmd_generate, "stream a completion of a prompt (raw, or --chat as a user message)"},
+    {"chat", dsv4_cmd_chat, "interactive multi-turn chat in the DeepSeek-V4 format"},
     {"serve", dsv4_cmd_serve, "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)"},
 };
 

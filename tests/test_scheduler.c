@@ -48,7 +48,7 @@ static int setup(void) {
         fprintf(stderr, "no model: set DSV4_BUILD or DSV4_BIN (tests/run.sh does)\n");
         return -1;
     }
-    dsv4_engine_opts o = {.model_dir = g_model};
+    dsv4_engine_opts o = {.model_dir = g_model, .n_threads = 1}; /* the CI machine is small and shared */
     if (dsv4_engine_open(&g_engine, &o, &err) || dsv4_tokenizer_load(&g_tok, g_model, &err)) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return -1;

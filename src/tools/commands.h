@@ -14,6 +14,8 @@ int dsv4_cmd_detokenize(int argc, char **argv);
 int dsv4_cmd_render(int argc, char **argv);
 int dsv4_cmd_logits(int argc, char **argv);
 int dsv4_cmd_switches(int argc, char **argv);
+int dsv4_cmd_generate(int argc, char **argv);
+int dsv4_cmd_chat(int argc, char **argv);
 int dsv4_cmd_serve(int argc, char **argv);
 
 #endif
