@@ -31,6 +31,8 @@ struct dsv4_engine {
     int n_seqs;
     dsv4_trace_fn trace;
     void *trace_user;
+    dsv4_op_trace_fn op_trace;
+    void *op_trace_user;
     uint64_t tag;           /* model shape + numerics, guards snapshots */
 };
 
@@ -162,6 +164,19 @@ static void route_trace(void *user, const dsv4_route_info *ri) {
 void dsv4_engine_set_trace(dsv4_engine *e, dsv4_trace_fn fn, void *user) {
     e->trace = fn;
     e->trace_user = user;
+}
+
+static void op_trace_fwd(void *user, const dsv4_op_info *oi) {
+    dsv4_engine *e = user;
+    dsv4_op_event ev = {.op = oi->op, .layer = oi->layer, .rows = oi->rows, .width = oi->width, .f = oi->f,
+                        .ids = oi->ids, .n_valid = oi->n_valid, .pos = oi->pos};
+    e->op_trace(&ev, e->op_trace_user);
+}
+
+void dsv4_engine_set_op_trace(dsv4_engine *e, dsv4_op_trace_fn fn, void *user) {
+    e->op_trace = fn;
+    e->op_trace_user = user;
+    dsv4_model_set_op_trace(e->model, fn ? op_trace_fwd : NULL, e);
 }
 
 /* ----- sequences ----- */

@@ -135,6 +135,28 @@ typedef struct dsv4_trace_event {
 typedef void (*dsv4_trace_fn)(const dsv4_trace_event *ev, void *user);
 void dsv4_engine_set_trace(dsv4_engine *e, dsv4_trace_fn fn, void *user); /* fn NULL = off */
 
+/* ----- op tracing for the layer diff (optional) ----- */
+/* Called after each traced op of the forward pass, on the engine thread, with a
+ * host copy of its output: op "attn.hc_pre", "attn.q", "attn.kv",
+ * "attn.comp_rows", "indexer.keys", "indexer.q", "indexer.scores",
+ * "indexer.picks" (ids), "attn.out", "attn.hc_post", "ffn.hc_pre",
+ * "moe.router_logits", "moe.route" (ids = experts, f = weights as applied),
+ * "moe.out", "ffn.hc_post", "head.logits" (layer -1).  Values: rows x width;
+ * n_valid (NULL = width) is the meaningful prefix of each ragged row.  The op
+ * sequence depends only on the model and the tokens' positions, not on the
+ * numerics, so two engines fed the same tokens emit matching events. */
+typedef struct dsv4_op_event {
+    const char *op;
+    int layer;
+    int rows, width;
+    const float *f;         /* rows*width floats or NULL */
+    const int32_t *ids;     /* rows*width ints or NULL */
+    const int *n_valid;     /* per row, or NULL */
+    const int64_t *pos;     /* per row, or NULL (head rows) */
+} dsv4_op_event;
+typedef void (*dsv4_op_trace_fn)(const dsv4_op_event *ev, void *user);
+void dsv4_engine_set_op_trace(dsv4_engine *e, dsv4_op_trace_fn fn, void *user); /* fn NULL = off */
+
 /* ----- numerics ----- */
 /* Writes "name=value" lines of the engine's effective switches into buf. */
 void dsv4_engine_numerics_string(const dsv4_engine *e, char *buf, size_t n);

@@ -46,6 +46,10 @@ struct dsv4_model {
     float **iape;           /* [layer] indexer compressor ape */
     dsv4_route_trace_fn trace;
     void *trace_user;
+    dsv4_model_op_trace_fn op_trace; /* layer-diff hook (forward.h); host copies in trace_f/trace_w */
+    void *op_trace_user;
+    float *trace_f, *trace_w;
+    size_t trace_fcap, trace_wcap;
 
     /* ----- run state (sized for max_rows at init; attention lists grow with context) ----- */
     float *X, *Xb, *Xs;     /* [R][hc*dim] HC state, next state, saved state (MTP input) */
@@ -79,6 +83,38 @@ const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m) { return &m->num; 
 void dsv4_model_set_trace(dsv4_model *m, dsv4_route_trace_fn fn, void *user) {
     m->trace = fn;
     m->trace_user = user;
+}
+
+void dsv4_model_set_op_trace(dsv4_model *m, dsv4_model_op_trace_fn fn, void *user) {
+    m->op_trace = fn;
+    m->op_trace_user = user;
+}
+
+/* Hands one op's output to the op trace: floats are downloaded into a host
+ * buffer (backend memory may not be host memory); ids and positions are host
+ * arrays already.  If the host buffer cannot grow, the event carries no floats
+ * (width 0) and the tool reports a shape mismatch rather than reading garbage. */
+static void op_trace(dsv4_model *m, const char *op, int layer, int rows, int width, const float *f,
+                     const int32_t *ids, const int *n_valid, const int64_t *pos) {
+    if (!m->op_trace) return;
+    dsv4_op_info info = {.op = op, .layer = layer, .rows = rows, .width = width, .ids = ids, .n_valid = n_valid,
+                         .pos = pos};
+    if (f) {
+        size_t n = (size_t)rows * (size_t)width;
+        if (n > m->trace_fcap) {
+            float *nb = realloc(m->trace_f, sizeof(float) * n);
+            if (!nb) {
+                info.width = 0;
+                m->op_trace(m->op_trace_user, &info);
+                return;
+            }
+            m->trace_f = nb;
+            m->trace_fcap = n;
+        }
+        if (n) OPS(m)->download(B_(m), m->trace_f, f, sizeof(float) * n);
+        info.f = m->trace_f;
+    }
+    m->op_trace(m->op_trace_user, &info);
 }
 
 /* ----- RoPE tables (spec §2.4) ----- */
@@ -131,6 +167,8 @@ void dsv4_model_free(dsv4_model *m) {
     free(m->iape);
     free(m->freq_main);
     free(m->freq_comp);
+    free(m->trace_f);
+    free(m->trace_w);
     void *bufs[] = {m->X,   m->Xb,  m->Xs,      m->y,   m->post,   m->comb,   m->qa,     m->q,   m->kvc,
                     m->ck,  m->cg,  m->ick,     m->icg, m->iq,     m->iw,     m->o,      m->low, m->a,
                     m->rl,  m->wts, m->experts, m->hash, m->hx,    m->logits, m->pos,    m->cpos, m->tok,
@@ -326,6 +364,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
             static const int key_mode[] = {0, DSV4_SIM_BF16, DSV4_SIM_FP8_ROW, DSV4_SIM_FP4_B32};
             if (nm->indexer_keys) OPS(m)->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
         }
+        op_trace(m, is_idx ? "indexer.keys" : "attn.comp_rows", layer, ne, d, rw, NULL, NULL, m->cpos);
         cs->n_rows = first + ne;
     }
 }
@@ -345,6 +384,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     /* ----- attention ----- */
     op->hc_pre(b, m->y, m->post, m->comb, m->X, rows, hc, D, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale,
                c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
+    op_trace(m, "attn.hc_pre", layer, rows, D, m->y, NULL, NULL, m->pos);
     op->rmsnorm(b, m->y, m->y, rows, D, &L->attn_norm, eps, bf);
     op->matmul(b, m->qa, m->y, rows, &L->wq_a, a8, bf);
     op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
@@ -355,6 +395,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op->rmsnorm(b, m->kvc, m->kvc, rows, hd, &L->kv_norm, eps, bf);
     op->rope(b, m->kvc, rows, 1, hd, rd, m->pos, freq, 0, bf);
     if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
+    op_trace(m, "attn.q", layer, rows, nh * hd, m->q, NULL, NULL, m->pos);
+    op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg);
 
@@ -384,6 +426,9 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->keyp, m->n_keys, m->max_keys,
                            nm->indexer_score_bf16);
         op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
+        op_trace(m, "indexer.q", layer, rows, inh * ihd, m->iq, NULL, NULL, m->pos);
+        op_trace(m, "indexer.scores", layer, rows, m->max_keys, m->scores, NULL, m->n_keys, m->pos);
+        op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->picks, m->n_picks, m->pos);
     }
 
     /* key lists: window (fresh rows or ring) + compressed rows */
@@ -423,6 +468,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf); /* inverse RoPE at the query position */
     op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
     op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
+    op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);
 
     /* the ring keeps the last `window` rows of each segment */
     for (int s = 0; s < nseg; s++) {
@@ -437,12 +483,15 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         }
     }
     op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
+    op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
 
     /* ----- MoE (spec §2.6) ----- */
     op->hc_pre(b, m->y, m->post, m->comb, m->Xb, rows, hc, D, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
                c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
+    op_trace(m, "ffn.hc_pre", layer, rows, D, m->y, NULL, NULL, m->pos);
     op->rmsnorm(b, m->y, m->y, rows, D, &L->ffn_norm, eps, bf);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
+    op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
     if (L->is_hash) {
@@ -461,6 +510,21 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, hash ? NULL : m->bias[layer], hash, router_scale);
     op->moe(b, m->a, m->y, rows, L->experts, m->experts, m->wts, k, c->n_shared > 0 ? &L->shared : NULL,
             (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    if (m->op_trace) { /* the routing weights as applied (router scale x output scale), with the experts */
+        size_t nw = (size_t)rows * k;
+        if (nw > m->trace_wcap) {
+            float *nb = realloc(m->trace_w, sizeof(float) * nw);
+            if (nb) m->trace_w = nb, m->trace_wcap = nw;
+        }
+        if (nw <= m->trace_wcap) {
+            OPS(m)->download(B_(m), m->trace_w, m->wts, sizeof(float) * nw);
+            for (size_t i = 0; i < nw; i++) m->trace_w[i] *= out_scale;
+        }
+        dsv4_op_info info = {.op = "moe.route", .layer = layer, .rows = rows, .width = nw <= m->trace_wcap ? k : 0,
+                             .f = m->trace_w, .ids = m->experts, .pos = m->pos};
+        m->op_trace(m->op_trace_user, &info);
+        op_trace(m, "moe.out", layer, rows, D, m->a, NULL, NULL, m->pos);
+    }
     if (m->trace) {
         float applied[64];
         for (int i = 0; i < rows; i++) {
@@ -476,6 +540,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         }
     }
     op->hc_post(b, m->X, m->a, m->Xb, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
+    op_trace(m, "ffn.hc_post", layer, rows, hc * D, m->X, NULL, NULL, m->pos);
     return 0;
 }
 
@@ -488,6 +553,7 @@ static void head_rows(dsv4_model *m, const float *X, int rows, const dsv4_weight
                     (float)c->hc_eps, m->num.mhc_gemm_bf16, bf);
     OPS(m)->rmsnorm(B_(m), m->hx, m->hx, rows, c->dim, norm, (float)c->norm_eps, bf);
     OPS(m)->matmul(B_(m), m->logits, m->hx, rows, &m->w->head, 0, 0); /* fp32 head */
+    op_trace(m, "head.logits", -1, rows, c->vocab_size, m->logits, NULL, NULL, NULL);
 }
 
 /* ----- the batch driver ----- */

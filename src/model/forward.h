@@ -43,6 +43,25 @@ typedef struct dsv4_route_info {
 } dsv4_route_info;
 typedef void (*dsv4_route_trace_fn)(void *user, const dsv4_route_info *info);
 
+/* Op trace (the layer-diff tool, STYLE "trace hook"): one call after each traced
+ * op of a sub-batch with a host copy of its output.  Ops are named
+ * "<sublayer>.<op>" ("attn.hc_pre", "indexer.keys", "moe.route", ...); `layer` is
+ * the global layer, or -1 for the final head ("head.logits").  Values are rows x
+ * width floats (f) and/or ints (ids: indexer picks, chosen experts); n_valid
+ * (NULL = all) gives the meaningful prefix of each row (indexer scores and picks
+ * are ragged).  Rows are the sub-batch's rows, positions in pos.  Pointers are
+ * valid only during the call.  Costs nothing when unset. */
+typedef struct dsv4_op_info {
+    const char *op;
+    int layer;
+    int rows, width;
+    const float *f;
+    const int32_t *ids;
+    const int *n_valid;
+    const int64_t *pos;
+} dsv4_op_info;
+typedef void (*dsv4_model_op_trace_fn)(void *user, const dsv4_op_info *info);
+
 typedef struct dsv4_model dsv4_model;
 
 int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, const dsv4_numerics *num,
@@ -50,6 +69,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
 void dsv4_model_free(dsv4_model *m);
 void dsv4_model_set_trace(dsv4_model *m, dsv4_route_trace_fn fn, void *user);
 const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m);
+void dsv4_model_set_op_trace(dsv4_model *m, dsv4_model_op_trace_fn fn, void *user);
 
 typedef struct dsv4_fwd_item {
     dsv4_state *st;
