@@ -694,6 +694,10 @@ void dsv4_server_stop(dsv4_server *s, double grace_s) {
     pthread_mutex_lock(&s->mu);
     for (conn *c = s->active; c; c = c->next) dsv4_request_cancel(c->req);
     pthread_mutex_unlock(&s->mu);
+    /* let the handlers write their last chunks ([DONE] or the 503) before the
+     * daemon closes every connection */
+    t_end = dsv4_now() + 3;
+    while (dsv4_server_inflight(s) > 0 && dsv4_now() < t_end) usleep(10000);
     MHD_stop_daemon(s->d);
     dsv4_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->mu);
