@@ -1018,7 +1018,7 @@ static merge_cand heap_pop(bpe_scratch *s) {
 
 static int scratch_reserve(bpe_scratch *s, size_t n, dsv4_err *err) {
     if (n <= s->cap) return 0;
-    size_t cap = n < 256 ? 256 : n * 2;
+    size_t cap = n < 256 ? 256 : n + n / 4;
     /* every merge pushes at most two candidates: n - 1 initial + 2 per merge */
     size_t hc = 3 * cap;
     int32_t *a = realloc(s->sym, cap * sizeof *a);
