@@ -47,7 +47,7 @@ post() { # post PATH BODY OUTFILE -> prints the HTTP status
 }
 
 # ----- start -----
-"$BIN" serve --port 0 --ctx 256 --max-seqs 3 --queue 2 --api-key "$KEY" --max-body 65536 --grace 2 \
+"$BIN" serve --port 0 --ctx 256 --max-seqs 3 --queue 2 --api-key "$KEY" --max-body 65536 --grace 2 --test-hooks \
   >"$TMP/server.log" 2>&1 &
 SRV_PID=$!
 PORT=""

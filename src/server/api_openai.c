@@ -609,6 +609,14 @@ int dsv4_api_parse(dsv4_api_kind kind, const char *body, size_t len, const dsv4_
         goto done;
     }
     if (parse_sampling(root, lim, out, e) < 0) goto done;
+    const json_t *fo = field(root, "dsv4_forced_output");
+    if (fo && lim->test_hooks) {
+        if (!json_is_string(fo) || json_string_length(fo) == 0) {
+            BAD(e, "dsv4_forced_output", "dsv4_forced_output: must be a non-empty string");
+            goto done;
+        }
+        out->forced = dsv4_xstrdup(json_string_value(fo));
+    }
     if (kind == DSV4_API_CHAT ? parse_chat(root, lim, out, e) : parse_completions(root, lim, out, e)) goto done;
     out->sampling.logprobs = out->logprobs;
     out->sampling.top_logprobs = out->top_logprobs;
@@ -641,6 +649,16 @@ int dsv4_api_prepare(dsv4_api_request *r, const dsv4_tokenizer *tok, const dsv4_
         r->prompt_ids = ids.ids;
         r->n_prompt_ids = (int)ids.len;
     }
+    if (r->forced) {
+        dsv4_ids ids = {0};
+        dsv4_err err;
+        if (dsv4_tokenizer_encode(tok, r->forced, strlen(r->forced), 0, &ids, &err) < 0) {
+            dsv4_ids_free(&ids);
+            return BAD(e, "dsv4_forced_output", "dsv4_forced_output: %s", err.msg);
+        }
+        r->forced_ids = ids.ids;
+        r->n_forced = (int)ids.len;
+    }
     const char *param = r->kind == DSV4_API_CHAT ? "messages" : "prompt";
     if (r->n_prompt_ids == 0) return BAD(e, param, "prompt: empty (0 tokens)");
     if ((int64_t)r->n_prompt_ids >= lim->ctx)
@@ -663,6 +681,8 @@ void dsv4_api_request_free(dsv4_api_request *r) {
     free(r->bias_values);
     free(r->prompt);
     free(r->prompt_ids);
+    free(r->forced);
+    free(r->forced_ids);
     dsv4_api_kind k = r->kind;
     memset(r, 0, sizeof *r);
     r->kind = k;

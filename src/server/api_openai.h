@@ -49,6 +49,7 @@ typedef struct dsv4_api_limits {
     int64_t ctx;            /* prompt + max_tokens must fit */
     const char *model_id;   /* reported when the request names no model */
     const char *think_model;/* a model name that turns thinking on ("deepseek-reasoner") */
+    int test_hooks;         /* accept "dsv4_forced_output" (tests only; `serve --test-hooks`) */
 } dsv4_api_limits;
 
 /* A validated request.  Everything it points to is owned by it. */
@@ -78,6 +79,10 @@ typedef struct dsv4_api_request {
     int prompt_is_ids;    /* completions given token ids: prompt is NULL */
     int32_t *prompt_ids;
     int n_prompt_ids;
+    /* test hook: text the model is made to generate (tokenized by prepare) */
+    char *forced;
+    int32_t *forced_ids;
+    int n_forced;
 } dsv4_api_request;
 
 /* Parses BODY[0..len) for endpoint KIND: UTF-8 check, JSON (duplicate keys

@@ -309,6 +309,8 @@ static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
     p.parse_tools = c->ar.parse_tools;
     p.want_tokens = c->ar.logprobs;
     p.client = c->rp.id;
+    p.forced_ids = c->ar.forced_ids;
+    p.n_forced = c->ar.n_forced;
 
     dsv4_err err;
     int rc = dsv4_sched_submit(s->sched, &p, &c->req, &err);
@@ -656,6 +658,7 @@ int dsv4_server_start(dsv4_server **out, const dsv4_server_opts *opts, dsv4_sche
     s->lim.ctx = dsv4_sched_ctx(sched);
     s->lim.model_id = s->model_id;
     s->lim.think_model = s->think_model[0] ? s->think_model : NULL;
+    s->lim.test_hooks = o.test_hooks;
     s->started = (long long)time(NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -36,6 +36,7 @@ typedef struct dsv4_server_opts {
     const char *think_model; /* a model name that turns thinking on; default "deepseek-reasoner" */
     int max_connections;     /* concurrent connections (threads); default 256 */
     int retry_after_s;       /* Retry-After on 429; default 1 */
+    int test_hooks;          /* 1: honour "dsv4_forced_output" in requests (tests only) */
 } dsv4_server_opts;
 
 void dsv4_server_opts_default(dsv4_server_opts *o);

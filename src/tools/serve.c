@@ -47,6 +47,7 @@ static void usage(FILE *f) {
             "  --served-model-name NAME  model id listed and echoed (default deepseek-chat;\n"
             "                      requests naming deepseek-reasoner get thinking mode)\n"
             "  --grace S           seconds in-flight requests get to finish on SIGTERM (default 5)\n"
+            "  --test-hooks        accept \"dsv4_forced_output\" (make the model generate given text; tests only)\n"
             "  -q, --quiet         no per-request log lines;  -v, --verbose  log every request\n");
 }
 
@@ -86,6 +87,10 @@ int dsv4_cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             dsv4_log_level = 2;
+            continue;
+        }
+        if (!strcmp(a, "--test-hooks")) {
+            so.test_hooks = 1;
             continue;
         }
         if (!strcmp(a, "--no-prefix-cache")) {
