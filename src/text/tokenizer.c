@@ -989,7 +989,14 @@ static inline int cand_less(merge_cand a, merge_cand b) {
     return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
 }
 
-static void heap_push(bpe_scratch *s, merge_cand c) {
+static int heap_push(bpe_scratch *s, merge_cand c) {
+    if (s->heap_len == s->heap_cap) { /* grows on demand: most pieces need far less than the 3n bound */
+        size_t hc = s->heap_cap ? s->heap_cap * 2 : 256;
+        merge_cand *h = realloc(s->heap, hc * sizeof *h);
+        if (!h) return -1;
+        s->heap = h;
+        s->heap_cap = hc;
+    }
     size_t i = s->heap_len++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -998,6 +1005,7 @@ static void heap_push(bpe_scratch *s, merge_cand c) {
         i = p;
     }
     s->heap[i] = c;
+    return 0;
 }
 
 static merge_cand heap_pop(bpe_scratch *s) {
@@ -1019,19 +1027,14 @@ static merge_cand heap_pop(bpe_scratch *s) {
 static int scratch_reserve(bpe_scratch *s, size_t n, dsv4_err *err) {
     if (n <= s->cap) return 0;
     size_t cap = n < 256 ? 256 : n + n / 4;
-    /* every merge pushes at most two candidates: n - 1 initial + 2 per merge */
-    size_t hc = 3 * cap;
     int32_t *a = realloc(s->sym, cap * sizeof *a);
     if (a) s->sym = a;
     int32_t *b = realloc(s->prev, cap * sizeof *b);
     if (b) s->prev = b;
     int32_t *c = realloc(s->next, cap * sizeof *c);
     if (c) s->next = c;
-    merge_cand *h = realloc(s->heap, hc * sizeof *h);
-    if (h) s->heap = h;
-    if (!a || !b || !c || !h) return dsv4_errf(err, "out of memory for a piece of %zu bytes", n);
+    if (!a || !b || !c) return dsv4_errf(err, "out of memory for a piece of %zu bytes", n);
     s->cap = cap;
-    s->heap_cap = hc;
     return 0;
 }
 
@@ -1042,13 +1045,14 @@ static void scratch_free(bpe_scratch *s) {
     free(s->heap);
 }
 
-static inline void try_pair(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t left) {
+static inline int try_pair(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t left) {
     int32_t right = s->next[left];
-    if (right < 0) return;
+    if (right < 0) return 0;
     uint32_t rank;
     int32_t out;
     if (merge_map_get(&tok->merges, s->sym[left], s->sym[right], &rank, &out))
-        heap_push(s, (merge_cand){rank, left, out});
+        return heap_push(s, (merge_cand){rank, left, out});
+    return 0;
 }
 
 /* Short pieces: the rank of each live pair sits beside its left symbol and the
@@ -1124,7 +1128,8 @@ static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n
         bpe_short(tok, s, m);
     } else {
         s->heap_len = 0;
-        for (int32_t i = 0; i + 1 < m; i++) try_pair(tok, s, i);
+        for (int32_t i = 0; i + 1 < m; i++)
+            if (try_pair(tok, s, i)) return dsv4_errf(err, "out of memory for a piece of %zu bytes", n);
         while (s->heap_len) {
             merge_cand c = heap_pop(s);
             if (s->sym[c.pos] < 0) continue; /* merged away */
@@ -1138,8 +1143,8 @@ static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n
             s->sym[right] = -1;
             s->next[c.pos] = s->next[right];
             if (s->next[right] >= 0) s->prev[s->next[right]] = c.pos;
-            if (s->prev[c.pos] >= 0) try_pair(tok, s, s->prev[c.pos]);
-            try_pair(tok, s, c.pos);
+            if ((s->prev[c.pos] >= 0 && try_pair(tok, s, s->prev[c.pos])) || try_pair(tok, s, c.pos))
+                return dsv4_errf(err, "out of memory for a piece of %zu bytes", n);
         }
     }
     if (ids_reserve(out, (size_t)m, err)) return -1;
