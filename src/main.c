@@ -21,6 +21,8 @@ static const command COMMANDS[] = {
     {"generate", dsv4_cmd_generate, "stream a completion of a prompt (raw, or --chat as a user message)"},
     {"chat", dsv4_cmd_chat, "interactive multi-turn chat in the DeepSeek-V4 format"},
     {"serve", dsv4_cmd_serve, "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)"},
+    {"diff", dsv4_cmd_diff, "compare two numerics/backend SPECs op by op, layer by layer: where a difference enters"},
+    {"fidelity", dsv4_cmd_fidelity, "indexer-recall, switch A/B, needle and multi-turn recall (local or any endpoint)"},
 };
 
 static void usage(FILE *f) {

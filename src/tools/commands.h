@@ -17,5 +17,7 @@ int dsv4_cmd_switches(int argc, char **argv);
 int dsv4_cmd_generate(int argc, char **argv);
 int dsv4_cmd_chat(int argc, char **argv);
 int dsv4_cmd_serve(int argc, char **argv);
+int dsv4_cmd_diff(int argc, char **argv);
+int dsv4_cmd_fidelity(int argc, char **argv);
 
 #endif
