@@ -72,6 +72,11 @@ static cpu_impl *impl(dsv4_backend *b) { return (cpu_impl *)b->impl; }
 long dsv4_backend_cpu_spills(dsv4_backend *b) { return impl(b)->a.spills; }
 
 /* ----- small helpers ----- */
+/* Parallel regions cost a fork/join and a barrier; below ~64K multiply-adds a
+ * region is slower than one thread (and much slower when cores are shared and
+ * OpenMP threads spin), so small ops run on the calling thread. */
+#define PAR(work) ((work) >= 65536.0)
+
 static inline float bf(float v) { return dsv4_round_bf16(v); }
 
 /* dot product with 8 independent partial sums (vectorizes without -ffast-math) */
@@ -92,7 +97,7 @@ static void mm(dsv4_backend *b, float *out, int64_t ldo, const float *x, int64_t
     int nt = omp_get_max_threads();
     size_t m = MARK(b);
     float *wrows = PUSH(b, (size_t)nt * (size_t)K, float);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((double)no * K * rows))
     for (int64_t o = 0; o < no; o++) {
         float *wr = wrows + (size_t)omp_get_thread_num() * (size_t)K;
         if (w->fmt == DSV4_WF_BF16) { /* inline widening: the head and gates are bf16, this is their hot loop */
@@ -172,7 +177,7 @@ static void cpu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, i
         wv = PUSH(b, dim, float);
         dsv4_weight_row(w, 0, wv);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((double)rows * dim))
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
         float *o = out + (size_t)r * dim;
@@ -192,7 +197,7 @@ static void cpu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_
                      const int64_t *pos, const double *freq, int inverse, int out_bf16) {
     (void)b;
     int half = rope_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((double)rows * n_heads * rope_dim * 4))
     for (int r = 0; r < rows; r++) {
         for (int i = 0; i < half; i++) {
             /* transformers and the reference form the angle as an fp32 product pos * inv_freq */
@@ -217,7 +222,7 @@ static void cpu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16
 
 static void cpu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode) {
     (void)b;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((double)rows * width * 8))
     for (int r = 0; r < rows; r++) {
         float *p = x + (size_t)r * stride + col0;
         switch (mode) {
@@ -312,7 +317,7 @@ static void cpu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, cons
 static void cpu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
                         const float *comb, int rows, int hc, int dim, int state_bf16) {
     (void)b;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (PAR((double)rows * hc * hc * dim))
     for (int r = 0; r < rows; r++) {
         const float *C = comb + (size_t)r * hc * hc, *Rr = R + (size_t)r * hc * dim, *orow = o + (size_t)r * dim;
         float *Xr = Xout + (size_t)r * hc * dim;
@@ -353,7 +358,7 @@ static void cpu_sparse_attn(dsv4_backend *b, float *out, const float *q, int row
     int nt = omp_get_max_threads();
     size_t m = MARK(b);
     float *sbuf = PUSH(b, (size_t)nt * (size_t)(max_kv > 0 ? max_kv : 1), float);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (PAR((double)rows * n_heads * head_dim * max_kv))
     for (int rh = 0; rh < rows * n_heads; rh++) {
         int r = rh / n_heads, h = rh % n_heads;
         const float *qh = q + ((size_t)r * n_heads + h) * head_dim;
@@ -383,7 +388,7 @@ static void cpu_indexer_scores(dsv4_backend *b, float *score, const float *q, co
                                int head_dim, const float *const *keys, const int *n_keys, int max_keys,
                                int score_bf16) {
     (void)b;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if (PAR((double)rows * max_keys * n_heads * head_dim))
     for (int64_t rj = 0; rj < (int64_t)rows * max_keys; rj++) {
         int r = (int)(rj / max_keys), j = (int)(rj % max_keys);
         if (j >= n_keys[r]) continue;
