@@ -26,11 +26,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-#define FAIL(...)                                                                                                   \
-    do {                                                                                                            \
-        fprintf(stderr, "fuzz_tokenizer: " __VA_ARGS__);                                                            \
-        fputc('\n', stderr);                                                                                        \
-        abort();                                                                                                    \
+#define FAIL(...)                                                                                            \
+    do {                                                                                                     \
+        fprintf(stderr, "fuzz_tokenizer: " __VA_ARGS__);                                                     \
+        fputc('\n', stderr);                                                                                 \
+        abort();                                                                                             \
     } while (0)
 
 typedef struct {
@@ -47,9 +47,11 @@ static int check_piece(void *ud, size_t offset, size_t len, int prefixed, int32_
 static void check_ids_and_decode(const char *text, size_t n, const dsv4_ids *ids) {
     dsv4_err err;
     for (size_t i = 0; i < ids->len; i++)
-        if (ids->ids[i] < 0 || ids->ids[i] >= dsv4_tokenizer_n_vocab(tok)) FAIL("id %d out of range", ids->ids[i]);
+        if (ids->ids[i] < 0 || ids->ids[i] >= dsv4_tokenizer_n_vocab(tok))
+            FAIL("id %d out of range", ids->ids[i]);
     dsv4_bytes raw = {0}, whole = {0}, streamed = {0};
-    if (dsv4_tokenizer_decode(tok, ids->ids, ids->len, DSV4_TOK_RAW, &raw, &err)) FAIL("raw decode: %s", err.msg);
+    if (dsv4_tokenizer_decode(tok, ids->ids, ids->len, DSV4_TOK_RAW, &raw, &err))
+        FAIL("raw decode: %s", err.msg);
     if (raw.len != n || memcmp(raw.data, text, n)) FAIL("round trip differs (%zu vs %zu bytes)", raw.len, n);
     if (dsv4_tokenizer_decode(tok, ids->ids, ids->len, 0, &whole, &err)) FAIL("decode: %s", err.msg);
     dsv4_tok_stream s;
@@ -57,7 +59,8 @@ static void check_ids_and_decode(const char *text, size_t n, const dsv4_ids *ids
     for (size_t i = 0; i < ids->len; i++)
         if (dsv4_tok_stream_push(&s, ids->ids[i], &streamed, &err)) FAIL("stream: %s", err.msg);
     if (dsv4_tok_stream_finish(&s, &streamed, &err)) FAIL("stream finish: %s", err.msg);
-    if (streamed.len != whole.len || memcmp(streamed.data, whole.data, whole.len)) FAIL("stream != whole decode");
+    if (streamed.len != whole.len || memcmp(streamed.data, whole.data, whole.len))
+        FAIL("stream != whole decode");
     dsv4_bytes_free(&raw);
     dsv4_bytes_free(&whole);
     dsv4_bytes_free(&streamed);
@@ -73,10 +76,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         static const unsigned modes[] = {0, DSV4_TOK_NO_ADDED, DSV4_TOK_NO_SPECIAL};
         for (int m = 0; m < 3; m++) {
             ids.len = 0;
-            if (dsv4_tokenizer_encode(tok, text, size, modes[m], &ids, &err)) FAIL("encode valid text: %s", err.msg);
+            if (dsv4_tokenizer_encode(tok, text, size, modes[m], &ids, &err))
+                FAIL("encode valid text: %s", err.msg);
             check_ids_and_decode(text, size, &ids);
             tiling t = {0};
-            if (dsv4_tokenizer_pieces(tok, text, size, modes[m], check_piece, &t, &err)) FAIL("pieces: %s", err.msg);
+            if (dsv4_tokenizer_pieces(tok, text, size, modes[m], check_piece, &t, &err))
+                FAIL("pieces: %s", err.msg);
             if (t.next != size) FAIL("pieces end at %zu of %zu", t.next, size);
         }
     } else {
@@ -86,7 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         dsv4_bytes clean = {0};
         if (dsv4_utf8_lossy(text, size, &clean, &err)) FAIL("lossy: %s", err.msg);
         if (dsv4_utf8_validate(clean.data, clean.len, &bad)) FAIL("lossy output is not valid UTF-8");
-        if (dsv4_tokenizer_encode(tok, text, size, DSV4_TOK_LOSSY, &ids, &err)) FAIL("lossy encode: %s", err.msg);
+        if (dsv4_tokenizer_encode(tok, text, size, DSV4_TOK_LOSSY, &ids, &err))
+            FAIL("lossy encode: %s", err.msg);
         check_ids_and_decode(clean.data, clean.len, &ids);
         dsv4_bytes_free(&clean);
     }

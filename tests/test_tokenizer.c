@@ -42,8 +42,9 @@ static int roundtrip_ok(const dsv4_tokenizer *tok, const char *s, size_t n) {
     dsv4_ids ids = {0};
     dsv4_bytes out = {0};
     dsv4_err err;
-    int ok = encode(tok, s, n, 0, &ids) == 0 && dsv4_tokenizer_decode(tok, ids.ids, ids.len, 0, &out, &err) == 0 &&
-             out.len == n && (n == 0 || !memcmp(out.data, s, n));
+    int ok = encode(tok, s, n, 0, &ids) == 0 &&
+             dsv4_tokenizer_decode(tok, ids.ids, ids.len, 0, &out, &err) == 0 && out.len == n &&
+             (n == 0 || !memcmp(out.data, s, n));
     dsv4_ids_free(&ids);
     dsv4_bytes_free(&out);
     return ok;
@@ -66,8 +67,10 @@ static void test_published_vectors(void) {
         size_t tl = json_string_length(json_object_get(v, "text"));
         CHECK(encode(tok, text, tl, 0, &ids) == 0);
         int same = ids.len == json_array_size(want);
-        for (size_t k = 0; same && k < ids.len; k++) same = ids.ids[k] == json_integer_value(json_array_get(want, k));
-        CHECKF(same, "vector %zu (\"%.40s\"): got %zu ids, want %zu", i, text, ids.len, json_array_size(want));
+        for (size_t k = 0; same && k < ids.len; k++)
+            same = ids.ids[k] == json_integer_value(json_array_get(want, k));
+        CHECKF(same, "vector %zu (\"%.40s\"): got %zu ids, want %zu", i, text, ids.len,
+               json_array_size(want));
         CHECKF(roundtrip_ok(tok, text, tl), "vector %zu does not round-trip", i);
     }
     dsv4_ids_free(&ids);
@@ -82,10 +85,10 @@ static void test_special_ids(void) {
         int32_t id;
     } want[] = {
         {"<｜begin▁of▁sentence｜>", 0}, {"<｜end▁of▁sentence｜>", 1}, {"<｜▁pad▁｜>", 2},
-        {"<｜User｜>", 128803},        {"<｜Assistant｜>", 128804},  {"<think>", 128821},
-        {"</think>", 128822},          {"｜DSML｜", 128825},         {"<｜latest_reminder｜>", 128828},
-        {"<｜action｜>", 128829},      {"<｜query｜>", 128830},      {"<｜authority｜>", 128831},
-        {"<｜domain｜>", 128832},      {"<｜title｜>", 128836},      {"<｜read_url｜>", 128845},
+        {"<｜User｜>", 128803},         {"<｜Assistant｜>", 128804},  {"<think>", 128821},
+        {"</think>", 128822},           {"｜DSML｜", 128825},         {"<｜latest_reminder｜>", 128828},
+        {"<｜action｜>", 128829},       {"<｜query｜>", 128830},      {"<｜authority｜>", 128831},
+        {"<｜domain｜>", 128832},       {"<｜title｜>", 128836},      {"<｜read_url｜>", 128845},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         CHECKF(dsv4_tokenizer_piece_to_id(tok, want[i].s) == want[i].id, "%s -> %d, want %d", want[i].s,
@@ -120,12 +123,14 @@ static void test_no_added_flags(void) {
     CHECK_EQ_INT(a.ids[1], 128803);
     /* untrusted text: nothing becomes an added token */
     REQUIRE(encode(tok, s, strlen(s), DSV4_TOK_NO_ADDED, &b) == 0);
-    for (size_t i = 0; i < b.len; i++) CHECK(dsv4_tokenizer_id_kind(tok, b.ids[i]) == 0);
+    for (size_t i = 0; i < b.len; i++)
+        CHECK(dsv4_tokenizer_id_kind(tok, b.ids[i]) == 0);
     CHECK(b.len > a.len);
     /* HF encode_special_tokens: BOS (special) is text, <｜User｜> (not special) still matches */
     REQUIRE(encode(tok, s, strlen(s), DSV4_TOK_NO_SPECIAL, &c) == 0);
     int saw_user = 0, saw_bos = 0;
-    for (size_t i = 0; i < c.len; i++) saw_user |= c.ids[i] == 128803, saw_bos |= c.ids[i] == 0;
+    for (size_t i = 0; i < c.len; i++)
+        saw_user |= c.ids[i] == 128803, saw_bos |= c.ids[i] == 0;
     CHECK(saw_user && !saw_bos);
     dsv4_bytes out = {0};
     dsv4_err err;
@@ -165,7 +170,8 @@ static const char *const SAMPLES[] = {
     "URLs https://example.com/a?b=c&d=e#f and emails a.b@c.de",
     "numbers 3.14159 -42 1e-9 0x1F 12,345,678",
     "mixed中文English混合123abc",
-    "\xc2\xa0nbsp\xe2\x80\x83" "em-space\xe3\x80\x80ideographic",
+    "\xc2\xa0nbsp\xe2\x80\x83"
+    "em-space\xe3\x80\x80ideographic",
     "nel\xc2\x85next line\xe2\x80\xa8line sep",
     "zero\xe2\x80\x8bwidth\xef\xbb\xbf bom",
     "<｜User｜>question<｜Assistant｜><think>reason</think>answer<｜end▁of▁sentence｜>",
@@ -183,9 +189,10 @@ static void test_roundtrip(void) {
     for (size_t i = 0; i < sizeof SAMPLES / sizeof SAMPLES[0]; i++)
         CHECKF(roundtrip_ok(tok, SAMPLES[i], strlen(SAMPLES[i])), "sample %zu \"%s\"", i, SAMPLES[i]);
     /* random valid UTF-8 built from code points of many ranges */
-    static const uint32_t ranges[][2] = {{0x20, 0x7E},     {0x09, 0x0D},     {0xA0, 0x24F},  {0x300, 0x36F},
-                                         {0x400, 0x4FF},   {0x4E00, 0x9FFF}, {0x3040, 0x30FF}, {0x2000, 0x206F},
-                                         {0x1F300, 0x1F6FF}, {0xFF00, 0xFFEF}, {0x80, 0x9F}};
+    static const uint32_t ranges[][2] = {{0x20, 0x7E},     {0x09, 0x0D},     {0xA0, 0x24F},
+                                         {0x300, 0x36F},   {0x400, 0x4FF},   {0x4E00, 0x9FFF},
+                                         {0x3040, 0x30FF}, {0x2000, 0x206F}, {0x1F300, 0x1F6FF},
+                                         {0xFF00, 0xFFEF}, {0x80, 0x9F}};
     unsigned seed = 12345;
     char buf[512];
     int bad = 0;
@@ -195,8 +202,10 @@ static void test_roundtrip(void) {
         for (int k = 0; k < len; k++) {
             const uint32_t *r = ranges[rand_r(&seed) % (sizeof ranges / sizeof ranges[0])];
             uint32_t cp = r[0] + (uint32_t)rand_r(&seed) % (r[1] - r[0] + 1);
-            if (cp < 0x80) buf[n++] = (char)cp;
-            else if (cp < 0x800) buf[n++] = (char)(0xC0 | cp >> 6), buf[n++] = (char)(0x80 | (cp & 63));
+            if (cp < 0x80)
+                buf[n++] = (char)cp;
+            else if (cp < 0x800)
+                buf[n++] = (char)(0xC0 | cp >> 6), buf[n++] = (char)(0x80 | (cp & 63));
             else if (cp < 0x10000)
                 buf[n++] = (char)(0xE0 | cp >> 12), buf[n++] = (char)(0x80 | ((cp >> 6) & 63)),
                 buf[n++] = (char)(0x80 | (cp & 63));
@@ -258,7 +267,8 @@ static void test_stream_decode(void) {
     size_t first_len;
     dsv4_tokenizer_id_bytes(tok, ids.ids[0], &first_len);
     CHECK(first_len < 4 && out.len == 0); /* an incomplete prefix: nothing out yet */
-    for (size_t i = 1; i < ids.len; i++) CHECK(dsv4_tok_stream_push(&s, ids.ids[i], &out, &err) == 0);
+    for (size_t i = 1; i < ids.len; i++)
+        CHECK(dsv4_tok_stream_push(&s, ids.ids[i], &out, &err) == 0);
     CHECK(dsv4_tok_stream_finish(&s, &out, &err) == 0);
     CHECK_STR(out.data, emoji);
     /* random sequences of single-byte tokens: arbitrary byte streams, valid or not */
@@ -269,15 +279,17 @@ static void test_stream_decode(void) {
         size_t n = (size_t)(rand_r(&seed) % 24);
         for (size_t k = 0; k < n; k++) {
             int r = rand_r(&seed) % 10;
-            uint8_t b = r < 3 ? (uint8_t)(0x80 + rand_r(&seed) % 64)
-                      : r < 5 ? (uint8_t)(0xC0 + rand_r(&seed) % 64)
-                      : r < 7 ? (uint8_t)(rand_r(&seed) % 128)
-                              : (uint8_t)(rand_r(&seed) % 256);
+            uint8_t b = r < 3   ? (uint8_t)(0x80 + rand_r(&seed) % 64)
+                        : r < 5 ? (uint8_t)(0xC0 + rand_r(&seed) % 64)
+                        : r < 7 ? (uint8_t)(rand_r(&seed) % 128)
+                                : (uint8_t)(rand_r(&seed) % 256);
             char one[4];
             uint32_t cp = dsv4_byte_to_unicode(b);
             /* the single-byte token of b, spelled in byte-level form */
-            if (cp < 0x80) one[0] = (char)cp, one[1] = 0;
-            else one[0] = (char)(0xC0 | cp >> 6), one[1] = (char)(0x80 | (cp & 63)), one[2] = 0;
+            if (cp < 0x80)
+                one[0] = (char)cp, one[1] = 0;
+            else
+                one[0] = (char)(0xC0 | cp >> 6), one[1] = (char)(0x80 | (cp & 63)), one[2] = 0;
             seq[k] = dsv4_tokenizer_piece_to_id(tok, one);
             if (seq[k] < 0) seq[k] = 19923;
         }
@@ -330,8 +342,14 @@ static void test_invalid_utf8(void) {
         {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
         {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
         {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
-        {"\xf8" "a", "\xef\xbf\xbd" "a"},
-        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+        {"\xf8"
+         "a",
+         "\xef\xbf\xbd"
+         "a"},
+        {"a\xff"
+         "b",
+         "a\xef\xbf\xbd"
+         "b"},
         {"\xe2\x82\xac\xe2\x82", "\xe2\x82\xac\xef\xbf\xbd"},
         {"\xf1\x80\x80\xe1\x80\xc2", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
     };
@@ -379,28 +397,32 @@ static const char *tmpdir_get(void) {
 static void json_escape(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-        else fputc(*s, f);
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else
+            fputc(*s, f);
     }
     fputc('"', f);
 }
 
 /* Writes a byte-level tokenizer: ids 0..255 are the single bytes, EXTRA are
  * more vocab entries (ids 256...) and merges "a b" given in byte-level form. */
-static const char *write_tiny(const char *name, const char *const *extra, const char *merges, const char *pretok,
-                              const char *added) {
+static const char *write_tiny(const char *name, const char *const *extra, const char *merges,
+                              const char *pretok, const char *added) {
     static char path[512];
     snprintf(path, sizeof path, "%s/%s.json", tmpdir, name);
     FILE *f = fopen(path, "w");
     if (!f) return NULL;
-    fprintf(f, "{\"version\":\"1.0\",\"normalizer\":null,\"added_tokens\":%s,\"pre_tokenizer\":%s,", added ? added : "[]",
-            pretok);
+    fprintf(f, "{\"version\":\"1.0\",\"normalizer\":null,\"added_tokens\":%s,\"pre_tokenizer\":%s,",
+            added ? added : "[]", pretok);
     fprintf(f, "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"vocab\":{");
     for (int b = 0; b < 256; b++) {
         char s[4] = {0};
         uint32_t cp = dsv4_byte_to_unicode((uint8_t)b);
-        if (cp < 0x80) s[0] = (char)cp;
-        else s[0] = (char)(0xC0 | cp >> 6), s[1] = (char)(0x80 | (cp & 63));
+        if (cp < 0x80)
+            s[0] = (char)cp;
+        else
+            s[0] = (char)(0xC0 | cp >> 6), s[1] = (char)(0x80 | (cp & 63));
         json_escape(f, s);
         fprintf(f, ":%d,", b);
     }
@@ -423,8 +445,8 @@ typedef struct {
 static int log_piece(void *ud, size_t off, size_t len, int prefixed, int32_t added) {
     piece_log *l = ud;
     size_t n = strlen(l->buf);
-    snprintf(l->buf + n, sizeof l->buf - n, "%s%s%.*s%s", n ? "|" : "", prefixed ? "^" : "", (int)len, l->text + off,
-             added >= 0 ? "*" : "");
+    snprintf(l->buf + n, sizeof l->buf - n, "%s%s%.*s%s", n ? "|" : "", prefixed ? "^" : "", (int)len,
+             l->text + off, added >= 0 ? "*" : "");
     return 0;
 }
 
@@ -433,7 +455,8 @@ static const char *pieces_of(const dsv4_tokenizer *tok, const char *text, unsign
     l.buf[0] = 0;
     l.text = text;
     dsv4_err err;
-    if (dsv4_tokenizer_pieces(tok, text, strlen(text), flags, log_piece, &l, &err)) snprintf(l.buf, sizeof l.buf, "ERR %.900s", err.msg);
+    if (dsv4_tokenizer_pieces(tok, text, strlen(text), flags, log_piece, &l, &err))
+        snprintf(l.buf, sizeof l.buf, "ERR %.900s", err.msg);
     return l.buf;
 }
 
@@ -451,7 +474,8 @@ static const char *split_pretok(const char *behavior, int invert) {
     static char buf[512];
     snprintf(buf, sizeof buf,
              "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},"
-             "\"behavior\":\"%s\",\"invert\":%s},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+             "\"behavior\":\"%s\",\"invert\":%s},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_"
+             "regex\":false}]}",
              behavior, invert ? "true" : "false");
     return buf;
 }
@@ -468,7 +492,8 @@ static void test_split_behaviors(void) {
         {"Contiguous", "the|-|final|--|countdown"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        dsv4_tokenizer *tok = load_tiny(write_tiny("split", NULL, "[]", split_pretok(cases[i].behavior, 0), NULL));
+        dsv4_tokenizer *tok =
+            load_tiny(write_tiny("split", NULL, "[]", split_pretok(cases[i].behavior, 0), NULL));
         REQUIRE(tok);
         CHECK_STR(pieces_of(tok, "the-final--countdown", 0), cases[i].want);
         dsv4_tokenizer_free(tok);
@@ -480,7 +505,8 @@ static void test_split_behaviors(void) {
     dsv4_tokenizer_free(tok);
 
     /* plain ByteLevel with the GPT-2 regex and a prefix space */
-    tok = load_tiny(write_tiny("gpt2", NULL, "[]", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}", NULL));
+    tok = load_tiny(write_tiny(
+        "gpt2", NULL, "[]", "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}", NULL));
     REQUIRE(tok);
     CHECK_STR(pieces_of(tok, "Hello world", 0), "^Hello| world");
     CHECK_STR(pieces_of(tok, "I'm fine  ok\n", 0), "^I|'m| fine| | ok|\n");
@@ -488,11 +514,13 @@ static void test_split_behaviors(void) {
     dsv4_tokenizer_free(tok);
 
     /* Digits, then a regex split with \s and a lookahead */
-    tok = load_tiny(write_tiny("digits", NULL, "[]",
-                               "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
-                               "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+(?!\\\\S)|\\\\s+|\\\\S+\"},\"behavior\":\"Isolated\"},"
-                               "{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
-                               NULL));
+    tok = load_tiny(write_tiny(
+        "digits", NULL, "[]",
+        "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+        "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+(?!\\\\S)|\\\\s+|\\\\S+\"},\"behavior\":"
+        "\"Isolated\"},"
+        "{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
+        NULL));
     REQUIRE(tok);
     CHECK_STR(pieces_of(tok, "ab12  c", 0), "ab|1|2| | |c");
     /* U+0085 (NEL) is \s for Oniguruma (and PCRE2); U+180E is not White_Space
@@ -506,7 +534,8 @@ static void test_bpe_merges(void) {
     /* merges in rank order: "a a" (0), "b c" (1), "aa a" (2), "a bc" (3) */
     const char *extra[] = {"aa", "bc", "aaa", "abc", NULL};
     const char *merges = "[\"a a\", [\"b\", \"c\"], \"aa a\", \"a bc\"]";
-    dsv4_tokenizer *tok = load_tiny(write_tiny("bpe", extra, merges, "{\"type\":\"ByteLevel\",\"use_regex\":false}", NULL));
+    dsv4_tokenizer *tok =
+        load_tiny(write_tiny("bpe", extra, merges, "{\"type\":\"ByteLevel\",\"use_regex\":false}", NULL));
     REQUIRE(tok);
     dsv4_ids ids = {0};
     struct {
@@ -514,9 +543,9 @@ static void test_bpe_merges(void) {
         int32_t want[6];
         size_t n;
     } cases[] = {
-        {"aaa", {256, 'a'}, 2},        /* (a a) leftmost first, then no "aa a" at rank 2? it exists: see next */
-        {"abc", {259}, 1},             /* b c -> bc, then a bc -> abc */
-        {"aabc", {256, 257}, 2},       /* a a (rank 0) first, then bc; "aa bc" is no merge */
+        {"aaa", {256, 'a'}, 2},  /* (a a) leftmost first, then no "aa a" at rank 2? it exists: see next */
+        {"abc", {259}, 1},       /* b c -> bc, then a bc -> abc */
+        {"aabc", {256, 257}, 2}, /* a a (rank 0) first, then bc; "aa bc" is no merge */
         {"ab", {'a', 'b'}, 2},
     };
     /* "aaa": a a -> aa (pos 0, rank 0) beats pos 1; then "aa a" rank 2 -> aaa */
@@ -524,7 +553,8 @@ static void test_bpe_merges(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         REQUIRE(encode(tok, cases[i].text, strlen(cases[i].text), 0, &ids) == 0);
         int same = ids.len == cases[i].n;
-        for (size_t k = 0; same && k < ids.len; k++) same = ids.ids[k] == cases[i].want[k];
+        for (size_t k = 0; same && k < ids.len; k++)
+            same = ids.ids[k] == cases[i].want[k];
         CHECKF(same, "\"%s\": got %zu ids, first %d", cases[i].text, ids.len, ids.len ? ids.ids[0] : -1);
     }
     CHECK(roundtrip_ok(tok, "aaaa bcabc \xe4\xbd\xa0", 14));
@@ -534,16 +564,18 @@ static void test_bpe_merges(void) {
 
 static void test_added_token_flags(void) {
     const char *added =
-        "[{\"id\":300,\"content\":\"<sp>\",\"special\":true,\"lstrip\":true,\"rstrip\":true,\"normalized\":false},"
+        "[{\"id\":300,\"content\":\"<sp>\",\"special\":true,\"lstrip\":true,\"rstrip\":true,\"normalized\":"
+        "false},"
         "{\"id\":301,\"content\":\"word\",\"special\":false,\"single_word\":true,\"normalized\":true},"
         "{\"id\":302,\"content\":\"<sp>x\",\"special\":false,\"normalized\":false}]";
-    dsv4_tokenizer *tok = load_tiny(write_tiny("added", NULL, "[]", "{\"type\":\"ByteLevel\",\"use_regex\":true}", added));
+    dsv4_tokenizer *tok =
+        load_tiny(write_tiny("added", NULL, "[]", "{\"type\":\"ByteLevel\",\"use_regex\":true}", added));
     REQUIRE(tok);
     CHECK_EQ_INT(dsv4_tokenizer_n_vocab(tok), 303);
-    CHECK_STR(pieces_of(tok, "a  <sp>  b", 0), "a|  <sp>  *|b");   /* lstrip + rstrip eat the spaces */
-    CHECK_STR(pieces_of(tok, "<sp>xy", 0), "<sp>x*|y");            /* longest match */
-    CHECK_STR(pieces_of(tok, "a word b", 0), "a| |word*| b");      /* single_word: whole word */
-    CHECK_STR(pieces_of(tok, "a words b", 0), "a| words| b");      /* not a whole word: plain text */
+    CHECK_STR(pieces_of(tok, "a  <sp>  b", 0), "a|  <sp>  *|b"); /* lstrip + rstrip eat the spaces */
+    CHECK_STR(pieces_of(tok, "<sp>xy", 0), "<sp>x*|y");          /* longest match */
+    CHECK_STR(pieces_of(tok, "a word b", 0), "a| |word*| b");    /* single_word: whole word */
+    CHECK_STR(pieces_of(tok, "a words b", 0), "a| words| b");    /* not a whole word: plain text */
     CHECK_STR(pieces_of(tok, "x<sp>", DSV4_TOK_NO_SPECIAL), "x|<|sp|>");
     CHECK_STR(pieces_of(tok, "x<sp>xword", DSV4_TOK_NO_ADDED), "x|<|sp|>|xword");
     dsv4_tokenizer_free(tok);
@@ -562,7 +594,8 @@ static void expect_load_error(const char *name, const char *content, const char 
     dsv4_err err;
     int rc = dsv4_tokenizer_load(&tok, path, &err);
     CHECKF(rc == -1 && tok == NULL, "%s: loaded", name);
-    if (rc == -1) CHECKF(strstr(err.msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", name, err.msg, needle);
+    if (rc == -1)
+        CHECKF(strstr(err.msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", name, err.msg, needle);
     dsv4_tokenizer_free(tok);
 }
 
@@ -573,52 +606,69 @@ static void test_malformed(void) {
     expect_load_error("array", "[1,2]", "not a JSON object");
     expect_load_error("nomodel", "{" BL "}", "\"model\"");
     expect_load_error("novocab", "{" BL ",\"model\":{\"type\":\"BPE\",\"merges\":[]}}", "model.vocab");
-    expect_load_error("nomerges", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}", "model.merges");
-    expect_load_error("wordpiece", "{" BL ",\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+    expect_load_error("nomerges", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}",
+                      "model.merges");
+    expect_load_error("wordpiece",
+                      "{" BL ",\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "unsupported model type \"WordPiece\"");
-    expect_load_error("unkmerge", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a z\"]}}",
-                      "model.merges[0]: unknown token \"z\"");
-    expect_load_error("mergeout", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}",
-                      "merged token \"ab\" is not in model.vocab");
-    expect_load_error("badmerge", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"ab\"]}}",
+    expect_load_error(
+        "unkmerge", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a z\"]}}",
+        "model.merges[0]: unknown token \"z\"");
+    expect_load_error(
+        "mergeout", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}",
+        "merged token \"ab\" is not in model.vocab");
+    expect_load_error("badmerge",
+                      "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"ab\"]}}",
                       "model.merges[0]");
     expect_load_error("badid", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]}}",
                       "model.vocab[\"a\"]");
-    expect_load_error("dupid", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}",
+    expect_load_error("dupid",
+                      "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}",
                       "id 0 is used by both");
-    expect_load_error("dupkey", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"a\":1},\"merges\":[]}}",
+    expect_load_error("dupkey",
+                      "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"a\":1},\"merges\":[]}}",
                       "duplicate");
     expect_load_error("metaspace",
                       "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Metaspace\"},"
                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "unsupported pre-tokenizer type \"Metaspace\"");
-    expect_load_error("badregex",
-                      "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":"
-                      "[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\"},"
-                      "{\"type\":\"ByteLevel\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                      "pre_tokenizer.pretokenizers[0].pattern: cannot compile regex");
-    expect_load_error("badbehavior",
-                      "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
-                      "{\"Regex\":\"a\"},\"behavior\":\"Sideways\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                      "unknown value \"Sideways\"");
-    expect_load_error("nobytelevel",
-                      "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
-                      "{\"Regex\":\"a\"},\"behavior\":\"Isolated\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
-                      "no ByteLevel");
+    expect_load_error(
+        "badregex",
+        "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":"
+        "[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\"},"
+        "{\"type\":\"ByteLevel\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+        "pre_tokenizer.pretokenizers[0].pattern: cannot compile regex");
+    expect_load_error(
+        "badbehavior",
+        "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
+        "{\"Regex\":\"a\"},\"behavior\":\"Sideways\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},"
+        "\"merges\":[]}}",
+        "unknown value \"Sideways\"");
+    expect_load_error(
+        "nobytelevel",
+        "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":"
+        "{\"Regex\":\"a\"},\"behavior\":\"Isolated\"},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},"
+        "\"merges\":[]}}",
+        "no ByteLevel");
     expect_load_error("wpdecoder",
                       "{\"decoder\":{\"type\":\"WordPiece\"},\"pre_tokenizer\":{\"type\":\"ByteLevel\"},"
                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "decoder: unsupported type \"WordPiece\"");
     expect_load_error("nfc",
-                      "{\"normalizer\":{\"type\":\"NFC\"}," BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                      "{\"normalizer\":{\"type\":\"NFC\"}," BL
+                      ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "normalizer: type \"NFC\"");
-    expect_load_error("addedbad", "{" BL ",\"added_tokens\":[{\"id\":\"x\",\"content\":\"<a>\"}],"
+    expect_load_error("addedbad",
+                      "{" BL ",\"added_tokens\":[{\"id\":\"x\",\"content\":\"<a>\"}],"
                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "added_tokens[0].id");
-    expect_load_error("addeddup", "{" BL ",\"added_tokens\":[{\"id\":5,\"content\":\"<a>\"},{\"id\":6,\"content\":\"<a>\"}],"
+    expect_load_error("addeddup",
+                      "{" BL
+                      ",\"added_tokens\":[{\"id\":5,\"content\":\"<a>\"},{\"id\":6,\"content\":\"<a>\"}],"
                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
                       "appears twice");
-    expect_load_error("hugeid", "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":2000000000},\"merges\":[]}}",
+    expect_load_error("hugeid",
+                      "{" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":2000000000},\"merges\":[]}}",
                       "id must be an integer");
     dsv4_tokenizer *tok;
     dsv4_err err;
@@ -647,7 +697,8 @@ static void *thread_main(void *p) {
         for (size_t i = 0; i < sizeof SAMPLES / sizeof SAMPLES[0]; i++) {
             mine.len = ref.len = 0;
             if (dsv4_tokenizer_encode(a->tok, SAMPLES[i], strlen(SAMPLES[i]), 0, &mine, &err) ||
-                dsv4_tokenizer_encode(a->tok, SAMPLES[(i + 1) % 10], strlen(SAMPLES[(i + 1) % 10]), 0, &ref, &err) ||
+                dsv4_tokenizer_encode(a->tok, SAMPLES[(i + 1) % 10], strlen(SAMPLES[(i + 1) % 10]), 0, &ref,
+                                      &err) ||
                 !roundtrip_ok(a->tok, SAMPLES[i], strlen(SAMPLES[i])))
                 a->ok = 0;
         }
@@ -704,7 +755,8 @@ static size_t b64_decode(const char *s, size_t n, char *out) {
 static void run_corpus(const char *path, const char *name) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        printf("NOTE %s: %s is absent; skipped (it is generated with HF tokenizers on the device)\n", name, path);
+        printf("NOTE %s: %s is absent; skipped (it is generated with HF tokenizers on the device)\n", name,
+               path);
         return;
     }
     dsv4_tokenizer *tok = real_tok();
@@ -729,15 +781,17 @@ static void run_corpus(const char *path, const char *name) {
         ids.len = 0;
         int rc = dsv4_tokenizer_encode(tok, raw, n, lossy ? DSV4_TOK_LOSSY : 0, &ids, &err);
         int same = rc == 0 && ids.len == json_array_size(want);
-        for (size_t k = 0; same && k < ids.len; k++) same = ids.ids[k] == json_integer_value(json_array_get(want, k));
-        if (same) n_ok++;
+        for (size_t k = 0; same && k < ids.len; k++)
+            same = ids.ids[k] == json_integer_value(json_array_get(want, k));
+        if (same)
+            n_ok++;
         else if (n_bad++ < 5) {
             size_t k = 0;
             while (rc == 0 && k < ids.len && k < json_array_size(want) &&
                    ids.ids[k] == json_integer_value(json_array_get(want, k)))
                 k++;
-            fprintf(stderr, "  %s:%zu: mismatch at id %zu (got %zu ids, want %zu)%s%s\n", path, lineno, k, ids.len,
-                    json_array_size(want), rc ? ": " : "", rc ? err.msg : "");
+            fprintf(stderr, "  %s:%zu: mismatch at id %zu (got %zu ids, want %zu)%s%s\n", path, lineno, k,
+                    ids.len, json_array_size(want), rc ? ": " : "", rc ? err.msg : "");
         }
         if (!lossy && !roundtrip_ok(tok, raw, n)) n_rt_bad++;
         free(raw);
@@ -746,17 +800,21 @@ static void run_corpus(const char *path, const char *name) {
     free(line);
     fclose(f);
     dsv4_ids_free(&ids);
-    printf("NOTE %s: %zu strings, %zu identical, %zu differ, %zu round-trip failures\n", name, lineno, n_ok, n_bad,
-           n_rt_bad);
+    printf("NOTE %s: %zu strings, %zu identical, %zu differ, %zu round-trip failures\n", name, lineno, n_ok,
+           n_bad, n_rt_bad);
     CHECK(lineno > 0);
     CHECK_EQ_INT(n_bad, 0);
     CHECK_EQ_INT(n_rt_bad, 0);
 }
 
-static void test_hf_corpus(void) { run_corpus("tests/data/tokenizer_corpus.jsonl", "test_hf_corpus"); }
+static void test_hf_corpus(void) {
+    run_corpus("tests/data/tokenizer_corpus.jsonl", "test_hf_corpus");
+}
 
 /* whitespace and recently assigned characters (tests/tokenizer_edges_inputs.py) */
-static void test_hf_edges(void) { run_corpus("tests/data/tokenizer_edges.jsonl", "test_hf_edges"); }
+static void test_hf_edges(void) {
+    run_corpus("tests/data/tokenizer_edges.jsonl", "test_hf_edges");
+}
 
 static void test_cleanup(void) {
     if (tmpdir_[0]) {
@@ -767,6 +825,6 @@ static void test_cleanup(void) {
     dsv4_tokenizer_free(real_tok());
 }
 
-TEST_MAIN(test_published_vectors, test_special_ids, test_no_added_flags, test_roundtrip,
-          test_stream_decode, test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_added_token_flags,
-          test_malformed, test_threads, test_hf_corpus, test_hf_edges, test_cleanup)
+TEST_MAIN(test_published_vectors, test_special_ids, test_no_added_flags, test_roundtrip, test_stream_decode,
+          test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_added_token_flags, test_malformed,
+          test_threads, test_hf_corpus, test_hf_edges, test_cleanup)

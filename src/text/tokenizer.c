@@ -90,13 +90,20 @@ static int utf8_scan(const unsigned char *s, size_t n, size_t *len) {
     }
     size_t need;
     unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
-    else if (c == 0xE0) need = 3, lo = 0xA0;
-    else if (c == 0xED) need = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) need = 3;
-    else if (c == 0xF0) need = 4, lo = 0x90;
-    else if (c == 0xF4) need = 4, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3) need = 4;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 2;
+    else if (c == 0xE0)
+        need = 3, lo = 0xA0;
+    else if (c == 0xED)
+        need = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+        need = 3;
+    else if (c == 0xF0)
+        need = 4, lo = 0x90;
+    else if (c == 0xF4)
+        need = 4, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3)
+        need = 4;
     else {
         *len = 1;
         return 0;
@@ -121,8 +128,8 @@ static uint32_t utf8_decode_at(const unsigned char *s, size_t len) {
     if (len == 1) return s[0];
     if (len == 2) return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
     if (len == 3) return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-    return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
-           (s[3] & 0x3F);
+    return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
+           ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
 }
 
 static size_t utf8_encode(uint32_t cp, char *out) {
@@ -178,7 +185,8 @@ int dsv4_utf8_lossy(const char *s, size_t n, dsv4_bytes *out, dsv4_err *err) {
             i += l;
             continue;
         }
-        if (dsv4_bytes_append(out, s + run, i - run, err) || dsv4_bytes_append(out, REPLACEMENT, 3, err)) return -1;
+        if (dsv4_bytes_append(out, s + run, i - run, err) || dsv4_bytes_append(out, REPLACEMENT, 3, err))
+            return -1;
         i += l;
         run = i;
     }
@@ -188,8 +196,9 @@ int dsv4_utf8_lossy(const char *s, size_t n, dsv4_bytes *out, dsv4_err *err) {
 /* Rust's char::is_whitespace (the Unicode White_Space property): used by the
  * lstrip/rstrip flags of added tokens. */
 static int is_white_space(uint32_t c) {
-    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -271,11 +280,11 @@ typedef struct {
 struct dsv4_tokenizer {
     char *path;
     int32_t n_vocab;
-    char **piece;         /* [n_vocab] token as in the file (added: content) or NULL */
-    char **bytes;         /* [n_vocab] decoded bytes */
-    uint32_t *bytes_len;  /* [n_vocab] */
-    unsigned char *kind;  /* [n_vocab] 0 vocab, 1 added, 2 added+special, 255 no token */
-    str_map vocab;        /* model.vocab only: what BPE may produce */
+    char **piece;        /* [n_vocab] token as in the file (added: content) or NULL */
+    char **bytes;        /* [n_vocab] decoded bytes */
+    uint32_t *bytes_len; /* [n_vocab] */
+    unsigned char *kind; /* [n_vocab] 0 vocab, 1 added, 2 added+special, 255 no token */
+    str_map vocab;       /* model.vocab only: what BPE may produce */
     merge_map merges;
     int32_t byte_id[256]; /* id of the one-byte token, -1 if the vocab lacks it */
     int32_t unk_id;       /* -1: unknown bytes are dropped (as HF does) */
@@ -285,9 +294,9 @@ struct dsv4_tokenizer {
     size_t n_added;
     /* a byte trie of the added contents: (node << 32 | byte) -> child node */
     merge_map trie;
-    int32_t *trie_tok;           /* [2 * nodes]: index into added of the token ending here, per pass; -1 */
+    int32_t *trie_tok;            /* [2 * nodes]: index into added of the token ending here, per pass; -1 */
     unsigned char can_start[256]; /* a byte that begins some added token */
-    pcre2_code *word_re;        /* one word character, for single_word */
+    pcre2_code *word_re;          /* one word character, for single_word */
 
     pretok_step steps[MAX_STEPS];
     int n_steps;
@@ -317,7 +326,8 @@ static uint64_t hash_bytes(const void *p, size_t n) {
 
 static int str_map_init(str_map *m, size_t n) {
     size_t cap = 16;
-    while (cap < n * 2) cap *= 2;
+    while (cap < n * 2)
+        cap *= 2;
     m->cap = cap;
     m->key = calloc(cap, sizeof *m->key);
     m->klen = calloc(cap, sizeof *m->klen);
@@ -361,22 +371,27 @@ static uint64_t hash_pair(uint64_t k) {
 
 static int merge_map_init(merge_map *m, size_t n) {
     size_t cap = 16;
-    while (cap < n * 2) cap *= 2;
+    while (cap < n * 2)
+        cap *= 2;
     m->cap = cap;
     m->slot = malloc(cap * sizeof *m->slot);
     if (!m->slot) return -1;
-    for (size_t i = 0; i < cap; i++) m->slot[i].key = MERGE_EMPTY;
+    for (size_t i = 0; i < cap; i++)
+        m->slot[i].key = MERGE_EMPTY;
     return 0;
 }
 
-static void merge_map_free(merge_map *m) { free(m->slot); }
+static void merge_map_free(merge_map *m) {
+    free(m->slot);
+}
 
 /* A later duplicate of a merge replaces the earlier one (what a Rust HashMap
  * built from the list does). */
 static void merge_map_put(merge_map *m, int32_t a, int32_t b, uint32_t rank, int32_t out) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = hash_pair(k) & (m->cap - 1);
-    while (m->slot[i].key != MERGE_EMPTY && m->slot[i].key != k) i = (i + 1) & (m->cap - 1);
+    while (m->slot[i].key != MERGE_EMPTY && m->slot[i].key != k)
+        i = (i + 1) & (m->cap - 1);
     m->slot[i] = (merge_slot){k, rank, out};
 }
 
@@ -398,24 +413,29 @@ static inline int merge_map_get(const merge_map *m, int32_t a, int32_t b, uint32
 void dsv4_tokenizer_free(dsv4_tokenizer *tok) {
     if (!tok) return;
     if (tok->piece)
-        for (int32_t i = 0; i < tok->n_vocab; i++) free(tok->piece[i]);
+        for (int32_t i = 0; i < tok->n_vocab; i++)
+            free(tok->piece[i]);
     if (tok->bytes)
-        for (int32_t i = 0; i < tok->n_vocab; i++) free(tok->bytes[i]);
+        for (int32_t i = 0; i < tok->n_vocab; i++)
+            free(tok->bytes[i]);
     free(tok->piece);
     free(tok->bytes);
     free(tok->bytes_len);
     free(tok->kind);
     str_map_free(&tok->vocab);
     merge_map_free(&tok->merges);
-    for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);
+    for (size_t i = 0; i < tok->n_added; i++)
+        free(tok->added[i].content);
     free(tok->added);
     merge_map_free(&tok->trie);
     free(tok->trie_tok);
     pcre2_code_free(tok->word_re);
-    for (int i = 0; i < tok->n_steps; i++) pcre2_code_free(tok->steps[i].re);
+    for (int i = 0; i < tok->n_steps; i++)
+        pcre2_code_free(tok->steps[i].re);
     pcre2_match_context_free(tok->mctx);
     if (tok->cache) {
-        for (int i = 0; i < CACHE_SHARDS; i++) pthread_mutex_destroy(&tok->cache[i].mu);
+        for (int i = 0; i < CACHE_SHARDS; i++)
+            pthread_mutex_destroy(&tok->cache[i].mu);
         free(tok->cache);
     }
     free(tok->path);
@@ -450,10 +470,14 @@ static char *translate_regex(const char *src, size_t n) {
         if (c == '\\' && i + 1 < n) {
             char d = src[i + 1];
             const char *rep = NULL;
-            if (d == 's') rep = in_class ? ONIG_SPACE : "[" ONIG_SPACE "]";
-            else if (d == 'S' && !in_class) rep = "[^" ONIG_SPACE "]";
-            else if (d == 'h') rep = in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
-            else if (d == 'H' && !in_class) rep = "[^0-9a-fA-F]";
+            if (d == 's')
+                rep = in_class ? ONIG_SPACE : "[" ONIG_SPACE "]";
+            else if (d == 'S' && !in_class)
+                rep = "[^" ONIG_SPACE "]";
+            else if (d == 'h')
+                rep = in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+            else if (d == 'H' && !in_class)
+                rep = "[^0-9a-fA-F]";
             if (rep) {
                 size_t l = strlen(rep);
                 memcpy(out + o, rep, l);
@@ -499,7 +523,8 @@ static char *translate_regex(const char *src, size_t n) {
     return out;
 }
 
-static pcre2_code *compile_regex(const char *pattern, size_t n, int literal, const char *where, dsv4_err *err) {
+static pcre2_code *compile_regex(const char *pattern, size_t n, int literal, const char *where,
+                                 dsv4_err *err) {
     char *tr = literal ? NULL : translate_regex(pattern, n);
     if (!literal && !tr) {
         dsv4_errf(err, "%s: out of memory", where);
@@ -509,8 +534,8 @@ static pcre2_code *compile_regex(const char *pattern, size_t n, int literal, con
     PCRE2_SIZE eoff;
     /* MULTILINE: Oniguruma's ^ and $ are line anchors by default. */
     uint32_t opts = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : tr), literal ? n : strlen(tr), opts, &ecode,
-                                   &eoff, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : tr), literal ? n : strlen(tr), opts,
+                                   &ecode, &eoff, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ecode, msg, sizeof msg);
@@ -556,28 +581,37 @@ static const char GPT2_REGEX[] =
 
 /* One pre-tokenizer (Split, Digits or ByteLevel); *saw_bytelevel is set by the
  * ByteLevel one, which must come last. */
-static int parse_pretok(dsv4_tokenizer *tok, json_t *p, const char *where, int *saw_bytelevel, dsv4_err *err) {
+static int parse_pretok(dsv4_tokenizer *tok, json_t *p, const char *where, int *saw_bytelevel,
+                        dsv4_err *err) {
     if (!json_is_object(p)) return dsv4_errf(err, "%s: expected an object", where);
     const char *type = json_string_value(json_object_get(p, "type"));
     if (!type) return dsv4_errf(err, "%s: missing \"type\"", where);
     if (*saw_bytelevel)
-        return dsv4_errf(err, "%s: a %s pre-tokenizer after ByteLevel is not supported (ByteLevel must be last)",
+        return dsv4_errf(err,
+                         "%s: a %s pre-tokenizer after ByteLevel is not supported (ByteLevel must be last)",
                          where, type);
     char w[300];
     if (!strcmp(type, "Split")) {
         json_t *pat = json_object_get(p, "pattern");
         json_t *rx = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
         if (!json_is_string(rx) && !json_is_string(lit))
-            return dsv4_errf(err, "%s.pattern: expected {\"Regex\": \"...\"} or {\"String\": \"...\"}", where);
+            return dsv4_errf(err, "%s.pattern: expected {\"Regex\": \"...\"} or {\"String\": \"...\"}",
+                             where);
         const char *b = json_string_value(json_object_get(p, "behavior"));
         pretok_step st = {.kind = STEP_SPLIT};
         if (!b) return dsv4_errf(err, "%s: missing \"behavior\"", where);
-        if (!strcmp(b, "Removed")) st.behavior = BEHAVIOR_REMOVED;
-        else if (!strcmp(b, "Isolated")) st.behavior = BEHAVIOR_ISOLATED;
-        else if (!strcmp(b, "MergedWithPrevious")) st.behavior = BEHAVIOR_MERGED_PREV;
-        else if (!strcmp(b, "MergedWithNext")) st.behavior = BEHAVIOR_MERGED_NEXT;
-        else if (!strcmp(b, "Contiguous")) st.behavior = BEHAVIOR_CONTIGUOUS;
-        else return dsv4_errf(err, "%s.behavior: unknown value \"%s\"", where, b);
+        if (!strcmp(b, "Removed"))
+            st.behavior = BEHAVIOR_REMOVED;
+        else if (!strcmp(b, "Isolated"))
+            st.behavior = BEHAVIOR_ISOLATED;
+        else if (!strcmp(b, "MergedWithPrevious"))
+            st.behavior = BEHAVIOR_MERGED_PREV;
+        else if (!strcmp(b, "MergedWithNext"))
+            st.behavior = BEHAVIOR_MERGED_NEXT;
+        else if (!strcmp(b, "Contiguous"))
+            st.behavior = BEHAVIOR_CONTIGUOUS;
+        else
+            return dsv4_errf(err, "%s.behavior: unknown value \"%s\"", where, b);
         if (json_flag(p, "invert", 0, where, &st.invert, err)) return -1;
         json_t *ps = json_is_string(rx) ? rx : lit;
         snprintf(w, sizeof w, "%s.pattern", where);
@@ -610,8 +644,9 @@ static int parse_pretok(dsv4_tokenizer *tok, json_t *p, const char *where, int *
         }
         return 0;
     }
-    return dsv4_errf(err, "%s: unsupported pre-tokenizer type \"%s\" (supported: Sequence, Split, Digits, ByteLevel)",
-                     where, type);
+    return dsv4_errf(
+        err, "%s: unsupported pre-tokenizer type \"%s\" (supported: Sequence, Split, Digits, ByteLevel)",
+        where, type);
 }
 
 static int parse_pretokenizer(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
@@ -631,14 +666,17 @@ static int parse_pretokenizer(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) 
     } else if (parse_pretok(tok, p, "pre_tokenizer", &saw, err)) {
         return -1;
     }
-    if (!saw) return dsv4_errf(err, "pre_tokenizer: no ByteLevel step; only byte-level BPE tokenizers are supported");
+    if (!saw)
+        return dsv4_errf(err,
+                         "pre_tokenizer: no ByteLevel step; only byte-level BPE tokenizers are supported");
     return 0;
 }
 
 static int check_decoder(json_t *root, dsv4_err *err) {
     json_t *d = json_object_get(root, "decoder");
     const char *type = json_string_value(json_object_get(d, "type"));
-    if (!d || json_is_null(d)) return dsv4_errf(err, "decoder: missing; a byte-level BPE needs a ByteLevel decoder");
+    if (!d || json_is_null(d))
+        return dsv4_errf(err, "decoder: missing; a byte-level BPE needs a ByteLevel decoder");
     if (type && !strcmp(type, "ByteLevel")) return 0;
     if (type && !strcmp(type, "Sequence")) {
         json_t *list = json_object_get(d, "decoders");
@@ -646,7 +684,8 @@ static int check_decoder(json_t *root, dsv4_err *err) {
         for (size_t i = 0; i < n; i++) {
             const char *t = json_string_value(json_object_get(json_array_get(list, i), "type"));
             if (!t || strcmp(t, "ByteLevel"))
-                return dsv4_errf(err, "decoder.decoders[%zu]: unsupported decoder type \"%s\"", i, t ? t : "?");
+                return dsv4_errf(err, "decoder.decoders[%zu]: unsupported decoder type \"%s\"", i,
+                                 t ? t : "?");
         }
         if (n) return 0;
     }
@@ -657,8 +696,10 @@ static int check_normalizer(json_t *root, dsv4_err *err) {
     json_t *n = json_object_get(root, "normalizer");
     if (!n || json_is_null(n)) return 0;
     const char *type = json_string_value(json_object_get(n, "type"));
-    if (type && !strcmp(type, "Sequence") && json_array_size(json_object_get(n, "normalizers")) == 0) return 0;
-    return dsv4_errf(err, "normalizer: type \"%s\" is not supported (only a null normalizer)", type ? type : "?");
+    if (type && !strcmp(type, "Sequence") && json_array_size(json_object_get(n, "normalizers")) == 0)
+        return 0;
+    return dsv4_errf(err, "normalizer: type \"%s\" is not supported (only a null normalizer)",
+                     type ? type : "?");
 }
 
 /* Token string (byte-level form) -> bytes.  A string with a character outside
@@ -703,7 +744,8 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
 
     json_t *v;
     double dropout = json_number_value(json_object_get(model, "dropout"));
-    if (json_object_get(model, "dropout") && !json_is_null(json_object_get(model, "dropout")) && dropout != 0.0)
+    if (json_object_get(model, "dropout") && !json_is_null(json_object_get(model, "dropout")) &&
+        dropout != 0.0)
         return dsv4_errf(err, "model.dropout: BPE dropout (%g) is not supported at inference", dropout);
     const char *keys[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int k = 0; k < 2; k++) {
@@ -722,7 +764,8 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
     const char *key;
     json_object_foreach(vocab, key, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_VOCAB)
-            return dsv4_errf(err, "model.vocab[\"%.100s\"]: id must be an integer in [0, %d)", key, MAX_VOCAB);
+            return dsv4_errf(err, "model.vocab[\"%.100s\"]: id must be an integer in [0, %d)", key,
+                             MAX_VOCAB);
         if (json_integer_value(v) > max_id) max_id = json_integer_value(v);
     }
     json_t *added = json_object_get(root, "added_tokens");
@@ -733,7 +776,8 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
         if (!json_is_object(a)) return dsv4_errf(err, "added_tokens[%zu]: expected an object", i);
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_VOCAB)
             return dsv4_errf(err, "added_tokens[%zu].id: must be an integer in [0, %d)", i, MAX_VOCAB);
-        if (!json_is_string(json_object_get(a, "content")) || json_string_length(json_object_get(a, "content")) == 0)
+        if (!json_is_string(json_object_get(a, "content")) ||
+            json_string_length(json_object_get(a, "content")) == 0)
             return dsv4_errf(err, "added_tokens[%zu].content: must be a non-empty string", i);
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
     }
@@ -743,15 +787,16 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
     tok->bytes = calloc(nv, sizeof *tok->bytes);
     tok->bytes_len = calloc(nv, sizeof *tok->bytes_len);
     tok->kind = malloc(nv);
-    if (!tok->piece || !tok->bytes || !tok->bytes_len || !tok->kind || str_map_init(&tok->vocab, json_object_size(vocab)))
+    if (!tok->piece || !tok->bytes || !tok->bytes_len || !tok->kind ||
+        str_map_init(&tok->vocab, json_object_size(vocab)))
         return dsv4_errf(err, "out of memory for a vocabulary of %zu ids", nv);
     memset(tok->kind, 255, nv);
 
     json_object_foreach(vocab, key, v) {
         int32_t id = (int32_t)json_integer_value(v);
         if (tok->piece[id])
-            return dsv4_errf(err, "model.vocab: id %d is used by both \"%.100s\" and \"%.100s\"", id, tok->piece[id],
-                             key);
+            return dsv4_errf(err, "model.vocab: id %d is used by both \"%.100s\" and \"%.100s\"", id,
+                             tok->piece[id], key);
         size_t kl = strlen(key);
         tok->piece[id] = strdup(key);
         if (!tok->piece[id] || piece_to_bytes(key, kl, inv, &tok->bytes[id], &tok->bytes_len[id]))
@@ -762,7 +807,8 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
 
     /* merges: "a b" strings or ["a", "b"] pairs; rank = position */
     if (json_array_size(merges) >= UINT32_MAX) return dsv4_errf(err, "model.merges: too many merges");
-    if (merge_map_init(&tok->merges, json_array_size(merges))) return dsv4_errf(err, "out of memory for merges");
+    if (merge_map_init(&tok->merges, json_array_size(merges)))
+        return dsv4_errf(err, "out of memory for merges");
     char *buf = NULL;
     size_t bufcap = 0;
     for (size_t i = 0; i < json_array_size(merges); i++) {
@@ -803,7 +849,8 @@ static int load_model(dsv4_tokenizer *tok, json_t *root, const int16_t *inv, dsv
         memcpy(buf + al, b, bl);
         int32_t io = str_map_get(&tok->vocab, buf, al + bl);
         if (io < 0) {
-            dsv4_errf(err, "model.merges[%zu]: merged token \"%.*s\" is not in model.vocab", i, (int)(al + bl), buf);
+            dsv4_errf(err, "model.merges[%zu]: merged token \"%.*s\" is not in model.vocab", i,
+                      (int)(al + bl), buf);
             free(buf);
             return -1;
         }
@@ -842,7 +889,8 @@ static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
         snprintf(w, sizeof w, "added_tokens[%zu]", i);
         int special = 0, lstrip = 0, rstrip = 0, single_word = 0, normalized = 0;
         if (json_flag(a, "special", 0, w, &special, err) || json_flag(a, "lstrip", 0, w, &lstrip, err) ||
-            json_flag(a, "rstrip", 0, w, &rstrip, err) || json_flag(a, "single_word", 0, w, &single_word, err) ||
+            json_flag(a, "rstrip", 0, w, &rstrip, err) ||
+            json_flag(a, "single_word", 0, w, &single_word, err) ||
             json_flag(a, "normalized", !special, w, &normalized, err)) {
             rc = -1;
             break;
@@ -856,7 +904,8 @@ static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
         memcpy(t->content, json_string_value(c), t->len + 1);
         tok->n_added++;
         t->id = (int32_t)json_integer_value(json_object_get(a, "id"));
-        t->special = (unsigned char)special, t->lstrip = (unsigned char)lstrip, t->rstrip = (unsigned char)rstrip;
+        t->special = (unsigned char)special, t->lstrip = (unsigned char)lstrip,
+        t->rstrip = (unsigned char)rstrip;
         t->single_word = (unsigned char)single_word, t->normalized = (unsigned char)normalized;
         if (memchr(t->content, '\0', t->len)) {
             rc = dsv4_errf(err, "%s.content: contains a NUL character", w);
@@ -864,7 +913,8 @@ static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
         }
         int32_t prev = str_map_put(&seen, t->content, t->len, t->id);
         if (prev >= 0) {
-            rc = dsv4_errf(err, "%s: content \"%.100s\" appears twice (ids %d and %d)", w, t->content, prev, t->id);
+            rc = dsv4_errf(err, "%s: content \"%.100s\" appears twice (ids %d and %d)", w, t->content, prev,
+                           t->id);
             break;
         }
         if (tok->kind[t->id] != 255 && tok->kind[t->id] != 0) {
@@ -883,10 +933,12 @@ static int load_added(dsv4_tokenizer *tok, json_t *root, dsv4_err *err) {
     str_map_free(&seen);
     if (rc) return -1;
     size_t total = 1;
-    for (size_t i = 0; i < tok->n_added; i++) total += tok->added[i].len;
+    for (size_t i = 0; i < tok->n_added; i++)
+        total += tok->added[i].len;
     tok->trie_tok = malloc(2 * total * sizeof *tok->trie_tok);
     if (!tok->trie_tok || merge_map_init(&tok->trie, total)) return dsv4_errf(err, "out of memory");
-    for (size_t i = 0; i < 2 * total; i++) tok->trie_tok[i] = -1;
+    for (size_t i = 0; i < 2 * total; i++)
+        tok->trie_tok[i] = -1;
     int32_t nodes = 1;
     for (size_t i = 0; i < tok->n_added; i++) {
         const added_token *t = &tok->added[i];
@@ -915,13 +967,16 @@ int dsv4_tokenizer_load(dsv4_tokenizer **out, const char *path, dsv4_err *err) {
     size_t pl = strlen(path) + 32;
     char *file = malloc(pl);
     if (!file) return dsv4_errf(err, "out of memory");
-    if (S_ISDIR(st.st_mode)) snprintf(file, pl, "%s/tokenizer.json", path);
-    else snprintf(file, pl, "%s", path);
+    if (S_ISDIR(st.st_mode))
+        snprintf(file, pl, "%s/tokenizer.json", path);
+    else
+        snprintf(file, pl, "%s", path);
 
     json_error_t jerr;
     json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        dsv4_errf(err, "%s: not valid JSON (line %d, column %d): %s", file, jerr.line, jerr.column, jerr.text);
+        dsv4_errf(err, "%s: not valid JSON (line %d, column %d): %s", file, jerr.line, jerr.column,
+                  jerr.text);
         free(file);
         return -1; /* the message names the file already */
     }
@@ -933,8 +988,10 @@ int dsv4_tokenizer_load(dsv4_tokenizer **out, const char *path, dsv4_err *err) {
     }
     tok->path = file;
     int16_t inv[512];
-    for (int i = 0; i < 512; i++) inv[i] = -1;
-    for (int b = 0; b < 256; b++) inv[dsv4_byte_to_unicode((uint8_t)b)] = (int16_t)b;
+    for (int i = 0; i < 512; i++)
+        inv[i] = -1;
+    for (int b = 0; b < 256; b++)
+        inv[dsv4_byte_to_unicode((uint8_t)b)] = (int16_t)b;
 
     int rc = -1;
     if (!json_is_object(root)) {
@@ -956,7 +1013,8 @@ int dsv4_tokenizer_load(dsv4_tokenizer **out, const char *path, dsv4_err *err) {
      * a few steps per character */
     pcre2_set_match_limit(tok->mctx, 50u * 1000 * 1000);
     pcre2_set_depth_limit(tok->mctx, 100u * 1000);
-    for (int i = 0; i < CACHE_SHARDS; i++) pthread_mutex_init(&tok->cache[i].mu, NULL);
+    for (int i = 0; i < CACHE_SHARDS; i++)
+        pthread_mutex_init(&tok->cache[i].mu, NULL);
     rc = 0;
 done:
     json_decref(root);
@@ -1066,7 +1124,8 @@ static void bpe_short(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t m) {
     int32_t out[SHORT_PIECE];
     for (int32_t i = 0; i < m; i++) {
         rank[i] = NO_RANK;
-        if (i + 1 < m && !merge_map_get(&tok->merges, s->sym[i], s->sym[i + 1], &rank[i], &out[i])) rank[i] = NO_RANK;
+        if (i + 1 < m && !merge_map_get(&tok->merges, s->sym[i], s->sym[i + 1], &rank[i], &out[i]))
+            rank[i] = NO_RANK;
     }
     for (;;) {
         uint32_t best = NO_RANK;
@@ -1084,7 +1143,8 @@ static void bpe_short(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t m) {
             int32_t l = nb[k];
             if (l < 0) continue;
             rank[l] = NO_RANK;
-            if (s->next[l] >= 0 && !merge_map_get(&tok->merges, s->sym[l], s->sym[s->next[l]], &rank[l], &out[l]))
+            if (s->next[l] >= 0 &&
+                !merge_map_get(&tok->merges, s->sym[l], s->sym[s->next[l]], &rank[l], &out[l]))
                 rank[l] = NO_RANK;
         }
     }
@@ -1093,13 +1153,14 @@ static void bpe_short(const dsv4_tokenizer *tok, bpe_scratch *s, int32_t m) {
 /* Merges the byte symbols of P by rank, lowest rank first and leftmost among
  * equal ranks (the order of the Rust library's priority queue), and appends the
  * resulting ids. */
-static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n, bpe_scratch *s, dsv4_ids *out,
-                     dsv4_err *err) {
+static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n, bpe_scratch *s,
+                     dsv4_ids *out, dsv4_err *err) {
     if (tok->ignore_merges && n > 0) { /* a piece that is already a token is taken whole */
         char small[256] = {0}, *bl = n * 2 <= sizeof small ? small : malloc(n * 2);
         if (!bl) return dsv4_errf(err, "out of memory");
         size_t o = 0;
-        for (size_t i = 0; i < n; i++) o += utf8_encode(dsv4_byte_to_unicode(p[i]), bl + o);
+        for (size_t i = 0; i < n; i++)
+            o += utf8_encode(dsv4_byte_to_unicode(p[i]), bl + o);
         int32_t id = str_map_get(&tok->vocab, bl, o);
         if (bl != small) free(bl);
         if (id >= 0) return dsv4_ids_push(out, id, err);
@@ -1148,13 +1209,14 @@ static int bpe_piece(const dsv4_tokenizer *tok, const unsigned char *p, size_t n
         }
     }
     if (ids_reserve(out, (size_t)m, err)) return -1;
-    for (int32_t i = 0; i >= 0; i = s->next[i]) out->ids[out->len++] = s->sym[i];
+    for (int32_t i = 0; i >= 0; i = s->next[i])
+        out->ids[out->len++] = s->sym[i];
     return 0;
 }
 
 /* BPE through the cache: pieces up to CACHE_MAXP bytes are remembered. */
-static int bpe_cached(const dsv4_tokenizer *tok, const unsigned char *p, size_t n, bpe_scratch *s, dsv4_ids *out,
-                      dsv4_err *err) {
+static int bpe_cached(const dsv4_tokenizer *tok, const unsigned char *p, size_t n, bpe_scratch *s,
+                      dsv4_ids *out, dsv4_err *err) {
     if (n > CACHE_MAXP) return bpe_piece(tok, p, n, s, out, err);
     uint64_t h = hash_bytes(p, n);
     cache_shard *sh = &tok->cache[h % CACHE_SHARDS];
@@ -1202,10 +1264,10 @@ typedef struct {
     pcre2_match_data *md;
     span *lv[MAX_STEPS];
     size_t lvcap[MAX_STEPS];
-    char *pfx;           /* " " + piece, for add_prefix_space */
+    char *pfx; /* " " + piece, for add_prefix_space */
     size_t pfxcap;
     bpe_scratch bpe;
-    dsv4_ids *out;       /* encode: ids go here */
+    dsv4_ids *out;        /* encode: ids go here */
     dsv4_tok_piece_fn fn; /* pieces: or to this callback */
     void *ud;
     dsv4_err *err;
@@ -1213,7 +1275,8 @@ typedef struct {
 
 static void enc_free(enc_ctx *c) {
     pcre2_match_data_free(c->md);
-    for (int i = 0; i < MAX_STEPS; i++) free(c->lv[i]);
+    for (int i = 0; i < MAX_STEPS; i++)
+        free(c->lv[i]);
     free(c->pfx);
     scratch_free(&c->bpe);
 }
@@ -1246,7 +1309,8 @@ static int find_matches(enc_ctx *c, int level, const pcre2_code *re, int jit, co
         if (rc < 0) {
             PCRE2_UCHAR msg[200];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return dsv4_errf(c->err, "pre-tokenizer regex failed on a piece of %zu bytes: %s", n, (char *)msg);
+            return dsv4_errf(c->err, "pre-tokenizer regex failed on a piece of %zu bytes: %s", n,
+                             (char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
         size_t ms = ov[0], me = ov[1];
@@ -1274,23 +1338,29 @@ static size_t apply_behavior(span *m, size_t n, int behavior) {
     size_t w = 0;
     int prev_match = 0;
     switch (behavior) {
-    case BEHAVIOR_REMOVED: return n; /* match flag = remove */
+    case BEHAVIOR_REMOVED:
+        return n; /* match flag = remove */
     case BEHAVIOR_ISOLATED:
-        for (size_t i = 0; i < n; i++) m[i].match = 0;
+        for (size_t i = 0; i < n; i++)
+            m[i].match = 0;
         return n;
     case BEHAVIOR_CONTIGUOUS:
         for (size_t i = 0; i < n; i++) {
             span x = m[i];
-            if (x.match == prev_match && w > 0) m[w - 1].e = x.e;
-            else m[w++] = (span){x.s, x.e, 0};
+            if (x.match == prev_match && w > 0)
+                m[w - 1].e = x.e;
+            else
+                m[w++] = (span){x.s, x.e, 0};
             prev_match = x.match;
         }
         return w;
     case BEHAVIOR_MERGED_PREV:
         for (size_t i = 0; i < n; i++) {
             span x = m[i];
-            if (x.match && !prev_match && w > 0) m[w - 1].e = x.e;
-            else m[w++] = (span){x.s, x.e, 0};
+            if (x.match && !prev_match && w > 0)
+                m[w - 1].e = x.e;
+            else
+                m[w++] = (span){x.s, x.e, 0};
             prev_match = x.match;
         }
         return w;
@@ -1298,8 +1368,10 @@ static size_t apply_behavior(span *m, size_t n, int behavior) {
         size_t r = n; /* output grows downward from n */
         for (size_t i = n; i-- > 0;) {
             span x = m[i];
-            if (x.match && !prev_match && r < n) m[r].s = x.s;
-            else m[--r] = (span){x.s, x.e, 0};
+            if (x.match && !prev_match && r < n)
+                m[r].s = x.s;
+            else
+                m[--r] = (span){x.s, x.e, 0};
             prev_match = x.match;
         }
         memmove(m, m + r, (n - r) * sizeof *m);
@@ -1346,7 +1418,8 @@ static int pretok(enc_ctx *c, int level, const char *base, size_t s, size_t e, s
     if (find_matches(c, level, st->re, st->jit, base + s, e - s, &n)) return -1;
     span *m = c->lv[level];
     if (st->invert)
-        for (size_t i = 0; i < n; i++) m[i].match = !m[i].match;
+        for (size_t i = 0; i < n; i++)
+            m[i].match = !m[i].match;
     n = apply_behavior(m, n, st->behavior);
     for (size_t i = 0; i < n; i++) {
         span x = c->lv[level][i]; /* re-read: deeper levels use their own arrays */
@@ -1367,7 +1440,8 @@ static int word_char_at(const dsv4_tokenizer *tok, pcre2_match_data *md, const c
 /* the offset where the last character of S[0..n) starts */
 static size_t last_char(const char *s, size_t n) {
     size_t i = n;
-    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--;
     return i > 0 ? i - 1 : 0;
 }
 
@@ -1428,13 +1502,16 @@ static int split_added(enc_ctx *c, const char *text, size_t s, size_t e, int pas
             if (r) return -1;
         }
         if (c->fn) {
-            if (c->fn(c->ud, ms, me - ms, 0, hit->id)) return dsv4_errf(c->err, "piece callback stopped the walk");
+            if (c->fn(c->ud, ms, me - ms, 0, hit->id))
+                return dsv4_errf(c->err, "piece callback stopped the walk");
         } else if (dsv4_ids_push(c->out, hit->id, c->err)) {
             return -1;
         }
         start_off = me;
     }
-    if (start_off < e) return pass == 0 ? split_added(c, text, start_off, e, 1, flags) : pretok(c, 0, text, start_off, e, 0, 0);
+    if (start_off < e)
+        return pass == 0 ? split_added(c, text, start_off, e, 1, flags)
+                         : pretok(c, 0, text, start_off, e, 0, 0);
     return 0;
 }
 
@@ -1452,8 +1529,8 @@ static int run_encoder(enc_ctx *c, const char *text, size_t len, unsigned flags)
     return split_added(c, text, 0, len, 0, flags);
 }
 
-int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len, unsigned flags, dsv4_ids *out,
-                          dsv4_err *err) {
+int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                          dsv4_ids *out, dsv4_err *err) {
     if (!text && len) return dsv4_errf(err, "encode: NULL text");
     dsv4_bytes clean = {0};
     size_t bad;
@@ -1494,7 +1571,9 @@ int dsv4_tokenizer_pieces(const dsv4_tokenizer *tok, const char *text, size_t le
 /* decoding                                                                  */
 /* ------------------------------------------------------------------------ */
 
-int32_t dsv4_tokenizer_n_vocab(const dsv4_tokenizer *tok) { return tok->n_vocab; }
+int32_t dsv4_tokenizer_n_vocab(const dsv4_tokenizer *tok) {
+    return tok->n_vocab;
+}
 
 const char *dsv4_tokenizer_id_to_piece(const dsv4_tokenizer *tok, int32_t id) {
     return id >= 0 && id < tok->n_vocab ? tok->piece[id] : NULL;
@@ -1588,8 +1667,8 @@ int dsv4_tok_stream_finish(dsv4_tok_stream *s, dsv4_bytes *out, dsv4_err *err) {
     return dsv4_bytes_append(out, "", 0, err);
 }
 
-int dsv4_tokenizer_decode(const dsv4_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags, dsv4_bytes *out,
-                          dsv4_err *err) {
+int dsv4_tokenizer_decode(const dsv4_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                          dsv4_bytes *out, dsv4_err *err) {
     size_t old = out->len;
     for (size_t i = 0; i < n; i++)
         if (check_id(tok, ids[i], err)) return dsv4_err_prefix(err, "decode: ids[%zu]", i);

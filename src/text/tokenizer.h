@@ -67,8 +67,8 @@ enum {
 
 /* Appends the ids of TEXT[0..len) to OUT.  Invalid UTF-8 is an error naming the
  * byte offset unless DSV4_TOK_LOSSY.  On error OUT keeps its old length. */
-int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len, unsigned flags, dsv4_ids *out,
-                          dsv4_err *err);
+int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                          dsv4_ids *out, dsv4_err *err);
 
 /* The pieces the encoder hands to BPE (after added-token extraction and the
  * pre-tokenizer), reported in order.  OFFSET/LEN locate the piece in TEXT (for a
@@ -89,8 +89,8 @@ enum {
 /* Appends the text of IDS to OUT.  Without DSV4_TOK_RAW the result is valid
  * UTF-8: invalid bytes become U+FFFD (maximal subparts, like Rust's
  * from_utf8_lossy).  An id out of range or without a token is an error. */
-int dsv4_tokenizer_decode(const dsv4_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags, dsv4_bytes *out,
-                          dsv4_err *err);
+int dsv4_tokenizer_decode(const dsv4_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                          dsv4_bytes *out, dsv4_err *err);
 
 /* Streaming decoder: feed one id at a time; only complete UTF-8 comes out.  An
  * incomplete sequence is held back until it completes; bytes that can no longer
@@ -98,7 +98,7 @@ int dsv4_tokenizer_decode(const dsv4_tokenizer *tok, const int32_t *ids, size_t 
  * U+FFFD.  Concatenated output == dsv4_tokenizer_decode of the same ids. */
 typedef struct dsv4_tok_stream {
     const dsv4_tokenizer *tok;
-    unsigned flags;       /* DSV4_TOK_SKIP_SPECIAL only */
+    unsigned flags; /* DSV4_TOK_SKIP_SPECIAL only */
     unsigned char held[4];
     int n_held;
 } dsv4_tok_stream;

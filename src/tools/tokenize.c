@@ -15,25 +15,27 @@ typedef struct {
 } tok_opts;
 
 static void usage_tokenize(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 tokenize [--model DIR | --tokenizer FILE] [--lines] [--no-special] [--lossy]\n"
-            "       dsv4 tokenize [--model DIR | --tokenizer FILE] --bench FILE [--repeat N]\n"
-            "Reads UTF-8 text on stdin and prints its token ids, comma-separated, on one line.\n"
-            "  --lines       encode each input line alone (its trailing \"\\n\" removed; a \"\\r\" before it\n"
-            "                is kept and encoded) and print one line of ids per input line\n"
-            "  --no-special  treat added/special tokens such as <\xef\xbd\x9cUser\xef\xbd\x9c> as plain text (for untrusted text)\n"
-            "  --lossy       replace invalid UTF-8 by U+FFFD instead of failing\n"
-            "  --bench FILE  time encoding FILE (best of --repeat N runs, default 3) and print MB/s\n"
-            "Without --model/--tokenizer: $DSV4_TOKENIZER, else data/tokenizer/tokenizer.json next to the binary.\n");
+    fprintf(
+        f, "usage: dsv4 tokenize [--model DIR | --tokenizer FILE] [--lines] [--no-special] [--lossy]\n"
+           "       dsv4 tokenize [--model DIR | --tokenizer FILE] --bench FILE [--repeat N]\n"
+           "Reads UTF-8 text on stdin and prints its token ids, comma-separated, on one line.\n"
+           "  --lines       encode each input line alone (its trailing \"\\n\" removed; a \"\\r\" before it\n"
+           "                is kept and encoded) and print one line of ids per input line\n"
+           "  --no-special  treat added/special tokens such as <\xef\xbd\x9cUser\xef\xbd\x9c> as plain text "
+           "(for untrusted text)\n"
+           "  --lossy       replace invalid UTF-8 by U+FFFD instead of failing\n"
+           "  --bench FILE  time encoding FILE (best of --repeat N runs, default 3) and print MB/s\n"
+           "Without --model/--tokenizer: $DSV4_TOKENIZER, else data/tokenizer/tokenizer.json next to the "
+           "binary.\n");
 }
 
 static void usage_detokenize(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 detokenize [--model DIR | --tokenizer FILE] [--lines] [--skip-special] [--raw]\n"
-            "Reads token ids (separated by commas and/or whitespace; [ ] are ignored) on stdin and writes the text.\n"
-            "  --lines         each input line is one sequence; write one output line per input line\n"
-            "  --skip-special  leave out tokens marked special\n"
-            "  --raw           write the bytes as they are (no U+FFFD for invalid UTF-8)\n");
+    fprintf(f, "usage: dsv4 detokenize [--model DIR | --tokenizer FILE] [--lines] [--skip-special] [--raw]\n"
+               "Reads token ids (separated by commas and/or whitespace; [ ] are ignored) on stdin and writes "
+               "the text.\n"
+               "  --lines         each input line is one sequence; write one output line per input line\n"
+               "  --skip-special  leave out tokens marked special\n"
+               "  --raw           write the bytes as they are (no U+FFFD for invalid UTF-8)\n");
 }
 
 /* $DSV4_TOKENIZER, else ../data/tokenizer and ../../data/tokenizer next to the binary. */
@@ -67,12 +69,18 @@ static int parse_opts(const char *cmd, int argc, char **argv, tok_opts *o, int d
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             detok ? usage_detokenize(stdout) : usage_tokenize(stdout);
             return 1;
-        } else if (!strcmp(a, "--model") && has_val) o->model = argv[++i];
-        else if (!strcmp(a, "--tokenizer") && has_val) o->tokenizer = argv[++i];
-        else if (!strcmp(a, "--lines")) o->lines = 1;
-        else if (!detok && !strcmp(a, "--no-special")) o->no_special = 1;
-        else if (!detok && !strcmp(a, "--lossy")) o->lossy = 1;
-        else if (!detok && !strcmp(a, "--bench") && has_val) o->bench = argv[++i];
+        } else if (!strcmp(a, "--model") && has_val)
+            o->model = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && has_val)
+            o->tokenizer = argv[++i];
+        else if (!strcmp(a, "--lines"))
+            o->lines = 1;
+        else if (!detok && !strcmp(a, "--no-special"))
+            o->no_special = 1;
+        else if (!detok && !strcmp(a, "--lossy"))
+            o->lossy = 1;
+        else if (!detok && !strcmp(a, "--bench") && has_val)
+            o->bench = argv[++i];
         else if (!detok && !strcmp(a, "--repeat") && has_val) {
             char *end;
             long r = strtol(argv[++i], &end, 10);
@@ -81,8 +89,10 @@ static int parse_opts(const char *cmd, int argc, char **argv, tok_opts *o, int d
                 return -1;
             }
             o->repeat = (int)r;
-        } else if (detok && !strcmp(a, "--skip-special")) o->skip_special = 1;
-        else if (detok && !strcmp(a, "--raw")) o->raw = 1;
+        } else if (detok && !strcmp(a, "--skip-special"))
+            o->skip_special = 1;
+        else if (detok && !strcmp(a, "--raw"))
+            o->raw = 1;
         else {
             fprintf(stderr, "dsv4 %s: unknown or incomplete option '%s' (see --help)\n", cmd, a);
             return -1;
@@ -134,7 +144,8 @@ static int read_all(FILE *f, dsv4_bytes *b, const char *what, const char *cmd) {
 }
 
 static void print_ids(const dsv4_ids *ids) {
-    for (size_t i = 0; i < ids->len; i++) printf(i ? ",%d" : "%d", ids->ids[i]);
+    for (size_t i = 0; i < ids->len; i++)
+        printf(i ? ",%d" : "%d", ids->ids[i]);
     putchar('\n');
 }
 
@@ -178,8 +189,8 @@ static int run_bench(const dsv4_tokenizer *tok, const tok_opts *o, unsigned flag
     printf("bench %s: %zu bytes -> %zu tokens (%.2f bytes/token); first run %.1f ms = %.1f MB/s; best of %d: "
            "wall %.1f ms = %.1f MB/s, cpu %.1f ms = %.1f MB/s\n",
            o->bench, text.len, ids.len, ids.len ? (double)text.len / (double)ids.len : 0.0, first * 1e3,
-           (double)text.len / first / 1e6, o->repeat, best * 1e3, (double)text.len / best / 1e6, best_cpu * 1e3,
-           (double)text.len / best_cpu / 1e6);
+           (double)text.len / first / 1e6, o->repeat, best * 1e3, (double)text.len / best / 1e6,
+           best_cpu * 1e3, (double)text.len / best_cpu / 1e6);
     dsv4_ids_free(&ids);
     dsv4_bytes_free(&text);
     return 0;
@@ -241,7 +252,8 @@ done:
 
 /* Parses the ids of S[0..n) into IDS; separators are commas, whitespace and
  * brackets.  Errors name the 1-based position of the bad item. */
-static int parse_ids(const char *s, size_t n, dsv4_ids *ids, const dsv4_tokenizer *tok, char *msg, size_t msgcap) {
+static int parse_ids(const char *s, size_t n, dsv4_ids *ids, const dsv4_tokenizer *tok, char *msg,
+                     size_t msgcap) {
     size_t i = 0, item = 0;
     while (i < n) {
         char c = s[i];
@@ -260,11 +272,14 @@ static int parse_ids(const char *s, size_t n, dsv4_ids *ids, const dsv4_tokenize
         long long v = 0;
         int ok = k < j;
         for (; k < j && ok; k++) {
-            if (s[k] < '0' || s[k] > '9') ok = 0;
-            else if ((v = v * 10 + (s[k] - '0')) > 1LL << 40) ok = 0;
+            if (s[k] < '0' || s[k] > '9')
+                ok = 0;
+            else if ((v = v * 10 + (s[k] - '0')) > 1LL << 40)
+                ok = 0;
         }
         if (!ok) {
-            snprintf(msg, msgcap, "item %zu '%.*s' is not a token id", item, (int)(j - i > 40 ? 40 : j - i), s + i);
+            snprintf(msg, msgcap, "item %zu '%.*s' is not a token id", item, (int)(j - i > 40 ? 40 : j - i),
+                     s + i);
             return -1;
         }
         if (neg) v = -v;
@@ -306,8 +321,10 @@ int dsv4_cmd_detokenize(int argc, char **argv) {
         ids.len = 0;
         text.len = 0;
         if (parse_ids(in.data + start, end - start, &ids, tok, msg, sizeof msg)) {
-            if (o.lines) fprintf(stderr, "dsv4 detokenize: stdin line %zu: %s\n", line, msg);
-            else fprintf(stderr, "dsv4 detokenize: stdin: %s\n", msg);
+            if (o.lines)
+                fprintf(stderr, "dsv4 detokenize: stdin line %zu: %s\n", line, msg);
+            else
+                fprintf(stderr, "dsv4 detokenize: stdin: %s\n", msg);
             rc = 1;
             goto done;
         }
