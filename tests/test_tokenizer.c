@@ -562,6 +562,58 @@ static void test_bpe_merges(void) {
     dsv4_tokenizer_free(tok);
 }
 
+static dsv4_tokenizer *load_text(const char *name, const char *json) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fputs(json, f);
+    fclose(f);
+    return load_tiny(path);
+}
+
+static int ids_are(const dsv4_tokenizer *tok, const char *text, const int32_t *want, size_t n) {
+    dsv4_ids ids = {0};
+    int ok = encode(tok, text, strlen(text), 0, &ids) == 0 && ids.len == n &&
+             (n == 0 || !memcmp(ids.ids, want, n * sizeof *want));
+    dsv4_ids_free(&ids);
+    return ok;
+}
+
+/* unk_token / fuse_unk (bytes missing from the vocab) and ignore_merges */
+static void test_unk_and_ignore_merges(void) {
+    const char *fmt = "{\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
+                      "\"use_regex\":false},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,"
+                      "\"<unk>\":2,\"ab\":3,\"xy\":4},\"merges\":[\"a b\"],%s}}";
+    char json[1024];
+    snprintf(json, sizeof json, fmt, "\"unk_token\":\"<unk>\",\"fuse_unk\":true");
+    dsv4_tokenizer *tok = load_text("unkfuse", json);
+    REQUIRE(tok);
+    CHECK(ids_are(tok, "abzzab", (const int32_t[]){3, 2, 3}, 3));
+    dsv4_tokenizer_free(tok);
+    snprintf(json, sizeof json, fmt, "\"unk_token\":\"<unk>\",\"fuse_unk\":false");
+    tok = load_text("unk", json);
+    REQUIRE(tok);
+    CHECK(ids_are(tok, "abzzab", (const int32_t[]){3, 2, 2, 3}, 4));
+    dsv4_tokenizer_free(tok);
+    snprintf(json, sizeof json, fmt, "\"unk_token\":null");
+    tok = load_text("nounk", json);
+    REQUIRE(tok);
+    CHECK(ids_are(tok, "abzzab", (const int32_t[]){3, 3}, 2)); /* unknown bytes dropped, as HF does */
+    dsv4_tokenizer_free(tok);
+    /* "xy" has no merge: only ignore_merges finds it (x and y are not in this vocab) */
+    snprintf(json, sizeof json, fmt, "\"ignore_merges\":true,\"unk_token\":\"<unk>\"");
+    tok = load_text("ignore", json);
+    REQUIRE(tok);
+    CHECK(ids_are(tok, "xy", (const int32_t[]){4}, 1));
+    dsv4_tokenizer_free(tok);
+    snprintf(json, sizeof json, fmt, "\"ignore_merges\":false,\"unk_token\":\"<unk>\",\"fuse_unk\":true");
+    tok = load_text("noignore", json);
+    REQUIRE(tok);
+    CHECK(ids_are(tok, "xy", (const int32_t[]){2}, 1));
+    dsv4_tokenizer_free(tok);
+}
+
 static void test_added_token_flags(void) {
     const char *added =
         "[{\"id\":300,\"content\":\"<sp>\",\"special\":true,\"lstrip\":true,\"rstrip\":true,\"normalized\":"
@@ -826,5 +878,5 @@ static void test_cleanup(void) {
 }
 
 TEST_MAIN(test_published_vectors, test_special_ids, test_no_added_flags, test_roundtrip, test_stream_decode,
-          test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_added_token_flags, test_malformed,
-          test_threads, test_hf_corpus, test_hf_edges, test_cleanup)
+          test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_unk_and_ignore_merges,
+          test_added_token_flags, test_malformed, test_threads, test_hf_corpus, test_hf_edges, test_cleanup)
