@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -218,6 +219,7 @@ struct dsv4_sched {
     int64_t ctx;
     pthread_t thread;
     int thread_started;
+    int omp_threads; /* the starting thread's OpenMP thread count, carried over */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* wakes the engine thread */
@@ -874,6 +876,9 @@ static void run_iteration(dsv4_sched *s) {
 /* ----- the engine thread ----- */
 static void *engine_main(void *arg) {
     dsv4_sched *s = arg;
+    /* OpenMP's thread count is per thread: the engine's --threads was set on
+     * the thread that opened it, so carry it over to this one */
+    omp_set_num_threads(s->omp_threads);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         /* drop cancelled waiters; cancel everything at a hard shutdown */
@@ -1037,6 +1042,7 @@ int dsv4_sched_start(dsv4_sched **out, dsv4_engine *e, const dsv4_tokenizer *tok
             return -1;
         }
     }
+    s->omp_threads = omp_get_max_threads();
     if (pthread_create(&s->thread, NULL, engine_main, s)) {
         sched_free(s);
         return dsv4_errf(err, "scheduler: cannot start the engine thread: %s", strerror(errno));
