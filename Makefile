@@ -10,7 +10,7 @@ BUILD ?= build
 CC ?= cc
 CFLAGS_BASE := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -Isrc -fopenmp -g
 OPT ?= -O2 -march=x86-64-v3 -mtune=native
-LIBS := -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread -fopenmp
+LIBS := -ljansson -lpcre2-8 -lmicrohttpd -lcurl -lm -lpthread -fopenmp
 
 ifeq ($(SAN),1)
   OPT := -O1 -fno-omit-frame-pointer
@@ -83,7 +83,7 @@ FUZZ_LIB_SRC := $(SRC)
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp=libgomp
 $(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB_SRC)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) $< $(FUZZ_LIB_SRC) -o $@ -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread -lgomp
+	clang $(FUZZ_CFLAGS) $< $(FUZZ_LIB_SRC) -o $@ -ljansson -lpcre2-8 -lmicrohttpd -lcurl -lm -lpthread -lgomp
 fuzz: $(FUZZ_BIN)
 # Replays every committed corpus (no new inputs): what CI runs.
 fuzz-replay: $(FUZZ_BIN)
