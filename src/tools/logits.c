@@ -26,7 +26,9 @@ static void usage(FILE *f) {
             "  --numerics P     numerics profile (default exact); `dsv4 switches` lists switches\n"
             "  --set NAME=VALUE override one switch (repeatable)\n"
             "  --trace FILE     JSON lines: per layer and token, experts, weights, indexer picks\n"
-            "  --chunk N        prefill in chunks of N tokens (default: all at once; same result)\n");
+            "  --chunk N        prefill in chunks of N tokens (default: all at once; same result)\n"
+            "  --bench P,D      speed run instead: prefill P pseudo-random tokens (last logits only), then\n"
+            "                   decode D tokens one at a time (logits each); prints tok/s; no --tokens/--out\n");
 }
 
 /* Parses ids separated by commas/whitespace.  Returns count or -1 (message in err). */
@@ -117,9 +119,54 @@ static void trace_json(const dsv4_trace_event *ev, void *user) {
     fprintf(t->f, "}\n");
 }
 
+/* --bench: prefill P tokens (last-row logits), then D single-token decode steps. */
+static int run_bench(const char *model, const char *numerics, const char **sets, int n_sets, const char *backend,
+                     int threads, int P, int D) {
+    dsv4_err err = {{0}};
+    dsv4_engine *e = NULL;
+    dsv4_seq *s = NULL;
+    int32_t *ids = NULL;
+    float *lg = NULL;
+    int rc = 1;
+    dsv4_engine_opts o = {.model_dir = model, .numerics = numerics, .sets = sets, .n_sets = n_sets,
+                          .backend = backend, .n_threads = threads};
+    if (dsv4_engine_open(&e, &o, &err) || dsv4_seq_new(e, &s, &err)) goto fail;
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e, &info);
+    ids = malloc(sizeof *ids * ((size_t)P + D));
+    lg = malloc(sizeof *lg * (size_t)info.vocab_size);
+    if (!ids || !lg) {
+        snprintf(err.msg, sizeof err.msg, "out of memory");
+        goto fail;
+    }
+    uint32_t x = 12345;
+    for (int i = 0; i < P + D; i++) {
+        x = x * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((x >> 8) % (uint32_t)info.vocab_size);
+    }
+    double t0 = dsv4_now();
+    if (dsv4_seq_append(s, ids, P, lg, 0, &err)) goto fail;
+    double t1 = dsv4_now();
+    for (int i = 0; i < D; i++)
+        if (dsv4_seq_append(s, ids + P + i, 1, lg, 0, &err)) goto fail;
+    double t2 = dsv4_now();
+    printf("bench: model=%s numerics=%s prefill %d tokens %.3fs = %.2f tok/s, decode %d tokens %.3fs = %.2f tok/s, "
+           "state %zu bytes\n",
+           info.model_name, info.numerics, P, t1 - t0, P / (t1 - t0 > 0 ? t1 - t0 : 1e-9), D, t2 - t1,
+           D ? D / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, dsv4_seq_state_bytes(s));
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "dsv4 logits: %s\n", err.msg);
+    free(ids);
+    free(lg);
+    dsv4_seq_free(s);
+    dsv4_engine_close(e);
+    return rc;
+}
+
 int dsv4_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *tokens = NULL, *tokens_file = NULL, *out = NULL, *numerics = NULL, *trace = NULL;
-    const char *backend = NULL;
+    const char *backend = NULL, *bench = NULL;
     int threads = 0, chunk = 0, n_sets = 0;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     if (!sets) return 1;
@@ -140,6 +187,7 @@ int dsv4_cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--numerics")) dst = &numerics;
         else if (!strcmp(a, "--trace")) dst = &trace;
         else if (!strcmp(a, "--backend")) dst = &backend;
+        else if (!strcmp(a, "--bench")) dst = &bench;
         else if (!strcmp(a, "--set")) dst = &sets[n_sets];
         else if (!strcmp(a, "--threads")) idst = &threads;
         else if (!strcmp(a, "--chunk")) idst = &chunk;
@@ -164,6 +212,16 @@ int dsv4_cmd_logits(int argc, char **argv) {
             }
             *idst = (int)x;
         }
+    }
+    if (bench) {
+        int P = 0, D = 0;
+        char tail = 0;
+        if (sscanf(bench, "%d,%d%c", &P, &D, &tail) != 2 || P < 1 || D < 0 || P > 1 << 20 || D > 1 << 20) {
+            fprintf(stderr, "dsv4 logits: --bench expects PREFILL,DECODE (e.g. 512,64), got '%s'\n", bench);
+            goto done;
+        }
+        rc = run_bench(model, numerics, sets, n_sets, backend, threads, P, D);
+        goto done;
     }
     if (!!tokens + !!tokens_file != 1) {
         fprintf(stderr, "dsv4 logits: give exactly one of --tokens or --tokens-file\n");
