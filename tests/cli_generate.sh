@@ -61,6 +61,8 @@ bad generate_unknown_flag 2 "unknown option '--bogus'" "$BIN" generate -p x --bo
 bad generate_bad_temperature 2 "--temperature expects a number" "$BIN" generate -p x --temperature hot
 bad generate_bad_top_p 2 "--top-p expects a number in [0, 1]" "$BIN" generate -p x --top-p 1.5
 bad generate_bad_n 2 "-n expects a number" "$BIN" generate -p x -n 0
+bad generate_fractional_n 2 "-n expects a whole number, got '2.5'" "$BIN" generate -p x -n 2.5
+bad generate_invalid_utf8 1 "prompt: input is not valid UTF-8" "$BIN" generate -p $'ab\xffc' -n 2 $G
 bad generate_missing_value 2 "--seed needs a value" "$BIN" generate -p x --seed
 bad generate_bad_seed 2 "--seed expects a non-negative integer" "$BIN" generate -p x --seed -4
 bad generate_thinking_needs_chat 2 "--thinking needs --chat" "$BIN" generate -p x --thinking

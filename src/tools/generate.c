@@ -86,6 +86,15 @@ static int parse_num(const char *cmd, const char *flag, const char *v, double lo
     return 0;
 }
 
+static int parse_int(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out) {
+    if (parse_num(cmd, flag, v, lo, hi, out)) return -1;
+    if (*out != (double)(long long)*out) {
+        fprintf(stderr, "dsv4 %s: %s expects a whole number, got '%s'\n", cmd, flag, v);
+        return -1;
+    }
+    return 0;
+}
+
 /* Returns 0 to go on, 1 after --help, 2 on a bad flag. */
 static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
     memset(o, 0, sizeof *o);
@@ -134,10 +143,7 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
         else if (!strcmp(a, "--set")) o->sets[o->n_sets++] = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
-            if (parse_num(o->cmd, a, v, 1, 1 << 24, &x) || x != (int)x) {
-                if (x != (int)x) fprintf(stderr, "dsv4 %s: %s expects a whole number, got '%s'\n", o->cmd, a, v);
-                return 2;
-            }
+            if (parse_int(o->cmd, a, v, 1, 1 << 24, &x)) return 2;
             o->max_tokens = (int)x;
         } else if (!strcmp(a, "--temperature")) {
             if (parse_num(o->cmd, a, v, 0, 100, &x)) return 2;
@@ -146,7 +152,7 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
             if (parse_num(o->cmd, a, v, 0, 1, &x)) return 2;
             o->sp.top_p = (float)x;
         } else if (!strcmp(a, "--top-k")) {
-            if (parse_num(o->cmd, a, v, 0, 1 << 30, &x) || x != (int)x) return 2;
+            if (parse_int(o->cmd, a, v, 0, 1 << 30, &x)) return 2;
             o->sp.top_k = (int)x;
         } else if (!strcmp(a, "--seed")) {
             char *end;
@@ -159,10 +165,10 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
             o->sp.has_seed = 1;
             o->sp.seed = s;
         } else if (!strcmp(a, "--threads")) {
-            if (parse_num(o->cmd, a, v, 0, 4096, &x) || x != (int)x) return 2;
+            if (parse_int(o->cmd, a, v, 0, 4096, &x)) return 2;
             o->threads = (int)x;
         } else if (!strcmp(a, "--ctx")) {
-            if (parse_num(o->cmd, a, v, 2, 1e12, &x) || x != (long long)x) return 2;
+            if (parse_int(o->cmd, a, v, 2, 1e12, &x)) return 2;
             o->ctx = (long long)x;
         }
     }
