@@ -76,6 +76,8 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
+    int *done;              /* [done_cap] tokens consumed per item of the current call */
+    int done_cap;
 };
 
 const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m) { return &m->num; }
@@ -165,6 +167,7 @@ void dsv4_model_free(dsv4_model *m) {
     free(m->sink);
     free(m->ape);
     free(m->iape);
+    free(m->done);
     free(m->freq_main);
     free(m->freq_comp);
     free(m->trace_f);
@@ -597,8 +600,14 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         m->trace = shim_fn;
         m->trace_user = &shim;
     }
-    int *done = calloc((size_t)n_items, sizeof(int));
-    if (!done) return dsv4_errf(err, "forward: out of memory");
+    if (n_items > m->done_cap) { /* grows only when a call has more items than any before */
+        int *p = realloc(m->done, sizeof(int) * (size_t)n_items);
+        if (!p) return dsv4_errf(err, "forward: out of memory");
+        m->done = p;
+        m->done_cap = n_items;
+    }
+    int *done = m->done;
+    memset(done, 0, sizeof(int) * (size_t)n_items);
     int rc = 0;
     size_t hcd = (size_t)c->hc_mult * c->dim;
     for (;;) {
@@ -666,7 +675,6 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         }
         if (rc) break;
     }
-    free(done);
     m->trace = saved;
     m->trace_user = saved_user;
     return rc;
