@@ -15,6 +15,13 @@ out=$("$BIN" logits --model "$tmp/m" --tokens 5,17,42 --out "$tmp/a.f32" 2>&1)
 if [ $? -eq 0 ] && [ "$(stat -c %s "$tmp/a.f32")" -eq $((3 * V * 4)) ] && echo "$out" | grep -q "T=3 vocab=$V" \
    && echo "$out" | grep -q "argmax_last="; then ok logits_basic; else bad logits_basic "$out"; fi
 
+if DSV4_DEFAULT_MODEL="$tmp/m" "$BIN" logits --tokens 5,17,42 --out "$tmp/dm.f32" >/dev/null 2>&1 \
+   && cmp -s "$tmp/a.f32" "$tmp/dm.f32"; then
+  ok logits_default_model; else bad logits_default_model; fi
+msg=$(DSV4_DEFAULT_MODEL="$tmp/none" "$BIN" logits --tokens 5 --out "$tmp/dm.f32" 2>&1)
+if echo "$msg" | grep -q "DSV4_DEFAULT_MODEL=$tmp/none has no config.json"; then ok logits_default_model_missing
+else bad logits_default_model_missing "$msg"; fi
+
 printf ' 5\n17 ,\t42\n' > "$tmp/toks.txt"
 if "$BIN" logits --model "$tmp/m" --tokens-file "$tmp/toks.txt" --out "$tmp/b.f32" >/dev/null 2>&1 \
    && cmp -s "$tmp/a.f32" "$tmp/b.f32"; then ok logits_tokens_file; else bad logits_tokens_file; fi
