@@ -6,6 +6,8 @@ usage: fake_endpoint.py MODE [--fail-after N]
        wrong    answers with a different number (the harness must score 0)
        garbage  returns a 200 response that is not JSON
        slow     sleeps 30 s before answering (for timeouts)
+       forgetful  like correct, but misses needles past 40% depth in prompts over 12,000
+                characters (a plausible-looking heatmap for the docs picture)
   --fail-after N  after N good answers, every request gets HTTP 500
 
 It binds 127.0.0.1 on a free port and prints "PORT <n>" on its first line.
@@ -39,6 +41,8 @@ def find_answer(body):
         hit = re.findall(r"The secret code for " + re.escape(key) + r" is (\d{6})\.", q)
         if len(hit) != 1:
             return None, "needle for %s found %d times" % (key, len(hit))
+        if MODE == "forgetful" and len(q) > 12000 and q.index("The secret code for " + key) > 0.4 * len(q):
+            return "000000", None
         return hit[0], None
     if "project codename" in q:  # multi-turn
         tools = body.get("tools")
