@@ -14,8 +14,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu.h"
 #include "engine/engine.h"
+#include "model/config.h"
+#include "model/forward.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "test.h"
 
 static char g_dir[256];
@@ -502,8 +506,53 @@ static void test_bad_input(void) {
     CHECK(strstr(err.msg, "tpu") != NULL);
 }
 
+/* STYLE §3: after warm-up a decode step allocates no scratch (the CPU arena has grown
+ * to its high-water mark); driven below the engine API to see the backend. */
+static void test_no_scratch_growth_in_decode(void) {
+    const char *dir = model_dir();
+    REQUIRE(dir);
+    dsv4_err err = {{0}};
+    char cp[512];
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    dsv4_config cfg;
+    REQUIRE(dsv4_config_load(&cfg, cp, &err) == 0);
+    dsv4_st *st = NULL;
+    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
+    dsv4_model_w w;
+    REQUIRE(dsv4_weights_bind(&w, &cfg, st, &err) == 0);
+    dsv4_backend be;
+    REQUIRE(dsv4_backend_cpu_init(&be, 0, &err) == 0);
+    dsv4_model *m = NULL;
+    REQUIRE(dsv4_model_init(&m, &w, &be, &DSV4_NUMERICS_REFERENCE, 64, &err) == 0);
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_state_new(&s, &cfg, 0, &err) == 0);
+    int32_t tok[64];
+    make_tokens(tok, 64, 77, cfg.vocab_size);
+    float *lg = malloc(sizeof(float) * cfg.vocab_size);
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 40, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0); /* prefill */
+    for (int i = 40; i < 44; i++) {              /* warm-up decode */
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + i, .n = 1, .logits = lg};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    long before = dsv4_backend_cpu_spills(&be);
+    CHECK(before > 0); /* the first calls did grow the arena: the counter works */
+    for (int i = 44; i < 64; i++) {
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + i, .n = 1, .logits = lg};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    CHECKF(dsv4_backend_cpu_spills(&be) == before, "scratch spills grew from %ld to %ld during decode", before,
+           dsv4_backend_cpu_spills(&be));
+    free(lg);
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    dsv4_backend_cpu_free(&be);
+    dsv4_weights_free(&w);
+    dsv4_st_close(st);
+}
+
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
 TEST_MAIN(test_consistency_exact, test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints,
           test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
-          test_switch_distances, test_bad_input, test_zz_cleanup)
+          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_zz_cleanup)
