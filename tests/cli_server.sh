@@ -47,7 +47,7 @@ post() { # post PATH BODY OUTFILE -> prints the HTTP status
 }
 
 # ----- start -----
-"$BIN" serve --port 0 --ctx 256 --max-seqs 3 --queue 2 --api-key "$KEY" --max-body 65536 --grace 2 --test-hooks \
+"$BIN" serve --port 0 --ctx 1024 --max-seqs 3 --queue 2 --api-key "$KEY" --max-body 65536 --grace 2 --test-hooks \
   >"$TMP/server.log" 2>&1 &
 SRV_PID=$!
 PORT=""
@@ -111,9 +111,9 @@ err_case err_malformed_json 400 /v1/chat/completions '{"messages": [' "malformed
 err_case err_wrong_type 400 /v1/chat/completions "{\"messages\":[$U],\"temperature\":\"hot\"}" "temperature: must be a number" "${CH[@]}"
 err_case err_empty_messages 400 /v1/chat/completions '{"messages":[]}' "must not be empty" "${CH[@]}"
 err_case err_unknown_role 400 /v1/chat/completions '{"messages":[{"role":"wizard","content":"x"}]}' 'unknown role "wizard"' "${CH[@]}"
-long=$(printf 'word%d ' $(seq 1 300))
-err_case err_prompt_too_long 400 /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}" "the context is 256 tokens" "${CH[@]}"
-err_case err_max_tokens_over_ctx 400 /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":1000}" "exceeds the context of 256" "${CH[@]}"
+long=$(printf 'word%d ' $(seq 1 1200))
+err_case err_prompt_too_long 400 /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}" "the context is 1024 tokens" "${CH[@]}"
+err_case err_max_tokens_over_ctx 400 /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":5000}" "exceeds the context of 1024" "${CH[@]}"
 head -c 70000 /dev/zero | tr '\0' 'a' >"$TMP/big.txt"
 code=$(curl -s -o "$TMP/err.json" -w '%{http_code}' "${CH[@]}" --data-binary @"$TMP/big.txt" "http://127.0.0.1:$PORT/v1/chat/completions")
 check err_body_too_large_413 [ "$code" = 413 -a "$(js "$TMP/err.json" 'j.error.code')" = request_too_large ]

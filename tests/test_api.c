@@ -25,12 +25,13 @@ static int expect_err(dsv4_api_kind kind, const char *body, size_t len, int stat
     dsv4_api_error e;
     memset(&e, 0, sizeof e);
     int rc = dsv4_api_parse(kind, body, len ? len : strlen(body), &LIM, &r, &e);
+    int parsed = rc == 0;
     if (rc == 0) rc = dsv4_api_prepare(&r, tok_(), &LIM, &e);
     int ok = rc < 0 && e.status == status && strstr(e.message, want) && (!param || !strcmp(e.param, param));
     if (!ok)
         fprintf(stderr, "  body %.80s: rc %d status %d param '%s' message '%s' (wanted %d '%s' '%s')\n", body, rc,
                 e.status, e.param, e.message, status, want, param ? param : "");
-    if (rc == 0) dsv4_api_request_free(&r);
+    if (parsed) dsv4_api_request_free(&r);
     return ok;
 }
 
