@@ -835,6 +835,8 @@ static void run_iteration(dsv4_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->st.iterations++;
     pthread_mutex_unlock(&s->mu);
+    /* gauges first: a client that sees this step's events sees its state counted */
+    update_gauges(s);
     for (int k = 0; k < n; k++) {
         if (failed && failed[k]) continue;
         dsv4_request *r = s->slots[s->item_slot[k]].r;
