@@ -27,7 +27,7 @@ NVCC ?= /usr/local/cuda/bin/nvcc
 ifeq ($(CUDA),1)
   CUDA_C_SRC := $(shell find src/backend/cuda -name '*.c' | sort)
   CUDA_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
-  SRC += $(CUDA_C_SRC)
+  SRC := $(filter-out src/backend/nocuda.c,$(SRC)) $(CUDA_C_SRC)
   CFLAGS += -DDSV4_HAVE_CUDA=1
   LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
@@ -49,7 +49,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(OBJ)
 	@rm -f $@

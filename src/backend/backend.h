@@ -28,6 +28,7 @@
 #include "util/err.h"
 
 typedef struct dsv4_backend dsv4_backend;
+struct dsv4_backend_stats;
 
 /* Quantization simulations applied in place by op `sim` on a [rows, stride]
  * buffer, to `width` values starting at column `col0` of each row. */
@@ -112,7 +113,32 @@ typedef struct dsv4_backend_ops {
     void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                 const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
                 int act_fp8, int act_bf16, float out_scale);
+
+    /* ----- optional (NULL where a backend has nothing to do; the CPU backend sets none) ----- */
+    /* Copies every weight of the model to the backend's memory once, in its stored format;
+     * fails up front (bytes required vs available) if it does not fit. */
+    int (*load_weights)(dsv4_backend *b, const dsv4_model_w *w, dsv4_err *err);
+    /* Ops cannot fail, so a device error is sticky: this reports it (0 = none). */
+    int (*check)(dsv4_backend *b, dsv4_err *err);
+    /* Per-op timing for `dsv4 bench` (on: resets the counters; costs a sync per op). */
+    void (*profile)(dsv4_backend *b, int on);
+    void (*stats)(dsv4_backend *b, struct dsv4_backend_stats *out);
+    /* Device-to-device copy bandwidth in GB/s (bytes read + written) over `bytes`; < 0 on error. */
+    double (*copy_bandwidth)(dsv4_backend *b, size_t bytes);
 } dsv4_backend_ops;
+
+/* What a backend reports about itself (ops->stats). */
+#define DSV4_BACKEND_MAX_OPS 32
+typedef struct dsv4_backend_stats {
+    char device[128];            /* e.g. "NVIDIA H200 (sm_90, 132 SMs)" */
+    size_t mem_used, mem_total;  /* device memory in bytes (0 when not a device) */
+    size_t weight_bytes;         /* weights resident on the device */
+    int n_ops;
+    const char *op[DSV4_BACKEND_MAX_OPS];
+    double ms[DSV4_BACKEND_MAX_OPS]; /* time per op since profile(on) */
+    long calls[DSV4_BACKEND_MAX_OPS];
+    double weight_bytes_read;    /* weight bytes streamed by the ops since profile(on) */
+} dsv4_backend_stats;
 
 typedef void (*dsv4_backend_trace_fn)(void *user, const char *op, int layer, const float *out, size_t n);
 
@@ -127,5 +153,12 @@ struct dsv4_backend {
 /* The CPU reference backend (src/backend/cpu). */
 int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err);
 void dsv4_backend_cpu_free(dsv4_backend *b);
+
+/* The CUDA backend (src/backend/cuda, `make CUDA=1` builds only; other builds link
+ * src/backend/nocuda.c, where available() is 0 and init fails saying so).
+ * available(): 1 when this build has CUDA and a device is usable. */
+int dsv4_backend_cuda_available(void);
+int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err);
+void dsv4_backend_cuda_free(dsv4_backend *b);
 
 #endif

@@ -23,6 +23,7 @@ struct dsv4_engine {
     int w_bound;
     dsv4_backend be;
     int be_init;
+    int be_cuda;            /* be is the CUDA backend */
     dsv4_model *model;
     dsv4_numerics num;
     char numerics_name[256];
@@ -81,7 +82,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 void dsv4_engine_close(dsv4_engine *e) {
     if (!e) return;
     dsv4_model_free(e->model);
-    if (e->be_init) dsv4_backend_cpu_free(&e->be);
+    if (e->be_init) {
+        if (e->be_cuda) dsv4_backend_cuda_free(&e->be);
+        else dsv4_backend_cpu_free(&e->be);
+    }
     if (e->w_bound) dsv4_weights_free(&e->w);
     if (e->st) dsv4_st_close(e->st);
     free(e);
@@ -93,8 +97,13 @@ int dsv4_engine_open(dsv4_engine **out, const dsv4_engine_opts *opts, dsv4_err *
     *out = NULL;
     dsv4_engine_opts o = {0};
     if (opts) o = *opts;
-    if (o.backend && strcmp(o.backend, "cpu"))
-        return dsv4_errf(err, "unknown backend '%s' (this build has: cpu)", o.backend);
+    /* backend: cpu (default), cuda, or auto = cuda when this build has it and a device answers */
+    int want_cuda = 0;
+    if (o.backend && !strcmp(o.backend, "cuda")) want_cuda = 1;
+    else if (o.backend && !strcmp(o.backend, "auto")) want_cuda = dsv4_backend_cuda_available();
+    else if (o.backend && strcmp(o.backend, "cpu"))
+        return dsv4_errf(err, "unknown backend '%s' (expected cpu, cuda or auto; this build has: cpu%s)", o.backend,
+                         dsv4_backend_cuda_available() ? ", cuda" : "");
     dsv4_engine *e = calloc(1, sizeof *e);
     if (!e) return dsv4_errf(err, "engine: out of memory");
     if (o.model_dir) snprintf(e->dir, sizeof e->dir, "%s", o.model_dir);
@@ -115,8 +124,14 @@ int dsv4_engine_open(dsv4_engine **out, const dsv4_engine_opts *opts, dsv4_err *
         goto fail;
     }
     e->w_bound = 1;
-    if (dsv4_backend_cpu_init(&e->be, o.n_threads, err)) goto fail;
+    if (want_cuda) {
+        if (dsv4_backend_cuda_init(&e->be, 0, err)) goto fail;
+        e->be_cuda = 1;
+    } else if (dsv4_backend_cpu_init(&e->be, o.n_threads, err)) {
+        goto fail;
+    }
     e->be_init = 1;
+    if (e->be.ops->load_weights && e->be.ops->load_weights(&e->be, &e->w, err)) goto fail;
     if (dsv4_model_init(&e->model, &e->w, &e->be, &e->num, 64, err)) goto fail;
     dsv4_model_set_trace(e->model, route_trace, e);
     int64_t period = dsv4_state_period(&e->cfg);
@@ -145,6 +160,35 @@ void dsv4_engine_get_info(const dsv4_engine *e, dsv4_engine_info *out) {
     out->n_mtp = e->cfg.n_mtp;
     out->max_position = e->cfg.max_position;
     out->state_period = (int)dsv4_state_period(&e->cfg);
+}
+
+/* ----- backend introspection (dsv4 bench) ----- */
+const char *dsv4_engine_backend_name(const dsv4_engine *e) { return e->be.ops->name; }
+
+void dsv4_engine_profile(dsv4_engine *e, int on) {
+    if (e->be.ops->profile) e->be.ops->profile(&e->be, on);
+}
+
+void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->be.ops->stats) return;
+    dsv4_backend_stats st;
+    e->be.ops->stats(&e->be, &st);
+    snprintf(out->device, sizeof out->device, "%s", st.device);
+    out->mem_used = st.mem_used;
+    out->mem_total = st.mem_total;
+    out->weight_bytes = st.weight_bytes;
+    out->n_ops = st.n_ops < DSV4_ENGINE_MAX_OPS ? st.n_ops : DSV4_ENGINE_MAX_OPS;
+    for (int i = 0; i < out->n_ops; i++) {
+        out->op[i] = st.op[i];
+        out->ms[i] = st.ms[i];
+        out->calls[i] = st.calls[i];
+    }
+    out->weight_bytes_read = st.weight_bytes_read;
+}
+
+double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes) {
+    return e->be.ops->copy_bandwidth ? e->be.ops->copy_bandwidth(&e->be, bytes) : -1.0;
 }
 
 void dsv4_engine_numerics_string(const dsv4_engine *e, char *buf, size_t n) { dsv4_numerics_format(&e->num, buf, n); }

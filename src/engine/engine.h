@@ -37,7 +37,7 @@ typedef struct dsv4_engine_opts {
     const char *numerics;         /* profile: "exact" (default when NULL) or "reference" */
     const char *const *sets;      /* n_sets "name=value" switch overrides applied after the profile */
     int n_sets;
-    const char *backend;          /* "cpu" (default when NULL) */
+    const char *backend;          /* "cpu" (default when NULL), "cuda", or "auto" (cuda if built and present) */
     int n_threads;                /* 0 = OpenMP default */
     int snapshot_every;           /* truncation checkpoint interval in tokens, rounded up to a multiple of
                                      the model's state period; 0 = one period (see dsv4_seq_truncate) */
@@ -156,6 +156,27 @@ typedef struct dsv4_op_event {
 } dsv4_op_event;
 typedef void (*dsv4_op_trace_fn)(const dsv4_op_event *ev, void *user);
 void dsv4_engine_set_op_trace(dsv4_engine *e, dsv4_op_trace_fn fn, void *user); /* fn NULL = off */
+
+/* ----- backend introspection (dsv4 bench) ----- */
+/* "cpu" or "cuda". */
+const char *dsv4_engine_backend_name(const dsv4_engine *e);
+/* Per-op timing on (resets the counters) or off; a no-op on backends without it. */
+void dsv4_engine_profile(dsv4_engine *e, int on);
+#define DSV4_ENGINE_MAX_OPS 32
+typedef struct dsv4_engine_perf_info {
+    char device[128];           /* "" for the CPU backend */
+    size_t mem_used, mem_total; /* device memory, bytes */
+    size_t weight_bytes;        /* weights resident on the device */
+    int n_ops;                  /* 0 when the backend does not time ops */
+    const char *op[DSV4_ENGINE_MAX_OPS];
+    double ms[DSV4_ENGINE_MAX_OPS];
+    long calls[DSV4_ENGINE_MAX_OPS];
+    double weight_bytes_read;   /* since profiling was turned on */
+} dsv4_engine_perf_info;
+void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out);
+/* Device-to-device copy bandwidth in GB/s (read + written) over a `bytes` buffer; < 0 if
+ * the backend has no device. */
+double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes);
 
 /* ----- numerics ----- */
 /* Writes "name=value" lines of the engine's effective switches into buf. */

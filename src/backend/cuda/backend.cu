@@ -1,0 +1,503 @@
+/* backend/cuda/backend.cu: the CUDA backend's table, memory, weights and errors.
+ *
+ * Memory model of this version (see common.cuh): buffers handed to ops are host
+ * memory (alloc/upload/download/copy act on the host, as in the CPU backend),
+ * because the forward pass still owns host run-state and sequence state.  Each
+ * op stages its inputs into a device scratch arena, runs its kernels on one
+ * stream and copies its outputs back.  Weights are device-resident: load_weights
+ * uploads the whole model once, in stored formats, into one allocation, after
+ * checking that it fits (required vs available bytes).  Weights an op meets that
+ * were not loaded (op tests) are uploaded on first use.
+ * Target: sm_90a.  Threading: one caller at a time, like every backend.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/cuda/common.cuh"
+
+extern "C" {
+#include "model/weights.h"
+}
+
+/* op implementations (one kernel family per file) */
+void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *);
+void cu_matmul(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int);
+void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int);
+void cu_rmsnorm(dsv4_backend *, float *, const float *, int, int, const dsv4_weight *, float, int);
+void cu_rope(dsv4_backend *, float *, int, int, int, int, const int64_t *, const double *, int, int);
+void cu_scale(dsv4_backend *, float *, size_t, float, int);
+void cu_sim(dsv4_backend *, float *, int, int, int, int, int);
+void cu_hc_pre(dsv4_backend *, float *, float *, float *, const float *, int, int, int, const dsv4_weight *,
+               const dsv4_weight *, const dsv4_weight *, int, float, float, int, int);
+void cu_hc_post(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int, int, int,
+                int);
+void cu_hc_head(dsv4_backend *, float *, const float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
+                const dsv4_weight *, float, float, int, int);
+void cu_sparse_attn(dsv4_backend *, float *, const float *, int, int, int, const float *const *, const int *, int,
+                    const float *, float, int, int);
+void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, int, int, int, const float *const *,
+                       const int *, int, int);
+void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
+void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
+void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
+              float);
+void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, const int32_t *, const float *, int,
+            const dsv4_ffn_w *, float, int, int, int, float);
+
+/* ----- errors ----- */
+int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
+    cuda_impl *c = CI(b);
+    if (!c->failed) {
+        snprintf(c->errmsg, sizeof c->errmsg, "cuda: %s failed at %s:%d: %s", expr, file, line,
+                 e == cudaSuccess ? "error" : cudaGetErrorString(e));
+        c->failed = 1;
+    }
+    return 1;
+}
+
+int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    return dsv4_cuda_fail(b, "kernel launch", file, line, e);
+}
+
+static int cu_check(dsv4_backend *b, dsv4_err *err) {
+    cuda_impl *c = CI(b);
+    if (!c->failed) {
+        cudaError_t e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) dsv4_cuda_fail(b, "cudaStreamSynchronize", __FILE__, __LINE__, e);
+    }
+    if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
+    return 0;
+}
+
+/* ----- scratch ----- */
+/* A bump arena; what does not fit is a separate allocation ("spill") freed at the
+ * next op, and the arena grows to the high-water mark at that empty point, so after
+ * warm-up no op allocates. */
+void dsv4_cuda_scratch_reset(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    c->scratch_top = 0;
+    if (c->n_spill || c->scratch_want > c->scratch_cap) cudaStreamSynchronize(c->stream);
+    while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
+    if (c->scratch_want > c->scratch_cap && !c->failed) {
+        size_t cap = c->scratch_want + c->scratch_want / 4 + (1 << 20);
+        if (c->scratch) cudaFree(c->scratch);
+        c->scratch = NULL;
+        c->scratch_cap = 0;
+        if (CK(b, cudaMalloc((void **)&c->scratch, cap))) return;
+        c->scratch_cap = cap;
+    }
+}
+
+void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes) {
+    cuda_impl *c = CI(b);
+    if (c->failed) return NULL;
+    bytes = (bytes + 255) & ~(size_t)255;
+    if (c->scratch_top + bytes > c->scratch_want) c->scratch_want = c->scratch_top + bytes;
+    if (c->scratch_top + bytes <= c->scratch_cap) {
+        void *p = c->scratch + c->scratch_top;
+        c->scratch_top += bytes;
+        return p;
+    }
+    c->scratch_top += bytes;
+    if (c->n_spill >= (int)(sizeof c->spill / sizeof c->spill[0])) {
+        dsv4_cuda_fail(b, "more than 64 scratch buffers in one op (internal)", __FILE__, __LINE__, cudaSuccess);
+        return NULL;
+    }
+    void *p = NULL;
+    if (CK(b, cudaMalloc(&p, bytes))) return NULL;
+    c->spill[c->n_spill++] = p;
+    return p;
+}
+
+void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes) {
+    cuda_impl *c = CI(b);
+    if (bytes <= c->hbuf_cap) return c->hbuf;
+    CK(b, cudaStreamSynchronize(c->stream)); /* async copies may still read the old buffer */
+    if (c->hbuf) cudaFreeHost(c->hbuf);
+    c->hbuf = NULL;
+    c->hbuf_cap = 0;
+    size_t cap = bytes + bytes / 2;
+    if (CK(b, cudaMallocHost((void **)&c->hbuf, cap))) return NULL;
+    c->hbuf_cap = cap;
+    return c->hbuf;
+}
+
+void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
+    void *d = dsv4_cuda_scratch(b, bytes ? bytes : 1);
+    if (!d) return NULL;
+    if (bytes && CK(b, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, CI(b)->stream))) return NULL;
+    return d;
+}
+
+void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes) {
+    cuda_impl *c = CI(b);
+    if (c->failed || !bytes) return;
+    if (CK(b, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
+    CK(b, cudaStreamSynchronize(c->stream));
+}
+
+/* ----- timing ----- */
+void dsv4_cuda_op_begin(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_scratch_reset(b);
+    if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
+}
+
+void dsv4_cuda_op_end(dsv4_backend *b, int op) {
+    cuda_impl *c = CI(b);
+    if (!c->timing || c->failed) return;
+    CK(b, cudaEventRecord(c->ev1, c->stream));
+    CK(b, cudaEventSynchronize(c->ev1));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, c->ev0, c->ev1);
+    c->op_ms[op] += ms;
+    c->op_calls[op]++;
+}
+
+static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
+    "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
+    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe"};
+
+static void cu_profile(dsv4_backend *b, int on) {
+    cuda_impl *c = CI(b);
+    c->timing = on;
+    memset(c->op_ms, 0, sizeof c->op_ms);
+    memset(c->op_calls, 0, sizeof c->op_calls);
+    c->weight_bytes_read = 0;
+}
+
+static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
+    cuda_impl *c = CI(b);
+    memset(out, 0, sizeof *out);
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, c->device) == cudaSuccess)
+        snprintf(out->device, sizeof out->device, "%.60s (sm_%d%d, %d SMs, %.0f GiB)", p.name, p.major, p.minor,
+                 p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30));
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        out->mem_used = tot - fr;
+        out->mem_total = tot;
+    }
+    out->weight_bytes = c->pool_used;
+    out->n_ops = DSV4_CUDA_N_OPS;
+    for (int i = 0; i < DSV4_CUDA_N_OPS; i++) {
+        out->op[i] = OP_NAMES[i];
+        out->ms[i] = c->op_ms[i];
+        out->calls[i] = c->op_calls[i];
+    }
+    out->weight_bytes_read = (double)c->weight_bytes_read;
+}
+
+static double cu_copy_bandwidth(dsv4_backend *b, size_t bytes) {
+    cuda_impl *c = CI(b);
+    void *x = NULL, *y = NULL;
+    if (CK(b, cudaMalloc(&x, bytes))) return -1;
+    if (CK(b, cudaMalloc(&y, bytes))) {
+        cudaFree(x);
+        return -1;
+    }
+    double best = -1;
+    CK(b, cudaMemsetAsync(x, 1, bytes, c->stream));
+    for (int i = 0; i < 12 && !c->failed; i++) {
+        CK(b, cudaEventRecord(c->ev0, c->stream));
+        CK(b, cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        CK(b, cudaEventRecord(c->ev1, c->stream));
+        CK(b, cudaEventSynchronize(c->ev1));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, c->ev0, c->ev1);
+        double gbs = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+        if (i >= 2 && gbs > best) best = gbs; /* first two are warm-up */
+    }
+    cudaFree(x);
+    cudaFree(y);
+    return c->failed ? -1 : best;
+}
+
+/* ----- weights ----- */
+static size_t ptr_hash(const void *p, size_t cap) {
+    uint64_t v = (uint64_t)(uintptr_t)p;
+    v ^= v >> 33;
+    v *= 0xff51afd7ed558ccdull;
+    v ^= v >> 33;
+    return (size_t)(v & (cap - 1));
+}
+
+static wentry *map_find(cuda_impl *c, const void *key) {
+    if (!c->map_cap) return NULL;
+    for (size_t i = ptr_hash(key, c->map_cap);; i = (i + 1) & (c->map_cap - 1)) {
+        if (c->map[i].key == key) return &c->map[i];
+        if (!c->map[i].key) return NULL;
+    }
+}
+
+static int map_insert(cuda_impl *c, const void *key, uint8_t *data, uint8_t *scale) {
+    if ((c->map_n + 1) * 2 > c->map_cap) {
+        size_t cap = c->map_cap ? c->map_cap * 2 : 1024;
+        wentry *m = (wentry *)calloc(cap, sizeof *m);
+        if (!m) return -1;
+        for (size_t i = 0; i < c->map_cap; i++)
+            if (c->map[i].key) {
+                size_t j = ptr_hash(c->map[i].key, cap);
+                while (m[j].key) j = (j + 1) & (cap - 1);
+                m[j] = c->map[i];
+            }
+        free(c->map);
+        c->map = m;
+        c->map_cap = cap;
+    }
+    size_t j = ptr_hash(key, c->map_cap);
+    while (c->map[j].key) j = (j + 1) & (c->map_cap - 1);
+    c->map[j] = wentry{key, data, scale};
+    c->map_n++;
+    return 0;
+}
+
+static size_t data_bytes(const dsv4_weight *w) {
+    int64_t n = w->rows * w->cols;
+    switch (w->fmt) {
+    case DSV4_WF_F32: case DSV4_WF_I32: return (size_t)n * 4;
+    case DSV4_WF_I64: return (size_t)n * 8;
+    case DSV4_WF_BF16: return (size_t)n * 2;
+    case DSV4_WF_FP8: return (size_t)n;
+    case DSV4_WF_MXFP4: case DSV4_WF_NVFP4: return (size_t)(w->rows * ((w->cols + 1) / 2));
+    default: return 0;
+    }
+}
+
+static size_t scale_bytes(const dsv4_weight *w) {
+    switch (w->fmt) {
+    case DSV4_WF_FP8: {
+        int64_t n = ((w->rows + w->block - 1) / w->block) * ((w->cols + w->block - 1) / w->block);
+        return (size_t)n * (w->scale_f32 ? 4 : 1);
+    }
+    case DSV4_WF_MXFP4: return (size_t)(w->rows * ((w->cols + 31) / 32));
+    case DSV4_WF_NVFP4: return (size_t)(w->rows * ((w->cols + 15) / 16));
+    default: return 0;
+    }
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* uploads w into dst (pool space) or a fresh allocation; records it in the map */
+static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
+    cuda_impl *c = CI(b);
+    if (w->fmt == DSV4_WF_NONE || !w->data || map_find(c, w->data)) return 0;
+    size_t db = data_bytes(w), sb = scale_bytes(w), need = al256(db) + al256(sb);
+    uint8_t *base = NULL;
+    if (c->pool && c->pool_used + need <= c->pool_bytes) {
+        base = c->pool + c->pool_used;
+        c->pool_used += need;
+    } else if (CK(b, cudaMalloc((void **)&base, need ? need : 1))) {
+        return -1;
+    }
+    if (db && CK(b, cudaMemcpy(base, w->data, db, cudaMemcpyHostToDevice))) return -1;
+    uint8_t *sc = NULL;
+    if (sb) {
+        sc = base + al256(db);
+        if (CK(b, cudaMemcpy(sc, w->scale, sb, cudaMemcpyHostToDevice))) return -1;
+    }
+    if (map_insert(c, w->data, base, sc)) return dsv4_cuda_fail(b, "weight map: out of host memory", __FILE__,
+                                                                __LINE__, cudaSuccess), -1;
+    return 0;
+}
+
+int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out) {
+    cuda_impl *c = CI(b);
+    memset(out, 0, sizeof *out);
+    if (c->failed) return -1;
+    wentry *e = map_find(c, w->data);
+    if (!e) {
+        if (upload_weight(b, w)) return -1;
+        e = map_find(c, w->data);
+        if (!e) return -1;
+    }
+    out->fmt = w->fmt;
+    out->rows = w->rows;
+    out->cols = w->cols;
+    out->data = e->data;
+    out->scale = e->scale;
+    out->scale_f32 = w->scale_f32;
+    out->block = w->block > 0 ? w->block : 128;
+    out->scale2 = w->scale2;
+    return 0;
+}
+
+/* visits every weight of the model */
+typedef int (*wvisit)(dsv4_backend *b, const dsv4_weight *w, void *user);
+static int visit_ffn(dsv4_backend *b, const dsv4_ffn_w *f, wvisit fn, void *u) {
+    return fn(b, &f->w1, u) || fn(b, &f->w2, u) || fn(b, &f->w3, u);
+}
+static int visit_comp(dsv4_backend *b, const dsv4_compressor_w *cw, wvisit fn, void *u) {
+    return fn(b, &cw->wkv, u) || fn(b, &cw->wgate, u) || fn(b, &cw->ape, u) || fn(b, &cw->norm, u);
+}
+static int visit_all(dsv4_backend *b, const dsv4_model_w *m, wvisit fn, void *u) {
+    const dsv4_weight *g[] = {&m->embed, &m->head, &m->norm, &m->hc_head_fn, &m->hc_head_base, &m->hc_head_scale};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        if (fn(b, g[i], u)) return -1;
+    for (int l = 0; l < m->n_layers; l++) {
+        const dsv4_layer_w *L = &m->layers[l];
+        const dsv4_weight *ws[] = {&L->attn_norm, &L->ffn_norm, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale,
+                                   &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale, &L->wq_a, &L->q_norm,
+                                   &L->wq_b, &L->wkv, &L->kv_norm, &L->wo_a, &L->wo_b, &L->attn_sink, &L->gate,
+                                   &L->gate_bias, &L->e_proj, &L->h_proj, &L->enorm, &L->hnorm, &L->norm,
+                                   &L->hc_head_fn, &L->hc_head_base, &L->hc_head_scale};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (fn(b, ws[i], u)) return -1;
+        if (L->has_comp && visit_comp(b, &L->comp, fn, u)) return -1;
+        if (L->has_indexer && (fn(b, &L->idx.wq_b, u) || fn(b, &L->idx.weights_proj, u) ||
+                               visit_comp(b, &L->idx.comp, fn, u)))
+            return -1;
+        if (L->experts)
+            for (int e = 0; e < m->cfg.n_routed; e++)
+                if (visit_ffn(b, &L->experts[e], fn, u)) return -1;
+        if (m->cfg.n_shared > 0 && visit_ffn(b, &L->shared, fn, u)) return -1;
+    }
+    return 0;
+}
+
+static int count_bytes(dsv4_backend *b, const dsv4_weight *w, void *user) {
+    (void)b;
+    if (w->fmt != DSV4_WF_NONE && w->data) *(size_t *)user += al256(data_bytes(w)) + al256(scale_bytes(w));
+    return 0;
+}
+
+typedef struct {
+    size_t done, total, next_report;
+    double t0;
+} upload_progress;
+
+static int upload_one(dsv4_backend *b, const dsv4_weight *w, void *user) {
+    upload_progress *p = (upload_progress *)user;
+    if (upload_weight(b, w)) return -1;
+    size_t n = w->fmt != DSV4_WF_NONE && w->data ? al256(data_bytes(w)) + al256(scale_bytes(w)) : 0;
+    p->done += n;
+    if (p->done >= p->next_report || p->done == p->total) {
+        fprintf(stderr, "\rcuda: uploading weights %.2f / %.2f GB", p->done / 1e9, p->total / 1e9);
+        p->next_report = p->done + p->total / 50 + 1;
+    }
+    return 0;
+}
+
+static int cu_load_weights(dsv4_backend *b, const dsv4_model_w *m, dsv4_err *err) {
+    cuda_impl *c = CI(b);
+    size_t total = 0;
+    visit_all(b, m, count_bytes, &total);
+    size_t fr = 0, tot = 0;
+    if (CK(b, cudaMemGetInfo(&fr, &tot))) return cu_check(b, err);
+    size_t reserve = (size_t)2 << 30; /* activations, scratch, sequence state */
+    if (total + reserve > fr)
+        return dsv4_errf(err,
+                         "cuda: the model needs %.2f GB of GPU memory for its weights (+%.1f GB working space), "
+                         "the device has %.2f GB free of %.2f GB",
+                         total / 1e9, reserve / 1e9, fr / 1e9, tot / 1e9);
+    if (CK(b, cudaMalloc((void **)&c->pool, total ? total : 1))) return cu_check(b, err);
+    c->pool_bytes = total;
+    c->pool_used = 0;
+    upload_progress p = {0, total, 0, 0};
+    int rc = visit_all(b, m, upload_one, &p);
+    fprintf(stderr, "\n");
+    if (rc || c->failed) return cu_check(b, err) ? -1 : dsv4_errf(err, "cuda: weight upload failed");
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+        fprintf(stderr, "cuda: %.2f GB of weights on the GPU; %.2f GB used of %.2f GB\n", c->pool_used / 1e9,
+                (tot - fr) / 1e9, tot / 1e9);
+    return 0;
+}
+
+/* ----- host memory (the forward pass's buffers; see the header comment) ----- */
+static void *cu_alloc(dsv4_backend *b, size_t bytes) {
+    (void)b;
+    return calloc(1, bytes ? bytes : 1);
+}
+static void cu_free(dsv4_backend *b, void *p) {
+    (void)b;
+    free(p);
+}
+static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (bytes) memmove(dst, src, bytes);
+}
+
+static const dsv4_backend_ops CUDA_OPS = {
+    "cuda",
+    cu_alloc,
+    cu_free,
+    cu_copy,
+    cu_copy,
+    cu_copy,
+    cu_embed,
+    cu_matmul,
+    cu_matmul_grouped,
+    cu_rmsnorm,
+    cu_rope,
+    cu_scale,
+    cu_sim,
+    cu_hc_pre,
+    cu_hc_post,
+    cu_hc_head,
+    cu_sparse_attn,
+    cu_indexer_scores,
+    cu_topk,
+    cu_pool,
+    cu_route,
+    cu_moe,
+    cu_load_weights,
+    cu_check,
+    cu_profile,
+    cu_stats,
+    cu_copy_bandwidth,
+};
+
+extern "C" int dsv4_backend_cuda_available(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err) {
+    memset(b, 0, sizeof *b);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return dsv4_errf(err, "backend 'cuda': no usable CUDA device (%s)",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n) return dsv4_errf(err, "backend 'cuda': device %d does not exist (%d found)", device, n);
+    cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, device)) != cudaSuccess)
+        return dsv4_errf(err, "backend 'cuda': cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+    if (p.major < 9)
+        return dsv4_errf(err, "backend 'cuda': %s is sm_%d%d; this build targets sm_90a (Hopper)", p.name, p.major,
+                         p.minor);
+    cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
+    if (!c) return dsv4_errf(err, "backend 'cuda': out of memory");
+    c->device = device;
+    b->impl = c;
+    b->ops = &CUDA_OPS;
+    if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
+        dsv4_errf(err, "%s", c->errmsg);
+        dsv4_backend_cuda_free(b);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
+    if (!b || !b->impl) return;
+    cuda_impl *c = CI(b);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->pool) cudaFree(c->pool);
+    for (size_t i = 0; i < c->map_cap; i++) /* weights uploaded outside the pool */
+        if (c->map[i].key && !(c->pool && c->map[i].data >= c->pool && c->map[i].data < c->pool + c->pool_bytes))
+            cudaFree(c->map[i].data);
+    free(c->map);
+    while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->hbuf) cudaFreeHost(c->hbuf);
+    if (c->ev0) cudaEventDestroy(c->ev0);
+    if (c->ev1) cudaEventDestroy(c->ev1);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+    b->impl = NULL;
+    b->ops = NULL;
+}

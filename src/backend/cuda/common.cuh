@@ -1,0 +1,206 @@
+/* backend/cuda/common.cuh: what every CUDA kernel file shares (included by .cu files only).
+ *
+ * - CK(expr): every CUDA call goes through it (STYLE §8).  Ops cannot return
+ *   errors (backend.h), so a failure is recorded in the backend's sticky error
+ *   (first one wins: expression, file, line, CUDA's message) and every later op
+ *   becomes a no-op until the engine reads it through ops->check.
+ * - exact device codecs (bf16 RNE, e4m3fn, e8m0, e2m1): bit-for-bit the host ones
+ *   in model/quant.c, so quantization simulations agree exactly with the CPU.
+ * - dweight: a weight as the kernels see it (device pointers, stored format).
+ * - the staging model of this first version: op arguments are HOST pointers (the
+ *   forward pass owns host run-state buffers), each op copies what it reads into a
+ *   device scratch arena, runs, and copies its outputs back.  Weights live on the
+ *   device, uploaded once in their stored formats.
+ * Target: sm_90a (H100/H200); nothing here needs Hopper-only instructions yet.
+ */
+#ifndef DSV4_BACKEND_CUDA_COMMON_CUH
+#define DSV4_BACKEND_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+}
+
+/* ----- device view of a weight ----- */
+struct dweight {
+    int fmt;               /* dsv4_wfmt */
+    int64_t rows, cols;
+    const uint8_t *data;   /* device */
+    const uint8_t *scale;  /* device (FP8 block scales, MXFP4 e8m0, NVFP4 e4m3) */
+    int scale_f32, block;
+    float scale2;
+};
+
+/* ----- backend state ----- */
+struct wentry {
+    const void *key;       /* host data pointer of the weight */
+    uint8_t *data, *scale; /* device copies */
+};
+
+struct cuda_impl {
+    int device;
+    cudaStream_t stream;
+    char errmsg[512];      /* sticky first error, "" = none */
+    int failed;
+    /* weight map: open addressing on the host data pointer */
+    wentry *map;
+    size_t map_cap, map_n;
+    uint8_t *pool;         /* one allocation for the weights uploaded by load_weights */
+    size_t pool_bytes, pool_used;
+    /* device scratch arena (bump allocator, reset at the start of every op) */
+    uint8_t *scratch;
+    size_t scratch_cap, scratch_top, scratch_want;
+    void *spill[64];
+    int n_spill;
+    /* host scratch for gathers (pinned) */
+    uint8_t *hbuf;
+    size_t hbuf_cap;
+    /* per-op timing (bench): accumulated milliseconds and calls */
+    int timing;
+    cudaEvent_t ev0, ev1;
+    double op_ms[DSV4_CUDA_N_OPS];
+    long op_calls[DSV4_CUDA_N_OPS];
+    size_t weight_bytes_read;   /* bytes of weights streamed by matmul/moe since the last reset */
+};
+
+static inline cuda_impl *CI(dsv4_backend *b) { return (cuda_impl *)b->impl; }
+
+/* records the first CUDA error; returns nonzero if this call failed */
+int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e);
+#define CK(b, expr) (((expr) == cudaSuccess) ? 0 : dsv4_cuda_fail((b), #expr, __FILE__, __LINE__, cudaGetLastError()))
+#define CKL(b) dsv4_cuda_fail_if((b), __FILE__, __LINE__)
+int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line); /* after a launch */
+
+/* device scratch: NULL (and sticky error) on failure; valid until the next op */
+void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);
+void dsv4_cuda_scratch_reset(dsv4_backend *b);
+/* pinned host scratch of at least n bytes (grown, contents lost); NULL on failure */
+void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes);
+/* uploads n bytes of host memory into fresh scratch and returns the device copy */
+void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes);
+/* copies device -> host on the stream and waits */
+void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes);
+/* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
+int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
+
+/* op timing bracket for bench (no-ops unless timing is on) */
+void dsv4_cuda_op_begin(dsv4_backend *b);
+void dsv4_cuda_op_end(dsv4_backend *b, int op);
+
+/* ----- exact scalar codecs (mirror model/quant.c) ----- */
+__device__ __forceinline__ float d_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float d_round_bf16(float f) {
+    uint32_t b = __float_as_uint(f);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((b >> 16) | 0x0040u) << 16);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return __uint_as_float((b >> 16) << 16);
+}
+__device__ __forceinline__ float d_e4m3_to_f32(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
+    uint32_t e = (c >> 3) & 0xfu, m = c & 7u;
+    if (e == 15 && m == 7) return __uint_as_float(sign | 0x7fc00000u);
+    if (e == 0) return __uint_as_float(__float_as_uint((float)m * 0x1p-9f) | sign);
+    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+__device__ __forceinline__ uint8_t d_f32_to_e4m3(float f) {
+    uint32_t b = __float_as_uint(f);
+    uint8_t sign = (uint8_t)((b >> 24) & 0x80u);
+    uint32_t a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;
+    if (a >= 0x43e00000u) return sign | 0x7eu;
+    if (a < 0x3c800000u) return sign | (uint8_t)rintf(__uint_as_float(a) * 512.0f);
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    return sign | (uint8_t)((r >> 20) - (120u << 3));
+}
+__device__ __forceinline__ float d_e8m0_to_f32(uint8_t c) {
+    if (c == 0xff) return __uint_as_float(0x7fc00000u);
+    if (c == 0) return __uint_as_float(0x00400000u);
+    return __uint_as_float((uint32_t)c << 23);
+}
+__device__ __forceinline__ float d_e2m1_to_f32(uint32_t nib) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = mag[nib & 7u];
+    return (nib & 8u) ? -v : v;
+}
+__device__ __forceinline__ float d_e2m1_round_abs(float a) {
+    if (a <= 0.25f) return 0.0f;
+    if (a < 0.75f) return 0.5f;
+    if (a <= 1.25f) return 1.0f;
+    if (a < 1.75f) return 1.5f;
+    if (a <= 2.5f) return 2.0f;
+    if (a < 3.5f) return 3.0f;
+    if (a <= 5.0f) return 4.0f;
+    return 6.0f;
+}
+__device__ __forceinline__ float d_pow2_ceil(float v) {
+    uint32_t b = __float_as_uint(v);
+    int32_t e = (int32_t)((b >> 23) & 0xffu) - 127 + ((b & 0x7fffffu) != 0);
+    return __uint_as_float((uint32_t)(e + 127) << 23);
+}
+
+/* One element W[r][c] of any stored format (slow path; kernels use it for
+ * partial blocks and odd shapes, and small vectors). */
+__device__ __forceinline__ float d_weight_at(const dweight &w, int64_t r, int64_t c) {
+    switch (w.fmt) {
+    case DSV4_WF_F32: return ((const float *)w.data)[r * w.cols + c];
+    case DSV4_WF_BF16: return d_bf16_to_f32(((const uint16_t *)w.data)[r * w.cols + c]);
+    case DSV4_WF_FP8: {
+        int64_t scols = (w.cols + w.block - 1) / w.block;
+        int64_t si = (r / w.block) * scols + c / w.block;
+        float s = w.scale_f32 ? ((const float *)w.scale)[si] : d_e8m0_to_f32(w.scale[si]);
+        return d_e4m3_to_f32(w.data[r * w.cols + c]) * s;
+    }
+    case DSV4_WF_MXFP4: {
+        uint8_t byte = w.data[r * ((w.cols + 1) / 2) + c / 2];
+        float s = d_e8m0_to_f32(w.scale[r * ((w.cols + 31) / 32) + c / 32]);
+        return d_e2m1_to_f32(c & 1 ? byte >> 4 : byte & 15) * s;
+    }
+    case DSV4_WF_NVFP4: {
+        uint8_t byte = w.data[r * ((w.cols + 1) / 2) + c / 2];
+        float s = d_e4m3_to_f32(w.scale[r * ((w.cols + 15) / 16) + c / 16]) * w.scale2;
+        return d_e2m1_to_f32(c & 1 ? byte >> 4 : byte & 15) * s;
+    }
+    default: return 0.0f;
+    }
+}
+
+/* ----- reductions ----- */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* block-wide sum/max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result */
+__device__ __forceinline__ float block_sum(float v, float *sh /* 32 floats */) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+/* launch helpers used by several files */
+void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
+                      const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16);
+void dsv4_cuda_act_quant(dsv4_backend *b, float *out_d, const float *x_d, int rows, int64_t K, int block);
+void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n);
+
+#endif

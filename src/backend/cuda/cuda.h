@@ -1,0 +1,14 @@
+/* backend/cuda/cuda.h: names shared by the CUDA backend's files (plain C, no CUDA types).
+ * The public entry points are in backend/backend.h. */
+#ifndef DSV4_BACKEND_CUDA_CUDA_H
+#define DSV4_BACKEND_CUDA_CUDA_H
+
+/* ops timed separately by `dsv4 bench` */
+enum {
+    DSV4_CUDA_OP_EMBED = 0, DSV4_CUDA_OP_MATMUL, DSV4_CUDA_OP_MATMUL_GROUPED, DSV4_CUDA_OP_RMSNORM,
+    DSV4_CUDA_OP_ROPE, DSV4_CUDA_OP_SCALE, DSV4_CUDA_OP_SIM, DSV4_CUDA_OP_HC_PRE, DSV4_CUDA_OP_HC_POST,
+    DSV4_CUDA_OP_HC_HEAD, DSV4_CUDA_OP_SPARSE_ATTN, DSV4_CUDA_OP_INDEXER, DSV4_CUDA_OP_TOPK, DSV4_CUDA_OP_POOL,
+    DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_N_OPS
+};
+
+#endif

@@ -1,0 +1,197 @@
+/* backend/cuda/norm.cu: row-wise elementwise ops: rmsnorm, rope, scale, sim.
+ *
+ * rmsnorm: one block (256 threads) per vector; sum of squares by a block tree
+ *   (the CPU sums serially: accumulation order is the only difference), then
+ *   x * rsqrt(mean + eps) * w, rounded to bf16 if asked -- the same expression.
+ * rope: one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq like
+ *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's).
+ * sim: one block (128 threads) per row; each warp takes whole quantization blocks
+ *   (fp8: amax -> pow2 scale -> e4m3 RNE -> back; fp4 likewise onto e2m1); the
+ *   Hadamard runs stage by stage in shared memory with the CPU's butterfly order,
+ *   so every mode is bit-exact with the CPU's.
+ * Layout: fp32 rows, row-major.  Target: sm_90a.
+ */
+#include "backend/cuda/common.cuh"
+
+__global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int has_w, float eps, int out_bf16) {
+    __shared__ float sh[32];
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    float s = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] * s;
+        if (has_w) v *= d_weight_at(w, 0, i);
+        out[r * dim + i] = out_bf16 ? d_round_bf16(v) : v;
+    }
+}
+
+void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, const dsv4_weight *w, float eps,
+                int out_bf16) {
+    dsv4_cuda_op_begin(b);
+    dweight dw;
+    memset(&dw, 0, sizeof dw);
+    if (rows <= 0 || (w && dsv4_cuda_weight(b, w, &dw))) return;
+    size_t n = (size_t)rows * dim;
+    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    if (!xd) return;
+    k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(xd, xd, dim, dw, w != NULL, eps, out_bf16);
+    if (CKL(b)) return;
+    dsv4_cuda_fetch(b, out, xd, sizeof(float) * n);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
+}
+
+__global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
+                       const float *freq, int inverse, int out_bf16) {
+    int half = rope_dim / 2;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * half * n_heads) return;
+    int h = (int)(t % n_heads);
+    int i = (int)((t / n_heads) % half);
+    int64_t r = t / ((int64_t)n_heads * half);
+    float a = (float)pos[r] * freq[i];
+    float c = cosf(a), s = sinf(a);
+    if (inverse) s = -s;
+    float *p = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim) + 2 * i;
+    float x0 = p[0], x1 = p[1];
+    float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+    p[0] = out_bf16 ? d_round_bf16(y0) : y0;
+    p[1] = out_bf16 ? d_round_bf16(y1) : y1;
+}
+
+void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
+             const double *freq, int inverse, int out_bf16) {
+    dsv4_cuda_op_begin(b);
+    int half = rope_dim / 2;
+    if (rows <= 0 || half <= 0) return;
+    size_t n = (size_t)rows * n_heads * head_dim;
+    float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
+    if (!ff) return;
+    for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
+    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    int64_t *pd = (int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
+    float *fd = (float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
+    if (!xd || !pd || !fd) return;
+    int64_t threads = (int64_t)rows * half * n_heads;
+    k_rope<<<(unsigned)((threads + 255) / 256), 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd,
+                                                                         fd, inverse, out_bf16);
+    if (CKL(b)) return;
+    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
+}
+
+__global__ void k_scale(float *x, size_t n, float s, int out_bf16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = out_bf16 ? d_round_bf16(x[i] * s) : x[i] * s;
+}
+
+void cu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
+    dsv4_cuda_op_begin(b);
+    if (!n) return;
+    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    if (!xd) return;
+    k_scale<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, n, s, out_bf16);
+    if (CKL(b)) return;
+    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_SCALE);
+}
+
+/* ----- sim ----- */
+/* one warp quantizes p[0..len) as one fp8 block (amax over the block) */
+__device__ void warp_fp8_block(float *p, int len) {
+    int lane = threadIdx.x & 31;
+    float amax = 0.0f;
+    int bad = 0;
+    for (int i = lane; i < len; i += 32) {
+        float a = fabsf(p[i]);
+        bad |= !(a <= 3.40282347e38f);
+        amax = fmaxf(amax, a);
+    }
+    amax = warp_max(amax);
+    bad = __any_sync(0xffffffffu, bad);
+    __syncwarp();
+    if (bad) {
+        for (int i = lane; i < len; i += 32) p[i] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    if (amax < 1e-4f) amax = 1e-4f;
+    float s = d_pow2_ceil(amax * (1.0f / 448.0f)), inv = 1.0f / s;
+    for (int i = lane; i < len; i += 32) p[i] = d_e4m3_to_f32(d_f32_to_e4m3(p[i] * inv)) * s;
+}
+
+__device__ void warp_fp4_block(float *p, int len) {
+    int lane = threadIdx.x & 31;
+    float amax = 0.0f;
+    int bad = 0;
+    for (int i = lane; i < len; i += 32) {
+        float a = fabsf(p[i]);
+        bad |= !(a <= 3.40282347e38f);
+        amax = fmaxf(amax, a);
+    }
+    amax = warp_max(amax);
+    bad = __any_sync(0xffffffffu, bad);
+    __syncwarp();
+    if (bad) {
+        for (int i = lane; i < len; i += 32) p[i] = __uint_as_float(0x7fc00000u);
+        return;
+    }
+    if (amax < 6.0f * 0x1p-126f) amax = 6.0f * 0x1p-126f;
+    float s = d_pow2_ceil(amax / 6.0f), inv = 1.0f / s;
+    for (int i = lane; i < len; i += 32) {
+        float y = p[i] * inv;
+        float q = d_e2m1_round_abs(fabsf(y));
+        p[i] = (y < 0.0f ? -q : q) * s;
+    }
+}
+
+__global__ void k_sim(float *x, int stride, int col0, int width, int mode, float had_scale) {
+    extern __shared__ float row[];
+    float *p = x + (int64_t)blockIdx.x * stride + col0;
+    int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (mode == DSV4_SIM_BF16) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) p[i] = d_round_bf16(p[i]);
+        return;
+    }
+    if (mode == DSV4_SIM_HAD_FP4_B32) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) row[i] = p[i];
+        __syncthreads();
+        for (int h = 1; h < width; h <<= 1) {
+            for (int t = threadIdx.x; t < width / 2; t += blockDim.x) {
+                int j = (t / h) * 2 * h + t % h;
+                float a = row[j], c = row[j + h];
+                row[j] = a + c;
+                row[j + h] = a - c;
+            }
+            __syncthreads();
+        }
+        for (int i = threadIdx.x; i < width; i += blockDim.x) p[i] = row[i] * had_scale;
+        __syncthreads();
+    }
+    int block = mode == DSV4_SIM_FP8_B64 ? 64 : mode == DSV4_SIM_FP8_ROW ? width : 32;
+    int nb = (width + block - 1) / block;
+    for (int bi = warp; bi < nb; bi += nw) {
+        int len = width - bi * block < block ? width - bi * block : block;
+        if (mode == DSV4_SIM_FP8_B64 || mode == DSV4_SIM_FP8_ROW) warp_fp8_block(p + bi * block, len);
+        else warp_fp4_block(p + bi * block, len);
+    }
+}
+
+void cu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || width <= 0 || mode < DSV4_SIM_BF16 || mode > DSV4_SIM_FP4_B32) return;
+    if (mode == DSV4_SIM_HAD_FP4_B32 && width > 8192) {
+        dsv4_cuda_fail(b, "sim: Hadamard width over 8192", __FILE__, __LINE__, cudaSuccess);
+        return;
+    }
+    size_t n = (size_t)rows * stride;
+    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    if (!xd) return;
+    size_t shm = mode == DSV4_SIM_HAD_FP4_B32 ? sizeof(float) * width : 0;
+    float hs = (float)(1.0 / sqrt((double)width));
+    k_sim<<<rows, 128, shm, CI(b)->stream>>>(xd, stride, col0, width, mode, hs);
+    if (CKL(b)) return;
+    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_SIM);
+}
