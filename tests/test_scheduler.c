@@ -203,6 +203,55 @@ static void test_batch_equals_serial(void) {
     }
 }
 
+/* A long prompt is prefilled in chunks that share steps with another stream's
+ * decode: the iterations add up to about the longer of the two, not the sum. */
+static void test_chunked_prefill_interleaves(void) {
+    REQUIRE(setup() == 0);
+    dsv4_sched *s = start(4, 8, 4, 4, 0, 0);
+    REQUIRE(s);
+    int32_t pa[3], pb[40];
+    make_prompt(pa, 3, 61);
+    make_prompt(pb, 40, 62);
+    dsv4_request_params rp;
+    dsv4_err err = {{0}};
+    dsv4_request *a = NULL, *b = NULL;
+    greedy_params(&rp, pa, 3, 12);
+    REQUIRE(dsv4_sched_submit(s, &rp, &a, &err) == DSV4_SCHED_OK);
+    dsv4_event ev;
+    CHECK_EQ_INT(dsv4_request_next_event(a, &ev, 30), 1);
+    dsv4_event_clear(&ev);
+    greedy_params(&rp, pb, 40, 3);
+    rp.want_progress = 1;
+    REQUIRE(dsv4_sched_submit(s, &rp, &b, &err) == DSV4_SCHED_OK);
+    int progress = 0;
+    result ra, rb;
+    memset(&rb, 0, sizeof rb);
+    rb.why = DSV4_FINISH_ERROR;
+    drain(a, &ra);
+    for (;;) { /* count b's prefill chunks */
+        int got = dsv4_request_next_event(b, &ev, 30);
+        if (got != 1) break;
+        if (ev.type == DSV4_EV_PROGRESS) {
+            progress++;
+            CHECK(ev.progress_done <= ev.progress_total && ev.progress_total == 40);
+        }
+        int fin = ev.type == DSV4_EV_FINISHED;
+        if (fin) rb.why = ev.finish;
+        dsv4_event_clear(&ev);
+        if (fin) break;
+    }
+    dsv4_request_release(a);
+    dsv4_request_release(b);
+    dsv4_sched_stats st;
+    dsv4_sched_get_stats(s, &st);
+    dsv4_sched_stop(s, 0);
+    CHECK_EQ_INT(ra.why, DSV4_FINISH_LENGTH);
+    CHECK_EQ_INT(rb.why, DSV4_FINISH_LENGTH);
+    CHECK_EQ_INT(progress, 10); /* 40 tokens in chunks of 4 */
+    /* serial: 12 (a) + 10 + 2 (b) = 24 steps; interleaved: about 13 */
+    CHECKF(st.iterations <= 16, "%llu iterations", (unsigned long long)st.iterations);
+}
+
 /* ----- prefix reuse through the engine: bit-exact logits ----- */
 /* A holds a conversation of T tokens; B shares its first L tokens then
  * diverges.  B served from clone(A, L) + the rest must give the same logits
@@ -622,6 +671,6 @@ static void test_bad_options(void) {
     dsv4_request_release(NULL);
 }
 
-TEST_MAIN(test_batch_equals_serial, test_prefix_reuse_bit_exact, test_prefix_reuse_sched, test_cancel_frees_state,
+TEST_MAIN(test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact, test_prefix_reuse_sched, test_cancel_frees_state,
           test_busy_and_context, test_shutdown_in_flight, test_output_events, test_load_returns_to_baseline,
           test_bad_options)
