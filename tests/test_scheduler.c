@@ -583,6 +583,29 @@ static void test_output_events(void) {
     dsv4_request_release(r);
     CHECK_EQ_INT(a.n, 4);
     CHECK(memcmp(a.toks, b.toks, sizeof(int32_t) * 4) == 0);
+
+    /* logprobs ride on TOKEN events */
+    greedy_params(&rp, p, 4, 2);
+    rp.sampling.logprobs = 1;
+    rp.sampling.top_logprobs = 3;
+    REQUIRE(dsv4_sched_submit(s, &rp, &r, &err) == DSV4_SCHED_OK);
+    int n_tok = 0;
+    for (;;) {
+        dsv4_event ev;
+        if (dsv4_request_next_event(r, &ev, 30) != 1) break;
+        int fin = ev.type == DSV4_EV_FINISHED;
+        if (ev.type == DSV4_EV_TOKEN) {
+            n_tok++;
+            CHECK_EQ_INT(ev.sample.n_top, 3);
+            CHECK(ev.sample.logprob <= 0 && ev.sample.top_logprobs[0] >= ev.sample.top_logprobs[2]);
+            CHECK_EQ_INT(ev.sample.top_ids[0], ev.sample.token); /* greedy: the best one */
+            CHECK(ev.text != NULL);
+        }
+        dsv4_event_clear(&ev);
+        if (fin) break;
+    }
+    dsv4_request_release(r);
+    CHECK_EQ_INT(n_tok, 2);
     dsv4_sched_stop(s, 0);
 }
 
