@@ -36,8 +36,9 @@ static int find_model(void) {
     if (!bin || !mkdtemp(tmpl)) return -1;
     snprintf(g_model, sizeof g_model, "%s/m", tmpl);
     char cmd[8400];
-    snprintf(cmd, sizeof cmd, "'%s' synth --config tiny --seed 1 --out '%s' --tokenizer data/tokenizer >/dev/null",
-             bin, g_model);
+    snprintf(cmd, sizeof cmd,
+             "'%s' synth --config tiny --seed 1 --out '%s' --tokenizer data/tokenizer >/dev/null", bin,
+             g_model);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -127,7 +128,8 @@ static void drain(dsv4_request *r, result *res) {
             res->finished = 1;
             if (ev.message) fprintf(stderr, "  (finished: %s)\n", ev.message);
             break;
-        default: break;
+        default:
+            break;
         }
         dsv4_event_clear(&ev);
         if (res->finished) break;
@@ -164,11 +166,13 @@ static void test_batch_equals_serial(void) {
     REQUIRE(setup() == 0);
     static const int lens[NB] = {3, 11, 6, 1, 9};
     int32_t prompts[NB][16];
-    for (int i = 0; i < NB; i++) make_prompt(prompts[i], lens[i], 7u + (uint32_t)i);
+    for (int i = 0; i < NB; i++)
+        make_prompt(prompts[i], lens[i], 7u + (uint32_t)i);
     result serial[NB], batch[NB];
     dsv4_sched *s = start(1, 16, 256, 512, 0, 0);
     REQUIRE(s);
-    for (int i = 0; i < NB; i++) REQUIRE(run_one(s, prompts[i], lens[i], 5, &serial[i]) == 0);
+    for (int i = 0; i < NB; i++)
+        REQUIRE(run_one(s, prompts[i], lens[i], 5, &serial[i]) == 0);
     dsv4_sched_stop(s, 0);
 
     /* small chunks and budget so prefill interleaves with other streams' decode */
@@ -270,7 +274,8 @@ static int prefix_case(dsv4_seq *sa, const int32_t *a, int L, int chunk, float *
     for (int at = 0; at < PT; at += chunk) {
         int n = PT - at < chunk ? PT - at : chunk;
         if (n > L - at && at < L) n = L - at; /* rows from L on get logits */
-        if (dsv4_seq_append(sb, b + at, n, at >= L ? fresh + (size_t)(at - L) * V : NULL, at >= L, &err)) goto out;
+        if (dsv4_seq_append(sb, b + at, n, at >= L ? fresh + (size_t)(at - L) * V : NULL, at >= L, &err))
+            goto out;
         if (at < L && at + n == L) at = L - chunk; /* continue exactly at L */
     }
     if (dsv4_seq_len(sb) != PT) goto out;
@@ -306,7 +311,8 @@ static void test_prefix_reuse_bit_exact(void) {
      * (33, 17, 9 = 8k+1), on one (32, 16) and right before one (31) */
     static const int cuts[] = {32, 33, 17, 9, 31, 16};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++)
-        CHECKF(prefix_case(sa, a, cuts[i], i % 2 ? 5 : PT, fresh, reuse) == 0, "shared prefix of %d tokens", cuts[i]);
+        CHECKF(prefix_case(sa, a, cuts[i], i % 2 ? 5 : PT, fresh, reuse) == 0, "shared prefix of %d tokens",
+               cuts[i]);
     dsv4_seq_free(sa);
     free(fresh);
     free(reuse);
@@ -458,7 +464,8 @@ static void test_shutdown_in_flight(void) {
     REQUIRE(s);
     dsv4_request *r[4];
     greedy_params(&rp, p, 8, 10000);
-    for (int i = 0; i < 4; i++) REQUIRE(dsv4_sched_submit(s, &rp, &r[i], &err) == DSV4_SCHED_OK);
+    for (int i = 0; i < 4; i++)
+        REQUIRE(dsv4_sched_submit(s, &rp, &r[i], &err) == DSV4_SCHED_OK);
     dsv4_event ev;
     CHECK_EQ_INT(dsv4_request_next_event(r[0], &ev, 30), 1);
     dsv4_event_clear(&ev);
@@ -474,7 +481,8 @@ static void test_shutdown_in_flight(void) {
     s = start(1, 8, 256, 512, 0, 1);
     REQUIRE(s);
     greedy_params(&rp, p, 8, 3);
-    for (int i = 0; i < 3; i++) REQUIRE(dsv4_sched_submit(s, &rp, &r[i], &err) == DSV4_SCHED_OK);
+    for (int i = 0; i < 3; i++)
+        REQUIRE(dsv4_sched_submit(s, &rp, &r[i], &err) == DSV4_SCHED_OK);
     dsv4_sched_stop(s, 0);
     for (int i = 0; i < 3; i++) {
         result res;
@@ -528,7 +536,8 @@ static void test_output_events(void) {
     CHECK_EQ_INT(res.usage.completion_tokens, n);
 
     /* a tool call */
-    n = encode("ok\n\n<" DSV4_CHAT_DSML "tool_calls>\n<" DSV4_CHAT_DSML "invoke name=\"get\">\n<" DSV4_CHAT_DSML
+    n = encode("ok\n\n<" DSV4_CHAT_DSML "tool_calls>\n<" DSV4_CHAT_DSML
+               "invoke name=\"get\">\n<" DSV4_CHAT_DSML
                "parameter name=\"x\" string=\"false\">12</" DSV4_CHAT_DSML "parameter>\n</" DSV4_CHAT_DSML
                "invoke>\n</" DSV4_CHAT_DSML "tool_calls>" DSV4_CHAT_EOS,
                forced, 128);
@@ -665,7 +674,8 @@ static void test_load_returns_to_baseline(void) {
     CHECK_EQ_INT(st.queue_depth, 0);
     CHECK_EQ_INT(st.submitted, NT * PER);
     uint64_t fin = 0;
-    for (int i = 0; i < DSV4_FINISH_COUNT; i++) fin += st.finished[i];
+    for (int i = 0; i < DSV4_FINISH_COUNT; i++)
+        fin += st.finished[i];
     CHECK_EQ_INT(fin, NT * PER);
     CHECK(st.cached_tokens > 0);
     CHECK(st.ttft.count > 0);
@@ -694,6 +704,6 @@ static void test_bad_options(void) {
     dsv4_request_release(NULL);
 }
 
-TEST_MAIN(test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact, test_prefix_reuse_sched, test_cancel_frees_state,
-          test_busy_and_context, test_shutdown_in_flight, test_output_events, test_load_returns_to_baseline,
-          test_bad_options)
+TEST_MAIN(test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact,
+          test_prefix_reuse_sched, test_cancel_frees_state, test_busy_and_context, test_shutdown_in_flight,
+          test_output_events, test_load_returns_to_baseline, test_bad_options)

@@ -22,17 +22,23 @@
 
 #include "text/dsml.h"
 
-const double dsv4_sched_latency_bounds[DSV4_SCHED_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                                 1.0,   2.5,  5.0,   10.0, 30.0, 60.0, INFINITY};
+const double dsv4_sched_latency_bounds[DSV4_SCHED_N_BUCKETS] = {
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, INFINITY};
 
 const char *dsv4_finish_reason_name(dsv4_finish_reason r) {
     switch (r) {
-    case DSV4_FINISH_STOP: return "stop";
-    case DSV4_FINISH_LENGTH: return "length";
-    case DSV4_FINISH_TOOL_CALLS: return "tool_calls";
-    case DSV4_FINISH_CANCELLED: return "cancelled";
-    case DSV4_FINISH_ERROR: return "error";
-    default: return "unknown";
+    case DSV4_FINISH_STOP:
+        return "stop";
+    case DSV4_FINISH_LENGTH:
+        return "length";
+    case DSV4_FINISH_TOOL_CALLS:
+        return "tool_calls";
+    case DSV4_FINISH_CANCELLED:
+        return "cancelled";
+    case DSV4_FINISH_ERROR:
+        return "error";
+    default:
+        return "unknown";
     }
 }
 
@@ -45,9 +51,9 @@ typedef struct ev_node {
 struct dsv4_request {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int refs;              /* submitter + engine thread */
-    atomic_int cancel;     /* set by any thread, read by the engine thread */
-    int finished_queued;   /* FINISHED is in (or went through) the event queue */
+    int refs;            /* submitter + engine thread */
+    atomic_int cancel;   /* set by any thread, read by the engine thread */
+    int finished_queued; /* FINISHED is in (or went through) the event queue */
     int finished_popped;
     ev_node *head, *tail;
 
@@ -72,12 +78,12 @@ struct dsv4_request {
 
     /* engine thread only */
     dsv4_seq *seq;
-    int64_t fed;           /* prompt tokens in seq so far */
-    int64_t cached;        /* of which came from the prefix cache */
+    int64_t fed;    /* prompt tokens in seq so far */
+    int64_t cached; /* of which came from the prefix cache */
     int slot;
     int n_gen;
-    int32_t *gen;          /* generated tokens (max_tokens) */
-    int32_t pending;       /* last sampled token, not yet in seq */
+    int32_t *gen;    /* generated tokens (max_tokens) */
+    int32_t pending; /* last sampled token, not yet in seq */
     int n_forced_used;
     dsv4_tok_stream ts;
     dsv4_dsml_parser *parser;
@@ -86,8 +92,8 @@ struct dsv4_request {
     char call_id[32];
     int notify_pending;
     double t_admit, t_first, t_last, t_prefill0, prefill_s;
-    int64_t computed;      /* prompt tokens actually run */
-    int done;              /* finished on the engine side */
+    int64_t computed; /* prompt tokens actually run */
+    int done;         /* finished on the engine side */
 };
 
 static void ev_free_fields(dsv4_event *ev) {
@@ -136,7 +142,9 @@ void dsv4_request_release(dsv4_request *r) {
     request_unref(r);
 }
 
-int dsv4_request_prompt_len(const dsv4_request *r) { return r->n_prompt; }
+int dsv4_request_prompt_len(const dsv4_request *r) {
+    return r->n_prompt;
+}
 
 /* Queues an event (ownership of its strings moves to the queue).  Returns -1
  * only if the node cannot be allocated; the fields are freed then. */
@@ -149,8 +157,10 @@ static int push_event(dsv4_request *r, dsv4_event *ev) {
     n->next = NULL;
     n->ev = *ev;
     pthread_mutex_lock(&r->mu);
-    if (r->tail) r->tail->next = n;
-    else r->head = n;
+    if (r->tail)
+        r->tail->next = n;
+    else
+        r->head = n;
     r->tail = n;
     if (ev->type == DSV4_EV_FINISHED) r->finished_queued = 1;
     pthread_cond_broadcast(&r->cv);
@@ -189,8 +199,10 @@ int dsv4_request_next_event(dsv4_request *r, dsv4_event *ev, double timeout_s) {
             return -1;
         }
         if (timeout_s == 0) break;
-        if (timeout_s < 0) pthread_cond_wait(&r->cv, &r->mu);
-        else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) == ETIMEDOUT) break;
+        if (timeout_s < 0)
+            pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) == ETIMEDOUT)
+            break;
     }
     pthread_mutex_unlock(&r->mu);
     return 0;
@@ -200,7 +212,7 @@ int dsv4_request_next_event(dsv4_request *r, dsv4_event *ev, double timeout_s) {
 typedef struct slot {
     dsv4_request *r; /* NULL = free */
     dsv4_sampler *sampler;
-    float *logits;   /* vocab floats */
+    float *logits; /* vocab floats */
 } slot;
 
 typedef struct cache_entry {
@@ -208,7 +220,7 @@ typedef struct cache_entry {
     int32_t *tokens; /* the tokens seq holds */
     int64_t len;
     size_t bytes;
-    uint64_t used;   /* LRU clock */
+    uint64_t used; /* LRU clock */
 } cache_entry;
 
 struct dsv4_sched {
@@ -240,7 +252,7 @@ struct dsv4_sched {
     uint64_t lru_clock;
     dsv4_step_item *items;
     int *item_slot;
-    char *text;     /* scratch for decoded text + stop hold-back */
+    char *text; /* scratch for decoded text + stop hold-back */
     size_t text_cap;
 };
 
@@ -262,8 +274,12 @@ void dsv4_request_params_default(dsv4_request_params *p) {
     p->start_mode = DSV4_CHAT_MODE_CHAT;
 }
 
-const dsv4_engine_info *dsv4_sched_engine_info(const dsv4_sched *s) { return &s->info; }
-int64_t dsv4_sched_ctx(const dsv4_sched *s) { return s->ctx; }
+const dsv4_engine_info *dsv4_sched_engine_info(const dsv4_sched *s) {
+    return &s->info;
+}
+int64_t dsv4_sched_ctx(const dsv4_sched *s) {
+    return s->ctx;
+}
 
 static void hist_observe(dsv4_sched_histogram *h, double v) {
     for (int i = 0; i < DSV4_SCHED_N_BUCKETS; i++)
@@ -284,7 +300,8 @@ static void update_gauges(dsv4_sched *s) {
     size_t run = 0, cache = 0;
     for (int i = 0; i < s->o.max_seqs; i++)
         if (s->slots[i].r && s->slots[i].r->seq) run += dsv4_seq_state_bytes(s->slots[i].r->seq);
-    for (int i = 0; i < s->n_cache; i++) cache += s->cache[i].bytes;
+    for (int i = 0; i < s->n_cache; i++)
+        cache += s->cache[i].bytes;
     pthread_mutex_lock(&s->mu);
     s->st.running = s->n_running;
     s->st.cached_seqs = s->n_cache;
@@ -351,10 +368,12 @@ int dsv4_sched_submit(dsv4_sched *s, const dsv4_request_params *p, dsv4_request 
         goto bad;
     }
     if (r->n_prompt >= s->ctx) {
-        dsv4_errf(err, "prompt: %d tokens leave no room in the context of %lld tokens", r->n_prompt, (long long)s->ctx);
+        dsv4_errf(err, "prompt: %d tokens leave no room in the context of %lld tokens", r->n_prompt,
+                  (long long)s->ctx);
         goto bad;
     }
-    if (p->max_tokens == 0) r->max_tokens = (int)(s->ctx - r->n_prompt);
+    if (p->max_tokens == 0)
+        r->max_tokens = (int)(s->ctx - r->n_prompt);
     else if ((int64_t)r->n_prompt + p->max_tokens > s->ctx) {
         dsv4_errf(err, "prompt (%d tokens) + max_tokens (%d) = %lld exceeds the context limit of %lld tokens",
                   r->n_prompt, p->max_tokens, (long long)r->n_prompt + p->max_tokens, (long long)s->ctx);
@@ -400,7 +419,8 @@ int dsv4_sched_submit(dsv4_sched *s, const dsv4_request_params *p, dsv4_request 
     }
     for (int i = 0; i < p->n_stop_ids; i++) {
         if (!p->stop_ids || p->stop_ids[i] >= s->info.vocab_size) {
-            dsv4_errf(err, "stop_token_ids[%d]: not a token id of this model (vocabulary %d)", i, s->info.vocab_size);
+            dsv4_errf(err, "stop_token_ids[%d]: not a token id of this model (vocabulary %d)", i,
+                      s->info.vocab_size);
             goto bad;
         }
         if (dsv4_stop_add_id(&r->stop, p->stop_ids[i], err)) {
@@ -456,8 +476,10 @@ int dsv4_sched_submit(dsv4_sched *s, const dsv4_request_params *p, dsv4_request 
         dsv4_errf(err, "busy: %d requests are already waiting (queue capacity %d)", q, s->o.queue_cap);
         return DSV4_SCHED_EBUSY;
     }
-    if (s->q_tail) s->q_tail->qnext = r;
-    else s->q_head = r;
+    if (s->q_tail)
+        s->q_tail->qnext = r;
+    else
+        s->q_head = r;
     s->q_tail = r;
     s->q_len++;
     s->st.submitted++;
@@ -484,13 +506,15 @@ static void cache_remove(dsv4_sched *s, int i) {
 }
 
 static void cache_clear(dsv4_sched *s) {
-    while (s->n_cache) cache_remove(s, s->n_cache - 1);
+    while (s->n_cache)
+        cache_remove(s, s->n_cache - 1);
 }
 
 static void cache_evict(dsv4_sched *s) {
     for (;;) {
         size_t total = 0;
-        for (int i = 0; i < s->n_cache; i++) total += s->cache[i].bytes;
+        for (int i = 0; i < s->n_cache; i++)
+            total += s->cache[i].bytes;
         if (s->n_cache == 0 || (s->n_cache <= s->o.cache_max_seqs && total <= s->o.cache_bytes)) return;
         int lru = 0;
         for (int i = 1; i < s->n_cache; i++)
@@ -501,7 +525,8 @@ static void cache_evict(dsv4_sched *s) {
 
 static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
     int64_t n = na < nb ? na : nb, i = 0;
-    while (i < n && a[i] == b[i]) i++;
+    while (i < n && a[i] == b[i])
+        i++;
     return i;
 }
 
@@ -513,7 +538,8 @@ static void cache_insert(dsv4_sched *s, dsv4_seq *seq, const int32_t *tokens, in
     }
     /* an entry whose tokens are a prefix of these is dominated by the new one */
     for (int i = 0; i < s->n_cache;) {
-        if (s->cache[i].len <= len && common_prefix(s->cache[i].tokens, s->cache[i].len, tokens, len) == s->cache[i].len)
+        if (s->cache[i].len <= len &&
+            common_prefix(s->cache[i].tokens, s->cache[i].len, tokens, len) == s->cache[i].len)
             cache_remove(s, i);
         else
             i++;
@@ -525,8 +551,8 @@ static void cache_insert(dsv4_sched *s, dsv4_seq *seq, const int32_t *tokens, in
         return;
     }
     memcpy(copy, tokens, sizeof(int32_t) * (size_t)len);
-    s->cache[s->n_cache++] = (cache_entry){.seq = seq, .tokens = copy, .len = len,
-                                           .bytes = dsv4_seq_state_bytes(seq), .used = ++s->lru_clock};
+    s->cache[s->n_cache++] = (cache_entry){
+        .seq = seq, .tokens = copy, .len = len, .bytes = dsv4_seq_state_bytes(seq), .used = ++s->lru_clock};
     cache_evict(s);
 }
 
@@ -580,8 +606,12 @@ static void emit_text(dsv4_request *r, dsv4_event_type type, const char *p, size
 static void on_dsml(void *user, const dsv4_dsml_event *de) {
     dsv4_request *r = user;
     switch (de->type) {
-    case DSV4_DSML_REASONING: emit_text(r, DSV4_EV_REASONING, de->text, de->len); break;
-    case DSV4_DSML_CONTENT: emit_text(r, DSV4_EV_CONTENT, de->text, de->len); break;
+    case DSV4_DSML_REASONING:
+        emit_text(r, DSV4_EV_REASONING, de->text, de->len);
+        break;
+    case DSV4_DSML_CONTENT:
+        emit_text(r, DSV4_EV_CONTENT, de->text, de->len);
+        break;
     case DSV4_DSML_CALL_START:
         if (r->parse_tools) {
             snprintf(r->call_name, sizeof r->call_name, "%s", de->name ? de->name : "");
@@ -591,8 +621,11 @@ static void on_dsml(void *user, const dsv4_dsml_event *de) {
         break;
     case DSV4_DSML_CALL_ARGS:
         if (r->parse_tools) {
-            dsv4_event ev = {.type = DSV4_EV_TOOL_CALL, .text = dup_n(de->text, de->len), .len = de->len,
-                             .tool_index = de->index, .tool_name = dup_n(r->call_name, strlen(r->call_name))};
+            dsv4_event ev = {.type = DSV4_EV_TOOL_CALL,
+                             .text = dup_n(de->text, de->len),
+                             .len = de->len,
+                             .tool_index = de->index,
+                             .tool_name = dup_n(r->call_name, strlen(r->call_name))};
             snprintf(ev.tool_id, sizeof ev.tool_id, "%s", r->call_id);
             if (ev.text && ev.tool_name) {
                 push_event(r, &ev);
@@ -605,10 +638,12 @@ static void on_dsml(void *user, const dsv4_dsml_event *de) {
     case DSV4_DSML_MARKUP:
         /* without tool parsing, the tool block's tags stay in the content; the
          * reasoning close and the end-of-sentence tag never appear as text */
-        if (!r->parse_tools && de->raw_len && memmem(de->raw, de->raw_len, DSV4_CHAT_DSML, strlen(DSV4_CHAT_DSML)))
+        if (!r->parse_tools && de->raw_len &&
+            memmem(de->raw, de->raw_len, DSV4_CHAT_DSML, strlen(DSV4_CHAT_DSML)))
             emit_text(r, DSV4_EV_CONTENT, de->raw, de->raw_len);
         break;
-    case DSV4_DSML_END: break;
+    case DSV4_DSML_END:
+        break;
     }
 }
 
@@ -664,14 +699,16 @@ static void finish(dsv4_sched *s, dsv4_request *r, dsv4_finish_reason why, const
     }
     /* the sequence: a cleanly finished conversation goes to the prefix cache */
     if (r->seq) {
-        if (why == DSV4_FINISH_CANCELLED || why == DSV4_FINISH_ERROR || dsv4_seq_len(r->seq) != r->fed + r->n_gen - (r->n_gen > 0)) {
+        if (why == DSV4_FINISH_CANCELLED || why == DSV4_FINISH_ERROR ||
+            dsv4_seq_len(r->seq) != r->fed + r->n_gen - (r->n_gen > 0)) {
             dsv4_seq_free(r->seq);
         } else {
             int64_t len = dsv4_seq_len(r->seq);
             int32_t *toks = malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
             if (toks) {
                 memcpy(toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
-                if (len > r->n_prompt) memcpy(toks + r->n_prompt, r->gen, sizeof(int32_t) * (size_t)(len - r->n_prompt));
+                if (len > r->n_prompt)
+                    memcpy(toks + r->n_prompt, r->gen, sizeof(int32_t) * (size_t)(len - r->n_prompt));
                 cache_insert(s, r->seq, toks, len);
                 free(toks);
             } else
@@ -698,15 +735,16 @@ static void finish(dsv4_sched *s, dsv4_request *r, dsv4_finish_reason why, const
     ev.usage.queue_s = r->t_admit > 0 ? r->t_admit - r->t_submit : now - r->t_submit;
     ev.usage.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     ev.usage.total_s = now - r->t_submit;
-    if (r->n_gen >= 2 && r->t_last > r->t_first) ev.usage.decode_tps = (r->n_gen - 1) / (r->t_last - r->t_first);
+    if (r->n_gen >= 2 && r->t_last > r->t_first)
+        ev.usage.decode_tps = (r->n_gen - 1) / (r->t_last - r->t_first);
     if (r->prefill_s > 0) ev.usage.prefill_tps = (double)r->computed / r->prefill_s;
     pthread_mutex_lock(&s->mu);
     s->st.finished[why]++;
     pthread_mutex_unlock(&s->mu);
     update_gauges(s);
-    dsv4_log(2, "request %s: %s, %d prompt (%lld cached) + %d generated tokens, ttft %.3f s, %.1f tok/s", r->client,
-             dsv4_finish_reason_name(why), r->n_prompt, (long long)r->cached, r->n_gen, ev.usage.ttft_s,
-             ev.usage.decode_tps);
+    dsv4_log(2, "request %s: %s, %d prompt (%lld cached) + %d generated tokens, ttft %.3f s, %.1f tok/s",
+             r->client, dsv4_finish_reason_name(why), r->n_prompt, (long long)r->cached, r->n_gen,
+             ev.usage.ttft_s, ev.usage.decode_tps);
     push_event(r, &ev);
     if (r->notify) r->notify(r->notify_user);
     r->notify_pending = 0;
@@ -737,7 +775,8 @@ static int take_token(dsv4_sched *s, dsv4_request *r, const dsv4_sample *smp, do
     if (r->want_tokens) {
         size_t n = 0;
         const char *b = dsv4_tokenizer_id_bytes(s->tok, id, &n);
-        dsv4_event ev = {.type = DSV4_EV_TOKEN, .sample = *smp, .text = dup_n(b ? b : "", b ? n : 0), .len = b ? n : 0};
+        dsv4_event ev = {
+            .type = DSV4_EV_TOKEN, .sample = *smp, .text = dup_n(b ? b : "", b ? n : 0), .len = b ? n : 0};
         push_event(r, &ev);
     }
     if (dsv4_stop_is_stop_id(&r->stop, id)) return finish(s, r, DSV4_FINISH_STOP, NULL), 1;
@@ -749,7 +788,8 @@ static int take_token(dsv4_sched *s, dsv4_request *r, const dsv4_sample *smp, do
     dsv4_stop_result res = {0};
     int rc = 0;
     if (b.len) {
-        if (ensure_text(s, b.len + DSV4_STOP_MAX_LEN)) rc = dsv4_errf(&err, "output: out of memory");
+        if (ensure_text(s, b.len + DSV4_STOP_MAX_LEN))
+            rc = dsv4_errf(&err, "output: out of memory");
         else if (!(rc = dsv4_stop_feed(&r->stop, b.data, b.len, s->text, s->text_cap, &res, &err)))
             rc = output_text(r, s->text, res.emit_len, &err);
     }
@@ -765,7 +805,8 @@ static int take_token(dsv4_sched *s, dsv4_request *r, const dsv4_sample *smp, do
 static void admit(dsv4_sched *s, dsv4_request *r) {
     dsv4_err err = {{0}};
     int si = 0;
-    while (s->slots[si].r) si++;
+    while (s->slots[si].r)
+        si++;
     slot *sl = &s->slots[si];
     sl->r = r;
     r->slot = si;
@@ -807,10 +848,13 @@ static void run_iteration(dsv4_sched *s) {
             if (chunk > budget) chunk = budget;
             if (chunk <= 0) continue;
             budget -= chunk;
-            s->items[n] = (dsv4_step_item){.seq = r->seq, .tokens = r->prompt + r->fed, .n = chunk,
+            s->items[n] = (dsv4_step_item){.seq = r->seq,
+                                           .tokens = r->prompt + r->fed,
+                                           .n = chunk,
                                            .logits = r->fed + chunk == r->n_prompt ? sl->logits : NULL};
         } else {
-            s->items[n] = (dsv4_step_item){.seq = r->seq, .tokens = &r->pending, .n = 1, .logits = sl->logits};
+            s->items[n] =
+                (dsv4_step_item){.seq = r->seq, .tokens = &r->pending, .n = 1, .logits = sl->logits};
         }
         s->item_slot[n++] = r->slot;
     }
@@ -824,7 +868,8 @@ static void run_iteration(dsv4_sched *s) {
         failed = calloc((size_t)n, sizeof *failed);
         for (int k = 0; k < n; k++) {
             dsv4_err e1 = {{0}};
-            if (dsv4_seq_append(s->items[k].seq, s->items[k].tokens, s->items[k].n, s->items[k].logits, 0, &e1)) {
+            if (dsv4_seq_append(s->items[k].seq, s->items[k].tokens, s->items[k].n, s->items[k].logits, 0,
+                                &e1)) {
                 dsv4_request *r = s->slots[s->item_slot[k]].r;
                 if (failed) failed[k] = 1;
                 finish(s, r, DSV4_FINISH_ERROR, e1.msg);
@@ -850,7 +895,8 @@ static void run_iteration(dsv4_sched *s) {
             s->st.prefill_tokens += (uint64_t)s->items[k].n;
             pthread_mutex_unlock(&s->mu);
             if (r->want_progress) {
-                dsv4_event ev = {.type = DSV4_EV_PROGRESS, .progress_done = r->fed, .progress_total = r->n_prompt};
+                dsv4_event ev = {
+                    .type = DSV4_EV_PROGRESS, .progress_done = r->fed, .progress_total = r->n_prompt};
                 push_event(r, &ev);
             }
             if (r->fed < r->n_prompt) continue;
@@ -939,8 +985,10 @@ static void *engine_main(void *arg) {
         }
         for (int i = 0; i < s->n_running;) {
             dsv4_request *r = s->order[i];
-            if (cancel_all || atomic_load(&r->cancel)) finish(s, r, DSV4_FINISH_CANCELLED, NULL);
-            else i++;
+            if (cancel_all || atomic_load(&r->cancel))
+                finish(s, r, DSV4_FINISH_CANCELLED, NULL);
+            else
+                i++;
         }
         if (flush) {
             cache_clear(s);
@@ -970,7 +1018,8 @@ void dsv4_sched_flush_cache(dsv4_sched *s) {
     }
     uint64_t ticket = ++s->flush_req;
     pthread_cond_signal(&s->cv);
-    while (s->flush_done < ticket) pthread_cond_wait(&s->done_cv, &s->mu);
+    while (s->flush_done < ticket)
+        pthread_cond_wait(&s->done_cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -1001,21 +1050,26 @@ int dsv4_sched_start(dsv4_sched **out, dsv4_engine *e, const dsv4_tokenizer *tok
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    if (opts) s->o = *opts;
-    else dsv4_sched_opts_default(&s->o);
+    if (opts)
+        s->o = *opts;
+    else
+        dsv4_sched_opts_default(&s->o);
     s->e = e;
     s->tok = tok;
     dsv4_engine_get_info(e, &s->info);
     const dsv4_sched_opts *o = &s->o;
     int rc = 0;
-    if (o->max_seqs < 1 || o->max_seqs > 4096) rc = dsv4_errf(err, "max-seqs: %d is outside [1, 4096]", o->max_seqs);
+    if (o->max_seqs < 1 || o->max_seqs > 4096)
+        rc = dsv4_errf(err, "max-seqs: %d is outside [1, 4096]", o->max_seqs);
     else if (o->queue_cap < 0 || o->queue_cap > 1 << 20)
         rc = dsv4_errf(err, "queue capacity: %d is outside [0, %d]", o->queue_cap, 1 << 20);
-    else if (o->prefill_chunk < 1) rc = dsv4_errf(err, "prefill chunk: %d must be at least 1", o->prefill_chunk);
-    else if (o->prefill_budget < 1) rc = dsv4_errf(err, "prefill budget: %d must be at least 1", o->prefill_budget);
+    else if (o->prefill_chunk < 1)
+        rc = dsv4_errf(err, "prefill chunk: %d must be at least 1", o->prefill_chunk);
+    else if (o->prefill_budget < 1)
+        rc = dsv4_errf(err, "prefill budget: %d must be at least 1", o->prefill_budget);
     else if (o->ctx < 0 || o->ctx > s->info.max_position)
-        rc = dsv4_errf(err, "ctx: %lld is outside [1, %lld] (the model's max_position_embeddings)", (long long)o->ctx,
-                       (long long)s->info.max_position);
+        rc = dsv4_errf(err, "ctx: %lld is outside [1, %lld] (the model's max_position_embeddings)",
+                       (long long)o->ctx, (long long)s->info.max_position);
     else if (o->cache_max_seqs < 0 || o->cache_max_seqs > 1 << 16)
         rc = dsv4_errf(err, "prefix cache entries: %d is outside [0, 65536]", o->cache_max_seqs);
     if (rc) {

@@ -51,14 +51,14 @@ enum {
 
 /* ----- starting and stopping ----- */
 typedef struct dsv4_sched_opts {
-    int max_seqs;         /* running sequences at most (default 8); others wait in the queue */
-    int queue_cap;        /* waiting requests at most (default 64); beyond: DSV4_SCHED_EBUSY */
-    int prefill_chunk;    /* prompt tokens per sequence per iteration (default 256) */
-    int prefill_budget;   /* prompt tokens per iteration over all sequences (default 512) */
-    int64_t ctx;          /* context limit: prompt + max_tokens; 0 = the model's max_position */
-    size_t cache_bytes;   /* prefix cache state budget in bytes (default 1 GiB); 0 with cache_max_seqs 0 = off */
-    int cache_max_seqs;   /* prefix cache entries at most (default 64) */
-    int cache_off;        /* 1: no prefix reuse at all */
+    int max_seqs;       /* running sequences at most (default 8); others wait in the queue */
+    int queue_cap;      /* waiting requests at most (default 64); beyond: DSV4_SCHED_EBUSY */
+    int prefill_chunk;  /* prompt tokens per sequence per iteration (default 256) */
+    int prefill_budget; /* prompt tokens per iteration over all sequences (default 512) */
+    int64_t ctx;        /* context limit: prompt + max_tokens; 0 = the model's max_position */
+    size_t cache_bytes; /* prefix cache state budget (default 1 GiB; 0 keeps nothing) */
+    int cache_max_seqs; /* prefix cache entries at most (default 64) */
+    int cache_off;      /* 1: no prefix reuse at all */
 } dsv4_sched_opts;
 
 /* Fills the defaults above. */
@@ -225,20 +225,20 @@ typedef struct dsv4_sched_histogram {
 } dsv4_sched_histogram;
 
 typedef struct dsv4_sched_stats {
-    int queue_depth;      /* waiting requests */
-    int running;          /* requests holding a sequence */
-    int cached_seqs;      /* prefix cache entries */
-    size_t state_bytes;   /* state held by running and cached sequences */
-    size_t cache_bytes;   /* of which in the prefix cache */
+    int queue_depth;    /* waiting requests */
+    int running;        /* requests holding a sequence */
+    int cached_seqs;    /* prefix cache entries */
+    size_t state_bytes; /* state held by running and cached sequences */
+    size_t cache_bytes; /* of which in the prefix cache */
     uint64_t submitted, rejected_busy;
-    uint64_t prompt_tokens;     /* total prompt tokens of finished+running requests */
-    uint64_t prefill_tokens;    /* prompt tokens actually computed */
-    uint64_t cached_tokens;     /* prompt tokens served from the prefix cache */
+    uint64_t prompt_tokens;  /* total prompt tokens of finished+running requests */
+    uint64_t prefill_tokens; /* prompt tokens actually computed */
+    uint64_t cached_tokens;  /* prompt tokens served from the prefix cache */
     uint64_t generated_tokens;
     uint64_t finished[DSV4_FINISH_COUNT];
-    uint64_t iterations;        /* engine steps */
-    dsv4_sched_histogram ttft;  /* submit -> first token */
-    dsv4_sched_histogram itl;   /* between consecutive tokens of one request */
+    uint64_t iterations;       /* engine steps */
+    dsv4_sched_histogram ttft; /* submit -> first token */
+    dsv4_sched_histogram itl;  /* between consecutive tokens of one request */
 } dsv4_sched_stats;
 
 void dsv4_sched_get_stats(dsv4_sched *s, dsv4_sched_stats *out);

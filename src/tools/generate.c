@@ -41,37 +41,34 @@ typedef struct gen_opts {
 } gen_opts;
 
 static void usage_generate(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 generate -p TEXT [--chat] [--thinking] [-n N] [sampling] [model]\n"
-            "  Streams a completion of TEXT to stdout, then tokens/s on stderr.\n"
-            "  -p, --prompt TEXT  the prompt (raw text after BOS; with --chat: a user message)\n"
-            "  --chat             wrap TEXT as a user message in the DeepSeek-V4 chat format\n"
-            "  --thinking         thinking mode (with --chat): reasoning is shown dimmed\n"
-            "  --system TEXT      a system message (with --chat)\n");
+    fprintf(f, "usage: dsv4 generate -p TEXT [--chat] [--thinking] [-n N] [sampling] [model]\n"
+               "  Streams a completion of TEXT to stdout, then tokens/s on stderr.\n"
+               "  -p, --prompt TEXT  the prompt (raw text after BOS; with --chat: a user message)\n"
+               "  --chat             wrap TEXT as a user message in the DeepSeek-V4 chat format\n"
+               "  --thinking         thinking mode (with --chat): reasoning is shown dimmed\n"
+               "  --system TEXT      a system message (with --chat)\n");
 }
 
 static void usage_chat(FILE *f) {
-    fprintf(f,
-            "usage: dsv4 chat [--thinking] [--system TEXT] [-n N] [sampling] [model]\n"
-            "  An interactive conversation in the DeepSeek-V4 chat format, one line per turn.\n"
-            "  Commands: /think toggles thinking mode, /reset starts over, /quit (or EOF) leaves.\n"
-            "  Ctrl-C stops an answer; Ctrl-C twice at the prompt leaves.\n"
-            "  --thinking         start in thinking mode (reasoning is shown dimmed)\n"
-            "  --system TEXT      a system message for the conversation\n");
+    fprintf(f, "usage: dsv4 chat [--thinking] [--system TEXT] [-n N] [sampling] [model]\n"
+               "  An interactive conversation in the DeepSeek-V4 chat format, one line per turn.\n"
+               "  Commands: /think toggles thinking mode, /reset starts over, /quit (or EOF) leaves.\n"
+               "  Ctrl-C stops an answer; Ctrl-C twice at the prompt leaves.\n"
+               "  --thinking         start in thinking mode (reasoning is shown dimmed)\n"
+               "  --system TEXT      a system message for the conversation\n");
 }
 
 static void usage_common(FILE *f) {
-    fprintf(f,
-            "  -n, --max-tokens N new tokens at most per answer (default 256)\n"
-            "  --temperature T    0 = greedy (default 1)\n"
-            "  --top-p P          nucleus sampling (default 1 = off)\n"
-            "  --top-k K          keep the K best tokens (default 0 = off)\n"
-            "  --seed S           sampler seed (default: drawn, and printed)\n"
-            "  --model DIR        checkpoint directory (default: the embedded default model)\n"
-            "  --numerics P       numerics profile: exact (default) or reference\n"
-            "  --set NAME=VALUE   override one numerics switch (repeatable; see dsv4 switches)\n"
-            "  --threads N        compute threads (default: all)\n"
-            "  --ctx N            context limit in tokens (default: the model's)\n");
+    fprintf(f, "  -n, --max-tokens N new tokens at most per answer (default 256)\n"
+               "  --temperature T    0 = greedy (default 1)\n"
+               "  --top-p P          nucleus sampling (default 1 = off)\n"
+               "  --top-k K          keep the K best tokens (default 0 = off)\n"
+               "  --seed S           sampler seed (default: drawn, and printed)\n"
+               "  --model DIR        checkpoint directory (default: the embedded default model)\n"
+               "  --numerics P       numerics profile: exact (default) or reference\n"
+               "  --set NAME=VALUE   override one numerics switch (repeatable; see dsv4 switches)\n"
+               "  --threads N        compute threads (default: all)\n"
+               "  --ctx N            context limit in tokens (default: the model's)\n");
 }
 
 static int parse_num(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out) {
@@ -107,8 +104,10 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            if (is_chat) usage_chat(stdout);
-            else usage_generate(stdout);
+            if (is_chat)
+                usage_chat(stdout);
+            else
+                usage_generate(stdout);
             usage_common(stdout);
             return 1;
         }
@@ -120,9 +119,9 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
             o->thinking = 1;
             continue;
         }
-        static const char *const valued[] = {"-p",      "--prompt", "--model",       "--numerics", "--set",
-                                             "--system", "-n",      "--max-tokens", "--temperature",
-                                             "--top-p", "--top-k",  "--seed",        "--threads",  "--ctx"};
+        static const char *const valued[] = {
+            "-p",           "--prompt",      "--model", "--numerics", "--set",  "--system",  "-n",
+            "--max-tokens", "--temperature", "--top-p", "--top-k",    "--seed", "--threads", "--ctx"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             if (!strcmp(a, valued[k])) known = 1;
@@ -137,11 +136,16 @@ static int parse_opts(gen_opts *o, int argc, char **argv, int is_chat) {
         }
         const char *v = argv[++i];
         double x;
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
-        else if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--numerics")) o->numerics = v;
-        else if (!strcmp(a, "--set")) o->sets[o->n_sets++] = v;
-        else if (!strcmp(a, "--system")) o->system = v;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
+            o->prompt = v;
+        else if (!strcmp(a, "--model"))
+            o->model = v;
+        else if (!strcmp(a, "--numerics"))
+            o->numerics = v;
+        else if (!strcmp(a, "--set"))
+            o->sets[o->n_sets++] = v;
+        else if (!strcmp(a, "--system"))
+            o->system = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
             if (parse_int(o->cmd, a, v, 1, 1 << 24, &x)) return 2;
             o->max_tokens = (int)x;
@@ -190,7 +194,8 @@ static void progress_draw(const char *what, long long done, long long total) {
     if (!g_tty_err) return;
     int width = 30, fill = total > 0 ? (int)(width * done / total) : 0;
     char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
     bar[width] = 0;
     fprintf(stderr, "\r\033[2K%s [%s] %lld/%lld", what, bar, done, total);
     fflush(stderr);
@@ -214,7 +219,8 @@ static int session_open(session *ss, const gen_opts *o) {
     memset(ss, 0, sizeof *ss);
     dsv4_err err = {{0}};
     char dir[4096];
-    if (o->model) snprintf(dir, sizeof dir, "%s", o->model);
+    if (o->model)
+        snprintf(dir, sizeof dir, "%s", o->model);
     else if (dsv4_engine_default_model(dir, sizeof dir, &err)) {
         fprintf(stderr, "dsv4 %s: %s\n", o->cmd, err.msg);
         return -1;
@@ -223,7 +229,10 @@ static int session_open(session *ss, const gen_opts *o) {
         fprintf(stderr, "loading %s ...", dir);
         fflush(stderr);
     }
-    dsv4_engine_opts eo = {.model_dir = dir, .numerics = o->numerics, .sets = o->sets, .n_sets = o->n_sets,
+    dsv4_engine_opts eo = {.model_dir = dir,
+                           .numerics = o->numerics,
+                           .sets = o->sets,
+                           .n_sets = o->n_sets,
                            .n_threads = o->threads};
     if (dsv4_engine_open(&ss->e, &eo, &err)) {
         progress_clear();
@@ -329,7 +338,8 @@ static int run_request(session *ss, const gen_opts *o, const dsv4_request_params
             a->usage = ev.usage;
             if (ev.message) snprintf(a->error, sizeof a->error, "%s", ev.message);
             break;
-        default: break;
+        default:
+            break;
         }
         fflush(stdout);
         int fin = ev.type == DSV4_EV_FINISHED;
@@ -345,10 +355,12 @@ static int run_request(session *ss, const gen_opts *o, const dsv4_request_params
 static void print_stats(const answer *a) {
     const dsv4_usage *u = &a->usage;
     if (a->why == DSV4_FINISH_ERROR) fprintf(stderr, "error: %s\n", a->error);
-    fprintf(stderr, "%s[%lld tokens, %.1f tok/s; prompt %lld tokens (%lld cached), %.2f s to first token; seed %llu; %s]%s\n",
-            g_tty_err ? "\033[2m" : "", (long long)u->completion_tokens, u->decode_tps, (long long)u->prompt_tokens,
-            (long long)u->cached_tokens, u->ttft_s, (unsigned long long)u->seed, dsv4_finish_reason_name(a->why),
-            g_tty_err ? "\033[0m" : "");
+    fprintf(stderr,
+            "%s[%lld tokens, %.1f tok/s; prompt %lld tokens (%lld cached), %.2f s to first token; seed %llu; "
+            "%s]%s\n",
+            g_tty_err ? "\033[2m" : "", (long long)u->completion_tokens, u->decode_tps,
+            (long long)u->prompt_tokens, (long long)u->cached_tokens, u->ttft_s, (unsigned long long)u->seed,
+            dsv4_finish_reason_name(a->why), g_tty_err ? "\033[0m" : "");
 }
 
 static void answer_free(answer *a) {
@@ -367,7 +379,8 @@ static void install_sigint(void) {
 
 /* Renders MESSAGES and fills the request fields for a chat turn; *prompt is
  * malloc'd and must outlive the submit. */
-static int chat_params(const gen_opts *o, int thinking, json_t *messages, char **prompt, dsv4_request_params *p) {
+static int chat_params(const gen_opts *o, int thinking, json_t *messages, char **prompt,
+                       dsv4_request_params *p) {
     dsv4_chat_opts co;
     dsv4_chat_opts_default(&co);
     co.mode = thinking ? DSV4_CHAT_MODE_THINKING : DSV4_CHAT_MODE_CHAT;
@@ -382,7 +395,8 @@ static int chat_params(const gen_opts *o, int thinking, json_t *messages, char *
     p->prompt_text_len = len;
     p->text_flags = 0; /* the rendered prompt spells its special tokens */
     p->output = DSV4_OUTPUT_CHAT;
-    p->start_mode = dsv4_chat_prompt_opens_thinking(*prompt, len) ? DSV4_CHAT_MODE_THINKING : DSV4_CHAT_MODE_CHAT;
+    p->start_mode =
+        dsv4_chat_prompt_opens_thinking(*prompt, len) ? DSV4_CHAT_MODE_THINKING : DSV4_CHAT_MODE_CHAT;
     p->sampling = o->sp;
     p->max_tokens = o->max_tokens;
     p->want_progress = 1;
@@ -482,8 +496,8 @@ int dsv4_cmd_chat(int argc, char **argv) {
     int thinking = o.thinking;
     json_t *msgs = new_conversation(&o);
     if (tty_in)
-        fprintf(stderr, "dsv4 chat on %s (%s mode). /think toggles thinking, /reset, /quit.\n", ss.info.model_name,
-                thinking ? "thinking" : "chat");
+        fprintf(stderr, "dsv4 chat on %s (%s mode). /think toggles thinking, /reset, /quit.\n",
+                ss.info.model_name, thinking ? "thinking" : "chat");
     char *line = NULL;
     size_t cap = 0;
     int interrupts = 0;
@@ -510,7 +524,8 @@ int dsv4_cmd_chat(int argc, char **argv) {
             break; /* EOF */
         }
         interrupts = 0;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = 0;
         if (n == 0) continue;
         if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
@@ -525,7 +540,9 @@ int dsv4_cmd_chat(int argc, char **argv) {
             continue;
         }
         if (!strcmp(line, "/help")) {
-            fprintf(stderr, "/think toggles thinking mode, /reset starts over, /quit leaves; Ctrl-C stops an answer\n");
+            fprintf(
+                stderr,
+                "/think toggles thinking mode, /reset starts over, /quit leaves; Ctrl-C stops an answer\n");
             continue;
         }
         if (line[0] == '/') {
