@@ -22,9 +22,14 @@
  * Errors: submit returns DSV4_SCHED_OK, DSV4_SCHED_EINVAL (bad request: the
  * message names the field, e.g. the prompt and context lengths),
  * DSV4_SCHED_EBUSY (queue full: retry later, HTTP 429) or DSV4_SCHED_ECLOSED
- * (shutting down, HTTP 503).  Failures during generation (an engine error) end
- * the request with FINISHED / DSV4_FINISH_ERROR and a message; the scheduler
- * keeps serving the others.
+ * (shutting down, HTTP 503).  Submissions racing dsv4_sched_stop get ECLOSED;
+ * after stop returns the scheduler is freed and must not be used at all.
+ * Failures during generation (an engine error) end the request with FINISHED /
+ * DSV4_FINISH_ERROR and a message; the scheduler keeps serving the others.
+ *
+ * OpenMP: the engine thread uses the OpenMP thread count of the thread that
+ * calls dsv4_sched_start (the engine applies --threads on the thread that
+ * opens it), so open the engine and start the scheduler on one thread.
  */
 #ifndef DSV4_ENGINE_SCHEDULER_H
 #define DSV4_ENGINE_SCHEDULER_H
