@@ -1,0 +1,176 @@
+/* tests/test_cuda_e2e: end-to-end logits of the CUDA backend against the CPU backend.
+ *
+ * Models: `synth --config tiny` (made here with $DSV4_BIN) and, when
+ * $DSV4_CUDA_FLASH2 names a directory holding `synth --config flash --layers 2
+ * --mtp 0`, the 2-layer full-size Flash.  Both numerics profiles.  For each: a
+ * prefill (all rows' logits), decode steps, and a batched step of three sequences;
+ * every logits row compared by rel L2 and argmax.
+ * Tolerances: exact profile rel <= 1e-4 (fp32 everywhere, only accumulation order
+ * differs); reference profile rel <= 3e-2 and >= 90% equal argmax (bf16/fp8
+ * roundings turn order differences into whole-ulp flips that propagate).
+ * Without a device every test reports SKIP. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "test.h"
+
+static char tiny_dir[256];
+
+static int have_device(void) {
+    if (!dsv4_backend_cuda_available()) {
+        printf("  SKIP (no CUDA device in this build or machine)\n");
+        return 0;
+    }
+    return 1;
+}
+
+static int make_tiny(void) {
+    if (tiny_dir[0]) return 1;
+    const char *bin = getenv("DSV4_BIN");
+    if (!bin) {
+        fprintf(stderr, "  DSV4_BIN is not set\n");
+        return 0;
+    }
+    snprintf(tiny_dir, sizeof tiny_dir, "/tmp/dsv4-test-cuda-e2e-%d", (int)getpid());
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "%s synth --config tiny --seed 3 --out %s >/dev/null", bin, tiny_dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  cannot run '%s'\n", cmd);
+        tiny_dir[0] = 0;
+        return 0;
+    }
+    return 1;
+}
+
+static double rel(const float *a, const float *ref, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        d += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        s += (double)ref[i] * ref[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+typedef struct {
+    double worst;
+    int rows, same_argmax;
+} cmp_t;
+
+static void cmp_rows(cmp_t *c, const float *g, const float *a, int rows, int V) {
+    for (int r = 0; r < rows; r++) {
+        double e = rel(g + (size_t)r * V, a + (size_t)r * V, V);
+        if (e > c->worst) c->worst = e;
+        c->same_argmax += argmax(g + (size_t)r * V, V) == argmax(a + (size_t)r * V, V);
+        c->rows++;
+    }
+}
+
+static void run_case(const char *dir, const char *profile, int T, int D, double tol) {
+    dsv4_err err;
+    dsv4_engine *ec = NULL, *eg = NULL;
+    dsv4_engine_opts oc = {.model_dir = dir, .numerics = profile, .backend = "cpu"};
+    dsv4_engine_opts og = {.model_dir = dir, .numerics = profile, .backend = "cuda"};
+    if (dsv4_engine_open(&ec, &oc, &err)) fprintf(stderr, "  cpu: %s\n", err.msg);
+    if (ec && dsv4_engine_open(&eg, &og, &err)) fprintf(stderr, "  cuda: %s\n", err.msg);
+    REQUIRE(ec && eg);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(ec, &info);
+    int V = info.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (T + D + 8));
+    uint32_t s = 99;
+    for (int i = 0; i < T + D + 8; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
+    }
+    float *la = malloc(sizeof(float) * (size_t)T * V), *lg = malloc(sizeof(float) * (size_t)T * V);
+    cmp_t c = {0};
+    dsv4_seq *sc = NULL, *sg = NULL;
+    REQUIRE(dsv4_seq_new(ec, &sc, &err) == 0 && dsv4_seq_new(eg, &sg, &err) == 0);
+    /* prefill, every row's logits */
+    CHECK(dsv4_seq_append(sc, tok, T, la, 1, &err) == 0);
+    int rc = dsv4_seq_append(sg, tok, T, lg, 1, &err);
+    if (rc) fprintf(stderr, "  cuda append: %s\n", err.msg);
+    CHECK(rc == 0);
+    cmp_rows(&c, lg, la, T, V);
+    double prefill = c.worst;
+    /* decode steps */
+    for (int i = 0; i < D; i++) {
+        CHECK(dsv4_seq_append(sc, tok + T + i, 1, la, 0, &err) == 0);
+        CHECK(dsv4_seq_append(sg, tok + T + i, 1, lg, 0, &err) == 0);
+        cmp_rows(&c, lg, la, 1, V);
+    }
+    /* batched step: three sequences (one continuing, two fresh prefixes) */
+    dsv4_seq *bc[2], *bg[2];
+    REQUIRE(dsv4_seq_new(ec, &bc[0], &err) == 0 && dsv4_seq_new(ec, &bc[1], &err) == 0);
+    REQUIRE(dsv4_seq_new(eg, &bg[0], &err) == 0 && dsv4_seq_new(eg, &bg[1], &err) == 0);
+    float *l3a = malloc(sizeof(float) * 3 * V), *l3g = malloc(sizeof(float) * 3 * V);
+    dsv4_step_item ia[3] = {{sc, tok + T + D, 1, l3a}, {bc[0], tok + 3, 5, l3a + V}, {bc[1], tok + 1, 1, l3a + 2 * V}};
+    dsv4_step_item ig[3] = {{sg, tok + T + D, 1, l3g}, {bg[0], tok + 3, 5, l3g + V}, {bg[1], tok + 1, 1, l3g + 2 * V}};
+    CHECK(dsv4_engine_step(ec, ia, 3, &err) == 0);
+    CHECK(dsv4_engine_step(eg, ig, 3, &err) == 0);
+    cmp_rows(&c, l3g, l3a, 3, V);
+    printf("  %s %s: T=%d prefill worst rel %.2e; over %d rows (prefill+decode+batch) worst rel %.2e, argmax "
+           "equal %d/%d (tol %.0e)\n",
+           dir, profile, T, prefill, c.rows, c.worst, c.same_argmax, c.rows, tol);
+    CHECK(c.worst <= tol);
+    CHECK(c.same_argmax * 10 >= c.rows * 9);
+    for (int i = 0; i < 2; i++) dsv4_seq_free(bc[i]), dsv4_seq_free(bg[i]);
+    dsv4_seq_free(sc);
+    dsv4_seq_free(sg);
+    dsv4_engine_close(ec);
+    dsv4_engine_close(eg);
+    free(tok), free(la), free(lg), free(l3a), free(l3g);
+}
+
+static void test_tiny_exact(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    run_case(tiny_dir, "exact", 70, 12, 1e-4); /* 70 > the tiny window: ring, compressors, indexer all active */
+}
+
+static void test_tiny_reference(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    run_case(tiny_dir, "reference", 70, 12, 3e-2);
+}
+
+static void test_flash2(void) {
+    if (!have_device()) return;
+    const char *dir = getenv("DSV4_CUDA_FLASH2");
+    if (!dir) {
+        printf("  SKIP flash2 (set DSV4_CUDA_FLASH2 to a `synth --config flash --layers 2 --mtp 0` directory)\n");
+        return;
+    }
+    run_case(dir, "exact", 20, 3, 1e-4);
+    run_case(dir, "reference", 20, 3, 3e-2);
+}
+
+static void test_backend_errors(void) {
+    dsv4_err err;
+    dsv4_engine *e = NULL;
+    dsv4_engine_opts o = {.model_dir = "/nonexistent", .backend = "tpu"};
+    CHECK(dsv4_engine_open(&e, &o, &err) == -1);
+    CHECK(strstr(err.msg, "tpu") != NULL && strstr(err.msg, "cuda") != NULL);
+}
+
+static void test_zz_cleanup(void) {
+    if (tiny_dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tiny_dir);
+        CHECK(system(cmd) == 0);
+    }
+}
+
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_flash2, test_backend_errors, test_zz_cleanup)
