@@ -10,7 +10,7 @@ BUILD ?= build
 CC ?= cc
 CFLAGS_BASE := -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -Isrc -fopenmp -g
 OPT ?= -O2 -march=x86-64-v3 -mtune=native
-LIBS := -ljansson -lpcre2-8 -lmicrohttpd -lcurl -lm -lpthread -fopenmp
+LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lcurl -lm -lpthread -fopenmp
 
 ifeq ($(SAN),1)
   OPT := -O1 -fno-omit-frame-pointer

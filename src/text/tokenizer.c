@@ -2,6 +2,7 @@
  * behaviour notes and known differences in docs/TOKENIZER.md. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "text/tokenizer.h"
+#include "text/unicode_props.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -447,29 +448,103 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok) {
 /* ------------------------------------------------------------------------ */
 
 /* The file's regexes are written for Oniguruma (what the Rust library uses).
- * PCRE2 with UCP agrees on \p{..} classes and lookarounds, but its \s lacks
- * U+0085 (Oniguruma's \s is the White_Space property) and \h means something
- * else; rewrite those two escapes so both engines see the same sets. */
+ * Three rewrites make PCRE2 (UTF + UCP) see the same sets:
+ *  - \s lacks U+0085 in PCRE2 (Oniguruma's \s is the White_Space property:
+ *    \t..\r, U+0085 and the Z categories, the same in Unicode 14 and 15);
+ *  - \h is a hex digit in Oniguruma, horizontal space in PCRE2;
+ *  - general-category escapes (\p{L}, \P{N}, \p{^M}, \pS, \p{Letter}...) become
+ *    explicit code-point ranges from utf8proc's Unicode 15 tables, because
+ *    PCRE2 10.42's own tables are Unicode 14 (text/unicode_props.h).  Inside
+ *    [...] the ranges are spliced into the class (a \P there lists the
+ *    complement); outside, they get their own brackets.
+ * Other property names (scripts, Alphabetic, Any...) are left to PCRE2, after
+ * checking that it knows them. */
 #define ONIG_SPACE "\\t\\n\\x0B\\f\\r\\x{85}\\p{Z}"
-static char *translate_regex(const char *src, size_t n) {
-    size_t cap = n * 8 + 64, o = 0;
-    char *out = malloc(cap);
-    if (!out) return NULL;
-    int in_class = 0;
+
+/* Appends the rewrite of the property escape at SRC[i] ('\\' then 'p' or 'P')
+ * and returns the index of its last byte, or 0 with ERR set.  CLASS_DASH: the
+ * class so far ends in a '-' that would make a range with this escape. */
+static size_t translate_property(const char *src, size_t n, size_t i, int in_class, int class_dash,
+                                 dsv4_bytes *out, const char *where, dsv4_err *err) {
+    int negate = src[i + 1] == 'P';
+    size_t name_at, name_len, last;
+    if (i + 2 >= n) {
+        dsv4_errf(err, "%s: \\%c at the end of the regex", where, src[i + 1]);
+        return 0;
+    }
+    if (src[i + 2] == '{') {
+        const char *close = memchr(src + i + 3, '}', n - (i + 3));
+        if (!close) {
+            dsv4_errf(err, "%s: \\%c{ without a closing '}' at offset %zu of the regex", where, src[i + 1], i);
+            return 0;
+        }
+        name_at = i + 3;
+        last = (size_t)(close - src);
+        name_len = last - name_at;
+        if (name_len > 0 && src[name_at] == '^') { /* \p{^L} == \P{L} */
+            negate = !negate;
+            name_at++;
+            name_len--;
+        }
+    } else { /* \pL: a one-letter name */
+        name_at = i + 2;
+        name_len = 1;
+        last = i + 2;
+    }
+    size_t esc_len = last + 1 - i;
+    uint64_t mask = dsv4_uprop_category_mask(src + name_at, name_len);
+    if (!mask) {
+        /* not a general category: PCRE2 must know it (a script or a binary
+         * property); checked alone so the error names the escape */
+        int ecode;
+        PCRE2_SIZE eoff;
+        pcre2_code *probe = pcre2_compile((PCRE2_SPTR)(src + i), esc_len, PCRE2_UTF | PCRE2_UCP, &ecode, &eoff, NULL);
+        if (!probe) {
+            dsv4_errf(err,
+                      "%s: unknown Unicode property \"%.*s\" in %.*s at offset %zu of the regex (not a general "
+                      "category, nor a script or binary property that PCRE2 knows)",
+                      where, (int)name_len, src + name_at, (int)esc_len, src + i, i);
+            return 0;
+        }
+        pcre2_code_free(probe);
+        return dsv4_bytes_append(out, src + i, esc_len, err) ? 0 : last;
+    }
+    if (in_class && (class_dash || (last + 2 < n && src[last + 1] == '-' && src[last + 2] != ']'))) {
+        dsv4_errf(err, "%s: a class range cannot start or end at %.*s (offset %zu of the regex)", where, (int)esc_len,
+                  src + i, i);
+        return 0;
+    }
+    if (mask == dsv4_uprop_surrogate_mask() && !negate) /* empty in valid UTF-8; PCRE2 has it */
+        return dsv4_bytes_append(out, "\\p{Cs}", 6, err) ? 0 : last;
+    size_t body_len;
+    char *body = dsv4_uprop_class_body(mask, negate, &body_len, err);
+    if (!body) return 0;
+    int rc = (!in_class && dsv4_bytes_append(out, "[", 1, err)) || dsv4_bytes_append(out, body, body_len, err) ||
+             (!in_class && dsv4_bytes_append(out, "]", 1, err));
+    free(body);
+    return rc ? 0 : last;
+}
+
+/* Returns the PCRE2 form of the Oniguruma regex SRC[0..n) (malloc'd, NUL
+ * terminated, *out_len bytes), or NULL with ERR set. */
+static char *translate_regex(const char *src, size_t n, size_t *out_len, const char *where, dsv4_err *err) {
+    dsv4_bytes out = {0};
+    int in_class = 0, class_items = 0, class_dash = 0;
+    if (dsv4_bytes_append(&out, "", 0, err)) return NULL;
     for (size_t i = 0; i < n; i++) {
         char c = src[i];
-        if (o + 64 > cap) {
-            cap *= 2;
-            char *p = realloc(out, cap);
-            if (!p) {
-                free(out);
-                return NULL;
-            }
-            out = p;
-        }
+        int rc = 0;
         if (c == '\\' && i + 1 < n) {
             char d = src[i + 1];
             const char *rep = NULL;
+            if (d == 'p' || d == 'P') {
+                size_t last = translate_property(src, n, i, in_class, class_dash, &out, where, err);
+                if (!last) goto fail;
+                i = last;
+                class_items++;
+                class_dash = 0;
+                continue;
+            }
             if (d == 's')
                 rep = in_class ? ONIG_SPACE : "[" ONIG_SPACE "]";
             else if (d == 'S' && !in_class)
@@ -478,69 +553,71 @@ static char *translate_regex(const char *src, size_t n) {
                 rep = in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
             else if (d == 'H' && !in_class)
                 rep = "[^0-9a-fA-F]";
-            if (rep) {
-                size_t l = strlen(rep);
-                memcpy(out + o, rep, l);
-                o += l;
-            } else {
-                out[o++] = c;
-                out[o++] = d;
-            }
+            rc = rep ? dsv4_bytes_append(&out, rep, strlen(rep), err) : dsv4_bytes_append(&out, src + i, 2, err);
+            if (rc) goto fail;
             i++;
+            class_items++;
+            class_dash = 0;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = 1;
-            out[o++] = c;
+            class_items = class_dash = 0;
+            size_t from = i;
             /* a ']' right after '[' or '[^' is a literal */
-            if (i + 1 < n && src[i + 1] == '^') out[o++] = src[++i];
-            if (i + 1 < n && src[i + 1] == ']') out[o++] = src[++i];
+            if (i + 1 < n && src[i + 1] == '^') i++;
+            if (i + 1 < n && src[i + 1] == ']') {
+                i++;
+                class_items++;
+            }
+            if (dsv4_bytes_append(&out, src + from, i + 1 - from, err)) goto fail;
             continue;
         }
         if (in_class && c == '[' && i + 1 < n && src[i + 1] == ':') { /* [:alpha:] */
             const char *end = strstr(src + i + 2, ":]");
             if (end && (size_t)(end - src) < n) {
                 size_t l = (size_t)(end - (src + i)) + 2;
-                if (o + l + 64 > cap) {
-                    cap = cap * 2 + l;
-                    char *p = realloc(out, cap);
-                    if (!p) {
-                        free(out);
-                        return NULL;
-                    }
-                    out = p;
-                }
-                memcpy(out + o, src + i, l);
-                o += l;
+                if (dsv4_bytes_append(&out, src + i, l, err)) goto fail;
                 i += l - 1;
+                class_items++;
+                class_dash = 0;
                 continue;
             }
         }
         if (in_class && c == ']') in_class = 0;
-        out[o++] = c;
+        if (in_class) {
+            /* a '-' after an item and before another makes a range */
+            int dash = c == '-' && class_items > 0 && !(i + 1 < n && src[i + 1] == ']');
+            if (!dash) class_items++;
+            class_dash = dash;
+        }
+        if (dsv4_bytes_append(&out, &c, 1, err)) goto fail;
     }
-    out[o] = '\0';
-    return out;
+    *out_len = out.len;
+    return out.data;
+fail:
+    dsv4_bytes_free(&out);
+    return NULL;
 }
 
 static pcre2_code *compile_regex(const char *pattern, size_t n, int literal, const char *where,
                                  dsv4_err *err) {
-    char *tr = literal ? NULL : translate_regex(pattern, n);
-    if (!literal && !tr) {
-        dsv4_errf(err, "%s: out of memory", where);
-        return NULL;
-    }
+    size_t tr_len = 0;
+    char *tr = literal ? NULL : translate_regex(pattern, n, &tr_len, where, err);
+    if (!literal && !tr) return NULL;
     int ecode;
     PCRE2_SIZE eoff;
     /* MULTILINE: Oniguruma's ^ and $ are line anchors by default. */
     uint32_t opts = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : tr), literal ? n : strlen(tr), opts,
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : tr), literal ? n : tr_len, opts,
                                    &ecode, &eoff, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ecode, msg, sizeof msg);
-        dsv4_errf(err, "%s: cannot compile regex \"%.200s\" at offset %zu: %s", where, pattern, (size_t)eoff,
-                  (char *)msg);
+        /* the offset is in the rewritten pattern when a rewrite happened */
+        int same = literal || (tr_len == n && !memcmp(tr, pattern, n));
+        dsv4_errf(err, "%s: cannot compile regex \"%.200s\" at offset %zu%s: %s", where, pattern, (size_t)eoff,
+                  same ? "" : " of its PCRE2 rewrite", (char *)msg);
         free(tr);
         return NULL;
     }
@@ -575,7 +652,9 @@ static int add_step(dsv4_tokenizer *tok, pretok_step st, const char *where, dsv4
     return 0;
 }
 
-static const char WORD_REGEX[] = "^[\\p{Alphabetic}\\p{N}_]"; /* Rust: is_alphanumeric || '_' */
+/* Rust: is_alphanumeric || '_'.  \p{Alphabetic} is PCRE2's (Unicode 14);
+ * \p{L} adds the letters new in 15.0 (docs/TOKENIZER.md) */
+static const char WORD_REGEX[] = "^[\\p{Alphabetic}\\p{L}\\p{N}_]";
 static const char GPT2_REGEX[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
