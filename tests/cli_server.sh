@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-pass() { echo "PASS $1"; [ -n "${DSV4_TIMING:-}" ] && echo "  (${SECONDS}s)"; }
+pass() { echo "PASS $1"; if [ -n "${DSV4_TIMING:-}" ]; then echo "  (${SECONDS}s)"; fi; }
 fail() { echo "FAIL $1${2:+: $2}"; }
 check() { # check NAME CONDITION-COMMAND...
   local n=$1; shift
