@@ -10,6 +10,7 @@
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "tools/commands.h"
+#include "util/paths.h"
 
 static void usage_render(FILE *f) {
     fprintf(
@@ -43,32 +44,11 @@ static json_t *load_json(const char *path, const char *what) {
     return v;
 }
 
-/* $DSV4_TOKENIZER, else ../data/tokenizer and ../../data/tokenizer next to the binary. */
-static int default_tokenizer(char *out, size_t cap) {
-    const char *env = getenv("DSV4_TOKENIZER");
-    if (env && *env) {
-        snprintf(out, cap, "%s", env);
-        return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return -1;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash) return -1;
-    *slash = '\0';
-    const char *rel[] = {"../data/tokenizer/tokenizer.json", "../../data/tokenizer/tokenizer.json"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(out, cap, "%s/%s", exe, rel[i]);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    return -1;
-}
 
 static int print_ids(const char *tok_path, const char *prompt, size_t len) {
     char path[4200];
     if (!tok_path) {
-        if (default_tokenizer(path, sizeof path)) {
+        if (dsv4_default_tokenizer_path(path, sizeof path)) {
             fprintf(stderr,
                     "dsv4 render: --ids needs a tokenizer: give --tokenizer FILE or set $DSV4_TOKENIZER\n");
             return 1;

@@ -8,6 +8,7 @@
 
 #include "text/tokenizer.h"
 #include "tools/commands.h"
+#include "util/paths.h"
 
 typedef struct {
     const char *model, *tokenizer, *bench;
@@ -38,27 +39,6 @@ static void usage_detokenize(FILE *f) {
                "  --raw           write the bytes as they are (no U+FFFD for invalid UTF-8)\n");
 }
 
-/* $DSV4_TOKENIZER, else ../data/tokenizer and ../../data/tokenizer next to the binary. */
-static int default_tokenizer(char *out, size_t cap) {
-    const char *env = getenv("DSV4_TOKENIZER");
-    if (env && *env) {
-        snprintf(out, cap, "%s", env);
-        return 0;
-    }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return -1;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash) return -1;
-    *slash = '\0';
-    const char *rel[] = {"../data/tokenizer/tokenizer.json", "../../data/tokenizer/tokenizer.json"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(out, cap, "%s/%s", exe, rel[i]);
-        if (access(out, R_OK) == 0) return 0;
-    }
-    return -1;
-}
 
 static int parse_opts(const char *cmd, int argc, char **argv, tok_opts *o, int detok) {
     memset(o, 0, sizeof *o);
@@ -109,7 +89,7 @@ static dsv4_tokenizer *open_tokenizer(const char *cmd, const tok_opts *o) {
     char path[4200];
     const char *p = o->tokenizer ? o->tokenizer : o->model;
     if (!p) {
-        if (default_tokenizer(path, sizeof path)) {
+        if (dsv4_default_tokenizer_path(path, sizeof path)) {
             fprintf(stderr,
                     "dsv4 %s: no tokenizer given and none found (set --tokenizer FILE, --model DIR or "
                     "$DSV4_TOKENIZER)\n",
