@@ -1,6 +1,6 @@
 /* util/paths: locating the files that ship beside the binary.
  *
- * The build tree keeps `dsv4` in build/ (or build-*/) and the vendored data in
+ * The build tree keeps `dsv4` in build/ (or another BUILD directory) and the vendored data in
  * data/ at the repository root, so data is found relative to the running
  * executable (/proc/self/exe), after an environment variable override.
  * Pure functions; thread-safe.
