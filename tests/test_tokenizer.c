@@ -11,6 +11,7 @@
 
 #include "test.h"
 #include "text/tokenizer.h"
+#include "text/unicode_props.h"
 
 #define REAL_TOKENIZER "data/tokenizer/tokenizer.json"
 
@@ -530,6 +531,103 @@ static void test_split_behaviors(void) {
     dsv4_tokenizer_free(tok);
 }
 
+/* ----- Unicode 15 general categories (PCRE2 10.42's own tables are 14) ----- */
+
+/* A tiny tokenizer whose pre-tokenizer is Split(REGEX, Isolated) then ByteLevel. */
+static const char *write_regex_tok(const char *name, const char *regex) {
+    json_t *pt = json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b}]}", "type", "Sequence",
+                           "pretokenizers", "type", "Split", "pattern", "Regex", regex, "behavior", "Isolated",
+                           "invert", 0, "type", "ByteLevel", "use_regex", 0);
+    char *js = json_dumps(pt, JSON_COMPACT);
+    const char *path = write_tiny(name, NULL, "[]", js, NULL);
+    free(js);
+    json_decref(pt);
+    return path;
+}
+
+#define U1E030 "\xf0\x9e\x80\xb0" /* CYRILLIC SMALL LETTER A MODIFIER (Lm, new in 15.0) */
+#define U11F50 "\xf0\x91\xbd\x90" /* KAWI DIGIT ZERO (Nd, new in 15.0) */
+#define U1F6DC "\xf0\x9f\x9b\x9c" /* WIRELESS (So, new in 15.0) */
+
+static void expect_pieces(const char *regex, const char *text, const char *want) {
+    dsv4_tokenizer *tok = load_tiny(write_regex_tok("uprop", regex));
+    CHECKF(tok != NULL, "regex %s did not load", regex);
+    if (!tok) return;
+    const char *got = pieces_of(tok, text, 0);
+    CHECKF(!strcmp(got, want), "regex %s on \"%s\": got \"%s\", want \"%s\"", regex, text, got, want);
+    dsv4_tokenizer_free(tok);
+}
+
+static void test_unicode15_props(void) {
+    CHECK_STR(dsv4_uprop_unicode_version(), "15.0.0");
+    /* \p{L} matches U+1E030, in every spelling, inside and outside a class */
+    expect_pieces("\\p{L}+", "a" U1E030 "b 1", "a" U1E030 "b| 1");
+    expect_pieces("\\pL+", "a" U1E030 "b 1", "a" U1E030 "b| 1");
+    expect_pieces("[\\p{Letter}]+", "a" U1E030 "b 1", "a" U1E030 "b| 1");
+    expect_pieces("\\p{modifier_letter}+", "a" U1E030 "b", "a|" U1E030 "|b");
+    expect_pieces("[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+", " " U1E030, " " U1E030);
+    /* negations: \P, \p{^..}, [^..], and \P spliced into a class */
+    expect_pieces("\\P{L}+", "1" U1E030 "2", "1|" U1E030 "|2");
+    expect_pieces("\\p{^L}+", "1" U1E030 "2", "1|" U1E030 "|2");
+    expect_pieces("[^\\p{L}]+", "1" U1E030 "2", "1|" U1E030 "|2");
+    expect_pieces("[\\P{L}x]+", "ab1" U1E030 "2x", "ab|1|" U1E030 "|2x");
+    /* numbers and symbols new in 15.0 */
+    expect_pieces("\\p{N}+", "a" U11F50 "7b", "a|" U11F50 "7|b");
+    expect_pieces("\\p{Nd}+", "a" U11F50 "b", "a|" U11F50 "|b");
+    expect_pieces("[\\p{S}]+", "a" U1F6DC "b", "a|" U1F6DC "|b");
+    /* names that are not general categories are PCRE2's (scripts, binary properties) */
+    expect_pieces("\\p{Greek}+", "\xce\xb1\xce\xb2" "c", "\xce\xb1\xce\xb2|c");
+    expect_pieces("\\p{Cs}|a", "bab", "b|a|b"); /* empty in valid UTF-8, still compiles */
+
+    /* White_Space (what \s becomes) is \t..\r, U+0085 and Z: Z must be the same set in
+     * PCRE2's tables and utf8proc's, i.e. the rewrite adds nothing to \p{Z} */
+    size_t len = 0;
+    char *z = dsv4_uprop_pcre2_set(dsv4_uprop_category_mask("Z", 1), 0, 0, &len, NULL);
+    REQUIRE(z);
+    CHECK_STR(z, "[\\p{Z}]");
+    free(z);
+    int pc, uc;
+    dsv4_uprop_debug_categories(0x1E030, &pc, &uc);
+    CHECK_EQ_INT(pc, 0); /* Cn for PCRE2 10.42 ... */
+    CHECK_EQ_INT(uc, 4); /* ... Lm for utf8proc */
+    dsv4_uprop_debug_categories('A', &pc, &uc);
+    CHECK_EQ_INT(pc, 1);
+    CHECK_EQ_INT(uc, 1);
+    dsv4_uprop_debug_categories(0xDC00, &pc, &uc);
+    CHECK_EQ_INT(pc, 28);
+    CHECK_EQ_INT(uc, 28);
+
+    /* names: loose matching, and unknown names are 0 */
+    CHECK(dsv4_uprop_category_mask("Uppercase Letter", 16) == dsv4_uprop_category_mask("lu", 2));
+    CHECK(dsv4_uprop_category_mask("L&", 2) == dsv4_uprop_category_mask("Cased_Letter", 12));
+    CHECK(dsv4_uprop_category_mask("Foo", 3) == 0);
+    CHECK(dsv4_uprop_category_mask("Letterxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 45) == 0);
+
+    /* bad escapes are load errors that name the escape */
+    struct {
+        const char *regex, *needle;
+    } bad[] = {
+        {"\\p{Foo}+", "unknown Unicode property \"Foo\" in \\p{Foo} at offset 0"},
+        {"a|[\\P{NotAThing}]", "unknown Unicode property \"NotAThing\""},
+        {"\\p{L", "without a closing '}'"},
+        {"x\\p", "\\p at the end of the regex"},
+        {"[a-\\p{L}]", "a class range cannot start or end at \\p{L}"},
+        {"[\\p{L}-z]", "a class range cannot start or end at \\p{L}"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *path = write_regex_tok("uprop_bad", bad[i].regex);
+        REQUIRE(path);
+        dsv4_tokenizer *tok = NULL;
+        dsv4_err err;
+        int rc = dsv4_tokenizer_load(&tok, path, &err);
+        CHECKF(rc == -1 && tok == NULL, "regex %s loaded", bad[i].regex);
+        if (rc == -1)
+            CHECKF(strstr(err.msg, bad[i].needle) != NULL, "regex %s: message \"%s\" lacks \"%s\"", bad[i].regex,
+                   err.msg, bad[i].needle);
+        dsv4_tokenizer_free(tok);
+    }
+}
+
 static void test_bpe_merges(void) {
     /* merges in rank order: "a a" (0), "b c" (1), "aa a" (2), "a bc" (3) */
     const char *extra[] = {"aa", "bc", "aaa", "abc", NULL};
@@ -878,5 +976,5 @@ static void test_cleanup(void) {
 }
 
 TEST_MAIN(test_published_vectors, test_special_ids, test_no_added_flags, test_roundtrip, test_stream_decode,
-          test_invalid_utf8, test_split_behaviors, test_bpe_merges, test_unk_and_ignore_merges,
+          test_invalid_utf8, test_split_behaviors, test_unicode15_props, test_bpe_merges, test_unk_and_ignore_merges,
           test_added_token_flags, test_malformed, test_threads, test_hf_corpus, test_hf_edges, test_cleanup)

@@ -453,10 +453,10 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok) {
  *    \t..\r, U+0085 and the Z categories, the same in Unicode 14 and 15);
  *  - \h is a hex digit in Oniguruma, horizontal space in PCRE2;
  *  - general-category escapes (\p{L}, \P{N}, \p{^M}, \pS, \p{Letter}...) become
- *    explicit code-point ranges from utf8proc's Unicode 15 tables, because
- *    PCRE2 10.42's own tables are Unicode 14 (text/unicode_props.h).  Inside
- *    [...] the ranges are spliced into the class (a \P there lists the
- *    complement); outside, they get their own brackets.
+ *    the Unicode 15 set from utf8proc, because PCRE2 10.42's own tables are
+ *    Unicode 14: PCRE2's escape plus the ranges it lacks, or a full range list
+ *    (text/unicode_props.h).  Inside [...] the text is spliced into the class
+ *    (a \P there lists the complement); outside, it gets its own brackets.
  * Other property names (scripts, Alphabetic, Any...) are left to PCRE2, after
  * checking that it knows them. */
 #define ONIG_SPACE "\\t\\n\\x0B\\f\\r\\x{85}\\p{Z}"
@@ -516,12 +516,11 @@ static size_t translate_property(const char *src, size_t n, size_t i, int in_cla
     }
     if (mask == dsv4_uprop_surrogate_mask() && !negate) /* empty in valid UTF-8; PCRE2 has it */
         return dsv4_bytes_append(out, "\\p{Cs}", 6, err) ? 0 : last;
-    size_t body_len;
-    char *body = dsv4_uprop_class_body(mask, negate, &body_len, err);
-    if (!body) return 0;
-    int rc = (!in_class && dsv4_bytes_append(out, "[", 1, err)) || dsv4_bytes_append(out, body, body_len, err) ||
-             (!in_class && dsv4_bytes_append(out, "]", 1, err));
-    free(body);
+    size_t set_len;
+    char *set = dsv4_uprop_pcre2_set(mask, negate, in_class, &set_len, err);
+    if (!set) return 0;
+    int rc = dsv4_bytes_append(out, set, set_len, err);
+    free(set);
     return rc ? 0 : last;
 }
 
