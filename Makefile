@@ -79,11 +79,16 @@ $(DEFAULT_MODEL)/config.json: $(BIN) data/tokenizer/tokenizer.json
 # ----- fuzzing (clang + libFuzzer); corpora under fuzz/corpus/<name>/ -----
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
-FUZZ_LIB_SRC := $(SRC)
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp=libgomp
-$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB_SRC)
+# The library is compiled once for all harnesses (sanitizer-coverage objects in
+# $(BUILD)/fuzzobj), then each harness links against it.
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fopenmp=libgomp
+FUZZ_OBJ := $(patsubst %.c,$(BUILD)/fuzzobj/%.o,$(filter-out $(CUDA_C_SRC),$(SRC)))
+$(BUILD)/fuzzobj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) $< $(FUZZ_LIB_SRC) -o $@ -ljansson -lpcre2-8 -lmicrohttpd -lcurl -lm -lpthread -lgomp
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJ) -o $@ $(filter-out -fopenmp,$(LIBS)) -lgomp
 fuzz: $(FUZZ_BIN)
 # Replays every committed corpus (no new inputs): what CI runs.
 fuzz-replay: $(FUZZ_BIN)
