@@ -57,7 +57,8 @@ check_err logits_err_value "accepted: none|fp8" --model "$tmp/m" --tokens 5 --se
 check_err logits_err_profile "unknown numerics profile" --model "$tmp/m" --tokens 5 --numerics fast --out "$tmp/x.f32"
 check_err logits_err_out "--out FILE is required" --model "$tmp/m" --tokens 5
 check_err logits_err_model "nonexistent" --model "$tmp/nonexistent" --tokens 5 --out "$tmp/x.f32"
-check_err logits_err_backend "unknown backend 'cuda'" --model "$tmp/m" --tokens 5 --backend cuda --out "$tmp/x.f32"
+check_err logits_err_backend "built without CUDA" --model "$tmp/m" --tokens 5 --backend cuda --out "$tmp/x.f32"
+check_err logits_err_backend_name "unknown backend 'tpu'" --model "$tmp/m" --tokens 5 --backend tpu --out "$tmp/x.f32"
 check_err logits_err_empty "no token ids" --model "$tmp/m" --tokens " , " --out "$tmp/x.f32"
 check_err logits_err_both "exactly one of" --model "$tmp/m" --tokens 5 --tokens-file "$tmp/toks.txt" --out "$tmp/x.f32"
 
