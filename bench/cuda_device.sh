@@ -22,6 +22,12 @@ for stage in "$@"; do
   e2e)
     timeout 300 $bin/test_cuda_e2e >"$OUT/e2e.log" 2>&1; note "e2e rc=$? $(tail -1 "$OUT/e2e.log")"
     grep -vE "^PASS" "$OUT/e2e.log" | head -20 >>"$summary" ;;
+  diff)
+    $bin/dsv4 synth --config tiny --seed 3 --out /tmp/tiny3 >/dev/null 2>&1
+    for prof in exact reference; do
+      timeout 200 $bin/dsv4 diff --model /tmp/tiny3 --random 70 --a $prof --b $prof,backend=cuda --quiet >"$OUT/diff_$prof.log" 2>&1
+      note "diff $prof rc=$? $(tail -1 "$OUT/diff_$prof.log")"; grep -v "uploading" "$OUT/diff_$prof.log" | head -12 >>"$summary"
+    done ;;
   flash2)
     t0=$(date +%s)
     timeout 400 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out /dev/shm/flash2 >"$OUT/synth2.log" 2>&1
@@ -31,6 +37,25 @@ for stage in "$@"; do
     grep -vE "^PASS" "$OUT/e2e_flash2.log" | head -20 >>"$summary"
     timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2.log" 2>&1
     note "bench flash2 rc=$?"; cat "$OUT/bench_flash2.log" >>"$summary" ;;
+  hf)
+    [ -d /dev/shm/flash2 ] || $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out /dev/shm/flash2 >/dev/null 2>&1
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/hf_baseline.py --config /dev/shm/flash2 --layers 2 --prompt 2048 --gen 16 >"$OUT/hf.log" 2>&1
+    note "hf rc=$?"; grep -E "^hf:|Error|error" "$OUT/hf.log" | tail -8 >>"$summary" ;;
+  f4)
+    rm -rf /dev/shm/flash2
+    timeout 200 $bin/dsv4 synth --config flash --layers 4 --mtp 0 --seed 1 --out /dev/shm/flash4 >/dev/null 2>&1
+    for args in "--prompt 8192 --gen 8" "--prompt 512 --gen 8 --batch 8" "--prompt 256 --gen 8 --batch 32" "--prompt 32768 --gen 8"; do
+      timeout 300 $bin/dsv4 bench --model /dev/shm/flash4 --backend cuda $args >"$OUT/b4.log" 2>&1
+      note "bench flash4 $args rc=$?"; grep -E "prefill|decode|bytes|moe|sparse|indexer|topk|matmul |sum" "$OUT/b4.log" >>"$summary"
+    done ;;
+  f20)
+    rm -rf /dev/shm/flash2 /dev/shm/flash4
+    mount -o remount,size=110G /dev/shm 2>>"$summary"
+    t0=$(date +%s)
+    timeout 300 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
+    note "synth flash20 rc=$? in $(( $(date +%s) - t0 )) s; $(du -sh /dev/shm/flash20 | cut -f1)"
+    timeout 300 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 16 >"$OUT/b20.log" 2>&1
+    note "bench flash20 rc=$?"; grep -v uploading "$OUT/b20.log" >>"$summary" ;;
   *) note "unknown stage $stage" ;;
   esac
 done

@@ -131,9 +131,16 @@ static tw make_w(dsv4_wfmt fmt, int64_t rows, int64_t cols, int scale_f32) {
     t.w.scale = t.scale;
     return t;
 }
+/* The CUDA backend keys its device copies by the host data pointer, so a weight's
+ * memory must outlive the backend (as a mapped checkpoint does): freed test weights
+ * are parked here and released at exit. */
+static void *parked[4096];
+static int n_parked;
 static void free_w(tw *t) {
-    free(t->data);
-    free(t->scale);
+    if (n_parked + 2 <= 4096) {
+        parked[n_parked++] = t->data;
+        parked[n_parked++] = t->scale;
+    }
 }
 
 /* ----- linears ----- */
@@ -429,6 +436,11 @@ static void test_moe(void) {
     for (int i = 0; i < NE * 3 + 3; i++) free_w(&parts[i]);
 }
 
+static void test_zz_release(void) {
+    for (int i = 0; i < n_parked; i++) free(parked[i]);
+    n_parked = 0;
+}
+
 static void test_errors_are_reported(void) {
     NEED_GPU();
     /* a bad device index is an error, not a crash */
@@ -439,4 +451,5 @@ static void test_errors_are_reported(void) {
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
-          test_sparse_attn, test_indexer_topk, test_pool, test_route, test_moe, test_errors_are_reported)
+          test_sparse_attn, test_indexer_topk, test_pool, test_route, test_moe, test_errors_are_reported,
+          test_zz_release)

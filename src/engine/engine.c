@@ -132,7 +132,9 @@ int dsv4_engine_open(dsv4_engine **out, const dsv4_engine_opts *opts, dsv4_err *
     }
     e->be_init = 1;
     if (e->be.ops->load_weights && e->be.ops->load_weights(&e->be, &e->w, err)) goto fail;
-    if (dsv4_model_init(&e->model, &e->w, &e->be, &e->num, 64, err)) goto fail;
+    /* rows per sub-batch: the GPU streams every weight once per chunk, so it wants big chunks
+     * (results do not depend on the cut) */
+    if (dsv4_model_init(&e->model, &e->w, &e->be, &e->num, e->be_cuda ? 1024 : 64, err)) goto fail;
     dsv4_model_set_trace(e->model, route_trace, e);
     int64_t period = dsv4_state_period(&e->cfg);
     e->snapshot_every = o.snapshot_every > 0 ? o.snapshot_every : 0;

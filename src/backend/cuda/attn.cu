@@ -204,11 +204,17 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         if (CKL(b)) return;
     }
     /* only the first n_keys[r] entries of each row are written (the rest is the caller's) */
-    for (int r = 0; r < rows && !CI(b)->failed; r++)
-        if (n_keys[r] > 0)
-            CK(b, cudaMemcpyAsync(score + (size_t)r * max_keys, sd + (size_t)r * max_keys, sizeof(float) * n_keys[r],
-                                  cudaMemcpyDeviceToHost, CI(b)->stream));
-    CK(b, cudaStreamSynchronize(CI(b)->stream));
+    if (rows <= 24) { /* one queued copy per row */
+        for (int r = 0; r < rows; r++)
+            if (n_keys[r] > 0)
+                dsv4_cuda_fetch(b, score + (size_t)r * max_keys, sd + (size_t)r * max_keys, sizeof(float) * n_keys[r]);
+    } else {
+        for (int r = 0; r < rows && !CI(b)->failed; r++)
+            if (n_keys[r] > 0)
+                CK(b, cudaMemcpyAsync(score + (size_t)r * max_keys, sd + (size_t)r * max_keys,
+                                      sizeof(float) * n_keys[r], cudaMemcpyDeviceToHost, CI(b)->stream));
+        CK(b, cudaStreamSynchronize(CI(b)->stream));
+    }
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_INDEXER);
 }
 
@@ -288,12 +294,11 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     }
     k_topk_write<<<rows, 1024, 0, CI(b)->stream>>>(id, no, sel, stride, nd, k);
     if (CKL(b)) return;
+    for (int r = 0; r < rows && !CI(b)->failed; r++) { /* min(k, n[r]) entries, as the kernel writes */
+        int take = n[r] < k ? (n[r] > 0 ? n[r] : 0) : k;
+        if (take > 0) dsv4_cuda_fetch(b, idx + (size_t)r * k, id + (size_t)r * k, sizeof(int32_t) * take);
+    }
     dsv4_cuda_fetch(b, n_out, no, sizeof(int) * rows);
-    for (int r = 0; r < rows && !CI(b)->failed; r++)
-        if (n_out[r] > 0)
-            CK(b, cudaMemcpyAsync(idx + (size_t)r * k, id + (size_t)r * k, sizeof(int32_t) * n_out[r],
-                                  cudaMemcpyDeviceToHost, CI(b)->stream));
-    CK(b, cudaStreamSynchronize(CI(b)->stream));
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_TOPK);
 }
 

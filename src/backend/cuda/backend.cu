@@ -124,29 +124,76 @@ void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes) {
     return c->hbuf;
 }
 
+/* room in the pinned arena (NULL = none; the caller takes the pageable path) */
+static uint8_t *pin_take(cuda_impl *c, size_t bytes) {
+    bytes = (bytes + 63) & ~(size_t)63;
+    if (c->pin_top + bytes > c->pin_want) c->pin_want = c->pin_top + bytes;
+    if (c->pin_top + bytes > c->pin_cap) return NULL;
+    uint8_t *p = c->pin + c->pin_top;
+    c->pin_top += bytes;
+    return p;
+}
+
 void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
+    cuda_impl *c = CI(b);
     void *d = dsv4_cuda_scratch(b, bytes ? bytes : 1);
-    if (!d) return NULL;
-    if (bytes && CK(b, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, CI(b)->stream))) return NULL;
+    if (!d || !bytes) return d;
+    uint8_t *p = pin_take(c, bytes);
+    if (p) {
+        memcpy(p, host, bytes);
+        if (CK(b, cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream))) return NULL;
+    } else if (CK(b, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream))) {
+        return NULL;
+    }
     return d;
 }
 
+/* Outputs: queued into the pinned arena and copied out by dsv4_cuda_flush (op end).
+ * The host buffer is valid only after the op returns. */
 void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes) {
     cuda_impl *c = CI(b);
     if (c->failed || !bytes) return;
+    uint8_t *p = c->n_pend < 32 ? pin_take(c, bytes) : NULL;
+    if (p) {
+        if (CK(b, cudaMemcpyAsync(p, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
+        c->pend[c->n_pend].dst = host;
+        c->pend[c->n_pend].src = p;
+        c->pend[c->n_pend].n = bytes;
+        c->n_pend++;
+        return;
+    }
     if (CK(b, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
     CK(b, cudaStreamSynchronize(c->stream));
+}
+
+void dsv4_cuda_flush(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (!c->n_pend) return;
+    if (!CK(b, cudaStreamSynchronize(c->stream)))
+        for (int i = 0; i < c->n_pend; i++) memcpy(c->pend[i].dst, c->pend[i].src, c->pend[i].n);
+    c->n_pend = 0;
 }
 
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
+    c->pin_top = 0;
+    if (c->pin_want > c->pin_cap && !c->failed) { /* grow at an empty point */
+        cudaStreamSynchronize(c->stream);
+        if (c->pin) cudaFreeHost(c->pin);
+        c->pin = NULL;
+        c->pin_cap = 0;
+        size_t cap = c->pin_want + c->pin_want / 4 + (1 << 20);
+        if (!CK(b, cudaMallocHost((void **)&c->pin, cap))) c->pin_cap = cap;
+    }
     if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
 }
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_flush(b);
     if (!c->timing || c->failed) return;
     CK(b, cudaEventRecord(c->ev1, c->stream));
     CK(b, cudaEventSynchronize(c->ev1));
@@ -494,6 +541,7 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     if (c->scratch) cudaFree(c->scratch);
     if (c->hbuf) cudaFreeHost(c->hbuf);
+    if (c->pin) cudaFreeHost(c->pin);
     if (c->ev0) cudaEventDestroy(c->ev0);
     if (c->ev1) cudaEventDestroy(c->ev1);
     if (c->stream) cudaStreamDestroy(c->stream);

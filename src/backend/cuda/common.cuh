@@ -56,6 +56,16 @@ struct cuda_impl {
     size_t scratch_cap, scratch_top, scratch_want;
     void *spill[64];
     int n_spill;
+    /* pinned staging arena: op inputs are copied here then sent asynchronously; outputs
+     * land here and are copied to their host buffers once, after one sync at op end */
+    uint8_t *pin;
+    size_t pin_cap, pin_top, pin_want;
+    struct {
+        void *dst;
+        const void *src;
+        size_t n;
+    } pend[32];
+    int n_pend;
     /* host scratch for gathers (pinned) */
     uint8_t *hbuf;
     size_t hbuf_cap;
@@ -82,8 +92,9 @@ void dsv4_cuda_scratch_reset(dsv4_backend *b);
 void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes);
 /* uploads n bytes of host memory into fresh scratch and returns the device copy */
 void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes);
-/* copies device -> host on the stream and waits */
+/* queues a device -> host copy; the host buffer holds it once the op ends (dsv4_cuda_flush) */
 void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes);
+void dsv4_cuda_flush(dsv4_backend *b);
 /* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
 int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
 
@@ -121,10 +132,12 @@ __device__ __forceinline__ float d_e8m0_to_f32(uint8_t c) {
     if (c == 0) return __uint_as_float(0x00400000u);
     return __uint_as_float((uint32_t)c << 23);
 }
+/* e2m1 by bit assembly (a lookup array indexed at run time would live in local memory):
+ * exponent field e = bits 2..1, mantissa m = bit 0; e = 0 is 0 or 0.5, else (1 + m/2) 2^(e-1). */
 __device__ __forceinline__ float d_e2m1_to_f32(uint32_t nib) {
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float v = mag[nib & 7u];
-    return (nib & 8u) ? -v : v;
+    uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
+    uint32_t bits = e ? (((e + 126u) << 23) | (m << 22)) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | ((nib & 8u) << 28));
 }
 __device__ __forceinline__ float d_e2m1_round_abs(float a) {
     if (a <= 0.25f) return 0.0f;

@@ -10,8 +10,9 @@
  *      profile says;  B) down: one warp per (slot, output feature);  C) combine:
  *      per row, the routed outputs summed in expert-id order (the CPU's order),
  *      times out_scale, plus the shared expert.
- *   Slot = (row, expert): at batch > 1 an expert picked by several rows is read once
- *   per row (a grouped kernel is future work, docs/CUDA.md).
+ *   Slots are sorted by expert and cut into groups of <= 8 slots of one expert: a
+ *   group's warps stream that expert's weights once for all its slots (a prefill chunk
+ *   of R rows reads each active expert ceil(slots/8) times, a decode step once).
  * Layout: x, out [rows][dim] fp32; experts' weights device-resident in stored formats.
  * Target: sm_90a.
  */
@@ -79,84 +80,141 @@ void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *lo
 }
 
 /* ----- moe ----- */
-struct slot {
+/* A group = one expert (or the shared expert) and up to 8 of the slots that use it:
+ * its weights are streamed once for all of them. */
+#define MOE_G 8
+struct group {
     dweight w1, w3, w2;
-    int row;
-    int quant_x, quant_h; /* act_fp8 applies to this slot's w1/w3 and w2 */
-    float pre;            /* multiplies h before w2 (1 when it does not apply) */
+    int n;
+    int slot[MOE_G];      /* slot ids: routed r*k+j, shared rows*k + r */
+    int row[MOE_G];       /* input row of each slot */
+    float pre[MOE_G];     /* multiplies h before w2 (1 when it does not apply) */
+    int quant_x;          /* act_fp8 applies to w1/w3 (x quantized) */
 };
 
-/* warp dot of weight row o with x (full-length K); every lane gets the sum */
-__device__ float warp_dot(const dweight &w, int64_t o, const float *__restrict__ x) {
+/* warp dots of weight row o with n (<= MOE_G) vectors xs[i]; every lane gets the sums */
+__device__ __forceinline__ void warp_dot_multi(const dweight &w, int64_t o, const float *const *xs, int n,
+                                               float (&acc)[MOE_G]) {
     int lane = threadIdx.x & 31;
     int64_t K = w.cols;
-    float a = 0.0f;
-    if (w.fmt == DSV4_WF_MXFP4 && K % 32 == 0) {
+#pragma unroll
+    for (int i = 0; i < MOE_G; i++) acc[i] = 0.0f;
+    float wv[32];
+    if ((w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4) && K % 32 == 0) {
         const uint8_t *row = w.data + o * (K / 2);
         for (int64_t k0 = (int64_t)lane * 32; k0 < K; k0 += 1024) {
             uint4 v = __ldg((const uint4 *)(row + k0 / 2));
-            float s = d_e8m0_to_f32(w.scale[o * (K / 32) + k0 / 32]);
-            const uint8_t *by = (const uint8_t *)&v;
-            const float4 *xp = (const float4 *)(x + k0);
-            float part = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 xv = __ldg(xp + i);
-                part += d_e2m1_to_f32(by[2 * i] & 15u) * xv.x + d_e2m1_to_f32(by[2 * i] >> 4) * xv.y +
-                        d_e2m1_to_f32(by[2 * i + 1] & 15u) * xv.z + d_e2m1_to_f32(by[2 * i + 1] >> 4) * xv.w;
+            float s0, s1;
+            if (w.fmt == DSV4_WF_MXFP4) {
+                s0 = s1 = d_e8m0_to_f32(w.scale[o * (K / 32) + k0 / 32]);
+            } else {
+                s0 = d_e4m3_to_f32(w.scale[o * (K / 16) + k0 / 16]) * w.scale2;
+                s1 = d_e4m3_to_f32(w.scale[o * (K / 16) + k0 / 16 + 1]) * w.scale2;
             }
-            a += part * s;
+            const uint8_t *by = (const uint8_t *)&v;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                float sc = i < 8 ? s0 : s1;
+                wv[2 * i] = d_e2m1_to_f32(by[i] & 15u) * sc;
+                wv[2 * i + 1] = d_e2m1_to_f32(by[i] >> 4) * sc;
+            }
+#pragma unroll
+            for (int g = 0; g < MOE_G; g++) {
+                if (g >= n) break;
+                const float4 *xp = (const float4 *)(xs[g] + k0);
+                float a = acc[g];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 xv = __ldg(xp + i);
+                    a += wv[4 * i] * xv.x + wv[4 * i + 1] * xv.y + wv[4 * i + 2] * xv.z + wv[4 * i + 3] * xv.w;
+                }
+                acc[g] = a;
+            }
         }
-    } else if (w.fmt == DSV4_WF_FP8 && K % 16 == 0 && w.block % 16 == 0) {
+    } else if (w.fmt == DSV4_WF_FP8 && K % 16 == 0 && w.block % 16 == 0 && K % w.block == 0) {
         const uint8_t *row = w.data + o * K;
-        int64_t scols = (K + w.block - 1) / w.block, srow = (o / w.block) * scols;
+        int64_t scols = K / w.block, srow = (o / w.block) * scols;
         for (int64_t k0 = (int64_t)lane * 16; k0 < K; k0 += 512) {
             uint4 v = __ldg((const uint4 *)(row + k0));
             int64_t si = srow + k0 / w.block;
-            float s = w.scale_f32 ? ((const float *)w.scale)[si] : d_e8m0_to_f32(w.scale[si]);
+            float sc = w.scale_f32 ? ((const float *)w.scale)[si] : d_e8m0_to_f32(w.scale[si]);
             const uint8_t *by = (const uint8_t *)&v;
-            const float4 *xp = (const float4 *)(x + k0);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float4 xv = __ldg(xp + i);
-                a += d_e4m3_to_f32(by[4 * i]) * s * xv.x + d_e4m3_to_f32(by[4 * i + 1]) * s * xv.y +
-                     d_e4m3_to_f32(by[4 * i + 2]) * s * xv.z + d_e4m3_to_f32(by[4 * i + 3]) * s * xv.w;
+            for (int i = 0; i < 16; i++) wv[i] = d_e4m3_to_f32(by[i]) * sc;
+#pragma unroll
+            for (int g = 0; g < MOE_G; g++) {
+                if (g >= n) break;
+                const float4 *xp = (const float4 *)(xs[g] + k0);
+                float a = acc[g];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 xv = __ldg(xp + i);
+                    a += wv[4 * i] * xv.x + wv[4 * i + 1] * xv.y + wv[4 * i + 2] * xv.z + wv[4 * i + 3] * xv.w;
+                }
+                acc[g] = a;
             }
         }
     } else {
-        for (int64_t k = lane; k < K; k += 32) a += d_weight_at(w, o, k) * x[k];
-    }
-    return warp_sum(a);
-}
-
-__global__ void k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim, const slot *slots,
-                         float limit, int act_bf16) {
-    const slot &s = slots[blockIdx.y];
-    int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= s.w1.rows) return;
-    const float *xr = (s.quant_x ? xq : x) + (int64_t)s.row * dim;
-    float g = warp_dot(s.w1, o, xr), u = warp_dot(s.w3, o, xr);
-    if ((threadIdx.x & 31) == 0) {
-        if (act_bf16) g = d_round_bf16(g), u = d_round_bf16(u);
-        if (limit > 0) {
-            g = fminf(g, limit);
-            u = fminf(fmaxf(u, -limit), limit);
+        for (int64_t k = lane; k < K; k += 32) {
+            float wk = d_weight_at(w, o, k);
+#pragma unroll
+            for (int g = 0; g < MOE_G; g++)
+                if (g < n) acc[g] += wk * xs[g][k];
         }
-        float v = g / (1.0f + expf(-g)) * u;
-        v *= s.pre;
-        h[(int64_t)blockIdx.y * ldh + o] = act_bf16 ? d_round_bf16(v) : v;
+    }
+#pragma unroll
+    for (int g = 0; g < MOE_G; g++) acc[g] = warp_sum(acc[g]);
+}
+
+__global__ void __launch_bounds__(256) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,
+                                                const group *groups, float limit, int act_bf16) {
+    const group &G = groups[blockIdx.y];
+    int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= G.w1.rows) return;
+    const float *xs[MOE_G];
+#pragma unroll
+    for (int g = 0; g < MOE_G; g++) xs[g] = (G.quant_x ? xq : x) + (int64_t)G.row[g < G.n ? g : 0] * dim;
+    float ga[MOE_G], ua[MOE_G];
+    warp_dot_multi(G.w1, o, xs, G.n, ga);
+    warp_dot_multi(G.w3, o, xs, G.n, ua);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int g = 0; g < MOE_G; g++) {
+            if (g >= G.n) break;
+            float gv = ga[g], uv = ua[g];
+            if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
+            if (limit > 0) {
+                gv = fminf(gv, limit);
+                uv = fminf(fmaxf(uv, -limit), limit);
+            }
+            float v = gv / (1.0f + expf(-gv)) * uv;
+            v *= G.pre[g];
+            h[(int64_t)G.slot[g] * ldh + o] = act_bf16 ? d_round_bf16(v) : v;
+        }
     }
 }
 
-__global__ void k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh, const slot *slots, int act_bf16) {
-    const slot &s = slots[blockIdx.y];
+__global__ void __launch_bounds__(256) k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh,
+                                                  const group *groups, int act_bf16) {
+    const group &G = groups[blockIdx.y];
     int64_t d = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (d >= dim) return;
-    float v = warp_dot(s.w2, d, h + (int64_t)blockIdx.y * ldh);
-    if ((threadIdx.x & 31) == 0) y[(int64_t)blockIdx.y * dim + d] = act_bf16 ? d_round_bf16(v) : v;
+    const float *hs[MOE_G];
+#pragma unroll
+    for (int g = 0; g < MOE_G; g++) hs[g] = h + (int64_t)G.slot[g < G.n ? g : 0] * ldh;
+    float acc[MOE_G];
+    warp_dot_multi(G.w2, d, hs, G.n, acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int g = 0; g < MOE_G; g++) {
+            if (g >= G.n) break;
+            float v = acc[g];
+            y[(int64_t)G.slot[g] * dim + d] = act_bf16 ? d_round_bf16(v) : v;
+        }
+    }
 }
 
-/* order[r*k + i]: slot of row r's i-th expert in id order; wsum: its combine weight */
+/* order[r*k + i]: slot of row r's i-th expert in id order; cw: its combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
                               const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -183,32 +241,56 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     cuda_impl *c = CI(b);
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
     int64_t dim = shared ? shared->w1.cols : experts[e[0]].w1.cols;
-    size_t hb = sizeof(slot) * S + sizeof(int32_t) * nrs + sizeof(float) * nrs;
-    uint8_t *hm = (uint8_t *)malloc(hb);
-    if (!hm) {
+    /* slots sorted by expert (counting sort over the ids present), then cut into groups */
+    int max_e = 0;
+    for (int i = 0; i < nrs; i++) max_e = e[i] > max_e ? e[i] : max_e;
+    int max_groups = S / MOE_G + (max_e + 1) + 2;
+    size_t hb = sizeof(group) * max_groups + sizeof(int32_t) * nrs + sizeof(float) * nrs;
+    uint8_t *hm = (uint8_t *)calloc(1, hb);
+    int *cnt = (int *)calloc((size_t)max_e + 2, sizeof(int));
+    int *sorted = (int *)malloc(sizeof(int) * (nrs ? nrs : 1));
+    if (!hm || !cnt || !sorted) {
+        free(hm), free(cnt), free(sorted);
         dsv4_cuda_fail(b, "moe: out of host memory", __FILE__, __LINE__, cudaSuccess);
         return;
     }
-    slot *sl = (slot *)hm;
-    int32_t *order = (int32_t *)(hm + sizeof(slot) * S);
+    group *gr = (group *)hm;
+    int32_t *order = (int32_t *)(hm + sizeof(group) * max_groups);
     float *cw = (float *)(order + nrs);
+    for (int i = 0; i < nrs; i++) cnt[e[i] + 1]++;
+    for (int i = 0; i <= max_e; i++) cnt[i + 1] += cnt[i];
+    for (int i = 0; i < nrs; i++) sorted[cnt[e[i]]++] = i; /* stable: slots of one expert in row order */
+    int ng = 0, any_q = 0, fail = 0;
     int64_t inter_max = 0;
-    int any_q = 0;
-    for (int i = 0; i < S; i++) {
-        const dsv4_ffn_w *f = i < nrs ? &experts[e[i]] : shared;
-        slot &s = sl[i];
-        if (dsv4_cuda_weight(b, &f->w1, &s.w1) || dsv4_cuda_weight(b, &f->w3, &s.w3) ||
-            dsv4_cuda_weight(b, &f->w2, &s.w2)) {
-            free(hm);
-            return;
+    for (int i = 0; i < S && !fail;) {
+        const dsv4_ffn_w *f = i < nrs ? &experts[e[sorted[i]]] : shared;
+        group &G = gr[ng++];
+        if (dsv4_cuda_weight(b, &f->w1, &G.w1) || dsv4_cuda_weight(b, &f->w3, &G.w3) ||
+            dsv4_cuda_weight(b, &f->w2, &G.w2)) {
+            fail = 1;
+            break;
         }
-        s.row = i < nrs ? i / k : i - nrs;
-        s.quant_x = act_fp8 && quantized(f->w1.fmt);
-        s.quant_h = act_fp8 && quantized(f->w2.fmt);
-        s.pre = (i < nrs && before_w2) ? wgt[i] : 1.0f;
-        any_q |= s.quant_x;
+        G.quant_x = act_fp8 && quantized(f->w1.fmt);
+        any_q |= G.quant_x;
         if (f->w1.rows > inter_max) inter_max = f->w1.rows;
         c->weight_bytes_read += wb(&f->w1) + wb(&f->w2) + wb(&f->w3);
+        G.n = 0;
+        while (i < S && G.n < MOE_G) {
+            int sl = i < nrs ? sorted[i] : i;
+            if (i < nrs && &experts[e[sl]] != f) break;
+            if (i >= nrs && f != shared) break;
+            G.slot[G.n] = sl;
+            G.row[G.n] = i < nrs ? sl / k : sl - nrs;
+            G.pre[G.n] = (i < nrs && before_w2) ? wgt[sl] : 1.0f;
+            G.n++;
+            i++;
+        }
+    }
+    free(cnt);
+    free(sorted);
+    if (fail) {
+        free(hm);
+        return;
     }
     /* each row's experts in increasing id order (stable in pick order): the CPU's summation order */
     for (int r = 0; r < rows; r++) {
@@ -229,12 +311,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim);
     free(hm);
     if (!xd || !xq || !md || !h || !y || !od) return;
-    slot *sd = (slot *)md;
-    int32_t *orderd = (int32_t *)(md + sizeof(slot) * S);
+    group *gd = (group *)md;
+    int32_t *orderd = (int32_t *)(md + sizeof(group) * max_groups);
     float *cwd = (float *)(orderd + nrs);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
-    k_moe_up<<<dim3((unsigned)((inter_max + 7) / 8), S), 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, sd, limit,
-                                                                             act_bf16);
+    k_moe_up<<<dim3((unsigned)((inter_max + 7) / 8), ng), 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, limit,
+                                                                              act_bf16);
     if (CKL(b)) return;
     if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
         int64_t ri = experts[e[0]].w1.rows;
@@ -250,7 +332,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                 dsv4_cuda_act_quant(b, h + (int64_t)(nrs + r) * inter_max, h + (int64_t)(nrs + r) * inter_max, 1,
                                     shared->w1.rows, 128);
     }
-    k_moe_down<<<dim3((unsigned)((dim + 7) / 8), S), 256, 0, c->stream>>>(y, dim, h, inter_max, sd, act_bf16);
+    k_moe_down<<<dim3((unsigned)((dim + 7) / 8), ng), 256, 0, c->stream>>>(y, dim, h, inter_max, gd, act_bf16);
     if (CKL(b)) return;
     k_moe_combine<<<(unsigned)((rows * dim + 255) / 256), 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs,
                                                                                shared != NULL, out_scale, act_bf16);
