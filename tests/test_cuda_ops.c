@@ -170,6 +170,8 @@ static void test_matmul(void) {
         check_matmul(fmts[f], 300, 512, 11, 1, 0, 0, 2e-6); /* > 8 rows: chunked; act_fp8 for quantized */
         check_matmul(fmts[f], 37, 300, 3, 1, 0, 0, 2e-6);   /* odd shapes: partial blocks, scalar path */
         check_matmul(fmts[f], 256, 1024, 5, 0, 1, 0, 4e-3);
+        check_matmul(fmts[f], 40, 4096, 3, 1, 0, 0, 2e-6);  /* few features: split-K */
+        check_matmul(fmts[f], 24, 16384, 9, 0, 1, 0, 4e-3); /* split-K over 16 slices, > 8 rows */
     }
     check_matmul(DSV4_WF_FP8, 256, 384, 4, 1, 0, 1, 2e-6); /* f32 block scales (Flash-Base) */
 }

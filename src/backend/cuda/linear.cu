@@ -3,7 +3,8 @@
  * k_linear: out[r][o] = sum_k W[o0+o][k] x[r][k] for o < no, r < rows (<= 8 per launch;
  * the launcher walks larger batches in chunks of 8 rows).
  * Layout: W in its stored format (device), x [rows][ldx] fp32, out [rows][ldo] fp32.
- * Geometry: one warp per output feature, 8 warps per block; each lane streams 16-byte
+ * Geometry: one warp per output feature, 8 warps per block (split-K over grid.y when
+ * there are few features, partials summed in split order); each lane streams 16-byte
  * vectors of the weight row (FP8: 16 values, MXFP4/NVFP4: 32, bf16: 8, f32: 4),
  * dequantizes them in registers and multiplies them into NR fp32 accumulators, so
  * every weight byte is read once per chunk of 8 rows.  Odd shapes (K not a multiple
@@ -36,11 +37,12 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[NR], const float *wv, int
 template <int NR>
 __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                                 int rows, dweight w, int64_t o0, int64_t no, int w_bf16,
-                                                int out_bf16, int vec) {
+                                                int out_bf16, int vec, int64_t kspan, float *part) {
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= no) return;
     int64_t o = o0 + warp, K = w.cols;
+    int64_t kb = (int64_t)blockIdx.y * kspan, ke = kb + kspan < K ? kb + kspan : K; /* split-K slice */
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
     if (vec && w.fmt == DSV4_WF_FP8) {
         const uint8_t *row = w.data + o * K;
         int64_t scols = (K + w.block - 1) / w.block, srow = (o / w.block) * scols;
-        for (int64_t k0 = (int64_t)lane * 16; k0 < K; k0 += 512) {
+        for (int64_t k0 = kb + (int64_t)lane * 16; k0 < ke; k0 += 512) {
             uint4 v = __ldg((const uint4 *)(row + k0));
             int64_t si = srow + k0 / w.block;
             float s = w.scale_f32 ? ((const float *)w.scale)[si] : d_e8m0_to_f32(w.scale[si]);
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
         }
     } else if (vec && (w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4)) {
         const uint8_t *row = w.data + o * (K / 2);
-        for (int64_t k0 = (int64_t)lane * 32; k0 < K; k0 += 1024) {
+        for (int64_t k0 = kb + (int64_t)lane * 32; k0 < ke; k0 += 1024) {
             uint4 v = __ldg((const uint4 *)(row + k0 / 2));
             float s0, s1;
             if (w.fmt == DSV4_WF_MXFP4) {
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
         }
     } else if (vec && w.fmt == DSV4_WF_BF16) {
         const uint16_t *row = (const uint16_t *)w.data + o * K;
-        for (int64_t k0 = (int64_t)lane * 8; k0 < K; k0 += 256) {
+        for (int64_t k0 = kb + (int64_t)lane * 8; k0 < ke; k0 += 256) {
             uint4 v = __ldg((const uint4 *)(row + k0));
             const uint16_t *h = (const uint16_t *)&v;
 #pragma unroll
@@ -89,13 +91,13 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
         }
     } else if (vec && w.fmt == DSV4_WF_F32) {
         const float *row = (const float *)w.data + o * K;
-        for (int64_t k0 = (int64_t)lane * 4; k0 < K; k0 += 128) {
+        for (int64_t k0 = kb + (int64_t)lane * 4; k0 < ke; k0 += 128) {
             float4 v = __ldg((const float4 *)(row + k0));
             wv[0] = v.x, wv[1] = v.y, wv[2] = v.z, wv[3] = v.w;
             fma_chunk<NR>(acc, wv, 4, x, ldx, rows, k0, w_bf16);
         }
     } else {
-        for (int64_t k = lane; k < K; k += 32) {
+        for (int64_t k = kb + lane; k < ke; k += 32) {
             float wk = d_weight_at(w, o, k);
             if (w_bf16) wk = d_round_bf16(wk);
 #pragma unroll
@@ -107,7 +109,10 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
     for (int r = 0; r < NR; r++) {
         if (r >= rows) break;
         float v = warp_sum(acc[r]);
-        if (lane == 0) out[(int64_t)r * ldo + warp] = out_bf16 ? d_round_bf16(v) : v;
+        if (lane == 0) {
+            if (gridDim.y > 1) part[((int64_t)blockIdx.y * rows + r) * no + warp] = v;
+            else out[(int64_t)r * ldo + warp] = out_bf16 ? d_round_bf16(v) : v;
+        }
     }
 }
 
@@ -122,6 +127,17 @@ static size_t wbytes_rows(const dweight &w, int64_t no) {
     }
 }
 
+/* sums the split-K partials in split order (deterministic) */
+__global__ void k_splitk_sum(float *out, int64_t ldo, const float *part, int rows, int64_t no, int splits,
+                             int out_bf16) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * no) return;
+    int64_t r = t / no, o = t % no;
+    float v = 0.0f;
+    for (int s = 0; s < splits; s++) v += part[((int64_t)s * rows + r) * no + o];
+    out[r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
+}
+
 void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
                       const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16) {
     cuda_impl *c = CI(b);
@@ -129,20 +145,44 @@ void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x
     int64_t K = w.cols;
     int vec = K % 32 == 0 && ldx % 4 == 0 && ((uintptr_t)x_d & 15) == 0;
     if (w.fmt == DSV4_WF_FP8 && (w.block % 16 || K % w.block)) vec = 0;
-    unsigned blocks = (unsigned)((no * 32 + 255) / 256);
+    /* Few output features (q/kv LoRA, mHC mixes, wo_a groups) leave most SMs idle with
+     * one warp per feature: split K into slices of a multiple of 1024 (every format's
+     * per-iteration span, and FP8's block) until ~8K warps are in flight. */
+    int splits = 1;
+    int64_t kspan = K;
+    if (vec && no < 8192 && K >= 2048) {
+        int64_t want = (8192 + no - 1) / no, most = K / 1024;
+        splits = (int)(want < most ? want : most);
+        if (splits < 1) splits = 1;
+        kspan = ((K + splits - 1) / splits + 1023) / 1024 * 1024;
+        splits = (int)((K + kspan - 1) / kspan);
+    }
+    float *part = NULL;
+    if (splits > 1 && !(part = (float *)dsv4_cuda_scratch(b, sizeof(float) * splits * (rows < 8 ? rows : 8) * no)))
+        return;
+    dim3 grid((unsigned)((no * 32 + 255) / 256), (unsigned)splits);
     for (int r0 = 0; r0 < rows; r0 += 8) {
         int nr = rows - r0 < 8 ? rows - r0 : 8;
         const float *xr = x_d + (int64_t)r0 * ldx;
         float *orow = out_d + (int64_t)r0 * ldo;
         if (nr == 1)
-            k_linear<1><<<blocks, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec);
+            k_linear<1><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
+                                                     part);
         else if (nr == 2)
-            k_linear<2><<<blocks, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec);
+            k_linear<2><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
+                                                     part);
         else if (nr <= 4)
-            k_linear<4><<<blocks, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec);
+            k_linear<4><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
+                                                     part);
         else
-            k_linear<8><<<blocks, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec);
+            k_linear<8><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
+                                                     part);
         if (CKL(b)) return;
+        if (splits > 1) {
+            k_splitk_sum<<<(unsigned)((nr * no + 255) / 256), 256, 0, c->stream>>>(orow, ldo, part, nr, no, splits,
+                                                                                    out_bf16);
+            if (CKL(b)) return;
+        }
         c->weight_bytes_read += wbytes_rows(w, no);
     }
 }

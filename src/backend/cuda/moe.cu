@@ -1,8 +1,9 @@
 /* backend/cuda/moe.cu: router and mixture of experts (spec §2.6).
  *
- * route: one block per row: sqrt(softplus) of the logits in parallel, then thread 0
- *   picks the k largest of score+bias (ties to the lower id, the CPU's sort order)
- *   or takes the tid2eid row, and normalises in pick order like the CPU.
+ * route: one block per row: sqrt(softplus) of the logits in parallel, then k block-wide
+ *   argmax rounds pick the k largest of score+bias in descending order (ties to the
+ *   lower id: the CPU's sort order), or the tid2eid row is taken; thread 0 normalises
+ *   in pick order like the CPU.
  * moe: the routed experts of every row and the shared expert run as "slots", all in
  *   one launch per stage:
  *   A) gate+up: one warp per (slot, inter feature) reads the w1 and w3 rows once,
@@ -30,33 +31,52 @@ __device__ __forceinline__ float d_sqrt_softplus(float z) {
     return sqrtf(sp);
 }
 
+/* larger of two (score, id) candidates: higher score, ties to the lower id; -1 = none */
+__device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
+    if (i2 < 0) return;
+    if (i < 0 || v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+}
+
 __global__ void k_route(int32_t *experts, float *weights, const float *logits, int n_routed, int k, const float *bias,
                         const int32_t *hash_ids, float scale) {
-    extern __shared__ float s[]; /* [n_routed] scores, then [n_routed] biased */
+    extern __shared__ float s[]; /* [n_routed] scores, [n_routed] biased, [n_routed] taken flags */
     float *sb = s + n_routed;
-    int r = blockIdx.x;
+    int *taken = (int *)(sb + n_routed);
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int e = threadIdx.x; e < n_routed; e += blockDim.x) {
         s[e] = d_sqrt_softplus(logits[(int64_t)r * n_routed + e]);
         sb[e] = s[e] + (bias ? bias[e] : 0.0f);
+        taken[e] = 0;
+    }
+    __syncthreads();
+    int32_t *er = experts + (int64_t)r * k;
+    if (hash_ids) {
+        if (threadIdx.x < k) er[threadIdx.x] = hash_ids[(int64_t)r * k + threadIdx.x];
+    } else {
+        for (int j = 0; j < k; j++) { /* the j-th largest: one block argmax per pick */
+            float v = 0.0f;
+            int i = -1;
+            for (int e = threadIdx.x; e < n_routed; e += blockDim.x)
+                if (!taken[e]) better(v, i, sb[e], e);
+            for (int o = 16; o; o >>= 1) {
+                float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+                int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+                better(v, i, v2, i2);
+            }
+            if (lane == 0) wv[warp] = v, wi[warp] = i;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (int w = 1; w < nw; w++) better(v, i, wv[w], wi[w]);
+                er[j] = i;
+                if (i >= 0) taken[i] = 1;
+            }
+            __syncthreads();
+        }
     }
     __syncthreads();
     if (threadIdx.x) return;
-    int32_t *er = experts + (int64_t)r * k;
-    if (hash_ids) {
-        for (int j = 0; j < k; j++) er[j] = hash_ids[(int64_t)r * k + j];
-    } else {
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < n_routed; e++) {
-                if (sb[e] == -INFINITY && best >= 0) continue;
-                int taken = 0;
-                for (int t = 0; t < j; t++) taken |= er[t] == e;
-                if (taken) continue;
-                if (best < 0 || sb[e] > sb[best]) best = e;
-            }
-            er[j] = best;
-        }
-    }
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += s[er[j]];
     for (int j = 0; j < k; j++) weights[(int64_t)r * k + j] = s[er[j]] / (sum + 1e-20f) * scale;
@@ -72,7 +92,7 @@ void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *lo
     int32_t *ed = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * rows * k);
     float *wd = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * k);
     if (!ld || (bias && !bd) || (hash_ids && !hd) || !ed || !wd) return;
-    k_route<<<rows, 256, sizeof(float) * 2 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
+    k_route<<<rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
     if (CKL(b)) return;
     dsv4_cuda_fetch(b, experts, ed, sizeof(int32_t) * rows * k);
     dsv4_cuda_fetch(b, weights, wd, sizeof(float) * rows * k);
