@@ -95,10 +95,13 @@ fuzz-replay: $(FUZZ_BIN)
 	@set -e; for f in $(FUZZ_BIN); do n=$$(basename $$f); \
 	  echo "replay $$n"; $$f -runs=0 fuzz/corpus/$${n#fuzz_}/ 2>&1 | tail -1; done
 
-test-cuda: CUDA=1
+# The CUDA op tests and end-to-end comparisons against the CPU backend (needs a GPU:
+# run it on the device machine; DSV4_CUDA_FLASH2=DIR adds the 2-layer full-size model,
+# see docs/CUDA.md).  Each binary reports SKIP when no device answers.
+CUDA_TESTS := $(patsubst tests/%.c,build-cuda/tests/%,$(filter tests/test_cuda%,$(TEST_SRC)))
 test-cuda:
-	$(MAKE) CUDA=1 BUILD=build-cuda all
-	$(MAKE) CUDA=1 BUILD=build-cuda $(filter build-cuda/tests/test_cuda%,$(TEST_SRC:tests/%.c=build-cuda/tests/%))
+	$(MAKE) CUDA=1 BUILD=build-cuda all $(CUDA_TESTS)
+	@set -e; for t in $(CUDA_TESTS); do echo "== $$t"; DSV4_BIN=$$PWD/build-cuda/dsv4 $$t; done
 
 format:
 	clang-format -i $$(find src tests fuzz -name '*.[ch]' -o -name '*.cu')

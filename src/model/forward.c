@@ -640,6 +640,8 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
                 OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
                              sizeof(float) * c->dim);
         for (int l = 0; l < c->n_layers && !rc; l++) rc = layer_forward(m, l, rows, nseg, err);
+        /* ops cannot fail; a device backend keeps its first error until asked (backend.h) */
+        if (!rc && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
         if (rc) break;
         /* ----- bookkeeping, then logits for the rows that want them ----- */
         int nl = 0;
@@ -677,6 +679,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     }
     m->trace = saved;
     m->trace_user = saved_user;
+    if (!rc && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
     return rc;
 }
 
@@ -716,5 +719,5 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     if (rc) return -1;
     head_rows(m, m->X, 1, &L->hc_head_fn, &L->hc_head_base, &L->hc_head_scale, &L->norm);
     op->download(b, logits, m->logits, sizeof(float) * c->vocab_size);
-    return 0;
+    return op->check ? op->check(b, err) : 0;
 }
