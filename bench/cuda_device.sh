@@ -49,6 +49,7 @@ for stage in "$@"; do
       note "bench flash4 $args rc=$?"; grep -E "prefill|decode|bytes|moe|sparse|indexer|topk|matmul |sum" "$OUT/b4.log" >>"$summary"
     done ;;
   f20)
+    if [ -f "$OUT/e2e.log" ] && ! tail -1 "$OUT/e2e.log" | grep -q " 0 failed"; then note "f20 skipped: e2e failed"; continue; fi
     rm -rf /dev/shm/flash2 /dev/shm/flash4
     mount -o remount,size=110G /dev/shm 2>>"$summary"
     t0=$(date +%s)

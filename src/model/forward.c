@@ -77,6 +77,8 @@ struct dsv4_model {
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
     int *done;              /* [done_cap] tokens consumed per item of the current call */
+    float *hk, *hg;         /* host copies of one compressor's projections [R][2*max(hd, ihd)] */
+    float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int done_cap;
 };
 
@@ -172,11 +174,15 @@ void dsv4_model_free(dsv4_model *m) {
     free(m->freq_comp);
     free(m->trace_f);
     free(m->trace_w);
-    void *bufs[] = {m->X,   m->Xb,  m->Xs,      m->y,   m->post,   m->comb,   m->qa,     m->q,   m->kvc,
-                    m->ck,  m->cg,  m->ick,     m->icg, m->iq,     m->iw,     m->o,      m->low, m->a,
-                    m->rl,  m->wts, m->experts, m->hash, m->hx,    m->logits, m->pos,    m->cpos, m->tok,
-                    m->seg_of, m->segs, m->picks, m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp,
-                    m->scores, m->n_keys};
+    /* activations live in backend memory (device memory on a GPU) ... */
+    void *dev[] = {m->X,  m->Xb,  m->Xs,  m->y, m->post, m->comb, m->qa, m->q,   m->kvc, m->ck,     m->cg,
+                   m->ick, m->icg, m->iq, m->iw, m->o,    m->low,  m->a,  m->rl, m->hx,  m->logits};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) OPS(m)->free(B_(m), dev[i]);
+    /* ... indices, lists and what the host reads stay host memory */
+    void *bufs[] = {m->wts,    m->experts, m->hash,    m->pos,     m->cpos,          m->tok,  m->seg_of,
+                    m->segs,   m->picks,   m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp, m->scores,
+                    m->n_keys, m->hk,      m->hg,      m->mtp_x,   m->mtp_a};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -246,20 +252,24 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     }
     size_t R = (size_t)max_rows, hcd = (size_t)c->hc_mult * c->dim, D = (size_t)c->dim;
     size_t qd = (size_t)c->n_heads * c->head_dim, k = (size_t)c->n_active;
+    size_t cw2 = 2 * (size_t)(c->head_dim > c->index_head_dim ? c->head_dim : c->index_head_dim);
 #define AL(p, n) (((p) = calloc(nz(n), sizeof *(p))) == NULL)
-    if (AL(m->X, R * hcd) || AL(m->Xb, R * hcd) || AL(m->Xs, R * hcd) || AL(m->y, R * D) ||
-        AL(m->post, R * c->hc_mult) || AL(m->comb, R * c->hc_mult * c->hc_mult) || AL(m->qa, R * c->q_lora_rank) ||
-        AL(m->q, R * qd) || AL(m->kvc, R * c->head_dim) || AL(m->ck, R * 2 * c->head_dim) ||
-        AL(m->cg, R * 2 * c->head_dim) || AL(m->ick, R * 2 * c->index_head_dim) ||
-        AL(m->icg, R * 2 * c->index_head_dim) || AL(m->iq, R * c->index_n_heads * c->index_head_dim) ||
-        AL(m->iw, R * c->index_n_heads) || AL(m->o, R * qd) || AL(m->low, R * c->o_groups * c->o_lora_rank) ||
-        AL(m->a, R * D) || AL(m->rl, R * c->n_routed) || AL(m->wts, R * k) || AL(m->experts, R * k) ||
-        AL(m->hash, R * k) || AL(m->hx, R * D) || AL(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) ||
+#define AB(p, n) (((p) = be->ops->alloc(be, nz(n) * sizeof *(p))) == NULL) /* backend memory, zeroed */
+    if (AB(m->X, R * hcd) || AB(m->Xb, R * hcd) || AB(m->Xs, R * hcd) || AB(m->y, R * D) ||
+        AB(m->post, R * c->hc_mult) || AB(m->comb, R * c->hc_mult * c->hc_mult) || AB(m->qa, R * c->q_lora_rank) ||
+        AB(m->q, R * qd) || AB(m->kvc, R * c->head_dim) || AB(m->ck, R * 2 * c->head_dim) ||
+        AB(m->cg, R * 2 * c->head_dim) || AB(m->ick, R * 2 * c->index_head_dim) ||
+        AB(m->icg, R * 2 * c->index_head_dim) || AB(m->iq, R * c->index_n_heads * c->index_head_dim) ||
+        AB(m->iw, R * c->index_n_heads) || AB(m->o, R * qd) || AB(m->low, R * c->o_groups * c->o_lora_rank) ||
+        AB(m->a, R * D) || AB(m->rl, R * c->n_routed) || AL(m->wts, R * k) || AL(m->experts, R * k) ||
+        AL(m->hash, R * k) || AB(m->hx, R * D) || AB(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) ||
+        AL(m->hk, R * cw2) || AL(m->hg, R * cw2) || AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
         AL(m->cpos, R + 1) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
         AL(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->n_picks, R) ||
         AL(m->n_kv, R) || AL(m->n_keys, R))
         goto oom;
 #undef AL
+#undef AB
     *out = m;
     return 0;
 oom:
@@ -333,11 +343,15 @@ static int comp_step(dsv4_model *m, dsv4_comp_state *cs, const float *kv, const 
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
-    float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
+    float *Kb = is_idx ? m->ick : m->ck, *Gb = is_idx ? m->icg : m->cg;
     const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
-    OPS(m)->matmul(B_(m), K, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
-    OPS(m)->matmul(B_(m), G, m->y, rows, &cw->wgate, 0, 0);
+    OPS(m)->matmul(B_(m), Kb, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
+    OPS(m)->matmul(B_(m), Gb, m->y, rows, &cw->wgate, 0, 0);
+    /* the recurrence below runs on the host over the sequence state: host copies */
+    float *K = m->hk, *G = m->hg;
+    OPS(m)->download(B_(m), K, Kb, sizeof(float) * (size_t)rows * wd);
+    OPS(m)->download(B_(m), G, Gb, sizeof(float) * (size_t)rows * wd);
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
         dsv4_layer_state *ls = &sg->st->layers[layer];
@@ -707,11 +721,14 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     op->upload(b, m->Xb, st->last_x, sizeof(float) * (size_t)hc * D);
     op->rmsnorm(b, m->Xb, m->Xb, hc, D, &L->hnorm, eps, bf);
     op->matmul(b, m->X, m->Xb, hc, &L->h_proj, a8, bf); /* the hc streams are rows here */
+    op->download(b, m->mtp_x, m->X, sizeof(float) * (size_t)hc * D);
+    op->download(b, m->mtp_a, m->a, sizeof(float) * (size_t)D);
     for (int k = 0; k < hc; k++)
         for (int d = 0; d < D; d++) {
-            float v = m->X[(size_t)k * D + d] + m->a[d];
-            m->X[(size_t)k * D + d] = bf ? dsv4_round_bf16(v) : v;
+            float v = m->mtp_x[(size_t)k * D + d] + m->mtp_a[d];
+            m->mtp_x[(size_t)k * D + d] = bf ? dsv4_round_bf16(v) : v;
         }
+    op->upload(b, m->X, m->mtp_x, sizeof(float) * (size_t)hc * D);
     dsv4_route_trace_fn saved = m->trace;
     m->trace = NULL;
     int rc = layer_forward(m, layer, 1, 1, err);

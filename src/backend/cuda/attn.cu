@@ -35,8 +35,16 @@ static size_t phash(const void *p, size_t cap) {
     return (size_t)(v >> 20) & (cap - 1);
 }
 
+__global__ void k_gather(float *dst, const float *const *src, const int32_t *id, int width) {
+    const float *s = src[blockIdx.x];
+    float *d = dst + (int64_t)id[blockIdx.x] * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+}
+
 /* Uploads the rows named by ptrs[r*max + j] (j < n[r]) as unique rows; *rows_d gets
- * [U][width] floats and *idx_d [rows][max] indices.  0 or -1 (sticky error set). */
+ * [U][width] floats and *idx_d [rows][max] indices.  Rows in host memory (sequence
+ * state) are copied through the pinned buffer; rows in device memory (this step's
+ * fresh kv rows) are gathered by a kernel.  0 or -1 (sticky error set). */
 static int gather_rows(dsv4_backend *b, const float *const *ptrs, const int *n, int rows, int max, int width,
                        float **rows_d, int32_t **idx_d) {
     size_t total = 0;
@@ -67,10 +75,37 @@ static int gather_rows(dsv4_backend *b, const float *const *ptrs, const int *n, 
         free(idx);
         return -1;
     }
+    int n_dev = 0;
     for (size_t s = 0; s < cap; s++)
-        if (tab[s].key) memcpy(h + (size_t)tab[s].id * width, tab[s].key, sizeof(float) * width);
+        if (tab[s].key) {
+            if (dsv4_cuda_is_dev(b, tab[s].key)) tab[n_dev++] = tab[s]; /* compacted in place: n_dev <= s */
+            else memcpy(h + (size_t)tab[s].id * width, tab[s].key, sizeof(float) * width);
+        }
     *rows_d = (float *)dsv4_cuda_stage(b, h, rb);
     *idx_d = (int32_t *)dsv4_cuda_stage(b, idx, sizeof(int32_t) * (size_t)rows * (max > 0 ? max : 1));
+    if (n_dev > 0 && *rows_d) {
+        const float **src = (const float **)malloc(sizeof(float *) * n_dev);
+        int32_t *dst = (int32_t *)malloc(sizeof(int32_t) * n_dev);
+        if (!src || !dst) {
+            free(src), free(dst), free(tab), free(idx);
+            dsv4_cuda_fail(b, "attention lists: out of host memory", __FILE__, __LINE__, cudaSuccess);
+            return -1;
+        }
+        for (int i = 0; i < n_dev; i++) src[i] = tab[i].key, dst[i] = tab[i].id;
+        const float **srcd = (const float **)dsv4_cuda_stage(b, src, sizeof(float *) * n_dev);
+        int32_t *dstd = (int32_t *)dsv4_cuda_stage(b, dst, sizeof(int32_t) * n_dev);
+        free(src);
+        free(dst);
+        if (!srcd || !dstd) {
+            free(tab), free(idx);
+            return -1;
+        }
+        k_gather<<<n_dev, 128, 0, CI(b)->stream>>>(*rows_d, srcd, dstd, width);
+        if (CKL(b)) {
+            free(tab), free(idx);
+            return -1;
+        }
+    }
     /* the copies from pageable idx are complete when cudaMemcpyAsync returns; the pinned
      * h stays untouched until this op's fetch synchronizes */
     free(tab);
@@ -132,16 +167,16 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
     float *Kd;
     int32_t *id;
     if (gather_rows(b, kv, n_kv, rows, max_kv, head_dim, &Kd, &id)) return;
-    float *qd = (float *)dsv4_cuda_stage(b, q, sizeof(float) * nq);
+    float *qd = (float *)dsv4_cuda_in(b, q, sizeof(float) * nq);
     int *nd = (int *)dsv4_cuda_stage(b, n_kv, sizeof(int) * rows);
-    float *sd = (float *)dsv4_cuda_stage(b, sink, sizeof(float) * n_heads);
-    float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * nq);
+    float *sd = (float *)dsv4_cuda_in(b, sink, sizeof(float) * n_heads);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * nq);
     float *sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rows * n_heads * (max_kv > 0 ? max_kv : 1));
     if (!qd || !nd || !sd || !od || !sc) return;
     k_sparse_attn<<<rows * n_heads, 256, sizeof(float) * head_dim, CI(b)->stream>>>(
         od, qd, n_heads, head_dim, Kd, id, nd, max_kv, sd, scale, prob_bf16, out_bf16, sc);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, out, od, sizeof(float) * nq);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * nq);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
 }
 
@@ -190,8 +225,8 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
     float *Kd;
     int32_t *id;
     if (gather_rows(b, keys, n_keys, rows, max_keys, head_dim, &Kd, &id)) return;
-    float *qd = (float *)dsv4_cuda_stage(b, q, sizeof(float) * rows * n_heads * head_dim);
-    float *wd = (float *)dsv4_cuda_stage(b, w, sizeof(float) * rows * n_heads);
+    float *qd = (float *)dsv4_cuda_in(b, q, sizeof(float) * rows * n_heads * head_dim);
+    float *wd = (float *)dsv4_cuda_in(b, w, sizeof(float) * rows * n_heads);
     int *nd = (int *)dsv4_cuda_stage(b, n_keys, sizeof(int) * rows);
     float *sd = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rows * (max_keys > 0 ? max_keys : 1));
     if (!qd || !wd || !nd || !sd) return;
@@ -204,7 +239,12 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         if (CKL(b)) return;
     }
     /* only the first n_keys[r] entries of each row are written (the rest is the caller's) */
-    if (rows <= 24) { /* one queued copy per row */
+    if (dsv4_cuda_is_dev(b, score)) { /* device scores: stream-ordered copies, no wait */
+        for (int r = 0; r < rows && !CI(b)->failed; r++)
+            if (n_keys[r] > 0)
+                CK(b, cudaMemcpyAsync(score + (size_t)r * max_keys, sd + (size_t)r * max_keys,
+                                      sizeof(float) * n_keys[r], cudaMemcpyDeviceToDevice, CI(b)->stream));
+    } else if (rows <= 24) { /* one queued copy per row */
         for (int r = 0; r < rows; r++)
             if (n_keys[r] > 0)
                 dsv4_cuda_fetch(b, score + (size_t)r * max_keys, sd + (size_t)r * max_keys, sizeof(float) * n_keys[r]);
@@ -285,7 +325,7 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     for (int r = 0; r < rows; r++) {
         maxn = n[r] > maxn ? n[r] : maxn;
         if (n[r] > 0 && CK(b, cudaMemcpyAsync(sd + (size_t)r * stride, score + (size_t)r * stride,
-                                             sizeof(float) * n[r], cudaMemcpyHostToDevice, CI(b)->stream)))
+                                             sizeof(float) * n[r], cudaMemcpyDefault, CI(b)->stream)))
             return;
     }
     if (maxn > 0) {

@@ -1,10 +1,9 @@
 /* backend/cuda/backend.cu: the CUDA backend's table, memory, weights and errors.
  *
- * Memory model of this version (see common.cuh): buffers handed to ops are host
- * memory (alloc/upload/download/copy act on the host, as in the CPU backend),
- * because the forward pass still owns host run-state and sequence state.  Each
- * op stages its inputs into a device scratch arena, runs its kernels on one
- * stream and copies its outputs back.  Weights are device-resident: load_weights
+ * Memory model (see common.cuh): ops->alloc returns device memory (the forward
+ * pass's activations); sequence state and index lists are host memory.  Ops use
+ * device arguments in place and stage host ones through a pinned buffer and a
+ * device scratch arena, all on one stream; only outputs bound for the host wait.  Weights are device-resident: load_weights
  * uploads the whole model once, in stored formats, into one allocation, after
  * checking that it fits (required vs available bytes).  Weights an op meets that
  * were not loaded (op tests) are uploaded on first use.
@@ -138,7 +137,9 @@ void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
     cuda_impl *c = CI(b);
     void *d = dsv4_cuda_scratch(b, bytes ? bytes : 1);
     if (!d || !bytes) return d;
-    uint8_t *p = pin_take(c, bytes);
+    uint8_t *p = (host >= (const void *)c->hbuf && host < (const void *)(c->hbuf + c->hbuf_cap)) ? NULL
+                                                                                                : pin_take(c, bytes);
+    c->host_busy = 1;
     if (p) {
         memcpy(p, host, bytes);
         if (CK(b, cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream))) return NULL;
@@ -146,6 +147,28 @@ void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
         return NULL;
     }
     return d;
+}
+
+int dsv4_cuda_is_dev(dsv4_backend *b, const void *p) {
+    cuda_impl *c = CI(b);
+    const uint8_t *q = (const uint8_t *)p;
+    for (int i = 0; i < c->n_dev; i++)
+        if (q >= (const uint8_t *)c->dev_base[i] && q < (const uint8_t *)c->dev_base[i] + c->dev_size[i]) return 1;
+    return 0;
+}
+
+void *dsv4_cuda_in(dsv4_backend *b, const void *p, size_t bytes) {
+    if (dsv4_cuda_is_dev(b, p)) return (void *)p;
+    return dsv4_cuda_stage(b, p, bytes);
+}
+
+void *dsv4_cuda_out(dsv4_backend *b, void *p, size_t bytes) {
+    if (dsv4_cuda_is_dev(b, p)) return p;
+    return dsv4_cuda_scratch(b, bytes ? bytes : 1);
+}
+
+void dsv4_cuda_commit(dsv4_backend *b, void *p, const void *d, size_t bytes) {
+    if (p != d) dsv4_cuda_fetch(b, p, d, bytes);
 }
 
 /* Outputs: queued into the pinned arena and copied out by dsv4_cuda_flush (op end).
@@ -178,6 +201,10 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
+    if (c->host_busy) { /* the last op's uploads may still read the pinned buffers */
+        CK(b, cudaEventSynchronize(c->host_ev));
+        c->host_busy = 0;
+    }
     dsv4_cuda_scratch_reset(b);
     c->pin_top = 0;
     if (c->pin_want > c->pin_cap && !c->failed) { /* grow at an empty point */
@@ -194,6 +221,7 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
     dsv4_cuda_flush(b);
+    if (c->host_busy && !c->failed) CK(b, cudaEventRecord(c->host_ev, c->stream));
     if (!c->timing || c->failed) return;
     CK(b, cudaEventRecord(c->ev1, c->stream));
     CK(b, cudaEventSynchronize(c->ev1));
@@ -452,18 +480,47 @@ static int cu_load_weights(dsv4_backend *b, const dsv4_model_w *m, dsv4_err *err
     return 0;
 }
 
-/* ----- host memory (the forward pass's buffers; see the header comment) ----- */
+/* ----- memory: ops->alloc gives device memory (the forward pass's activations) ----- */
 static void *cu_alloc(dsv4_backend *b, size_t bytes) {
-    (void)b;
-    return calloc(1, bytes ? bytes : 1);
+    cuda_impl *c = CI(b);
+    if (c->n_dev >= (int)(sizeof c->dev_base / sizeof c->dev_base[0])) return NULL;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is reported by the caller, not sticky */
+        return NULL;
+    }
+    if (cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
+        cudaFree(p);
+        return NULL;
+    }
+    c->dev_base[c->n_dev] = p;
+    c->dev_size[c->n_dev++] = bytes ? bytes : 1;
+    return p;
 }
 static void cu_free(dsv4_backend *b, void *p) {
-    (void)b;
+    cuda_impl *c = CI(b);
+    for (int i = 0; i < c->n_dev; i++)
+        if (c->dev_base[i] == p) {
+            cudaStreamSynchronize(c->stream);
+            cudaFree(p);
+            c->dev_base[i] = c->dev_base[--c->n_dev];
+            c->dev_size[i] = c->dev_size[c->n_dev];
+            return;
+        }
     free(p);
 }
+/* upload, download and copy: either side may be host or device (unified addressing);
+ * a copy that lands in host memory waits for it */
 static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
-    (void)b;
-    if (bytes) memmove(dst, src, bytes);
+    cuda_impl *c = CI(b);
+    if (!bytes || c->failed) return;
+    int dd = dsv4_cuda_is_dev(b, dst), sd = dsv4_cuda_is_dev(b, src);
+    if (!dd && !sd) {
+        memmove(dst, src, bytes);
+        return;
+    }
+    if (CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream))) return;
+    if (!dd) CK(b, cudaStreamSynchronize(c->stream));
 }
 
 static const dsv4_backend_ops CUDA_OPS = {
@@ -521,7 +578,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     b->impl = c;
     b->ops = &CUDA_OPS;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1)) ||
+        CK(b, cudaEventCreateWithFlags(&c->host_ev, cudaEventDisableTiming))) {
         dsv4_errf(err, "%s", c->errmsg);
         dsv4_backend_cuda_free(b);
         return -1;
@@ -544,6 +602,8 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->pin) cudaFreeHost(c->pin);
     if (c->ev0) cudaEventDestroy(c->ev0);
     if (c->ev1) cudaEventDestroy(c->ev1);
+    if (c->host_ev) cudaEventDestroy(c->host_ev);
+    for (int i = 0; i < c->n_dev; i++) cudaFree(c->dev_base[i]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     b->impl = NULL;

@@ -7,10 +7,10 @@
  * - exact device codecs (bf16 RNE, e4m3fn, e8m0, e2m1): bit-for-bit the host ones
  *   in model/quant.c, so quantization simulations agree exactly with the CPU.
  * - dweight: a weight as the kernels see it (device pointers, stored format).
- * - the staging model of this first version: op arguments are HOST pointers (the
- *   forward pass owns host run-state buffers), each op copies what it reads into a
- *   device scratch arena, runs, and copies its outputs back.  Weights live on the
- *   device, uploaded once in their stored formats.
+ * - memory: activations allocated through ops->alloc are device memory; sequence
+ *   state and index lists are host memory.  An op takes device arguments as they are
+ *   and stages host ones (dsv4_cuda_in/out/commit), so a chain of ops on activations
+ *   runs without host synchronization; weights are uploaded once in stored formats.
  * Target: sm_90a (H100/H200); nothing here needs Hopper-only instructions yet.
  */
 #ifndef DSV4_BACKEND_CUDA_COMMON_CUH
@@ -66,6 +66,12 @@ struct cuda_impl {
         size_t n;
     } pend[32];
     int n_pend;
+    int host_busy;         /* async copies may still read pin/hbuf: wait on host_ev first */
+    cudaEvent_t host_ev;
+    /* device allocations made by ops->alloc (the forward pass's activations) */
+    void *dev_base[128];
+    size_t dev_size[128];
+    int n_dev;
     /* host scratch for gathers (pinned) */
     uint8_t *hbuf;
     size_t hbuf_cap;
@@ -92,6 +98,14 @@ void dsv4_cuda_scratch_reset(dsv4_backend *b);
 void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes);
 /* uploads n bytes of host memory into fresh scratch and returns the device copy */
 void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes);
+/* 1 if p lies in a buffer of ops->alloc (device memory) */
+int dsv4_cuda_is_dev(dsv4_backend *b, const void *p);
+/* an op's input: p itself if it is device memory, else a staged copy */
+void *dsv4_cuda_in(dsv4_backend *b, const void *p, size_t bytes);
+/* an op's output: p itself if it is device memory, else scratch to be committed */
+void *dsv4_cuda_out(dsv4_backend *b, void *p, size_t bytes);
+/* after the kernels: copies d back to host p when they differ (queued, done at op end) */
+void dsv4_cuda_commit(dsv4_backend *b, void *p, const void *d, size_t bytes);
 /* queues a device -> host copy; the host buffer holds it once the op ends (dsv4_cuda_flush) */
 void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes);
 void dsv4_cuda_flush(dsv4_backend *b);

@@ -243,12 +243,17 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
     dweight dw;
     if (dsv4_cuda_weight(b, w, &dw)) return;
     size_t xin = (size_t)rows * w->cols, xout = (size_t)rows * w->rows;
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * xin);
-    float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * xout);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    if (act_fp8 && quantized(w->fmt)) dsv4_cuda_act_quant(b, xd, xd, rows, w->cols, 128);
+    if (act_fp8 && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
+        float *xq = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
+        if (!xq) return;
+        dsv4_cuda_act_quant(b, xq, xd, rows, w->cols, 128);
+        xd = xq;
+    }
     dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
-    dsv4_cuda_fetch(b, out, od, sizeof(float) * xout);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
 }
 
@@ -259,13 +264,19 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
     if (dsv4_cuda_weight(b, w, &dw)) return;
     int64_t R = w->rows / groups, C = w->cols;
     size_t xin = (size_t)rows * groups * C, xout = (size_t)rows * w->rows;
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * xin);
-    float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * xout);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    if (in_bf16) dsv4_cuda_round_bf16(b, xd, xin);
+    if (in_bf16) { /* rounded copy in scratch */
+        float *xb = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
+        if (!xb || CK(b, cudaMemcpyAsync(xb, xd, sizeof(float) * xin, cudaMemcpyDeviceToDevice, CI(b)->stream)))
+            return;
+        dsv4_cuda_round_bf16(b, xb, xin);
+        xd = xb;
+    }
     for (int g = 0; g < groups; g++)
         dsv4_cuda_linear(b, od + g * R, w->rows, xd + g * C, groups * C, rows, dw, g * R, R, in_bf16, out_bf16);
-    dsv4_cuda_fetch(b, out, od, sizeof(float) * xout);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
 }
 
@@ -280,10 +291,10 @@ void cu_embed(dsv4_backend *b, float *out, const int32_t *tokens, int rows, cons
     dweight dw;
     if (rows <= 0 || dsv4_cuda_weight(b, w, &dw)) return;
     int32_t *td = (int32_t *)dsv4_cuda_stage(b, tokens, sizeof(int32_t) * rows);
-    float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * w->cols);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * w->cols);
     if (!td || !od) return;
     k_embed<<<dim3((unsigned)((w->cols + 255) / 256), rows), 256, 0, CI(b)->stream>>>(od, td, rows, dw);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, out, od, sizeof(float) * rows * w->cols);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * rows * w->cols);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_EMBED);
 }

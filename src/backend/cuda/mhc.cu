@@ -77,12 +77,14 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
         return;
     int nm = head ? hc : (2 + hc) * hc;
     size_t width = (size_t)hc * dim;
-    float *xd = (float *)dsv4_cuda_stage(b, X, sizeof(float) * rows * width);
+    float *xd = (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * width);
     float *xb = gemm_bf16 ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * width) : xd;
     float *mix = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * nm);
-    float *yd = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim);
-    float *pd = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc);
-    float *cd = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc * hc);
+    float *yd = (float *)dsv4_cuda_out(b, y, sizeof(float) * rows * dim);
+    float *pd = head ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc)
+                     : (float *)dsv4_cuda_out(b, post, sizeof(float) * rows * hc);
+    float *cd = head ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc * hc)
+                     : (float *)dsv4_cuda_out(b, comb, sizeof(float) * rows * hc * hc);
     if (!xd || !xb || !mix || !yd || !pd || !cd) return;
     if (gemm_bf16) {
         if (CK(b, cudaMemcpyAsync(xb, xd, sizeof(float) * rows * width, cudaMemcpyDeviceToDevice, CI(b)->stream)))
@@ -94,10 +96,10 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
                                                  out_bf16, head);
     if (CKL(b)) return;
     if (!head) {
-        dsv4_cuda_fetch(b, post, pd, sizeof(float) * rows * hc);
-        dsv4_cuda_fetch(b, comb, cd, sizeof(float) * rows * hc * hc);
+        dsv4_cuda_commit(b, post, pd, sizeof(float) * rows * hc);
+        dsv4_cuda_commit(b, comb, cd, sizeof(float) * rows * hc * hc);
     }
-    dsv4_cuda_fetch(b, y, yd, sizeof(float) * rows * dim);
+    dsv4_cuda_commit(b, y, yd, sizeof(float) * rows * dim);
 }
 
 void cu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
@@ -134,14 +136,14 @@ void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, co
     dsv4_cuda_op_begin(b);
     if (rows <= 0) return;
     size_t n = (size_t)rows * hc * dim;
-    float *od = (float *)dsv4_cuda_stage(b, o, sizeof(float) * rows * dim);
-    float *rd = (float *)dsv4_cuda_stage(b, R, sizeof(float) * n);
-    float *pd = (float *)dsv4_cuda_stage(b, post, sizeof(float) * rows * hc);
-    float *cd = (float *)dsv4_cuda_stage(b, comb, sizeof(float) * rows * hc * hc);
-    float *xd = (float *)dsv4_cuda_scratch(b, sizeof(float) * n);
+    float *od = (float *)dsv4_cuda_in(b, o, sizeof(float) * rows * dim);
+    float *rd = (float *)dsv4_cuda_in(b, R, sizeof(float) * n);
+    float *pd = (float *)dsv4_cuda_in(b, post, sizeof(float) * rows * hc);
+    float *cd = (float *)dsv4_cuda_in(b, comb, sizeof(float) * rows * hc * hc);
+    float *xd = (float *)dsv4_cuda_out(b, Xout, sizeof(float) * n);
     if (!od || !rd || !pd || !cd || !xd) return;
     k_hc_post<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim, state_bf16);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, Xout, xd, sizeof(float) * n);
+    dsv4_cuda_commit(b, Xout, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_POST);
 }

@@ -86,7 +86,7 @@ void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *lo
               const float *bias, const int32_t *hash_ids, float scale) {
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0) return;
-    float *ld = (float *)dsv4_cuda_stage(b, logits, sizeof(float) * rows * n_routed);
+    float *ld = (float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
     float *bd = bias ? (float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed) : NULL;
     int32_t *hd = hash_ids ? (int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
     int32_t *ed = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * rows * k);
@@ -323,12 +323,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
             }
         for (int i = 0; i < k; i++) cw[r * k + i] = before_w2 ? 1.0f : wgt[order[r * k + i]];
     }
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * rows * dim);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * dim);
     float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim) : xd;
     uint8_t *md = (uint8_t *)dsv4_cuda_stage(b, hm, hb);
     float *h = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * inter_max);
     float *y = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * dim);
-    float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * dim);
     free(hm);
     if (!xd || !xq || !md || !h || !y || !od) return;
     group *gd = (group *)md;
@@ -357,6 +357,6 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     k_moe_combine<<<(unsigned)((rows * dim + 255) / 256), 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs,
                                                                                shared != NULL, out_scale, act_bf16);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, out, od, sizeof(float) * rows * dim);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
 }

@@ -35,11 +35,12 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     memset(&dw, 0, sizeof dw);
     if (rows <= 0 || (w && dsv4_cuda_weight(b, w, &dw))) return;
     size_t n = (size_t)rows * dim;
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
-    if (!xd) return;
-    k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(xd, xd, dim, dw, w != NULL, eps, out_bf16);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
+    float *od = out == x ? xd : (float *)dsv4_cuda_out(b, out, sizeof(float) * n);
+    if (!xd || !od) return;
+    k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, out, xd, sizeof(float) * n);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
@@ -70,7 +71,7 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
     float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
     if (!ff) return;
     for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     int64_t *pd = (int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
     float *fd = (float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
     if (!xd || !pd || !fd) return;
@@ -78,7 +79,7 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
     k_rope<<<(unsigned)((threads + 255) / 256), 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd,
                                                                          fd, inverse, out_bf16);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
 }
 
@@ -90,11 +91,11 @@ __global__ void k_scale(float *x, size_t n, float s, int out_bf16) {
 void cu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
     dsv4_cuda_op_begin(b);
     if (!n) return;
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     if (!xd) return;
     k_scale<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, n, s, out_bf16);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SCALE);
 }
 
@@ -186,12 +187,12 @@ void cu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width
         return;
     }
     size_t n = (size_t)rows * stride;
-    float *xd = (float *)dsv4_cuda_stage(b, x, sizeof(float) * n);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     if (!xd) return;
     size_t shm = mode == DSV4_SIM_HAD_FP4_B32 ? sizeof(float) * width : 0;
     float hs = (float)(1.0 / sqrt((double)width));
     k_sim<<<rows, 128, shm, CI(b)->stream>>>(xd, stride, col0, width, mode, hs);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, x, xd, sizeof(float) * n);
+    dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SIM);
 }
