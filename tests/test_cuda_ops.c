@@ -438,6 +438,47 @@ static void test_moe(void) {
     for (int i = 0; i < NE * 3 + 3; i++) free_w(&parts[i]);
 }
 
+/* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
+ * same results as host ones, in place and out of place, and upload/download/copy move
+ * data both ways. */
+static void test_device_buffers(void) {
+    NEED_GPU();
+    enum { R = 3, O = 96, K = 4096 };
+    tw t = make_w(DSV4_WF_FP8, O, K, 0);
+    float *x = malloc(sizeof(float) * R * K), a[R * O], g[R * O], h[R * O];
+    fill(x, (size_t)R * K, 1);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * R * K), *od = gpu.ops->alloc(&gpu, sizeof(float) * R * O),
+          *od2 = gpu.ops->alloc(&gpu, sizeof(float) * R * O);
+    REQUIRE(xd && od && od2);
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * R * K);
+    cpu.ops->matmul(&cpu, a, x, R, &t.w, 1, 0);
+    gpu.ops->matmul(&gpu, od, xd, R, &t.w, 1, 0); /* act_fp8 must not quantize xd in place */
+    gpu.ops->rmsnorm(&gpu, od2, od, R, O, NULL, 1e-6f, 0);
+    gpu.ops->rmsnorm(&gpu, od, od, R, O, NULL, 1e-6f, 0);
+    gpu.ops->download(&gpu, g, od, sizeof g);
+    gpu.ops->download(&gpu, h, od2, sizeof h);
+    float *xb = malloc(sizeof(float) * R * K);
+    gpu.ops->download(&gpu, xb, xd, sizeof(float) * R * K);
+    CHECK(gpu_ok());
+    CHECK(memcmp(xb, x, sizeof(float) * R * K) == 0);
+    cpu.ops->rmsnorm(&cpu, a, a, R, O, NULL, 1e-6f, 0);
+    double r = rel(g, a, R * O);
+    printf("  device buffers: matmul+rmsnorm rel %.2e; in place == out of place: %s\n", r,
+           memcmp(g, h, sizeof g) ? "NO" : "yes");
+    CHECK(r <= 2e-6);
+    CHECK(memcmp(g, h, sizeof g) == 0);
+    gpu.ops->copy(&gpu, od2, od, sizeof(float) * R * O); /* device to device */
+    memset(h, 0, sizeof h);
+    gpu.ops->download(&gpu, h, od2, sizeof h);
+    CHECK(memcmp(g, h, sizeof g) == 0);
+    gpu.ops->free(&gpu, xd);
+    gpu.ops->free(&gpu, od);
+    gpu.ops->free(&gpu, od2);
+    free(x);
+    free(xb);
+    free_w(&t);
+}
+
 static void test_zz_release(void) {
     for (int i = 0; i < n_parked; i++) free(parked[i]);
     n_parked = 0;
@@ -454,4 +495,4 @@ static void test_errors_are_reported(void) {
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
           test_sparse_attn, test_indexer_topk, test_pool, test_route, test_moe, test_errors_are_reported,
-          test_zz_release)
+          test_device_buffers, test_zz_release)
