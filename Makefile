@@ -28,7 +28,6 @@ ifeq ($(CUDA),1)
   CUDA_C_SRC := $(shell find src/backend/cuda -name '*.c' | sort)
   CUDA_SRC := $(shell find src/backend/cuda -name '*.cu' | sort)
   SRC := $(filter-out src/backend/nocuda.c,$(SRC)) $(CUDA_C_SRC)
-  CFLAGS += -DDSV4_HAVE_CUDA=1
   LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
 endif
@@ -38,7 +37,8 @@ LIB := $(BUILD)/libdsv4.a
 BIN := $(BUILD)/dsv4
 
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# GPU tests (tests/test_cuda_*.c) are built and run by `make test-cuda` on a machine with a device.
+TEST_BIN := $(filter-out $(BUILD)/tests/test_cuda%,$(TEST_SRC:tests/%.c=$(BUILD)/tests/%))
 
 .PHONY: all test tests clean fuzz fuzz-replay default-model test-cuda format
 all: $(BIN)

@@ -12,7 +12,7 @@
  * synthetic layers, so the bound is loose and per model: tiny rel <= 0.6 and >= 80%
  * equal argmax (measured 0.43, 72/85); flash 2-layer rel <= 0.1, >= 90% (measured
  * 0.055, 25/26).  What each op does is held tight in test_cuda_ops.
- * Without a device every test reports SKIP. */
+ * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +26,9 @@ static char tiny_dir[256];
 
 static int have_device(void) {
     if (!dsv4_backend_cuda_available()) {
-        printf("  SKIP (no CUDA device in this build or machine)\n");
-        return 0;
+        /* No PASS lines without a device: a skipped GPU test must not count as passed. */
+        printf("SKIP test_cuda_e2e: no CUDA device in this build or machine\n# 0 passed, 0 failed\n");
+        exit(0);
     }
     return 1;
 }

@@ -7,7 +7,7 @@
  *   outputs rounded to bf16: rel <= 4e-3 (an order difference can flip one bf16 ulp);
  *   sim (bf16, fp8 b64, Hadamard+fp4, fp8 row, fp4): bit-exact;
  *   topk, route (experts): identical ids; route weights rel <= 1e-6.
- * Without a CUDA device (or in a CPU-only build) every test reports SKIP and passes
+ * Without a CUDA device (or in a CPU-only build) the binary prints SKIP and reports no tests
  * nothing.  Weights are built here in every stored format (f32, bf16, FP8 with e8m0
  * and f32 block scales, MXFP4, NVFP4), including partial blocks. */
 #include <stdint.h>
@@ -39,7 +39,10 @@ static int ready(void) {
         have_gpu = 0;
         if (dsv4_backend_cpu_init(&cpu, 2, &err)) return 0;
         if (dsv4_backend_cuda_init(&gpu, 0, &err) == 0) have_gpu = 1;
-        else printf("  SKIP (%s)\n", err.msg);
+        else { /* no PASS lines without a device: a skipped GPU test must not count as passed */
+            printf("SKIP test_cuda_ops: %s\n# 0 passed, 0 failed\n", err.msg);
+            exit(0);
+        }
     }
     return have_gpu;
 }

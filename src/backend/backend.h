@@ -158,6 +158,8 @@ void dsv4_backend_cpu_free(dsv4_backend *b);
  * src/backend/nocuda.c, where available() is 0 and init fails saying so).
  * available(): 1 when this build has CUDA and a device is usable. */
 int dsv4_backend_cuda_available(void);
+/* 1 when this dsv4 was built with CUDA (make CUDA=1), device or not. */
+int dsv4_backend_cuda_built(void);
 int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err);
 void dsv4_backend_cuda_free(dsv4_backend *b);
 

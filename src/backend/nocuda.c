@@ -7,6 +7,8 @@
 
 int dsv4_backend_cuda_available(void) { return 0; }
 
+int dsv4_backend_cuda_built(void) { return 0; }
+
 int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err) {
     (void)b;
     (void)device;

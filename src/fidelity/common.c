@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "model/numerics.h"
 
 /* ----- token ids ----- */
@@ -127,10 +128,8 @@ int fid_spec_parse(fid_spec *sp, const char *text, dsv4_err *err) {
             const char *b = tok + 8;
             if (strcmp(b, "cpu") && strcmp(b, "cuda"))
                 return dsv4_errf(err, "SPEC '%s': unknown backend '%s' (cpu or cuda)", text, b);
-#ifndef DSV4_HAVE_CUDA
-            if (!strcmp(b, "cuda"))
+            if (!strcmp(b, "cuda") && !dsv4_backend_cuda_built())
                 return dsv4_errf(err, "SPEC '%s': backend cuda not built (rebuild with make CUDA=1)", text);
-#endif
             snprintf(sp->backend, sizeof sp->backend, "%s", b);
             continue;
         }

@@ -553,6 +553,8 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_copy_bandwidth,
 };
 
+extern "C" int dsv4_backend_cuda_built(void) { return 1; }
+
 extern "C" int dsv4_backend_cuda_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
