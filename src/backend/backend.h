@@ -99,6 +99,8 @@ typedef struct dsv4_backend_ops {
      * to idx[r*k ...] (ascending index order) and the count to n_out[r]. */
     void (*topk)(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride,
                  const int *n, int k);
+    /* x[i][c] += y[((first + i) mod period)][c] for rows x width (compressor position biases). */
+    void (*add_cyclic)(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, int first);
     /* Softmax pooling (compressor emit): for each channel c < width,
      * out[c] = sum_t softmax_t(gate[t][c]) kv[t][c] over n entries (entry t: pointers kv[t], gate[t]). */
     void (*pool)(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width);

@@ -230,7 +230,7 @@ int dsv4_seq_new(dsv4_engine *e, dsv4_seq **out, dsv4_err *err) {
     *out = NULL;
     dsv4_seq *s = calloc(1, sizeof *s);
     if (!s) return dsv4_errf(err, "sequence: out of memory");
-    if (dsv4_state_new(&s->st, &e->cfg, e->snapshot_every, err)) {
+    if (dsv4_state_new_on(&s->st, &e->cfg, e->snapshot_every, &e->be, err)) {
         free(s);
         return -1;
     }

@@ -42,8 +42,8 @@ struct dsv4_model {
     double *freq_main, *freq_comp; /* rope_dim/2 each */
     float **bias;           /* [layer] gate bias (n_routed) or NULL */
     float **sink;           /* [layer] attn_sink (n_heads) */
-    float **ape;            /* [layer] main compressor ape [ratio][coff*head_dim] */
-    float **iape;           /* [layer] indexer compressor ape */
+    float **ape;            /* [layer] main compressor ape [ratio][coff*head_dim] (backend memory) */
+    float **iape;           /* [layer] indexer compressor ape (backend memory) */
     dsv4_route_trace_fn trace;
     void *trace_user;
     dsv4_model_op_trace_fn op_trace; /* layer-diff hook (forward.h); host copies in trace_f/trace_w */
@@ -72,12 +72,11 @@ struct dsv4_model {
     int *n_kv;
     int max_kv;
     const float **keyp;     /* [R][max_keys] */
-    float *scores;          /* [R][max_keys] */
+    float *scores;          /* [R][max_keys] (backend memory) */
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
     int *done;              /* [done_cap] tokens consumed per item of the current call */
-    float *hk, *hg;         /* host copies of one compressor's projections [R][2*max(hd, ihd)] */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int done_cap;
 };
@@ -155,6 +154,17 @@ static float *host_vec(const dsv4_weight *w) {
 
 static size_t nz(size_t n) { return n ? n : 1; }
 
+/* A small vector weight as floats in backend memory (NULL if absent or out of memory). */
+static float *backend_vec(dsv4_backend *be, const dsv4_weight *w) {
+    float *h = host_vec(w);
+    if (!h) return NULL;
+    size_t bytes = sizeof(float) * (size_t)(w->rows * w->cols);
+    float *d = be->ops->alloc(be, nz(bytes));
+    if (d) be->ops->upload(be, d, h, bytes);
+    free(h);
+    return d;
+}
+
 static int is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 void dsv4_model_free(dsv4_model *m) {
@@ -162,8 +172,8 @@ void dsv4_model_free(dsv4_model *m) {
     for (int l = 0; l < m->n_all; l++) {
         if (m->bias) free(m->bias[l]);
         if (m->sink) free(m->sink[l]);
-        if (m->ape) free(m->ape[l]);
-        if (m->iape) free(m->iape[l]);
+        if (m->ape && m->ape[l]) OPS(m)->free(B_(m), m->ape[l]);
+        if (m->iape && m->iape[l]) OPS(m)->free(B_(m), m->iape[l]);
     }
     free(m->bias);
     free(m->sink);
@@ -179,10 +189,11 @@ void dsv4_model_free(dsv4_model *m) {
                    m->ick, m->icg, m->iq, m->iw, m->o,    m->low,  m->a,  m->rl, m->hx,  m->logits};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) OPS(m)->free(B_(m), dev[i]);
+    if (m->scores) OPS(m)->free(B_(m), m->scores);
     /* ... indices, lists and what the host reads stay host memory */
     void *bufs[] = {m->wts,    m->experts, m->hash,    m->pos,     m->cpos,          m->tok,  m->seg_of,
-                    m->segs,   m->picks,   m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp, m->scores,
-                    m->n_keys, m->hk,      m->hg,      m->mtp_x,   m->mtp_a};
+                    m->segs,   m->picks,   m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp,
+                    m->n_keys, m->mtp_x,   m->mtp_a};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -229,8 +240,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         m->sink[l] = host_vec(&L->attn_sink);
         if (!m->sink[l]) goto oom;
         if (!L->is_hash && L->gate_bias.fmt != DSV4_WF_NONE && !(m->bias[l] = host_vec(&L->gate_bias))) goto oom;
-        if (L->has_comp && !(m->ape[l] = host_vec(&L->comp.ape))) goto oom;
-        if (L->has_indexer && !(m->iape[l] = host_vec(&L->idx.comp.ape))) goto oom;
+        if (L->has_comp && !(m->ape[l] = backend_vec(be, &L->comp.ape))) goto oom;
+        if (L->has_indexer && !(m->iape[l] = backend_vec(be, &L->idx.comp.ape))) goto oom;
         if (L->is_hash) {
             const dsv4_weight *t = &L->tid2eid;
             if (t->cols != c->n_active || t->rows != c->vocab_size) {
@@ -252,7 +263,6 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     }
     size_t R = (size_t)max_rows, hcd = (size_t)c->hc_mult * c->dim, D = (size_t)c->dim;
     size_t qd = (size_t)c->n_heads * c->head_dim, k = (size_t)c->n_active;
-    size_t cw2 = 2 * (size_t)(c->head_dim > c->index_head_dim ? c->head_dim : c->index_head_dim);
 #define AL(p, n) (((p) = calloc(nz(n), sizeof *(p))) == NULL)
 #define AB(p, n) (((p) = be->ops->alloc(be, nz(n) * sizeof *(p))) == NULL) /* backend memory, zeroed */
     if (AB(m->X, R * hcd) || AB(m->Xb, R * hcd) || AB(m->Xs, R * hcd) || AB(m->y, R * D) ||
@@ -263,7 +273,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AB(m->iw, R * c->index_n_heads) || AB(m->o, R * qd) || AB(m->low, R * c->o_groups * c->o_lora_rank) ||
         AB(m->a, R * D) || AB(m->rl, R * c->n_routed) || AL(m->wts, R * k) || AL(m->experts, R * k) ||
         AL(m->hash, R * k) || AB(m->hx, R * D) || AB(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) ||
-        AL(m->hk, R * cw2) || AL(m->hg, R * cw2) || AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
+AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
         AL(m->cpos, R + 1) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
         AL(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->n_picks, R) ||
         AL(m->n_kv, R) || AL(m->n_keys, R))
@@ -295,8 +305,10 @@ static int ensure_lists(dsv4_model *m, int need_kv, int need_keys, dsv4_err *err
         const float **p = realloc((void *)m->keyp, sizeof *p * R * (size_t)cap);
         if (!p) return dsv4_errf(err, "forward: out of memory for indexer lists (%d keys)", cap);
         m->keyp = p;
-        float *s = realloc(m->scores, sizeof *s * R * (size_t)cap);
+        /* scores are written before they are read in each layer: no contents to keep */
+        float *s = OPS(m)->alloc(B_(m), sizeof *s * R * (size_t)cap);
         if (!s) return dsv4_errf(err, "forward: out of memory for indexer scores (%d keys)", cap);
+        if (m->scores) OPS(m)->free(B_(m), m->scores);
         m->scores = s;
         m->max_keys = cap;
     }
@@ -304,14 +316,10 @@ static int ensure_lists(dsv4_model *m, int need_kv, int need_keys, dsv4_err *err
 }
 
 /* ----- compressor (spec §2.5) ----- */
-/* Stores token p's projections (gate already includes ape) into the decode-state
- * buffers; on the last token of a window pools one row into `out` and returns 1. */
-static int comp_step(dsv4_model *m, dsv4_comp_state *cs, const float *kv, const float *g, int64_t p, float *out) {
+/* Pools the window that position p closes from the decode-state buffers into `out`
+ * (backend memory), then, for ratio 4, moves the current window to the previous one. */
+static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
-    int slot = (cs->coff == 2 ? r : 0) + (int)(p % r);
-    memcpy(cs->kv + (size_t)slot * wd, kv, sizeof(float) * (size_t)wd);
-    memcpy(cs->score + (size_t)slot * wd, g, sizeof(float) * (size_t)wd);
-    if ((p + 1) % r) return 0;
     int n = 0;
     if (cs->coff == 2) {
         /* previous window, first half of the channels; current window, second half */
@@ -331,41 +339,44 @@ static int comp_step(dsv4_model *m, dsv4_comp_state *cs, const float *kv, const 
     }
     OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
     if (cs->coff == 2) {
-        memcpy(cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
-        memcpy(cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        OPS(m)->copy(B_(m), cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        OPS(m)->copy(B_(m), cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
     }
-    return 1;
 }
 
-/* Runs one compressor over the rows of the sub-batch: projections for all rows,
- * then the recurrence per segment; emitted rows are post-processed together
+/* Runs one compressor over the rows of the sub-batch: projections for all rows, the
+ * position biases (ape) added on the backend, then the recurrence per segment as
+ * backend copies into the state buffers (one copy per run of positions inside a
+ * window) and a pool at each window's end; emitted rows are post-processed together
  * (bf16, norm, RoPE at the window's first position, simulation). */
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
-    float *Kb = is_idx ? m->ick : m->ck, *Gb = is_idx ? m->icg : m->cg;
+    float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
     const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
-    OPS(m)->matmul(B_(m), Kb, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
-    OPS(m)->matmul(B_(m), Gb, m->y, rows, &cw->wgate, 0, 0);
-    /* the recurrence below runs on the host over the sequence state: host copies */
-    float *K = m->hk, *G = m->hg;
-    OPS(m)->download(B_(m), K, Kb, sizeof(float) * (size_t)rows * wd);
-    OPS(m)->download(B_(m), G, Gb, sizeof(float) * (size_t)rows * wd);
+    OPS(m)->matmul(B_(m), K, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
+    OPS(m)->matmul(B_(m), G, m->y, rows, &cw->wgate, 0, 0);
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
         dsv4_layer_state *ls = &sg->st->layers[layer];
         dsv4_comp_state *cs = is_idx ? &ls->icomp : &ls->comp;
+        OPS(m)->add_cyclic(B_(m), G + (size_t)sg->row0 * wd, ape, sg->n, wd, r, (int)(sg->pos0 % r));
         int64_t first = cs->n_rows;
         int ne = 0;
-        for (int i = 0; i < sg->n; i++) {
-            int row = sg->row0 + i;
+        for (int i = 0; i < sg->n;) {
             int64_t p = sg->pos0 + i;
-            float *g = G + (size_t)row * wd;
-            const float *ap = ape + (size_t)(p % r) * wd;
-            for (int j = 0; j < wd; j++) g[j] += ap[j];
-            if (comp_step(m, cs, K + (size_t)row * wd, g, p, cs->rows + (size_t)(first + ne) * d)) {
-                m->cpos[ne] = (p + 1 - r); /* RoPE at the window's first position */
+            int in_win = (int)(p % r), take = r - in_win; /* positions left in this window */
+            if (take > sg->n - i) take = sg->n - i;
+            int slot = (cs->coff == 2 ? r : 0) + in_win, row = sg->row0 + i;
+            size_t bytes = sizeof(float) * (size_t)take * wd;
+            OPS(m)->copy(B_(m), cs->kv + (size_t)slot * wd, K + (size_t)row * wd, bytes);
+            OPS(m)->copy(B_(m), cs->score + (size_t)slot * wd, G + (size_t)row * wd, bytes);
+            i += take;
+            int64_t last = p + take - 1;
+            if ((last + 1) % r == 0) {
+                comp_emit(m, cs, cs->rows + (size_t)(first + ne) * d);
+                m->cpos[ne] = last + 1 - r; /* RoPE at the window's first position */
                 ne++;
             }
         }
@@ -718,7 +729,7 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     op->embed(b, m->y, m->tok, 1, &m->w->embed);
     op->rmsnorm(b, m->y, m->y, 1, D, &L->enorm, eps, bf);
     op->matmul(b, m->a, m->y, 1, &L->e_proj, a8, bf);
-    op->upload(b, m->Xb, st->last_x, sizeof(float) * (size_t)hc * D);
+    op->copy(b, m->Xb, st->last_x, sizeof(float) * (size_t)hc * D); /* state memory is backend memory */
     op->rmsnorm(b, m->Xb, m->Xb, hc, D, &L->hnorm, eps, bf);
     op->matmul(b, m->X, m->Xb, hc, &L->h_proj, a8, bf); /* the hc streams are rows here */
     op->download(b, m->mtp_x, m->X, sizeof(float) * (size_t)hc * D);

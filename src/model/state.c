@@ -4,6 +4,46 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+
+/* ----- float buffers: the backend's memory, or host memory when there is no backend ----- */
+static float *fb_alloc(const dsv4_state *s, size_t n) {
+    if (!n) n = 1;
+    return s->be ? s->be->ops->alloc(s->be, n * sizeof(float)) : calloc(n, sizeof(float));
+}
+static void fb_free(const dsv4_state *s, float *p) {
+    if (!p) return;
+    if (s->be) s->be->ops->free(s->be, p);
+    else free(p);
+}
+/* host -> buffer, buffer -> host, buffer -> buffer (n floats) */
+static void fb_put(const dsv4_state *s, float *dst, const float *src, size_t n) {
+    if (!n) return;
+    if (s->be) s->be->ops->upload(s->be, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+static void fb_get(const dsv4_state *s, float *dst, const float *src, size_t n) {
+    if (!n) return;
+    if (s->be) s->be->ops->download(s->be, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+static void fb_copy(const dsv4_state *s, float *dst, const float *src, size_t n) {
+    if (!n) return;
+    if (s->be) s->be->ops->copy(s->be, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+/* Fills n floats of a buffer with v (through a host vector for a backend). */
+static int fb_fill(const dsv4_state *s, float *dst, size_t n, float v) {
+    if (!s->be) {
+        for (size_t i = 0; i < n; i++) dst[i] = v;
+        return 0;
+    }
+    float h[1024];
+    for (size_t i = 0; i < 1024; i++) h[i] = v;
+    for (size_t at = 0; at < n; at += 1024) fb_put(s, dst + at, h, n - at < 1024 ? n - at : 1024);
+    return 0;
+}
+
 static int64_t gcd64(int64_t a, int64_t b) {
     while (b) {
         int64_t t = a % b;
@@ -26,43 +66,47 @@ static size_t comp_buf_floats(const dsv4_comp_state *c) {
     return (size_t)c->coff * c->ratio * (size_t)c->coff * c->dim;
 }
 
-static void comp_reset(dsv4_comp_state *c) {
+/* Floats [from, n) of both buffers back to empty: kv 0, score -inf (absent entries get
+ * softmax weight 0, spec §2.5). */
+static void comp_clear(const dsv4_state *s, dsv4_comp_state *c, size_t from) {
     size_t n = comp_buf_floats(c);
-    for (size_t i = 0; i < n; i++) {
-        c->kv[i] = 0.0f;
-        c->score[i] = -INFINITY; /* absent entries get softmax weight 0 (spec §2.5) */
-    }
+    if (from >= n) return;
+    fb_fill(s, c->kv + from, n - from, 0.0f);
+    fb_fill(s, c->score + from, n - from, -INFINITY);
+}
+
+static void comp_reset(const dsv4_state *s, dsv4_comp_state *c) {
+    comp_clear(s, c, 0);
     c->n_rows = 0;
 }
 
-static int comp_init(dsv4_comp_state *c, int ratio, int dim, dsv4_err *err) {
+static int comp_init(const dsv4_state *s, dsv4_comp_state *c, int ratio, int dim, dsv4_err *err) {
     c->ratio = ratio;
     c->coff = ratio == 4 ? 2 : 1;
     c->dim = dim;
     size_t n = comp_buf_floats(c);
-    c->kv = malloc(n * sizeof(float));
-    c->score = malloc(n * sizeof(float));
+    c->kv = fb_alloc(s, n);
+    c->score = fb_alloc(s, n);
     c->cap = 16;
-    c->rows = malloc((size_t)c->cap * dim * sizeof(float));
+    c->rows = fb_alloc(s, (size_t)c->cap * dim);
     if (!c->kv || !c->score || !c->rows) return dsv4_errf(err, "state: out of memory for compressor buffers");
-    comp_reset(c);
     return 0;
 }
 
-static void comp_free(dsv4_comp_state *c) {
-    free(c->kv);
-    free(c->score);
-    free(c->rows);
+static void comp_free(const dsv4_state *s, dsv4_comp_state *c) {
+    fb_free(s, c->kv);
+    fb_free(s, c->score);
+    fb_free(s, c->rows);
 }
 
 void dsv4_state_free(dsv4_state *s) {
     if (!s) return;
     for (int l = 0; s->layers && l < s->n_layers; l++) {
         dsv4_layer_state *L = &s->layers[l];
-        free(L->ring);
+        fb_free(s, L->ring);
         free(L->ring_pos);
-        if (L->has_comp) comp_free(&L->comp);
-        if (L->has_idx) comp_free(&L->icomp);
+        if (L->has_comp) comp_free(s, &L->comp);
+        if (L->has_idx) comp_free(s, &L->icomp);
     }
     free(s->layers);
     for (int i = 0; i < s->n_ckpt; i++) {
@@ -71,19 +115,19 @@ void dsv4_state_free(dsv4_state *s) {
     }
     free(s->ckpt);
     free(s->tokens);
-    free(s->last_x);
+    fb_free(s, s->last_x);
     free(s);
 }
 
 void dsv4_state_reset(dsv4_state *s) {
     for (int l = 0; l < s->n_layers; l++) {
         dsv4_layer_state *L = &s->layers[l];
-        memset(L->ring, 0, sizeof(float) * (size_t)s->window * s->head_dim);
+        fb_fill(s, L->ring, (size_t)s->window * s->head_dim, 0.0f);
         for (int i = 0; i < s->window; i++) L->ring_pos[i] = -1;
-        if (L->has_comp) comp_reset(&L->comp);
-        if (L->has_idx) comp_reset(&L->icomp);
+        if (L->has_comp) comp_reset(s, &L->comp);
+        if (L->has_idx) comp_reset(s, &L->icomp);
     }
-    memset(s->last_x, 0, sizeof(float) * (size_t)s->hc_dim);
+    fb_fill(s, s->last_x, (size_t)s->hc_dim, 0.0f);
     for (int i = 0; i < s->n_ckpt; i++) {
         free(s->ckpt[i].f);
         free(s->ckpt[i].ipos);
@@ -93,9 +137,15 @@ void dsv4_state_reset(dsv4_state *s) {
 }
 
 int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_every, dsv4_err *err) {
+    return dsv4_state_new_on(out, cfg, snapshot_every, NULL, err);
+}
+
+int dsv4_state_new_on(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_every, dsv4_backend *be,
+                      dsv4_err *err) {
     *out = NULL;
     dsv4_state *s = calloc(1, sizeof *s);
     if (!s) return dsv4_errf(err, "state: out of memory");
+    s->be = be;
     s->n_layers = dsv4_config_total_layers(cfg);
     s->window = cfg->window;
     s->head_dim = cfg->head_dim;
@@ -105,7 +155,7 @@ int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_ev
     s->snapshot_every = (snapshot_every + period - 1) / period * period;
     s->tok_cap = 64;
     s->tokens = malloc(sizeof(int32_t) * (size_t)s->tok_cap);
-    s->last_x = calloc((size_t)s->hc_dim, sizeof(float));
+    s->last_x = fb_alloc(s, (size_t)s->hc_dim);
     s->layers = calloc((size_t)s->n_layers, sizeof *s->layers);
     if (!s->tokens || !s->last_x || !s->layers) {
         dsv4_state_free(s);
@@ -113,7 +163,7 @@ int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_ev
     }
     for (int l = 0; l < s->n_layers; l++) {
         dsv4_layer_state *L = &s->layers[l];
-        L->ring = calloc((size_t)s->window * s->head_dim, sizeof(float));
+        L->ring = fb_alloc(s, (size_t)s->window * s->head_dim);
         L->ring_pos = malloc(sizeof(int64_t) * (size_t)s->window);
         if (!L->ring || !L->ring_pos) {
             dsv4_state_free(s);
@@ -122,14 +172,14 @@ int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_ev
         int r = cfg->compress_ratio[l];
         if (r > 1) {
             L->has_comp = 1;
-            if (comp_init(&L->comp, r, cfg->head_dim, err)) {
+            if (comp_init(s, &L->comp, r, cfg->head_dim, err)) {
                 dsv4_state_free(s);
                 return -1;
             }
         }
         if (r == 4) {
             L->has_idx = 1;
-            if (comp_init(&L->icomp, r, cfg->index_head_dim, err)) {
+            if (comp_init(s, &L->icomp, r, cfg->index_head_dim, err)) {
                 dsv4_state_free(s);
                 return -1;
             }
@@ -140,12 +190,14 @@ int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_ev
     return 0;
 }
 
-static int grow_rows(dsv4_comp_state *c, int64_t need, dsv4_err *err) {
+static int grow_rows(const dsv4_state *s, dsv4_comp_state *c, int64_t need, dsv4_err *err) {
     if (need <= c->cap) return 0;
     int64_t cap = c->cap;
     while (cap < need) cap *= 2;
-    float *p = realloc(c->rows, (size_t)cap * c->dim * sizeof(float));
+    float *p = fb_alloc(s, (size_t)cap * c->dim);
     if (!p) return dsv4_errf(err, "state: out of memory growing compressed rows to %lld", (long long)cap);
+    fb_copy(s, p, c->rows, (size_t)c->n_rows * c->dim);
+    fb_free(s, c->rows);
     c->rows = p;
     c->cap = cap;
     return 0;
@@ -163,8 +215,8 @@ int dsv4_state_reserve(dsv4_state *s, int64_t more, dsv4_err *err) {
     }
     for (int l = 0; l < s->n_layers; l++) {
         dsv4_layer_state *L = &s->layers[l];
-        if (L->has_comp && grow_rows(&L->comp, need / L->comp.ratio + 1, err)) return -1;
-        if (L->has_idx && grow_rows(&L->icomp, need / L->icomp.ratio + 1, err)) return -1;
+        if (L->has_comp && grow_rows(s, &L->comp, need / L->comp.ratio + 1, err)) return -1;
+        if (L->has_idx && grow_rows(s, &L->icomp, need / L->icomp.ratio + 1, err)) return -1;
     }
     return 0;
 }
@@ -193,8 +245,8 @@ static void ckpt_io(dsv4_state *s, dsv4_checkpoint *c, int save) {
     int64_t *ip = c->ipos;
 #define MOVE(dst_save, src_save, n)                                        \
     do {                                                                   \
-        if (save) memcpy(dst_save, src_save, (n) * sizeof *(src_save));    \
-        else memcpy(src_save, dst_save, (n) * sizeof *(src_save));         \
+        if (save) fb_get(s, dst_save, src_save, n);                        \
+        else fb_put(s, src_save, dst_save, n);                             \
     } while (0)
     MOVE(f, s->last_x, (size_t)s->hc_dim);
     f += s->hc_dim;
@@ -203,7 +255,8 @@ static void ckpt_io(dsv4_state *s, dsv4_checkpoint *c, int save) {
         size_t nr = (size_t)s->window * s->head_dim;
         MOVE(f, L->ring, nr);
         f += nr;
-        MOVE(ip, L->ring_pos, (size_t)s->window);
+        if (save) memcpy(ip, L->ring_pos, sizeof(int64_t) * (size_t)s->window);
+        else memcpy(L->ring_pos, ip, sizeof(int64_t) * (size_t)s->window);
         ip += s->window;
         dsv4_comp_state *cs[2] = {L->has_comp ? &L->comp : NULL, L->has_idx ? &L->icomp : NULL};
         for (int k = 0; k < 2; k++) {
@@ -265,11 +318,7 @@ int dsv4_state_rewind(dsv4_state *s, int64_t len, int64_t *resume_from, dsv4_err
             dsv4_comp_state *cs[2] = {L->has_comp ? &L->comp : NULL, L->has_idx ? &L->icomp : NULL};
             for (int k = 0; k < 2; k++) {
                 if (!cs[k]) continue;
-                size_t keep = comp_keep_floats(cs[k]), n = comp_buf_floats(cs[k]);
-                for (size_t i = keep; i < n; i++) {
-                    cs[k]->kv[i] = 0.0f;
-                    cs[k]->score[i] = -INFINITY;
-                }
+                comp_clear(s, cs[k], comp_keep_floats(cs[k]));
             }
         }
     }
@@ -318,6 +367,21 @@ static void io_get(io *r, void *p, size_t n) {
     r->at += n;
 }
 
+/* The same for n floats of a state buffer (backend memory: download / upload). */
+static void io_put_f(io *w, const dsv4_state *s, const float *p, size_t n) {
+    if (w->buf) fb_get(s, (float *)(void *)(w->buf + w->at), p, n);
+    w->at += n * sizeof(float);
+}
+static void io_get_f(io *r, const dsv4_state *s, float *p, size_t n) {
+    size_t bytes = n * sizeof(float);
+    if (r->bad || bytes > r->cap - r->at) {
+        r->bad = 1; /* the scratch state is dropped; nothing to clear */
+        return;
+    }
+    fb_put(s, p, (const float *)(const void *)(r->buf + r->at), n);
+    r->at += bytes;
+}
+
 #define STATE_MAGIC 0x31535644u /* "DVS1" */
 
 static void write_all(const dsv4_state *s, uint64_t tag, io *w) {
@@ -329,18 +393,18 @@ static void write_all(const dsv4_state *s, uint64_t tag, io *w) {
     io_put(w, &s->len, 8);
     io_put(w, &s->snapshot_every, 8);
     io_put(w, s->tokens, sizeof(int32_t) * (size_t)s->len);
-    io_put(w, s->last_x, sizeof(float) * (size_t)s->hc_dim);
+    io_put_f(w, s, s->last_x, (size_t)s->hc_dim);
     for (int l = 0; l < s->n_layers; l++) {
         const dsv4_layer_state *L = &s->layers[l];
-        io_put(w, L->ring, sizeof(float) * (size_t)s->window * s->head_dim);
+        io_put_f(w, s, L->ring, (size_t)s->window * s->head_dim);
         io_put(w, L->ring_pos, sizeof(int64_t) * (size_t)s->window);
         const dsv4_comp_state *cs[2] = {L->has_comp ? &L->comp : NULL, L->has_idx ? &L->icomp : NULL};
         for (int k = 0; k < 2; k++) {
             if (!cs[k]) continue;
-            io_put(w, cs[k]->kv, sizeof(float) * comp_buf_floats(cs[k]));
-            io_put(w, cs[k]->score, sizeof(float) * comp_buf_floats(cs[k]));
+            io_put_f(w, s, cs[k]->kv, comp_buf_floats(cs[k]));
+            io_put_f(w, s, cs[k]->score, comp_buf_floats(cs[k]));
             io_put(w, &cs[k]->n_rows, 8);
-            io_put(w, cs[k]->rows, sizeof(float) * (size_t)cs[k]->n_rows * cs[k]->dim);
+            io_put_f(w, s, cs[k]->rows, (size_t)cs[k]->n_rows * cs[k]->dim);
         }
     }
     int32_t nc = s->n_ckpt;
@@ -390,16 +454,16 @@ int dsv4_state_deserialize(dsv4_state *s, uint64_t tag, const void *blob, size_t
     int ok = dsv4_state_reserve(tmp, len, err) == 0;
     if (ok) {
         io_get(&r, tmp->tokens, sizeof(int32_t) * (size_t)len);
-        io_get(&r, tmp->last_x, sizeof(float) * (size_t)tmp->hc_dim);
+        io_get_f(&r, tmp, tmp->last_x, (size_t)tmp->hc_dim);
         for (int l = 0; l < tmp->n_layers && !r.bad; l++) {
             dsv4_layer_state *L = &tmp->layers[l];
-            io_get(&r, L->ring, sizeof(float) * (size_t)tmp->window * tmp->head_dim);
+            io_get_f(&r, tmp, L->ring, (size_t)tmp->window * tmp->head_dim);
             io_get(&r, L->ring_pos, sizeof(int64_t) * (size_t)tmp->window);
             dsv4_comp_state *cs[2] = {L->has_comp ? &L->comp : NULL, L->has_idx ? &L->icomp : NULL};
             for (int k = 0; k < 2 && !r.bad; k++) {
                 if (!cs[k]) continue;
-                io_get(&r, cs[k]->kv, sizeof(float) * comp_buf_floats(cs[k]));
-                io_get(&r, cs[k]->score, sizeof(float) * comp_buf_floats(cs[k]));
+                io_get_f(&r, tmp, cs[k]->kv, comp_buf_floats(cs[k]));
+                io_get_f(&r, tmp, cs[k]->score, comp_buf_floats(cs[k]));
                 int64_t nr = 0;
                 io_get(&r, &nr, 8);
                 if (r.bad || nr != len / cs[k]->ratio) {
@@ -407,7 +471,11 @@ int dsv4_state_deserialize(dsv4_state *s, uint64_t tag, const void *blob, size_t
                     break;
                 }
                 cs[k]->n_rows = nr;
-                io_get(&r, cs[k]->rows, sizeof(float) * (size_t)nr * cs[k]->dim);
+                if (nr > cs[k]->cap) { /* reserve(len) made room for len / ratio + 1 rows */
+                    r.bad = 1;
+                    break;
+                }
+                io_get_f(&r, tmp, cs[k]->rows, (size_t)nr * cs[k]->dim);
             }
         }
         int32_t nc = 0;
@@ -455,34 +523,34 @@ int dsv4_state_clone(const dsv4_state *src, dsv4_state **out, dsv4_err *err) {
     s->ckpt = NULL;
     s->n_ckpt = s->ckpt_cap = 0;
     s->tokens = malloc(sizeof(int32_t) * (size_t)src->tok_cap);
-    s->last_x = malloc(sizeof(float) * (size_t)src->hc_dim);
+    s->last_x = fb_alloc(s, (size_t)src->hc_dim);
     s->layers = calloc((size_t)src->n_layers, sizeof *s->layers);
     if (!s->tokens || !s->last_x || !s->layers) goto oom;
     memcpy(s->tokens, src->tokens, sizeof(int32_t) * (size_t)src->len);
-    memcpy(s->last_x, src->last_x, sizeof(float) * (size_t)src->hc_dim);
+    fb_copy(s, s->last_x, src->last_x, (size_t)src->hc_dim);
     for (int l = 0; l < src->n_layers; l++) {
         const dsv4_layer_state *A = &src->layers[l];
         dsv4_layer_state *B = &s->layers[l];
         *B = *A;
-        B->ring = malloc(sizeof(float) * (size_t)src->window * src->head_dim);
+        B->ring = fb_alloc(s, (size_t)src->window * src->head_dim);
         B->ring_pos = malloc(sizeof(int64_t) * (size_t)src->window);
         B->comp.kv = B->comp.score = B->comp.rows = NULL;
         B->icomp.kv = B->icomp.score = B->icomp.rows = NULL;
         if (!B->ring || !B->ring_pos) goto oom;
-        memcpy(B->ring, A->ring, sizeof(float) * (size_t)src->window * src->head_dim);
+        fb_copy(s, B->ring, A->ring, (size_t)src->window * src->head_dim);
         memcpy(B->ring_pos, A->ring_pos, sizeof(int64_t) * (size_t)src->window);
         const dsv4_comp_state *ca[2] = {A->has_comp ? &A->comp : NULL, A->has_idx ? &A->icomp : NULL};
         dsv4_comp_state *cb[2] = {&B->comp, &B->icomp};
         for (int k = 0; k < 2; k++) {
             if (!ca[k]) continue;
             size_t nb = comp_buf_floats(ca[k]);
-            cb[k]->kv = malloc(nb * sizeof(float));
-            cb[k]->score = malloc(nb * sizeof(float));
-            cb[k]->rows = malloc((size_t)ca[k]->cap * ca[k]->dim * sizeof(float));
+            cb[k]->kv = fb_alloc(s, nb);
+            cb[k]->score = fb_alloc(s, nb);
+            cb[k]->rows = fb_alloc(s, (size_t)ca[k]->cap * ca[k]->dim);
             if (!cb[k]->kv || !cb[k]->score || !cb[k]->rows) goto oom;
-            memcpy(cb[k]->kv, ca[k]->kv, nb * sizeof(float));
-            memcpy(cb[k]->score, ca[k]->score, nb * sizeof(float));
-            memcpy(cb[k]->rows, ca[k]->rows, (size_t)ca[k]->n_rows * ca[k]->dim * sizeof(float));
+            fb_copy(s, cb[k]->kv, ca[k]->kv, nb);
+            fb_copy(s, cb[k]->score, ca[k]->score, nb);
+            fb_copy(s, cb[k]->rows, ca[k]->rows, (size_t)ca[k]->n_rows * ca[k]->dim);
         }
     }
     for (int i = 0; i < src->n_ckpt; i++) {

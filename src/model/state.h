@@ -19,8 +19,13 @@
  * to L restores the checkpoint C <= L and leaves tokens C..L-1 for the caller to
  * re-run (it keeps them in the history).  Position 0 needs no stored checkpoint.
  *
- * Memory: host memory (the CPU backend's).  Lifetime: _new .. _free.  Threading:
- * the owning engine thread only.
+ * Memory: the float buffers (rings, compressor buffers, compressed rows, last HC
+ * state) live in the memory of the backend given to dsv4_state_new_on (device memory
+ * on a GPU; the CPU backend's memory is host memory), or in host memory when no
+ * backend is given.  Ring slot positions, the token history and checkpoints stay in
+ * host memory; checkpoints, clone and serialization move the buffers through the
+ * backend's download/upload/copy.  Lifetime: _new .. _free (before the backend's
+ * free).  Threading: the owning engine thread only.
  */
 #ifndef DSV4_MODEL_STATE_H
 #define DSV4_MODEL_STATE_H
@@ -54,6 +59,7 @@ typedef struct dsv4_checkpoint {
 } dsv4_checkpoint;
 
 typedef struct dsv4_state {
+    struct dsv4_backend *be;   /* owner of the float buffers; NULL = host memory */
     int n_layers;              /* trunk + MTP */
     int window, head_dim, hc_dim; /* hc_dim = hc_mult * dim */
     int64_t len;               /* tokens processed */
@@ -71,6 +77,9 @@ int64_t dsv4_state_period(const dsv4_config *cfg);
 
 /* snapshot_every <= 0: the default (smallest multiple of the period >= 512). */
 int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_every, dsv4_err *err);
+/* The same with the float buffers in `be`'s memory (be NULL = host memory). */
+int dsv4_state_new_on(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_every, struct dsv4_backend *be,
+                      dsv4_err *err);
 void dsv4_state_free(dsv4_state *s);
 /* Back to the empty sequence (position 0). */
 void dsv4_state_reset(dsv4_state *s);
@@ -85,7 +94,7 @@ int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err);
  * caller re-runs tokens[C..len).  Errors for len < 0 or len > s->len. */
 int dsv4_state_rewind(dsv4_state *s, int64_t len, int64_t *resume_from, dsv4_err *err);
 
-/* Deep copy. */
+/* Deep copy (in the source's backend). */
 int dsv4_state_clone(const dsv4_state *src, dsv4_state **out, dsv4_err *err);
 
 /* Bytes held (allocated capacity of every buffer). */

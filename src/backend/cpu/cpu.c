@@ -440,6 +440,16 @@ static void cpu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *sco
     POP(b, m);
 }
 
+static void cpu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
+                           int first) {
+    (void)b;
+    for (int i = 0; i < rows; i++) {
+        const float *yr = y + (size_t)((first + i) % period) * width;
+        float *xr = x + (size_t)i * width;
+        for (int c = 0; c < width; c++) xr[c] += yr[c];
+    }
+}
+
 static void cpu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n,
                      int width) {
     (void)b;
@@ -574,6 +584,7 @@ static const dsv4_backend_ops CPU_OPS = {
     .sparse_attn = cpu_sparse_attn,
     .indexer_scores = cpu_indexer_scores,
     .topk = cpu_topk,
+    .add_cyclic = cpu_add_cyclic,
     .pool = cpu_pool,
     .route = cpu_route,
     .moe = cpu_moe,

@@ -357,8 +357,37 @@ __global__ void k_pool(float *out, const float *kv, const float *g, int n, int w
     out[c] = acc / den;
 }
 
+/* pooling from rows addressed by pointer (sequence state in device memory) */
+__global__ void k_pool_ptr(float *out, const float *const *kv, const float *const *g, int n, int width) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    float mx = -INFINITY;
+    for (int t = 0; t < n; t++) mx = fmaxf(mx, g[t][c]);
+    float den = 0.0f, acc = 0.0f;
+    for (int t = 0; t < n; t++) {
+        float e = expf(g[t][c] - mx);
+        den += e;
+        acc += e * kv[t][c];
+    }
+    out[c] = acc / den;
+}
+
 void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width) {
     dsv4_cuda_op_begin(b);
+    if (n <= 0 || width <= 0) return;
+    int all_dev = 1;
+    for (int t = 0; t < n && all_dev; t++) all_dev = dsv4_cuda_is_dev(b, kv[t]) && dsv4_cuda_is_dev(b, gate[t]);
+    if (all_dev) { /* device rows: only the pointer tables travel, no wait */
+        const float **kd = (const float **)dsv4_cuda_stage(b, kv, sizeof(float *) * n);
+        const float **gd = (const float **)dsv4_cuda_stage(b, gate, sizeof(float *) * n);
+        float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * width);
+        if (!kd || !gd || !od) return;
+        k_pool_ptr<<<(width + 127) / 128, 128, 0, CI(b)->stream>>>(od, kd, gd, n, width);
+        if (CKL(b)) return;
+        dsv4_cuda_commit(b, out, od, sizeof(float) * width);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
+        return;
+    }
     if (n <= 0 || width <= 0) return;
     size_t rb = sizeof(float) * (size_t)n * width;
     float *h = (float *)dsv4_cuda_hbuf(b, 2 * rb);
@@ -374,4 +403,26 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
     if (CKL(b)) return;
     dsv4_cuda_fetch(b, out, od, sizeof(float) * width);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
+}
+
+/* ----- compressor position biases ----- */
+__global__ void k_add_cyclic(float *x, const float *y, int width, int period, int first) {
+    int i = blockIdx.y;
+    const float *yr = y + (int64_t)((first + i) % period) * width;
+    float *xr = x + (int64_t)i * width;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) xr[c] += yr[c];
+}
+
+void cu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, int first) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || width <= 0 || period <= 0) return;
+    size_t xb = sizeof(float) * (size_t)rows * width;
+    float *xd = (float *)dsv4_cuda_in(b, x, xb);
+    const float *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
+    if (!xd || !yd) return;
+    k_add_cyclic<<<dim3((unsigned)((width + 255) / 256), (unsigned)rows), 256, 0, CI(b)->stream>>>(xd, yd, width,
+                                                                                                    period, first);
+    if (CKL(b)) return;
+    dsv4_cuda_commit(b, x, xd, xb);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_ADD);
 }

@@ -37,6 +37,7 @@ void cu_sparse_attn(dsv4_backend *, float *, const float *, int, int, int, const
 void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, int, int, int, const float *const *,
                        const int *, int, int);
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
+void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
@@ -151,10 +152,14 @@ void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
 
 int dsv4_cuda_is_dev(dsv4_backend *b, const void *p) {
     cuda_impl *c = CI(b);
-    const uint8_t *q = (const uint8_t *)p;
-    for (int i = 0; i < c->n_dev; i++)
-        if (q >= (const uint8_t *)c->dev_base[i] && q < (const uint8_t *)c->dev_base[i] + c->dev_size[i]) return 1;
-    return 0;
+    uintptr_t q = (uintptr_t)p;
+    int lo = 0, hi = c->n_dev; /* first range with base > q is at lo */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (c->dev[mid].base <= q) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && q - c->dev[lo - 1].base < c->dev[lo - 1].size;
 }
 
 void *dsv4_cuda_in(dsv4_backend *b, const void *p, size_t bytes) {
@@ -233,7 +238,7 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
-    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe"};
+    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -483,7 +488,13 @@ static int cu_load_weights(dsv4_backend *b, const dsv4_model_w *m, dsv4_err *err
 /* ----- memory: ops->alloc gives device memory (the forward pass's activations) ----- */
 static void *cu_alloc(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
-    if (c->n_dev >= (int)(sizeof c->dev_base / sizeof c->dev_base[0])) return NULL;
+    if (c->n_dev == c->dev_cap) {
+        int cap = c->dev_cap ? 2 * c->dev_cap : 256;
+        cuda_impl::dev_range *t = (cuda_impl::dev_range *)realloc(c->dev, sizeof *t * (size_t)cap);
+        if (!t) return NULL;
+        c->dev = t;
+        c->dev_cap = cap;
+    }
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* an allocation failure is reported by the caller, not sticky */
@@ -493,18 +504,22 @@ static void *cu_alloc(dsv4_backend *b, size_t bytes) {
         cudaFree(p);
         return NULL;
     }
-    c->dev_base[c->n_dev] = p;
-    c->dev_size[c->n_dev++] = bytes ? bytes : 1;
+    int at = c->n_dev;
+    while (at > 0 && c->dev[at - 1].base > (uintptr_t)p) at--;
+    memmove(c->dev + at + 1, c->dev + at, sizeof *c->dev * (size_t)(c->n_dev - at));
+    c->dev[at].base = (uintptr_t)p;
+    c->dev[at].size = bytes ? bytes : 1;
+    c->n_dev++;
     return p;
 }
 static void cu_free(dsv4_backend *b, void *p) {
     cuda_impl *c = CI(b);
     for (int i = 0; i < c->n_dev; i++)
-        if (c->dev_base[i] == p) {
+        if (c->dev[i].base == (uintptr_t)p) {
             cudaStreamSynchronize(c->stream);
             cudaFree(p);
-            c->dev_base[i] = c->dev_base[--c->n_dev];
-            c->dev_size[i] = c->dev_size[c->n_dev];
+            memmove(c->dev + i, c->dev + i + 1, sizeof *c->dev * (size_t)(c->n_dev - i - 1));
+            c->n_dev--;
             return;
         }
     free(p);
@@ -543,6 +558,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_sparse_attn,
     cu_indexer_scores,
     cu_topk,
+    cu_add_cyclic,
     cu_pool,
     cu_route,
     cu_moe,
@@ -605,7 +621,8 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->ev0) cudaEventDestroy(c->ev0);
     if (c->ev1) cudaEventDestroy(c->ev1);
     if (c->host_ev) cudaEventDestroy(c->host_ev);
-    for (int i = 0; i < c->n_dev; i++) cudaFree(c->dev_base[i]);
+    for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
+    free(c->dev);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     b->impl = NULL;

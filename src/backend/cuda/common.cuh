@@ -69,9 +69,13 @@ struct cuda_impl {
     int host_busy;         /* async copies may still read pin/hbuf: wait on host_ev first */
     cudaEvent_t host_ev;
     /* device allocations made by ops->alloc (the forward pass's activations) */
-    void *dev_base[128];
-    size_t dev_size[128];
-    int n_dev;
+    /* sorted by address (binary search in dsv4_cuda_is_dev); grows with the number of
+     * sequences, whose state is allocated here too */
+    struct dev_range {
+        uintptr_t base;
+        size_t size;
+    } *dev;
+    int n_dev, dev_cap;
     /* host scratch for gathers (pinned) */
     uint8_t *hbuf;
     size_t hbuf_cap;
