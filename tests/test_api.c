@@ -2,6 +2,7 @@
  * builders, and the metrics text (server/api_openai, server/metrics). */
 #include <jansson.h>
 
+#include "server/api_anthropic.h"
 #include "server/api_openai.h"
 #include "server/metrics.h"
 #include "test.h"
@@ -370,5 +371,254 @@ static void test_metrics(void) {
     dsv4_metrics_free(&m);
 }
 
+/* ----- Anthropic's /v1/messages (server/api_anthropic) ----- */
+
+static int anth_err(const char *body, int status, const char *want, const char *param) {
+    dsv4_api_request r;
+    dsv4_api_error e;
+    memset(&e, 0, sizeof e);
+    int rc = dsv4_anth_parse(body, strlen(body), &LIM, &r, &e);
+    int parsed = rc == 0;
+    if (rc == 0) rc = dsv4_api_prepare(&r, tok_(), &LIM, &e);
+    int ok = rc < 0 && e.status == status && strstr(e.message, want) && (!param || !strcmp(e.param, param));
+    if (!ok)
+        fprintf(stderr, "  body %.90s: rc %d status %d param '%s' message '%s' (wanted %d '%s' '%s')\n", body, rc,
+                e.status, e.param, e.message, status, want, param ? param : "");
+    if (parsed) dsv4_api_request_free(&r);
+    return ok;
+}
+
+static void test_anthropic_parse(void) {
+    dsv4_api_request r;
+    dsv4_api_error e;
+    const char *b = "{\"model\":\"claude-x\",\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"be brief\"}],"
+                    "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi there\"}]}],"
+                    "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":5,\"stop_sequences\":[\"END\",\"##\"],"
+                    "\"stream\":true,\"metadata\":{\"user_id\":\"u\"}}";
+    REQUIRE(dsv4_anth_parse(b, strlen(b), &LIM, &r, &e) == 0);
+    CHECK_STR(r.model, "claude-x");
+    CHECK_EQ_INT(r.max_tokens, 9);
+    CHECK(r.stream && r.sampling.top_k == 5 && fabsf(r.sampling.temperature - 0.5f) < 1e-7f);
+    CHECK(r.n_stop == 2 && !strcmp(r.stop[0], "END") && !strcmp(r.stop[1], "##"));
+    CHECK(!r.thinking && r.prompt && strstr(r.prompt, "be brief") && strstr(r.prompt, "hi there"));
+    CHECK(dsv4_anth_matched_stop(&r, "a ## b END", 10) == r.stop[1]); /* earliest occurrence wins */
+    CHECK(dsv4_anth_matched_stop(&r, "a b c", 5) == NULL);
+    dsv4_api_request_free(&r);
+
+    /* thinking {enabled, budget_tokens} turns thinking mode on; disabled wins over the model name */
+    b = "{\"model\":\"m\",\"max_tokens\":4,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}";
+    REQUIRE(dsv4_anth_parse(b, strlen(b), &LIM, &r, &e) == 0);
+    CHECK(r.thinking && r.opens_thinking);
+    dsv4_api_request_free(&r);
+    b = "{\"model\":\"deepseek-reasoner\",\"max_tokens\":4,\"thinking\":{\"type\":\"disabled\"},"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}";
+    REQUIRE(dsv4_anth_parse(b, strlen(b), &LIM, &r, &e) == 0);
+    CHECK(!r.thinking);
+    dsv4_api_request_free(&r);
+
+    /* tool_choice none leaves the tools out; any/tool keep them */
+    b = "{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"none\"},\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}";
+    REQUIRE(dsv4_anth_parse(b, strlen(b), &LIM, &r, &e) == 0);
+    CHECK(!r.parse_tools);
+    dsv4_api_request_free(&r);
+    b = "{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"tool\",\"name\":\"f\"},\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}";
+    REQUIRE(dsv4_anth_parse(b, strlen(b), &LIM, &r, &e) == 0);
+    CHECK(r.parse_tools && strstr(r.prompt, "\"f\""));
+    dsv4_api_request_free(&r);
+}
+
+/* A conversation with tool_use, tool_result and thinking renders exactly as
+ * the same conversation in chat-completions form. */
+static void test_anthropic_renders_like_chat(void) {
+    const char *a =
+        "{\"model\":\"m\",\"max_tokens\":5,\"system\":\"sys\","
+        "\"tools\":[{\"name\":\"get_weather\",\"description\":\"w\",\"input_schema\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"}}}}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"look it up\",\"signature\":\"s\"},"
+        "{\"type\":\"text\",\"text\":\"Checking.\"},"
+        "{\"type\":\"tool_use\",\"id\":\"call_1\",\"name\":\"get_weather\",\"input\":{\"city\":\"Paris\"}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"call_1\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"18 C\"}]},{\"type\":\"text\",\"text\":\"Thanks\"}]}]}";
+    const char *o =
+        "{\"model\":\"m\",\"max_tokens\":5,"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"w\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
+        "\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"Weather?\"},"
+        "{\"role\":\"assistant\",\"content\":\"Checking.\",\"reasoning_content\":\"look it up\","
+        "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"18 C\"},"
+        "{\"role\":\"user\",\"content\":\"Thanks\"}]}";
+    dsv4_api_request ra, ro;
+    dsv4_api_error e;
+    REQUIRE(dsv4_anth_parse(a, strlen(a), &LIM, &ra, &e) == 0);
+    REQUIRE(dsv4_api_parse(DSV4_API_CHAT, o, strlen(o), &LIM, &ro, &e) == 0);
+    CHECK(ra.parse_tools && ro.parse_tools);
+    CHECKF(ra.prompt_len == ro.prompt_len && !memcmp(ra.prompt, ro.prompt, ra.prompt_len), "anthropic:\n%s\nchat:\n%s",
+           ra.prompt, ro.prompt);
+    CHECK(strstr(ra.prompt, "18 C") && strstr(ra.prompt, "Paris"));
+    dsv4_api_request_free(&ra);
+    dsv4_api_request_free(&ro);
+}
+
+static void test_anthropic_errors(void) {
+    const char *U = "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]";
+    char b[1024];
+#define AE(fmt, status, want, param)                                                                           \
+    do {                                                                                                       \
+        snprintf(b, sizeof b, fmt, U);                                                                         \
+        CHECK(anth_err(b, status, want, param));                                                               \
+    } while (0)
+    AE("{\"max_tokens\":4,%s}", 400, "model: required", "model");
+    AE("{\"model\":\"m\",%s}", 400, "max_tokens: required", "max_tokens");
+    AE("{\"model\":\"m\",\"max_tokens\":0,%s}", 400, "max_tokens: must be an integer >= 1", "max_tokens");
+    AE("{\"model\":\"m\",\"max_tokens\":\"4\",%s}", 400, "max_tokens: must be an integer", "max_tokens");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"temperature\":1.5,%s}", 400, "out of range [0, 1]", "temperature");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"top_p\":2,%s}", 400, "top_p", "top_p");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"stop_sequences\":\"x\",%s}", 400, "must be an array", "stop_sequences");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"stop_sequences\":[\"\"],%s}", 400, "non-empty string", "stop_sequences");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"system\":[{\"type\":\"image\"}],%s}", 400, "text", "system");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"system\":5,%s}", 400, "must be a string or an array", "system");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"thinking\":{\"type\":\"enabled\"},%s}", 400, "budget_tokens: required",
+       "thinking.budget_tokens");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"thinking\":{\"type\":\"on\"},%s}", 400, "thinking: must be", "thinking");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\"}],%s}", 400, "input_schema: required", "tools[0]");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\",\"input_schema\":\"x\"}],%s}", 400,
+       "must be a JSON Schema object", "tools[0].input_schema");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"w\"}],%s}", 400,
+       "only custom tools", "tools[0]");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tool_choice\":{\"type\":\"some\"},%s}", 400, "not one of auto",
+       "tool_choice.type");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tool_choice\":{\"type\":\"tool\"},%s}", 400, "name", "tool_choice.name");
+    AE("{\"model\":\"m\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],"
+       "\"tool_choice\":{\"type\":\"tool\",\"name\":\"g\"},%s}", 400, "not in tools", "tool_choice");
+    AE("{\"model\":\"m\",\"max_tokens\":5000,%s}", 400, "exceeds the context", "max_tokens");
+#undef AE
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4}", 400, "messages: required", "messages"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[]}", 400, "must not be empty", "messages"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400,
+                   "unknown role \"tool\"", "messages[0].role"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\"}]}", 400, "required",
+                   "messages[0].content"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[]}]}", 400,
+                   "must not be empty", "messages[0].content"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                   "\"tool_result\"}]}]}", 400, "tool_use_id", "messages[0].content[0]"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                   "\"image\",\"source\":{}}]}]}", 400, "not supported", "messages[0].content[0]"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":"
+                   "\"tool_use\",\"id\":\"a\",\"name\":\"f\",\"input\":[1]}]}]}", 400, "input: must be an object",
+                   "messages[0].content[0]"));
+    CHECK(anth_err("{\"model\":\"m\",\"max_tokens\":4,\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":"
+                   "\"tool_result\",\"tool_use_id\":\"a\"}]}]}", 400, "not an assistant content block",
+                   "messages[0].content[0]"));
+    CHECK(anth_err("{\"model\":", 400, "malformed JSON", NULL));
+    CHECK(anth_err("[1]", 400, "must be a JSON object", NULL));
+    CHECK(anth_err("{\"model\":\"m\",\"model\":\"n\"}", 400, "malformed JSON", NULL)); /* duplicate key */
+    char inv[] = "{\"model\":\"\xc3\x28\"}";
+    CHECK(anth_err(inv, 400, "invalid UTF-8 at byte", NULL));
+}
+
+static void test_anthropic_builders(void) {
+    dsv4_api_reply rp = {.id = "msg_1", .model = "m"};
+    dsv4_api_result res = {0};
+    dsv4_chat_buf_puts(&res.reasoning, "think \"hard\"");
+    dsv4_chat_buf_puts(&res.content, "Hi");
+    res.calls = calloc(1, sizeof *res.calls);
+    REQUIRE(res.calls);
+    res.n_calls = res.cap_calls = 1;
+    snprintf(res.calls[0].id, sizeof res.calls[0].id, "call_9");
+    res.calls[0].name = dsv4_xstrdup("f");
+    res.calls[0].arguments = dsv4_xstrdup("{\"a\": 1}");
+    res.finished = 1;
+    res.finish = DSV4_FINISH_TOOL_CALLS;
+    res.usage.prompt_tokens = 10;
+    res.usage.cached_tokens = 4;
+    res.usage.completion_tokens = 3;
+    dsv4_chat_buf b = {0};
+    dsv4_anth_response_json(&b, &rp, &res, NULL);
+    json_error_t je;
+    json_t *j = json_loadb(b.data, b.len, 0, &je);
+    REQUIRE(j);
+    CHECK_STR(json_string_value(json_object_get(j, "type")), "message");
+    CHECK_STR(json_string_value(json_object_get(j, "stop_reason")), "tool_use");
+    json_t *c = json_object_get(j, "content");
+    CHECK(json_array_size(c) == 3);
+    CHECK_STR(json_string_value(json_object_get(json_array_get(c, 0), "thinking")), "think \"hard\"");
+    CHECK_STR(json_string_value(json_object_get(json_array_get(c, 1), "text")), "Hi");
+    CHECK(json_integer_value(json_object_get(json_object_get(json_array_get(c, 2), "input"), "a")) == 1);
+    json_t *u = json_object_get(j, "usage");
+    CHECK(json_integer_value(json_object_get(u, "input_tokens")) == 6 &&
+          json_integer_value(json_object_get(u, "cache_read_input_tokens")) == 4 &&
+          json_integer_value(json_object_get(u, "output_tokens")) == 3);
+    json_decref(j);
+    dsv4_chat_buf_free(&b);
+    /* arguments that are not an object still give an object input */
+    free(res.calls[0].arguments);
+    res.calls[0].arguments = dsv4_xstrdup("not json");
+    dsv4_anth_response_json(&b, &rp, &res, NULL);
+    j = json_loadb(b.data, b.len, 0, &je);
+    REQUIRE(j);
+    CHECK_STR(json_string_value(json_object_get(
+                  json_object_get(json_array_get(json_object_get(j, "content"), 2), "input"), "arguments")),
+              "not json");
+    json_decref(j);
+    dsv4_chat_buf_free(&b);
+    dsv4_api_result_free(&res);
+
+    CHECK_STR(dsv4_anth_stop_reason(DSV4_FINISH_STOP, NULL), "end_turn");
+    CHECK_STR(dsv4_anth_stop_reason(DSV4_FINISH_STOP, "x"), "stop_sequence");
+    CHECK_STR(dsv4_anth_stop_reason(DSV4_FINISH_LENGTH, NULL), "max_tokens");
+    CHECK_STR(dsv4_anth_error_type(429), "rate_limit_error");
+    CHECK_STR(dsv4_anth_error_type(500), "api_error");
+    dsv4_api_error e;
+    dsv4_api_errorf(&e, 401, "authentication_error", NULL, NULL, "bad \"key\"");
+    dsv4_anth_error_json(&b, &e);
+    CHECK_STR(b.data, "{\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"bad \\\"key\\\"\"}}");
+    dsv4_chat_buf_free(&b);
+
+    /* stream: thinking block, text block, tool block, then the end */
+    dsv4_anth_stream st;
+    dsv4_anth_sse_start(&b, &st, &rp, 10);
+    dsv4_anth_sse_text(&b, &st, 1, "a", 1);
+    dsv4_anth_sse_text(&b, &st, 1, "b", 1);
+    dsv4_anth_sse_text(&b, &st, 0, "c", 1);
+    dsv4_anth_sse_tool_use(&b, &st, "call_1", "f", "{}", 2);
+    dsv4_usage us = {.prompt_tokens = 10, .completion_tokens = 4};
+    dsv4_anth_sse_finish(&b, &st, DSV4_FINISH_TOOL_CALLS, NULL, &us);
+    REQUIRE(b.data);
+    const char *want[] = {"message_start", "content_block_start", "content_block_delta", "content_block_delta",
+                          "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
+                          "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+                          "message_stop"};
+    const char *p = b.data;
+    size_t k = 0;
+    int order_ok = 1;
+    while ((p = strstr(p, "event: "))) {
+        p += 7;
+        size_t l = strcspn(p, "\n");
+        if (k >= sizeof want / sizeof *want || strlen(want[k]) != l || strncmp(p, want[k], l)) order_ok = 0;
+        k++;
+        /* the data line is JSON with the same type */
+        const char *d = strstr(p, "\ndata: ");
+        if (!d) { order_ok = 0; break; }
+        d += 7;
+        size_t dl = strcspn(d, "\n");
+        json_t *ev = json_loadb(d, dl, 0, &je);
+        if (!ev || strncmp(json_string_value(json_object_get(ev, "type")), p, l)) order_ok = 0;
+        json_decref(ev);
+    }
+    CHECK(order_ok && k == sizeof want / sizeof *want);
+    CHECK(strstr(b.data, "\"thinking_delta\"") && strstr(b.data, "\"text_delta\"") && strstr(b.data, "\"input_json_delta\""));
+    CHECK(strstr(b.data, "\"index\":2,\"content_block\":{\"type\":\"tool_use\""));
+    CHECK(strstr(b.data, "\"stop_reason\":\"tool_use\""));
+    dsv4_chat_buf_free(&b);
+}
+
 TEST_MAIN(test_malformed_and_types, test_tools_validation, test_utf8_and_limits, test_completions,
-          test_chat_fields_and_thinking, test_builders, test_metrics)
+          test_chat_fields_and_thinking, test_builders, test_metrics, test_anthropic_parse,
+          test_anthropic_renders_like_chat, test_anthropic_errors, test_anthropic_builders)

@@ -603,6 +603,16 @@ int dsv4_api_parse(dsv4_api_kind kind, const char *body, size_t len, const dsv4_
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return BAD(e, NULL, "request body: malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    int rc = dsv4_api_parse_value(kind, root, lim, out, e);
+    json_decref(root);
+    return rc;
+}
+
+int dsv4_api_parse_value(dsv4_api_kind kind, struct json_t *root, const dsv4_api_limits *lim,
+                         dsv4_api_request *out, dsv4_api_error *e) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    dsv4_sampling_params_default(&out->sampling);
     int rc = -1;
     if (!json_is_object(root)) {
         BAD(e, NULL, "request body: must be a JSON object, got %s", json_kind(root));
@@ -627,7 +637,6 @@ int dsv4_api_parse(dsv4_api_kind kind, const char *body, size_t len, const dsv4_
     }
     rc = 0;
 done:
-    json_decref(root);
     if (rc < 0) dsv4_api_request_free(out);
     return rc;
 }

@@ -91,6 +91,13 @@ typedef struct dsv4_api_request {
 int dsv4_api_parse(dsv4_api_kind kind, const char *body, size_t len, const dsv4_api_limits *lim,
                    dsv4_api_request *out, dsv4_api_error *e);
 
+/* The same on a parsed JSON value (borrowed; jansson's json_t).  The
+ * Anthropic endpoint (server/api_anthropic) translates its body into a chat
+ * request tree and parses it here. */
+struct json_t;
+int dsv4_api_parse_value(dsv4_api_kind kind, struct json_t *root, const dsv4_api_limits *lim,
+                         dsv4_api_request *out, dsv4_api_error *e);
+
 /* Tokenizes the prompt (chat prompts with their special tokens; completion
  * text as plain text plus special tokens) and checks it against the context:
  * an empty prompt, or prompt + max_tokens beyond lim->ctx, is a 400 naming the

@@ -15,12 +15,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/api_anthropic.h"
 #include "server/api_openai.h"
 
 /* How often a waiting handler looks at its socket for a hang-up. */
 #define WAIT_SLICE_S 0.1
 
-typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS } route_id;
+typedef enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_MODELS, R_MODEL, R_HEALTH, R_METRICS } route_id;
+
+#define IS_GENERATION(r) ((r) == R_CHAT || (r) == R_COMPLETIONS || (r) == R_MESSAGES)
 
 typedef struct conn conn;
 
@@ -72,6 +75,11 @@ struct conn {
     int sent_done;
     dsv4_sample *pend;
     size_t n_pend, cap_pend;
+    /* Anthropic's /v1/messages: its reply and error shapes, its stream state,
+     * and the text of the generated tokens (to name a matched stop sequence) */
+    int anth;
+    dsv4_anth_stream ast;
+    dsv4_chat_buf raw;
 };
 
 /* ------------------------------------------------------------------------- */
@@ -89,7 +97,7 @@ static enum MHD_Result reply(conn *c, int status, const char *ctype, const char 
     }
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 405) {
-        const char *allow = c->route == R_CHAT || c->route == R_COMPLETIONS ? "POST" : "GET";
+        const char *allow = IS_GENERATION(c->route) ? "POST" : "GET";
         MHD_add_response_header(r, "Allow", allow);
     }
     c->status = status;
@@ -113,7 +121,8 @@ static enum MHD_Result reply_buf(conn *c, int status, dsv4_chat_buf *b) {
 
 static enum MHD_Result reply_error(conn *c, const dsv4_api_error *e) {
     dsv4_chat_buf b = {0};
-    dsv4_api_error_json(&b, e);
+    if (c->anth) dsv4_anth_error_json(&b, e);
+    else dsv4_api_error_json(&b, e);
     return reply_buf(c, e->status, &b);
 }
 
@@ -194,7 +203,51 @@ static void pend_push(conn *c, const dsv4_sample *s) {
 }
 
 /* Turns one event into SSE chunks in c->out. */
+static void raw_token(conn *c, const dsv4_event *ev) {
+    size_t n = 0;
+    const char *s = dsv4_tokenizer_id_bytes(c->srv->tok, ev->sample.token, &n);
+    if (s) dsv4_chat_buf_put(&c->raw, s, n);
+}
+
+/* Anthropic's events for one scheduler event. */
+static void stream_event_anth(conn *c, const dsv4_event *ev) {
+    switch (ev->type) {
+    case DSV4_EV_REASONING:
+    case DSV4_EV_CONTENT:
+        if (ev->len) dsv4_anth_sse_text(&c->out, &c->ast, ev->type == DSV4_EV_REASONING, ev->text, ev->len);
+        break;
+    case DSV4_EV_TOOL_CALL:
+        dsv4_anth_sse_tool_use(&c->out, &c->ast, ev->tool_id, ev->tool_name ? ev->tool_name : "", ev->text,
+                               ev->text ? ev->len : 0);
+        break;
+    case DSV4_EV_TOKEN: raw_token(c, ev); break;
+    case DSV4_EV_FINISHED:
+        c->finished = 1;
+        c->finish = ev->finish;
+        c->usage = ev->usage;
+        if (ev->finish == DSV4_FINISH_ERROR || ev->finish == DSV4_FINISH_CANCELLED) {
+            dsv4_api_error e;
+            if (ev->finish == DSV4_FINISH_ERROR)
+                dsv4_api_errorf(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                                ev->message ? ev->message : "unknown error");
+            else
+                dsv4_api_errorf(&e, 503, "server_error", NULL, NULL, "the request was cancelled (server shutting down)");
+            dsv4_anth_sse_error(&c->out, &e);
+        } else {
+            const char *seq = dsv4_anth_matched_stop(&c->ar, c->raw.data, c->raw.len);
+            dsv4_anth_sse_finish(&c->out, &c->ast, ev->finish, seq, &c->usage);
+        }
+        c->sent_done = 1;
+        break;
+    default: break;
+    }
+}
+
 static void stream_event(conn *c, const dsv4_event *ev) {
+    if (c->anth) {
+        stream_event_anth(c, ev);
+        return;
+    }
     switch (ev->type) {
     case DSV4_EV_REASONING:
     case DSV4_EV_CONTENT:
@@ -281,14 +334,19 @@ static void make_id(dsv4_server *s, dsv4_api_kind kind, char *out, size_t n) {
     unsigned long long k = atomic_fetch_add(&s->next_id, 1);
     /* a counter mixed with a per-process salt: unique here, unguessable enough for logs */
     unsigned long long x = (k + 1) * 0x9E3779B97F4A7C15ull ^ s->id_salt;
-    snprintf(out, n, "%s%016llx%08llx", kind == DSV4_API_CHAT ? "chatcmpl-" : "cmpl-", x, k & 0xffffffffull);
+    snprintf(out, n, "%s%016llx%08llx", kind == DSV4_API_CHAT ? "chatcmpl-" : kind == DSV4_API_COMPLETIONS ? "cmpl-" : "msg_",
+             x, k & 0xffffffffull);
 }
 
+/* KIND is the endpoint's request format: chat or completions; c->anth marks
+ * /v1/messages, which is parsed into a chat request. */
 static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
     dsv4_server *s = c->srv;
     dsv4_api_error e;
-    make_id(s, kind, c->rp.id, sizeof c->rp.id);
-    if (dsv4_api_parse(kind, c->body, c->len, &s->lim, &c->ar, &e) < 0) return reply_error(c, &e);
+    make_id(s, c->anth ? (dsv4_api_kind)0 : kind, c->rp.id, sizeof c->rp.id);
+    int prc = c->anth ? dsv4_anth_parse(c->body, c->len, &s->lim, &c->ar, &e)
+                      : dsv4_api_parse(kind, c->body, c->len, &s->lim, &c->ar, &e);
+    if (prc < 0) return reply_error(c, &e);
     if (dsv4_api_prepare(&c->ar, s->tok, &s->lim, &e) < 0) return reply_error(c, &e);
     c->prompt_tokens = c->ar.n_prompt_ids;
     if (atomic_load(&s->closing)) return fail(c, 503, "server_error", NULL, NULL, "the server is shutting down");
@@ -307,7 +365,7 @@ static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
     p.output = kind == DSV4_API_CHAT ? DSV4_OUTPUT_CHAT : DSV4_OUTPUT_RAW;
     p.start_mode = c->ar.opens_thinking ? DSV4_CHAT_MODE_THINKING : DSV4_CHAT_MODE_CHAT;
     p.parse_tools = c->ar.parse_tools;
-    p.want_tokens = c->ar.logprobs;
+    p.want_tokens = c->ar.logprobs || (c->anth && c->ar.n_stop > 0);
     p.client = c->rp.id;
     p.forced_ids = c->ar.forced_ids;
     p.n_forced = c->ar.n_forced;
@@ -333,7 +391,8 @@ static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
     c->include_usage = c->ar.include_usage;
 
     if (c->stream) {
-        dsv4_api_sse_role(&c->out, &c->rp);
+        if (c->anth) dsv4_anth_sse_start(&c->out, &c->ast, &c->rp, c->prompt_tokens);
+        else dsv4_api_sse_role(&c->out, &c->rp);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, c, NULL);
         if (!r) return MHD_NO;
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -361,6 +420,7 @@ static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
             }
             continue;
         }
+        if (c->anth && ev.type == DSV4_EV_TOKEN) raw_token(c, &ev);
         dsv4_api_result_add(&res, &ev, c->rp.logprobs);
         dsv4_event_clear(&ev);
     }
@@ -378,7 +438,9 @@ static enum MHD_Result generate(conn *c, dsv4_api_kind kind) {
         q = fail(c, 500, "server_error", NULL, NULL, "out of memory collecting the response");
     } else {
         dsv4_chat_buf b = {0};
-        dsv4_api_response_json(&b, &c->rp, &res);
+        if (c->anth)
+            dsv4_anth_response_json(&b, &c->rp, &res, dsv4_anth_matched_stop(&c->ar, c->raw.data, c->raw.len));
+        else dsv4_api_response_json(&b, &c->rp, &res);
         q = reply_buf(c, 200, &b);
     }
     dsv4_api_result_free(&res);
@@ -459,6 +521,10 @@ static route_id route_of(const char *url, const char **method_wanted) {
         *method_wanted = "POST";
         return R_COMPLETIONS;
     }
+    if (!strcmp(url, "/v1/messages") || !strcmp(url, "/messages")) {
+        *method_wanted = "POST";
+        return R_MESSAGES;
+    }
     if (!strcmp(url, "/v1/models") || !strcmp(url, "/models")) return R_MODELS;
     if (!strncmp(url, "/v1/models/", 11) && url[11]) return R_MODEL;
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) return R_HEALTH;
@@ -466,13 +532,18 @@ static route_id route_of(const char *url, const char **method_wanted) {
     return R_NONE;
 }
 
-/* Constant-time comparison of the bearer token. */
+/* Constant-time comparison of the key: "Authorization: Bearer KEY", or
+ * "x-api-key: KEY" as Anthropic's clients send it. */
 static int key_ok(const dsv4_server *s, struct MHD_Connection *mc) {
     if (!s->api_key[0]) return 1;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
-    h += 7;
-    while (*h == ' ') h++;
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+    } else {
+        h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "x-api-key");
+        if (!h) return 0;
+    }
     size_t a = strlen(h), b = strlen(s->api_key);
     unsigned diff = (unsigned)(a ^ b);
     for (size_t i = 0; i < b; i++) diff |= (unsigned char)s->api_key[i] ^ (unsigned char)(i < a ? h[i] : 0);
@@ -494,6 +565,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *con_cls = c;
         const char *want;
         c->route = route_of(url, &want);
+        c->anth = c->route == R_MESSAGES;
         if (c->route == R_NONE) {
             char msg[160];
             snprintf(msg, sizeof msg, "no route %.16s %.100s", method, url);
@@ -507,7 +579,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         if (!strncmp(url, "/v1/", 4) && !key_ok(s, mc))
             return fail(c, 401, "authentication_error", NULL, "invalid_api_key",
-                        "invalid or missing API key (send \"Authorization: Bearer KEY\")");
+                        "invalid or missing API key (send \"Authorization: Bearer KEY\" or \"x-api-key: KEY\")");
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
@@ -556,6 +628,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     switch (c->route) {
     case R_CHAT: return generate(c, DSV4_API_CHAT);
     case R_COMPLETIONS: return generate(c, DSV4_API_COMPLETIONS);
+    case R_MESSAGES: return generate(c, DSV4_API_CHAT);
     case R_MODELS: return models(c);
     case R_MODEL: return model_one(c);
     case R_HEALTH: return health(c);
@@ -570,13 +643,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     if (!c) return;
     *con_cls = NULL;
     int gone = c->disconnected || (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->sent_done &&
-                                   (c->route == R_CHAT || c->route == R_COMPLETIONS) && c->req);
+                                   IS_GENERATION(c->route) && c->req);
     if (c->req) drop_request(c); /* cancels an unfinished generation: its sequence is freed */
     double dt = dsv4_now() - c->t0;
     int status = c->status ? c->status : 500;
     if (gone && status == 200 && !c->sent_done) status = 499;
     dsv4_metrics_record(&s->metrics, status, dt, gone);
-    if (c->route == R_CHAT || c->route == R_COMPLETIONS) {
+    if (IS_GENERATION(c->route)) {
         double tps = c->usage.decode_tps;
         dsv4_log(1,
                  "%s %s %s status=%d in=%d out=%" PRId64 " cached=%" PRId64 " ttft=%.3fs tok/s=%.1f total=%.3fs "
@@ -589,6 +662,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     }
     dsv4_api_request_free(&c->ar);
     dsv4_chat_buf_free(&c->out);
+    dsv4_chat_buf_free(&c->raw);
     free(c->pend);
     free(c->body);
     free(c);
