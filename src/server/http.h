@@ -1,7 +1,7 @@
 /* server/http: the HTTP front of `dsv4 serve` (libmicrohttpd glue).
  *
  * Owns: a libmicrohttpd daemon in thread-per-connection mode, the routing
- * table (/v1/chat/completions, /v1/completions, /v1/models, /health,
+ * table (/v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /health,
  * /metrics), API-key checking, request bodies (bounded), and the streaming of
  * scheduler events to clients as SSE.  HTTP threads only parse, submit to the
  * scheduler and stream (STYLE §14); the scheduler's engine thread alone runs
@@ -30,7 +30,7 @@ typedef struct dsv4_server dsv4_server;
 typedef struct dsv4_server_opts {
     const char *host;        /* numeric IPv4 or IPv6 address; default "127.0.0.1" */
     int port;                /* default 8000; 0 = any free port (read it back with dsv4_server_port) */
-    const char *api_key;     /* NULL = no authentication; else "Authorization: Bearer KEY" on the /v1 routes */
+    const char *api_key;     /* NULL = no authentication; else "Authorization: Bearer KEY" or "x-api-key: KEY" on the /v1 routes */
     size_t max_body;         /* request bodies above this are 413; default 8 MiB */
     const char *model_id;    /* the name /v1/models lists and responses carry by default */
     const char *think_model; /* a model name that turns thinking on; default "deepseek-reasoner" */
