@@ -487,17 +487,6 @@ const char *dsv4_anth_error_type(int status) {
 
 static void put_str(dsv4_chat_buf *b, const char *s) { dsv4_api_json_string(b, s, strlen(s)); }
 
-static void put_fmt(dsv4_chat_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put_fmt(dsv4_chat_buf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof tmp) n = (int)sizeof tmp - 1;
-    dsv4_chat_buf_put(b, tmp, (size_t)n);
-}
 
 void dsv4_anth_error_json(dsv4_chat_buf *b, const dsv4_api_error *e) {
     dsv4_chat_buf_puts(b, "{\"type\":\"error\",\"error\":{\"type\":");
@@ -546,7 +535,7 @@ static void put_input(dsv4_chat_buf *b, const char *args, size_t n) {
 }
 
 static void put_usage(dsv4_chat_buf *b, const dsv4_usage *u) {
-    put_fmt(b,
+    dsv4_chat_buf_printf(b,
             "{\"input_tokens\":%" PRId64 ",\"output_tokens\":%" PRId64 ",\"cache_read_input_tokens\":%" PRId64
             ",\"cache_creation_input_tokens\":0}",
             u->prompt_tokens - u->cached_tokens, u->completion_tokens, u->cached_tokens);
@@ -604,7 +593,7 @@ static void event_open(dsv4_chat_buf *b, const char *name) {
 static void close_block(dsv4_chat_buf *b, dsv4_anth_stream *st) {
     if (!st->open) return;
     event_open(b, "content_block_stop");
-    put_fmt(b, "{\"type\":\"content_block_stop\",\"index\":%d}\n\n", st->next_index - 1);
+    dsv4_chat_buf_printf(b, "{\"type\":\"content_block_stop\",\"index\":%d}\n\n", st->next_index - 1);
     st->open = 0;
 }
 
@@ -615,7 +604,7 @@ void dsv4_anth_sse_start(dsv4_chat_buf *b, dsv4_anth_stream *st, const dsv4_api_
     put_str(b, rp->id);
     dsv4_chat_buf_puts(b, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
     put_str(b, rp->model);
-    put_fmt(b,
+    dsv4_chat_buf_printf(b,
             ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%" PRId64
             ",\"output_tokens\":0}}}\n\n",
             input_tokens);
@@ -626,14 +615,14 @@ void dsv4_anth_sse_text(dsv4_chat_buf *b, dsv4_anth_stream *st, int reasoning, c
     if (st->open != want) {
         close_block(b, st);
         event_open(b, "content_block_start");
-        put_fmt(b, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":", st->next_index);
+        dsv4_chat_buf_printf(b, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":", st->next_index);
         dsv4_chat_buf_puts(b, reasoning ? "{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n"
                                         : "{\"type\":\"text\",\"text\":\"\"}}\n\n");
         st->next_index++;
         st->open = want;
     }
     event_open(b, "content_block_delta");
-    put_fmt(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":", st->next_index - 1);
+    dsv4_chat_buf_printf(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":", st->next_index - 1);
     dsv4_chat_buf_puts(b, reasoning ? "{\"type\":\"thinking_delta\",\"thinking\":" : "{\"type\":\"text_delta\",\"text\":");
     dsv4_api_json_string(b, text, len);
     dsv4_chat_buf_puts(b, "}}\n\n");
@@ -644,7 +633,7 @@ void dsv4_anth_sse_tool_use(dsv4_chat_buf *b, dsv4_anth_stream *st, const char *
     close_block(b, st);
     int idx = st->next_index++;
     event_open(b, "content_block_start");
-    put_fmt(b, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":{\"type\":\"tool_use\",\"id\":", idx);
+    dsv4_chat_buf_printf(b, "{\"type\":\"content_block_start\",\"index\":%d,\"content_block\":{\"type\":\"tool_use\",\"id\":", idx);
     put_str(b, id);
     dsv4_chat_buf_puts(b, ",\"name\":");
     put_str(b, name);
@@ -652,13 +641,13 @@ void dsv4_anth_sse_tool_use(dsv4_chat_buf *b, dsv4_anth_stream *st, const char *
     dsv4_chat_buf tmp = {0};
     put_input(&tmp, args, args ? args_len : 0);
     event_open(b, "content_block_delta");
-    put_fmt(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":",
+    dsv4_chat_buf_printf(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":",
             idx);
     dsv4_api_json_string(b, tmp.data ? tmp.data : "{}", tmp.data ? tmp.len : 2);
     dsv4_chat_buf_free(&tmp);
     dsv4_chat_buf_puts(b, "}}\n\n");
     event_open(b, "content_block_stop");
-    put_fmt(b, "{\"type\":\"content_block_stop\",\"index\":%d}\n\n", idx);
+    dsv4_chat_buf_printf(b, "{\"type\":\"content_block_stop\",\"index\":%d}\n\n", idx);
 }
 
 void dsv4_anth_sse_finish(dsv4_chat_buf *b, dsv4_anth_stream *st, dsv4_finish_reason f, const char *stop_seq,

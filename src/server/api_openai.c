@@ -102,23 +102,12 @@ void dsv4_api_json_string(dsv4_chat_buf *b, const char *s, size_t n) {
 
 static void put_str(dsv4_chat_buf *b, const char *s) { dsv4_api_json_string(b, s, strlen(s)); }
 
-static void put_fmt(dsv4_chat_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put_fmt(dsv4_chat_buf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof tmp) n = (int)sizeof tmp - 1;
-    dsv4_chat_buf_put(b, tmp, (size_t)n);
-}
 
 /* A float as JSON (finite: %.9g; -inf logprobs become -9999, as OpenAI reports
  * impossible tokens). */
 static void put_float(dsv4_chat_buf *b, double v) {
     if (!isfinite(v)) v = v < 0 ? -9999.0 : 0.0;
-    put_fmt(b, "%.9g", v);
+    dsv4_chat_buf_printf(b, "%.9g", v);
 }
 
 void dsv4_api_error_json(dsv4_chat_buf *b, const dsv4_api_error *e) {
@@ -789,7 +778,7 @@ static void put_token_bytes(dsv4_chat_buf *b, const dsv4_api_reply *rp, int32_t 
     size_t n = 0;
     const char *s = rp->tok ? dsv4_tokenizer_id_bytes(rp->tok, id, &n) : NULL;
     dsv4_chat_buf_put(b, "[", 1);
-    for (size_t i = 0; s && i < n; i++) put_fmt(b, i ? ",%u" : "%u", (unsigned char)s[i]);
+    for (size_t i = 0; s && i < n; i++) dsv4_chat_buf_printf(b, i ? ",%u" : "%u", (unsigned char)s[i]);
     dsv4_chat_buf_put(b, "]", 1);
 }
 
@@ -858,7 +847,7 @@ static void put_text_logprobs(dsv4_chat_buf *b, const dsv4_api_reply *rp, const 
     dsv4_chat_buf_puts(b, "],\"text_offset\":[");
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        put_fmt(b, i ? ",%zu" : "%zu", off);
+        dsv4_chat_buf_printf(b, i ? ",%zu" : "%zu", off);
         size_t l = 0;
         if (rp->tok && dsv4_tokenizer_id_bytes(rp->tok, lp[i].token, &l)) off += l;
     }
@@ -870,25 +859,25 @@ static void put_head(dsv4_chat_buf *b, const dsv4_api_reply *rp, int chunk) {
     put_str(b, rp->id);
     dsv4_chat_buf_puts(b, ",\"object\":");
     put_str(b, rp->kind == DSV4_API_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion");
-    put_fmt(b, ",\"created\":%lld,\"model\":", rp->created);
+    dsv4_chat_buf_printf(b, ",\"created\":%lld,\"model\":", rp->created);
     put_str(b, rp->model);
     dsv4_chat_buf_puts(b, ",\"system_fingerprint\":\"dsv4\"");
 }
 
 static void put_usage(dsv4_chat_buf *b, const dsv4_usage *u) {
-    put_fmt(b,
+    dsv4_chat_buf_printf(b,
             "{\"prompt_tokens\":%" PRId64 ",\"completion_tokens\":%" PRId64 ",\"total_tokens\":%" PRId64
             ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRId64 "}",
             u->prompt_tokens, u->completion_tokens, u->prompt_tokens + u->completion_tokens, u->cached_tokens);
     /* DeepSeek's API reports the cache split under these names as well */
-    put_fmt(b, ",\"prompt_cache_hit_tokens\":%" PRId64 ",\"prompt_cache_miss_tokens\":%" PRId64 "}",
+    dsv4_chat_buf_printf(b, ",\"prompt_cache_hit_tokens\":%" PRId64 ",\"prompt_cache_miss_tokens\":%" PRId64 "}",
             u->cached_tokens, u->prompt_tokens - u->cached_tokens);
 }
 
 static void put_tool_call(dsv4_chat_buf *b, int index, int with_index, const char *id, const char *name,
                           const char *args, size_t args_len) {
     dsv4_chat_buf_put(b, "{", 1);
-    if (with_index) put_fmt(b, "\"index\":%d,", index);
+    if (with_index) dsv4_chat_buf_printf(b, "\"index\":%d,", index);
     dsv4_chat_buf_puts(b, "\"id\":");
     put_str(b, id);
     dsv4_chat_buf_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");

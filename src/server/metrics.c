@@ -61,25 +61,14 @@ uint64_t dsv4_metrics_count(dsv4_metrics *m, int status) {
 
 /* ----- rendering ----- */
 
-static void outf(dsv4_chat_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void outf(dsv4_chat_buf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof tmp) n = (int)sizeof tmp - 1;
-    dsv4_chat_buf_put(b, tmp, (size_t)n);
-}
 
 static void family(dsv4_chat_buf *b, const char *name, const char *type, const char *help) {
-    outf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    dsv4_chat_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void scalar(dsv4_chat_buf *b, const char *name, const char *type, const char *help, double v) {
     family(b, name, type, help);
-    outf(b, "%s %.17g\n", name, v);
+    dsv4_chat_buf_printf(b, "%s %.17g\n", name, v);
 }
 
 static void bound(char *s, size_t n, double v) {
@@ -94,18 +83,18 @@ static void histogram(dsv4_chat_buf *b, const char *name, const char *help, cons
         char le[32];
         bound(le, sizeof le, bounds[i]);
         if (isinf(bounds[i])) continue; /* +Inf is written from count below */
-        outf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, le, h->le[i]);
+        dsv4_chat_buf_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, le, h->le[i]);
     }
-    outf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
-    outf(b, "%s_sum %.9g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->count);
+    dsv4_chat_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
+    dsv4_chat_buf_printf(b, "%s_sum %.9g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->count);
 }
 
 void dsv4_metrics_render(dsv4_metrics *m, const dsv4_sched_stats *st, dsv4_chat_buf *b) {
     pthread_mutex_lock(&m->mu);
     family(b, "dsv4_http_requests_total", "counter", "HTTP responses by status code.");
     for (int i = 0; i < m->n_codes; i++)
-        outf(b, "dsv4_http_requests_total{status=\"%d\"} %" PRIu64 "\n", m->codes[i], m->by_code[i]);
-    if (m->other_codes) outf(b, "dsv4_http_requests_total{status=\"other\"} %" PRIu64 "\n", m->other_codes);
+        dsv4_chat_buf_printf(b, "dsv4_http_requests_total{status=\"%d\"} %" PRIu64 "\n", m->codes[i], m->by_code[i]);
+    if (m->other_codes) dsv4_chat_buf_printf(b, "dsv4_http_requests_total{status=\"other\"} %" PRIu64 "\n", m->other_codes);
     histogram(b, "dsv4_http_request_duration_seconds", "Time from request to the end of its response.",
               &m->duration, DURATION_BOUNDS);
     scalar(b, "dsv4_client_disconnects_total", "counter", "Clients that left before their response was complete.",
@@ -128,7 +117,7 @@ void dsv4_metrics_render(dsv4_metrics *m, const dsv4_sched_stats *st, dsv4_chat_
            (double)st->rejected_busy);
     family(b, "dsv4_requests_finished_total", "counter", "Finished requests by finish reason.");
     for (int f = 0; f < DSV4_FINISH_COUNT; f++)
-        outf(b, "dsv4_requests_finished_total{reason=\"%s\"} %" PRIu64 "\n",
+        dsv4_chat_buf_printf(b, "dsv4_requests_finished_total{reason=\"%s\"} %" PRIu64 "\n",
              dsv4_finish_reason_name((dsv4_finish_reason)f), st->finished[f]);
     scalar(b, "dsv4_prompt_tokens_total", "counter", "Prompt tokens of all requests.", (double)st->prompt_tokens);
     scalar(b, "dsv4_prefill_tokens_total", "counter", "Prompt tokens actually computed (not served from the cache).",

@@ -42,6 +42,29 @@ void dsv4_chat_buf_puts(dsv4_chat_buf *b, const char *s) {
     dsv4_chat_buf_put(b, s, strlen(s));
 }
 
+void dsv4_chat_buf_printf(dsv4_chat_buf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        dsv4_chat_buf_put(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    dsv4_chat_buf_put(b, big, (size_t)n);
+    free(big);
+}
+
 void dsv4_chat_buf_free(dsv4_chat_buf *b) {
     free(b->data);
     memset(b, 0, sizeof *b);

@@ -88,6 +88,8 @@ typedef struct dsv4_chat_buf {
 
 void dsv4_chat_buf_put(dsv4_chat_buf *b, const char *s, size_t n);
 void dsv4_chat_buf_puts(dsv4_chat_buf *b, const char *s);
+/* Appends printf-formatted text (any length). */
+void dsv4_chat_buf_printf(dsv4_chat_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void dsv4_chat_buf_free(dsv4_chat_buf *b);
 
 /* Appends V as Python's json.dumps(V, ensure_ascii=False): separators ", " and
