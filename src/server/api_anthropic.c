@@ -11,19 +11,6 @@
 
 #define BAD(e, param, ...) dsv4_api_errorf((e), 400, "invalid_request_error", (param), NULL, __VA_ARGS__)
 
-static const char *kind_of(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* A present, non-null member. */
 static json_t *member(const json_t *o, const char *key) {
     json_t *v = json_object_get(o, key);
@@ -56,7 +43,7 @@ static int text_of(const json_t *v, const char *p, dsv4_chat_buf *b, dsv4_api_er
         dsv4_chat_buf_put(b, json_string_value(v), json_string_length(v));
         return 0;
     }
-    if (!json_is_array(v)) return BAD(e, p, "%s: must be a string or an array of text blocks, got %s", p, kind_of(v));
+    if (!json_is_array(v)) return BAD(e, p, "%s: must be a string or an array of text blocks, got %s", p, dsv4_api_json_kind(v));
     size_t i;
     const json_t *blk;
     json_array_foreach(v, i, blk) {
@@ -89,7 +76,7 @@ static int user_turn(const json_t *content, size_t idx, json_t *msgs, dsv4_api_e
         }
         return push(msgs, m, e);
     }
-    if (!json_is_array(content)) return BAD(e, p, "%s: must be a string or an array of content blocks, got %s", p, kind_of(content));
+    if (!json_is_array(content)) return BAD(e, p, "%s: must be a string or an array of content blocks, got %s", p, dsv4_api_json_kind(content));
     if (json_array_size(content) == 0) return BAD(e, p, "%s: must not be empty", p);
     dsv4_chat_buf text = {0};
     int have_text = 0;
@@ -190,7 +177,7 @@ static int assistant_turn(const json_t *content, size_t idx, json_t *msgs, dsv4_
         return push(msgs, m, e);
     }
     if (!json_is_array(content)) {
-        BAD(e, p, "%s: must be a string or an array of content blocks, got %s", p, kind_of(content));
+        BAD(e, p, "%s: must be a string or an array of content blocks, got %s", p, dsv4_api_json_kind(content));
         goto fail;
     }
     dsv4_chat_buf text = {0}, thinking = {0};
@@ -233,7 +220,7 @@ static int assistant_turn(const json_t *content, size_t idx, json_t *msgs, dsv4_
                 goto fail_turn;
             }
             if (input && !json_is_object(input)) {
-                BAD(e, q, "%s.input: must be an object, got %s", q, kind_of(input));
+                BAD(e, q, "%s.input: must be an object, got %s", q, dsv4_api_json_kind(input));
                 goto fail_turn;
             }
             json_t *fn = json_object(), *call = json_object();
@@ -278,7 +265,7 @@ fail:
 
 /* tools: [{name, description, input_schema}] -> function tools. */
 static int translate_tools(const json_t *tools, json_t *out, dsv4_api_error *e) {
-    if (!json_is_array(tools)) return BAD(e, "tools", "tools: must be an array of tool objects, got %s", kind_of(tools));
+    if (!json_is_array(tools)) return BAD(e, "tools", "tools: must be an array of tool objects, got %s", dsv4_api_json_kind(tools));
     json_t *arr = json_array();
     if (put(out, "tools", arr, e)) return -1;
     size_t i;
@@ -286,7 +273,7 @@ static int translate_tools(const json_t *tools, json_t *out, dsv4_api_error *e) 
     json_array_foreach(tools, i, t) {
         char p[64];
         snprintf(p, sizeof p, "tools[%zu]", i);
-        if (!json_is_object(t)) return BAD(e, p, "%s: must be an object, got %s", p, kind_of(t));
+        if (!json_is_object(t)) return BAD(e, p, "%s: must be an object, got %s", p, dsv4_api_json_kind(t));
         const json_t *type = member(t, "type");
         if (type && (!json_is_string(type) || strcmp(json_string_value(type), "custom")))
             return BAD(e, p, "%s.type: only custom tools (no \"type\", or \"custom\") are supported", p);
@@ -297,7 +284,7 @@ static int translate_tools(const json_t *tools, json_t *out, dsv4_api_error *e) 
         if (!schema) return BAD(e, p, "%s.input_schema: required", p);
         if (!json_is_object(schema)) {
             snprintf(p, sizeof p, "tools[%zu].input_schema", i);
-            return BAD(e, p, "%s: must be a JSON Schema object, got %s", p, kind_of(schema));
+            return BAD(e, p, "%s: must be a JSON Schema object, got %s", p, dsv4_api_json_kind(schema));
         }
         json_t *fn = json_object();
         if (put(fn, "name", json_incref((json_t *)name), e) ||
@@ -341,18 +328,18 @@ static int translate_tool_choice(const json_t *tc, json_t *out, dsv4_api_error *
 static int translate(const json_t *root, json_t *out, int test_hooks, dsv4_api_error *e) {
     const json_t *model = member(root, "model");
     if (!model) return BAD(e, "model", "model: required");
-    if (!json_is_string(model)) return BAD(e, "model", "model: must be a string, got %s", kind_of(model));
+    if (!json_is_string(model)) return BAD(e, "model", "model: must be a string, got %s", dsv4_api_json_kind(model));
     if (put(out, "model", json_incref((json_t *)model), e)) return -1;
 
     const json_t *mt = member(root, "max_tokens");
     if (!mt) return BAD(e, "max_tokens", "max_tokens: required");
     if (!json_is_integer(mt) || json_integer_value(mt) < 1)
-        return BAD(e, "max_tokens", "max_tokens: must be an integer >= 1, got %s", kind_of(mt));
+        return BAD(e, "max_tokens", "max_tokens: must be an integer >= 1, got %s", dsv4_api_json_kind(mt));
     if (put(out, "max_tokens", json_incref((json_t *)mt), e)) return -1;
 
     const json_t *temp = member(root, "temperature");
     if (temp) {
-        if (!json_is_number(temp)) return BAD(e, "temperature", "temperature: must be a number, got %s", kind_of(temp));
+        if (!json_is_number(temp)) return BAD(e, "temperature", "temperature: must be a number, got %s", dsv4_api_json_kind(temp));
         double d = json_number_value(temp);
         if (!(d >= 0 && d <= 1)) return BAD(e, "temperature", "temperature: %g is out of range [0, 1]", d);
     }
@@ -364,7 +351,7 @@ static int translate(const json_t *root, json_t *out, int test_hooks, dsv4_api_e
     const json_t *ss = member(root, "stop_sequences");
     if (ss) {
         if (!json_is_array(ss))
-            return BAD(e, "stop_sequences", "stop_sequences: must be an array of strings, got %s", kind_of(ss));
+            return BAD(e, "stop_sequences", "stop_sequences: must be an array of strings, got %s", dsv4_api_json_kind(ss));
         size_t i;
         const json_t *s;
         json_array_foreach(ss, i, s) {
@@ -419,14 +406,14 @@ static int translate(const json_t *root, json_t *out, int test_hooks, dsv4_api_e
     }
     const json_t *in = json_object_get(root, "messages");
     if (!in || json_is_null(in)) return BAD(e, "messages", "messages: required");
-    if (!json_is_array(in)) return BAD(e, "messages", "messages: must be an array, got %s", kind_of(in));
+    if (!json_is_array(in)) return BAD(e, "messages", "messages: must be an array, got %s", dsv4_api_json_kind(in));
     if (json_array_size(in) == 0) return BAD(e, "messages", "messages: must not be empty");
     size_t i;
     const json_t *m;
     json_array_foreach(in, i, m) {
         char p[64];
         snprintf(p, sizeof p, "messages[%zu]", i);
-        if (!json_is_object(m)) return BAD(e, p, "%s: must be an object, got %s", p, kind_of(m));
+        if (!json_is_object(m)) return BAD(e, p, "%s: must be an object, got %s", p, dsv4_api_json_kind(m));
         const json_t *role = member(m, "role"), *content = member(m, "content");
         snprintf(p, sizeof p, "messages[%zu].role", i);
         if (!json_is_string(role)) return BAD(e, p, "%s: missing or not a string", p);
@@ -456,7 +443,7 @@ int dsv4_anth_parse(const char *body, size_t len, const dsv4_api_limits *lim, ds
     if (!root)
         return BAD(e, NULL, "request body: malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     if (!json_is_object(root)) {
-        BAD(e, NULL, "request body: must be a JSON object, got %s", kind_of(root));
+        BAD(e, NULL, "request body: must be a JSON object, got %s", dsv4_api_json_kind(root));
         json_decref(root);
         return -1;
     }

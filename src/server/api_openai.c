@@ -128,7 +128,7 @@ void dsv4_api_error_json(dsv4_chat_buf *b, const dsv4_api_error *e) {
 /* Field readers: null counts as absent (clients send explicit nulls)        */
 /* ------------------------------------------------------------------------- */
 
-static const char *json_kind(const json_t *v) {
+const char *dsv4_api_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -150,7 +150,7 @@ static const json_t *field(const json_t *o, const char *key) {
 static int get_bool(const json_t *o, const char *key, int *out, dsv4_api_error *e) {
     const json_t *v = field(o, key);
     if (!v) return 0;
-    if (!json_is_boolean(v)) return BAD(e, key, "%s: must be a boolean, got %s", key, json_kind(v));
+    if (!json_is_boolean(v)) return BAD(e, key, "%s: must be a boolean, got %s", key, dsv4_api_json_kind(v));
     *out = json_is_true(v);
     return 1;
 }
@@ -158,7 +158,7 @@ static int get_bool(const json_t *o, const char *key, int *out, dsv4_api_error *
 static int get_number(const json_t *o, const char *key, double lo, double hi, double *out, dsv4_api_error *e) {
     const json_t *v = field(o, key);
     if (!v) return 0;
-    if (!json_is_number(v)) return BAD(e, key, "%s: must be a number, got %s", key, json_kind(v));
+    if (!json_is_number(v)) return BAD(e, key, "%s: must be a number, got %s", key, dsv4_api_json_kind(v));
     double d = json_number_value(v);
     if (!(d >= lo && d <= hi)) return BAD(e, key, "%s: %g is out of range [%g, %g]", key, d, lo, hi);
     *out = d;
@@ -174,7 +174,7 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
     else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
              fabs(json_real_value(v)) < 9.0e15)
         x = (long long)json_real_value(v); /* 5.0 is an integer to JavaScript clients */
-    else return BAD(e, key, "%s: must be an integer, got %s", key, json_kind(v));
+    else return BAD(e, key, "%s: must be an integer, got %s", key, dsv4_api_json_kind(v));
     if (x < lo || x > hi) return BAD(e, key, "%s: %lld is out of range [%lld, %lld]", key, x, lo, hi);
     *out = x;
     return 1;
@@ -183,7 +183,7 @@ static int get_int(const json_t *o, const char *key, long long lo, long long hi,
 static int get_string(const json_t *o, const char *key, const char **out, dsv4_api_error *e) {
     const json_t *v = field(o, key);
     if (!v) return 0;
-    if (!json_is_string(v)) return BAD(e, key, "%s: must be a string, got %s", key, json_kind(v));
+    if (!json_is_string(v)) return BAD(e, key, "%s: must be a string, got %s", key, dsv4_api_json_kind(v));
     *out = json_string_value(v);
     return 1;
 }
@@ -209,14 +209,14 @@ static int parse_stop(const json_t *root, dsv4_api_request *r, dsv4_api_error *e
             json_array_foreach(v, i, s) {
                 char p[32];
                 snprintf(p, sizeof p, "stop[%zu]", i);
-                if (!json_is_string(s)) return BAD(e, p, "%s: must be a string, got %s", p, json_kind(s));
+                if (!json_is_string(s)) return BAD(e, p, "%s: must be a string, got %s", p, dsv4_api_json_kind(s));
                 if (json_string_length(s) == 0) return BAD(e, p, "%s: must not be empty", p);
                 if (json_string_length(s) > DSV4_STOP_MAX_LEN)
                     return BAD(e, p, "%s: longer than %d bytes", p, DSV4_STOP_MAX_LEN);
                 r->stop[r->n_stop++] = dsv4_xstrdup(json_string_value(s));
             }
         } else {
-            return BAD(e, "stop", "stop: must be a string or an array of strings, got %s", json_kind(v));
+            return BAD(e, "stop", "stop: must be a string or an array of strings, got %s", dsv4_api_json_kind(v));
         }
     }
     v = field(root, "stop_token_ids"); /* vLLM's extension */
@@ -256,7 +256,7 @@ static int parse_logit_bias(const json_t *root, int vocab, dsv4_api_request *r, 
         if (!key[0] || *end || errno || id < 0 || id >= vocab)
             return BAD(e, "logit_bias", "logit_bias: key \"%s\" is not a token id in [0, %d)", key, vocab);
         if (!json_is_number(val))
-            return BAD(e, "logit_bias", "logit_bias[\"%s\"]: must be a number, got %s", key, json_kind(val));
+            return BAD(e, "logit_bias", "logit_bias[\"%s\"]: must be a number, got %s", key, dsv4_api_json_kind(val));
         double b = json_number_value(val);
         if (!(b >= -100 && b <= 100))
             return BAD(e, "logit_bias", "logit_bias[\"%s\"]: %g is out of range [-100, 100]", key, b);
@@ -314,11 +314,11 @@ static int parse_sampling(const json_t *root, const dsv4_api_limits *lim, dsv4_a
     const json_t *so = field(root, "stream_options");
     if (so) {
         if (!json_is_object(so))
-            return BAD(e, "stream_options", "stream_options: must be an object, got %s", json_kind(so));
+            return BAD(e, "stream_options", "stream_options: must be an object, got %s", dsv4_api_json_kind(so));
         const json_t *iu = field(so, "include_usage");
         if (iu && !json_is_boolean(iu))
             return BAD(e, "stream_options.include_usage", "stream_options.include_usage: must be a boolean, got %s",
-                       json_kind(iu));
+                       dsv4_api_json_kind(iu));
         r->include_usage = iu && json_is_true(iu);
     }
     const char *model = NULL;
@@ -336,26 +336,26 @@ static int parse_sampling(const json_t *root, const dsv4_api_limits *lim, dsv4_a
 /* Every tool must be {type: "function", function: {name, parameters: object}}.
  * The renderer checks the outer shape too; the schema being an object is ours. */
 static int check_tools(const json_t *tools, dsv4_api_error *e) {
-    if (!json_is_array(tools)) return BAD(e, "tools", "tools: must be an array of tool objects, got %s", json_kind(tools));
+    if (!json_is_array(tools)) return BAD(e, "tools", "tools: must be an array of tool objects, got %s", dsv4_api_json_kind(tools));
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
         char p[64];
         snprintf(p, sizeof p, "tools[%zu]", i);
-        if (!json_is_object(t)) return BAD(e, p, "%s: must be an object, got %s", p, json_kind(t));
+        if (!json_is_object(t)) return BAD(e, p, "%s: must be an object, got %s", p, dsv4_api_json_kind(t));
         const json_t *type = field(t, "type");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function"))
             return BAD(e, p, "%s.type: must be \"function\"", p);
         const json_t *f = field(t, "function");
         snprintf(p, sizeof p, "tools[%zu].function", i);
-        if (!json_is_object(f)) return BAD(e, p, "%s: must be an object, got %s", p, f ? json_kind(f) : "nothing");
+        if (!json_is_object(f)) return BAD(e, p, "%s: must be an object, got %s", p, f ? dsv4_api_json_kind(f) : "nothing");
         const json_t *name = field(f, "name");
         if (!json_is_string(name) || json_string_length(name) == 0)
             return BAD(e, p, "%s.name: must be a non-empty string", p);
         const json_t *params = field(f, "parameters");
         if (params && !json_is_object(params)) {
             snprintf(p, sizeof p, "tools[%zu].function.parameters", i);
-            return BAD(e, p, "%s: must be a JSON Schema object, got %s", p, json_kind(params));
+            return BAD(e, p, "%s: must be a JSON Schema object, got %s", p, dsv4_api_json_kind(params));
         }
     }
     return 0;
@@ -377,7 +377,7 @@ static int check_tool_choice(const json_t *root, const json_t *tools, int *use_t
             return BAD(e, "tool_choice", "tool_choice: \"required\" needs a non-empty tools list");
         return 0;
     }
-    if (!json_is_object(tc)) return BAD(e, "tool_choice", "tool_choice: must be a string or an object, got %s", json_kind(tc));
+    if (!json_is_object(tc)) return BAD(e, "tool_choice", "tool_choice: must be a string or an object, got %s", dsv4_api_json_kind(tc));
     const json_t *f = field(tc, "function");
     const json_t *name = f ? field(f, "name") : NULL;
     if (!json_is_string(name))
@@ -441,14 +441,14 @@ static int parse_thinking(const json_t *root, const dsv4_api_limits *lim, dsv4_a
 static int parse_chat(const json_t *root, const dsv4_api_limits *lim, dsv4_api_request *r, dsv4_api_error *e) {
     const json_t *msgs = json_object_get(root, "messages");
     if (!msgs || json_is_null(msgs)) return BAD(e, "messages", "messages: required");
-    if (!json_is_array(msgs)) return BAD(e, "messages", "messages: must be an array, got %s", json_kind(msgs));
+    if (!json_is_array(msgs)) return BAD(e, "messages", "messages: must be an array, got %s", dsv4_api_json_kind(msgs));
     if (json_array_size(msgs) == 0) return BAD(e, "messages", "messages: must not be empty");
     size_t i;
     const json_t *m;
     json_array_foreach(msgs, i, m) {
         char p[48];
         snprintf(p, sizeof p, "messages[%zu]", i);
-        if (!json_is_object(m)) return BAD(e, p, "%s: must be an object, got %s", p, json_kind(m));
+        if (!json_is_object(m)) return BAD(e, p, "%s: must be an object, got %s", p, dsv4_api_json_kind(m));
         const json_t *role = json_object_get(m, "role");
         snprintf(p, sizeof p, "messages[%zu].role", i);
         if (!json_is_string(role)) return BAD(e, p, "%s: missing or not a string", p);
@@ -518,7 +518,7 @@ static int parse_ids(const json_t *arr, const char *param, int vocab, dsv4_api_r
     const json_t *v;
     json_array_foreach(arr, i, v) {
         if (!json_is_integer(v))
-            return BAD(e, param, "%s[%zu]: must be an integer token id, got %s", param, i, json_kind(v));
+            return BAD(e, param, "%s[%zu]: must be an integer token id, got %s", param, i, dsv4_api_json_kind(v));
         json_int_t id = json_integer_value(v);
         if (id < 0 || id >= vocab)
             return BAD(e, param, "%s[%zu]: token id %" JSON_INTEGER_FORMAT " is out of range [0, %d)", param, i, id,
@@ -550,7 +550,7 @@ static int parse_completions(const json_t *root, const dsv4_api_limits *lim, dsv
     } else if (json_is_array(p)) {
         if (parse_ids(p, "prompt", lim->vocab_size, r, e) < 0) return -1;
     } else {
-        return BAD(e, "prompt", "prompt: must be a string or an array of token ids, got %s", json_kind(p));
+        return BAD(e, "prompt", "prompt: must be a string or an array of token ids, got %s", dsv4_api_json_kind(p));
     }
     /* logprobs here is an integer: how many alternatives (0 = just the chosen) */
     const json_t *lp = field(root, "logprobs");
@@ -604,7 +604,7 @@ int dsv4_api_parse_value(dsv4_api_kind kind, struct json_t *root, const dsv4_api
     dsv4_sampling_params_default(&out->sampling);
     int rc = -1;
     if (!json_is_object(root)) {
-        BAD(e, NULL, "request body: must be a JSON object, got %s", json_kind(root));
+        BAD(e, NULL, "request body: must be a JSON object, got %s", dsv4_api_json_kind(root));
         goto done;
     }
     if (parse_sampling(root, lim, out, e) < 0) goto done;

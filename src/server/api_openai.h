@@ -113,6 +113,8 @@ void dsv4_api_error_json(dsv4_chat_buf *b, const dsv4_api_error *e);
 /* Appends S[0..n) as a JSON string literal; bytes that are not valid UTF-8
  * become U+FFFD so the output is always valid JSON. */
 void dsv4_api_json_string(dsv4_chat_buf *b, const char *s, size_t n);
+/* "an object", "a string", ... for error messages about a JSON value of the wrong type. */
+const char *dsv4_api_json_kind(const json_t *v);
 
 /* ----- collecting a whole response ----- */
 typedef struct dsv4_api_call {
