@@ -100,8 +100,9 @@ void cu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
 }
 
 /* ----- sim ----- */
-/* one warp quantizes p[0..len) as one fp8 block (amax over the block) */
-__device__ void warp_fp8_block(float *p, int len) {
+/* Block amax over p[0..len) by one warp.  A NaN or inf in the block makes the
+ * whole block NaN (as the CPU op does) and returns -1. */
+__device__ float warp_block_amax(float *p, int len) {
     int lane = threadIdx.x & 31;
     float amax = 0.0f;
     int bad = 0;
@@ -115,8 +116,16 @@ __device__ void warp_fp8_block(float *p, int len) {
     __syncwarp();
     if (bad) {
         for (int i = lane; i < len; i += 32) p[i] = __uint_as_float(0x7fc00000u);
-        return;
+        return -1.0f;
     }
+    return amax;
+}
+
+/* one warp quantizes p[0..len) as one fp8 block (amax over the block) */
+__device__ void warp_fp8_block(float *p, int len) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_block_amax(p, len);
+    if (amax < 0.0f) return;
     if (amax < 1e-4f) amax = 1e-4f;
     float s = d_pow2_ceil(amax * (1.0f / 448.0f)), inv = 1.0f / s;
     for (int i = lane; i < len; i += 32) p[i] = d_e4m3_to_f32(d_f32_to_e4m3(p[i] * inv)) * s;
@@ -124,20 +133,8 @@ __device__ void warp_fp8_block(float *p, int len) {
 
 __device__ void warp_fp4_block(float *p, int len) {
     int lane = threadIdx.x & 31;
-    float amax = 0.0f;
-    int bad = 0;
-    for (int i = lane; i < len; i += 32) {
-        float a = fabsf(p[i]);
-        bad |= !(a <= 3.40282347e38f);
-        amax = fmaxf(amax, a);
-    }
-    amax = warp_max(amax);
-    bad = __any_sync(0xffffffffu, bad);
-    __syncwarp();
-    if (bad) {
-        for (int i = lane; i < len; i += 32) p[i] = __uint_as_float(0x7fc00000u);
-        return;
-    }
+    float amax = warp_block_amax(p, len);
+    if (amax < 0.0f) return;
     if (amax < 6.0f * 0x1p-126f) amax = 6.0f * 0x1p-126f;
     float s = d_pow2_ceil(amax / 6.0f), inv = 1.0f / s;
     for (int i = lane; i < len; i += 32) {
