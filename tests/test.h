@@ -16,6 +16,7 @@
 #include <string.h>
 
 static int test_failures_;  /* failures in the current test */
+static int test_skipped_;   /* the current test did not run (SKIP_TEST) */
 static const char *test_name_;
 
 #define CHECK(cond)                                                                                         \
@@ -75,10 +76,21 @@ static const char *test_name_;
         }                                                                                                   \
     } while (0)
 
+/* Ends the current test without running it: reported as "SKIP name: why" and
+ * counted neither as passed nor as failed. */
+#define SKIP_TEST(...)                                                                                      \
+    do {                                                                                                    \
+        printf("  skipped: ");                                                                              \
+        printf(__VA_ARGS__);                                                                                \
+        printf("\n");                                                                                       \
+        test_skipped_ = 1;                                                                                  \
+        return;                                                                                             \
+    } while (0)
+
 typedef void (*test_fn_)(void);
 
 static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char **argv) {
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, skipped = 0;
     char buf[8192];
     snprintf(buf, sizeof buf, "%s", names);
     char *save = NULL;
@@ -87,8 +99,12 @@ static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char
         if (argc > 1 && !strstr(tok, argv[1])) continue; /* optional name filter */
         test_name_ = tok;
         test_failures_ = 0;
+        test_skipped_ = 0;
         fns[i]();
-        if (test_failures_) {
+        if (test_skipped_ && !test_failures_) {
+            printf("SKIP %s\n", tok);
+            skipped++;
+        } else if (test_failures_) {
             printf("FAIL %s\n", tok);
             failed++;
         } else {
@@ -97,7 +113,7 @@ static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char
         }
         fflush(stdout);
     }
-    printf("# %d passed, %d failed\n", passed, failed);
+    printf("# %d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }
 

@@ -155,8 +155,7 @@ static void test_flash2(void) {
     if (!have_device()) return;
     const char *dir = getenv("DSV4_CUDA_FLASH2");
     if (!dir) {
-        printf("  SKIP flash2 (set DSV4_CUDA_FLASH2 to a `synth --config flash --layers 2 --mtp 0` directory)\n");
-        return;
+        SKIP_TEST("flash2: set DSV4_CUDA_FLASH2 to a `synth --config flash --layers 2 --mtp 0` directory");
     }
     run_case(dir, "exact", 20, 3, 1e-4, 90);
     run_case(dir, "reference", 20, 3, 0.1, 90);
