@@ -2,8 +2,10 @@
  *
  * Memory model (see common.cuh): ops->alloc returns device memory (the forward
  * pass's activations); sequence state and index lists are host memory.  Ops use
- * device arguments in place and stage host ones through a pinned buffer and a
- * device scratch arena, all on one stream; only outputs bound for the host wait.  Weights are device-resident: load_weights
+ * device arguments in place and stage host ones through a pinned arena (emptied only
+ * when the stream is idle, so no op waits for the previous op's uploads) and a device
+ * scratch arena, all on one stream; only outputs bound for the host wait.  Weights are
+ * device-resident: load_weights
  * uploads the whole model once, in stored formats, into one allocation, after
  * checking that it fits (required vs available bytes).  Weights an op meets that
  * were not loaded (op tests) are uploaded on first use.
@@ -66,6 +68,7 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
     if (!c->failed) {
         cudaError_t e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) dsv4_cuda_fail(b, "cudaStreamSynchronize", __FILE__, __LINE__, e);
+        else dsv4_cuda_idle(b);
     }
     if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
     return 0;
@@ -78,7 +81,8 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->scratch_top = 0;
-    if (c->n_spill || c->scratch_want > c->scratch_cap) cudaStreamSynchronize(c->stream);
+    if ((c->n_spill || c->scratch_want > c->scratch_cap) && cudaStreamSynchronize(c->stream) == cudaSuccess)
+        dsv4_cuda_idle(b);
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     if (c->scratch_want > c->scratch_cap && !c->failed) {
         size_t cap = c->scratch_want + c->scratch_want / 4 + (1 << 20);
@@ -113,8 +117,10 @@ void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes) {
 
 void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
+    /* copies queued by an earlier op may still read it: a slow path, so wait */
+    if (CK(b, cudaStreamSynchronize(c->stream))) return NULL;
+    dsv4_cuda_idle(b);
     if (bytes <= c->hbuf_cap) return c->hbuf;
-    CK(b, cudaStreamSynchronize(c->stream)); /* async copies may still read the old buffer */
     if (c->hbuf) cudaFreeHost(c->hbuf);
     c->hbuf = NULL;
     c->hbuf_cap = 0;
@@ -124,14 +130,39 @@ void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes) {
     return c->hbuf;
 }
 
-/* room in the pinned arena (NULL = none; the caller takes the pageable path) */
-static uint8_t *pin_take(cuda_impl *c, size_t bytes) {
+/* The pinned arena is a bump allocator emptied only when the stream is known to be
+ * idle (after a synchronisation the engine makes anyway: a download, ops->check at the
+ * end of a sub-batch, a fetched output), so an upload's pinned source stays untouched
+ * until its copy has run without any op waiting for the previous one.  When it is full,
+ * one synchronisation empties it, and it grows (doubling) at that point.
+ * NULL = no room could be made (the caller takes the pageable path). */
+static uint8_t *pin_take(dsv4_backend *b, size_t bytes) {
+    cuda_impl *c = CI(b);
     bytes = (bytes + 63) & ~(size_t)63;
-    if (c->pin_top + bytes > c->pin_want) c->pin_want = c->pin_top + bytes;
-    if (c->pin_top + bytes > c->pin_cap) return NULL;
+    if (c->pin_top + bytes > c->pin_cap) {
+        if (c->failed || CK(b, cudaStreamSynchronize(c->stream))) return NULL;
+        dsv4_cuda_idle(b);
+        if (bytes > c->pin_cap) {
+            size_t cap = c->pin_cap ? 2 * c->pin_cap : (size_t)8 << 20;
+            while (cap < bytes) cap *= 2;
+            if (c->pin) cudaFreeHost(c->pin);
+            c->pin = NULL;
+            c->pin_cap = 0;
+            if (CK(b, cudaMallocHost((void **)&c->pin, cap))) return NULL;
+            c->pin_cap = cap;
+        }
+    }
     uint8_t *p = c->pin + c->pin_top;
     c->pin_top += bytes;
     return p;
+}
+
+void dsv4_cuda_idle(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (!c->failed)
+        for (int i = 0; i < c->n_pend; i++) memcpy(c->pend[i].dst, c->pend[i].src, c->pend[i].n);
+    c->n_pend = 0;
+    c->pin_top = 0;
 }
 
 void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
@@ -139,8 +170,7 @@ void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
     void *d = dsv4_cuda_scratch(b, bytes ? bytes : 1);
     if (!d || !bytes) return d;
     uint8_t *p = (host >= (const void *)c->hbuf && host < (const void *)(c->hbuf + c->hbuf_cap)) ? NULL
-                                                                                                : pin_take(c, bytes);
-    c->host_busy = 1;
+                                                                                                : pin_take(b, bytes);
     if (p) {
         memcpy(p, host, bytes);
         if (CK(b, cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream))) return NULL;
@@ -181,7 +211,8 @@ void dsv4_cuda_commit(dsv4_backend *b, void *p, const void *d, size_t bytes) {
 void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes) {
     cuda_impl *c = CI(b);
     if (c->failed || !bytes) return;
-    uint8_t *p = c->n_pend < 32 ? pin_take(c, bytes) : NULL;
+    if (c->n_pend == 32) dsv4_cuda_flush(b);
+    uint8_t *p = pin_take(b, bytes);
     if (p) {
         if (CK(b, cudaMemcpyAsync(p, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
         c->pend[c->n_pend].dst = host;
@@ -197,8 +228,7 @@ void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes)
 void dsv4_cuda_flush(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (!c->n_pend) return;
-    if (!CK(b, cudaStreamSynchronize(c->stream)))
-        for (int i = 0; i < c->n_pend; i++) memcpy(c->pend[i].dst, c->pend[i].src, c->pend[i].n);
+    if (!CK(b, cudaStreamSynchronize(c->stream))) dsv4_cuda_idle(b);
     c->n_pend = 0;
 }
 
@@ -206,27 +236,13 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
-    if (c->host_busy) { /* the last op's uploads may still read the pinned buffers */
-        CK(b, cudaEventSynchronize(c->host_ev));
-        c->host_busy = 0;
-    }
     dsv4_cuda_scratch_reset(b);
-    c->pin_top = 0;
-    if (c->pin_want > c->pin_cap && !c->failed) { /* grow at an empty point */
-        cudaStreamSynchronize(c->stream);
-        if (c->pin) cudaFreeHost(c->pin);
-        c->pin = NULL;
-        c->pin_cap = 0;
-        size_t cap = c->pin_want + c->pin_want / 4 + (1 << 20);
-        if (!CK(b, cudaMallocHost((void **)&c->pin, cap))) c->pin_cap = cap;
-    }
     if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
 }
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
     dsv4_cuda_flush(b);
-    if (c->host_busy && !c->failed) CK(b, cudaEventRecord(c->host_ev, c->stream));
     if (!c->timing || c->failed) return;
     CK(b, cudaEventRecord(c->ev1, c->stream));
     CK(b, cudaEventSynchronize(c->ev1));
@@ -535,7 +551,7 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
         return;
     }
     if (CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream))) return;
-    if (!dd) CK(b, cudaStreamSynchronize(c->stream));
+    if (!dd && !CK(b, cudaStreamSynchronize(c->stream))) dsv4_cuda_idle(b);
 }
 
 static const dsv4_backend_ops CUDA_OPS = {
@@ -596,8 +612,7 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     b->impl = c;
     b->ops = &CUDA_OPS;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1)) ||
-        CK(b, cudaEventCreateWithFlags(&c->host_ev, cudaEventDisableTiming))) {
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
         dsv4_backend_cuda_free(b);
         return -1;
@@ -620,7 +635,6 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->pin) cudaFreeHost(c->pin);
     if (c->ev0) cudaEventDestroy(c->ev0);
     if (c->ev1) cudaEventDestroy(c->ev1);
-    if (c->host_ev) cudaEventDestroy(c->host_ev);
     for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
     free(c->dev);
     if (c->stream) cudaStreamDestroy(c->stream);

@@ -57,7 +57,9 @@ struct cuda_impl {
     void *spill[64];
     int n_spill;
     /* pinned staging arena: op inputs are copied here then sent asynchronously; outputs
-     * land here and are copied to their host buffers once, after one sync at op end */
+     * land here and are copied to their host buffers once, after one sync at op end.
+     * Emptied only when the stream is idle (dsv4_cuda_idle), so no op waits for the
+     * previous op's uploads. */
     uint8_t *pin;
     size_t pin_cap, pin_top, pin_want;
     struct {
@@ -66,8 +68,6 @@ struct cuda_impl {
         size_t n;
     } pend[32];
     int n_pend;
-    int host_busy;         /* async copies may still read pin/hbuf: wait on host_ev first */
-    cudaEvent_t host_ev;
     /* device allocations made by ops->alloc (the forward pass's activations) */
     /* sorted by address (binary search in dsv4_cuda_is_dev); grows with the number of
      * sequences, whose state is allocated here too */
@@ -113,6 +113,9 @@ void dsv4_cuda_commit(dsv4_backend *b, void *p, const void *d, size_t bytes);
 /* queues a device -> host copy; the host buffer holds it once the op ends (dsv4_cuda_flush) */
 void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes);
 void dsv4_cuda_flush(dsv4_backend *b);
+/* call right after the stream was synchronized: hands out queued outputs and empties the
+ * pinned arena (nothing in flight can still read it) */
+void dsv4_cuda_idle(dsv4_backend *b);
 /* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
 int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
 
