@@ -22,7 +22,7 @@ extern "C" {
 
 /* op implementations (one kernel family per file) */
 void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *);
-void cu_matmul(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int);
+void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int);
 void cu_rmsnorm(dsv4_backend *, float *, const float *, int, int, const dsv4_weight *, float, int);
 void cu_rope(dsv4_backend *, float *, int, int, int, int, const int64_t *, const double *, int, int);
@@ -562,7 +562,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_copy,
     cu_copy,
     cu_embed,
-    cu_matmul,
+    cu_matmul_any,
     cu_matmul_grouped,
     cu_rmsnorm,
     cu_rope,
