@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# CLI tests for `dsv4 bench` on a tiny synth checkpoint (CPU backend): the figures it
+# must print, batched decode over cloned sequences, and its errors for bad options.
+# Prints PASS/FAIL lines; needs $DSV4_BIN (tests/run.sh exports it).
+set -u
+BIN=${DSV4_BIN:-build/dsv4}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ok() { echo "PASS $1"; }
+bad() { echo "FAIL $1${2:+: $2}"; }
+
+"$BIN" synth --config tiny --seed 2 --out "$tmp/m" >/dev/null 2>&1 || { bad bench_synth "synth failed"; exit 1; }
+
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 40 --gen 3 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "prefill 40 tokens in" \
+   && echo "$out" | grep -Eq "decode batch 1 at context 40: 3 steps in [0-9.]+ s = [0-9.]+ ms/step"; then
+  ok bench_cpu_batch1; else bad bench_cpu_batch1 "$out"; fi
+
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 20 --gen 2 --batch 3 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "sequences 2..3 are clones of the first" \
+   && echo "$out" | grep -Eq "decode batch 3 at context 20: 2 steps"; then
+  ok bench_cpu_batch3_clones; else bad bench_cpu_batch3_clones "$out"; fi
+
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 0 2>&1)
+if [ $? -eq 2 ] && echo "$out" | grep -q "prompt: '0' is not a whole number in range"; then ok bench_bad_prompt
+else bad bench_bad_prompt "$out"; fi
+
+out=$("$BIN" bench --model "$tmp/m" --frobnicate 1 2>&1)
+if [ $? -eq 2 ] && echo "$out" | grep -q "unknown option --frobnicate"; then ok bench_unknown_option
+else bad bench_unknown_option "$out"; fi
+
+out=$("$BIN" bench --model "$tmp/none" --backend cpu 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "$tmp/none"; then ok bench_missing_model; else bad bench_missing_model "$out"; fi
