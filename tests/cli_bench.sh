@@ -17,9 +17,20 @@ if [ $? -eq 0 ] && echo "$out" | grep -q "prefill 40 tokens in" \
   ok bench_cpu_batch1; else bad bench_cpu_batch1 "$out"; fi
 
 out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 20 --gen 2 --batch 3 2>&1)
-if [ $? -eq 0 ] && echo "$out" | grep -q "sequences 2..3 are clones of the first" \
+if [ $? -eq 0 ] && echo "$out" | grep -q "batch 3 = 3 clones of the sequence prefilled above" \
    && echo "$out" | grep -Eq "decode batch 3 at context 20: 2 steps"; then
   ok bench_cpu_batch3_clones; else bad bench_cpu_batch3_clones "$out"; fi
+
+# lists: every prompt length x every batch size, one load
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 12,30 --batch 1,2 --gen 1 2>&1)
+rc=$?
+n=$(echo "$out" | grep -c "^bench: decode batch")
+if [ $rc -eq 0 ] && [ "$n" = 4 ] && [ "$(echo "$out" | grep -c "^bench: opened")" = 1 ] \
+   && echo "$out" | grep -q "prefill 30 tokens" && echo "$out" | grep -q "decode batch 2 at context 30"; then
+  ok bench_lists; else bad bench_lists "$out"; fi
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --batch 1,,2 2>&1)
+if [ $? -eq 2 ] && echo "$out" | grep -q "batch: '1,,2' is not a whole number in range (or a comma list"; then
+  ok bench_bad_list; else bad bench_bad_list "$out"; fi
 
 out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 0 2>&1)
 if [ $? -eq 2 ] && echo "$out" | grep -q "prompt: '0' is not a whole number in range"; then ok bench_bad_prompt
