@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops e2e flash2 bench20 hf
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 hf f4 f20 f20long nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -19,6 +19,9 @@ for stage in "$@"; do
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
     grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary" ;;
+  gemm)
+    timeout 300 $bin/test_cuda_gemm >"$OUT/gemm.log" 2>&1; note "gemm rc=$? $(tail -1 "$OUT/gemm.log")"
+    grep -vE "^PASS" "$OUT/gemm.log" | head -30 >>"$summary" ;;
   e2e)
     timeout 300 $bin/test_cuda_e2e >"$OUT/e2e.log" 2>&1; note "e2e rc=$? $(tail -1 "$OUT/e2e.log")"
     grep -vE "^PASS" "$OUT/e2e.log" | head -20 >>"$summary" ;;
@@ -52,11 +55,26 @@ for stage in "$@"; do
     if [ -f "$OUT/e2e.log" ] && ! tail -1 "$OUT/e2e.log" | grep -q " 0 failed"; then note "f20 skipped: e2e failed"; continue; fi
     rm -rf /dev/shm/flash2 /dev/shm/flash4
     mount -o remount,size=110G /dev/shm 2>>"$summary"
-    t0=$(date +%s)
-    timeout 300 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
-    note "synth flash20 rc=$? in $(( $(date +%s) - t0 )) s; $(du -sh /dev/shm/flash20 | cut -f1)"
-    timeout 300 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 16 >"$OUT/b20.log" 2>&1
+    if [ ! -d /dev/shm/flash20 ]; then
+      t0=$(date +%s)
+      timeout 300 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
+      note "synth flash20 rc=$? in $(( $(date +%s) - t0 )) s; $(du -sh /dev/shm/flash20 | cut -f1)"
+    fi
+    timeout 400 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt ${F20_PROMPTS:-2048,8192} --batch ${F20_BATCHES:-1,8,32} --gen 16 >"$OUT/b20.log" 2>&1
     note "bench flash20 rc=$?"; grep -v uploading "$OUT/b20.log" >>"$summary" ;;
+  f20long)
+    timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1
+    note "bench flash20 32K rc=$?"; grep -v uploading "$OUT/b20long.log" >>"$summary" ;;
+  nsys)
+    # kernel-level timeline of decode steps (if the image has Nsight Systems)
+    m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
+    if command -v nsys >/dev/null 2>&1; then
+      timeout 300 nsys profile -t cuda --capture-range=cudaProfilerApi -o /tmp/prof -f true $bin/dsv4 bench --model $m --backend cuda --prompt 512 --gen 8 >"$OUT/nsys_run.log" 2>&1
+      nsys stats -r cuda_gpu_kern_sum,cuda_api_sum -f csv -o /tmp/profstats /tmp/prof.nsys-rep >/dev/null 2>&1
+      head -40 /tmp/profstats_cuda_gpu_kern_sum.csv >"$OUT/nsys_kern.csv" 2>/dev/null
+      head -25 /tmp/profstats_cuda_api_sum.csv >"$OUT/nsys_api.csv" 2>/dev/null
+      note "nsys rc=$? on $m"; head -15 "$OUT/nsys_kern.csv" >>"$summary"
+    else note "nsys: not installed ($(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ' | head -c 300))"; fi ;;
   *) note "unknown stage $stage" ;;
   esac
 done

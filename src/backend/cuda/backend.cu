@@ -11,6 +11,7 @@
  * were not loaded (op tests) are uploaded on first use.
  * Target: sm_90a.  Threading: one caller at a time, like every backend.
  */
+#include <cuda_profiler_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -258,6 +259,9 @@ static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
+    /* also brackets the profiled steps for Nsight Systems (--capture-range=cudaProfilerApi) */
+    if (on && !c->timing) cudaProfilerStart();
+    if (!on && c->timing) cudaProfilerStop();
     c->timing = on;
     memset(c->op_ms, 0, sizeof c->op_ms);
     memset(c->op_calls, 0, sizeof c->op_calls);
