@@ -234,6 +234,10 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 /* launch helpers used by several files */
 void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
                       const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16);
+/* the same over groups in one launch: feature o reads x columns from (o / gR) * xg on */
+void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
+                              const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
+                              int out_bf16);
 void dsv4_cuda_act_quant(dsv4_backend *b, float *out_d, const float *x_d, int rows, int64_t K, int block);
 void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n);
 

@@ -1,118 +1,155 @@
 /* backend/cuda/linear.cu: dequantizing linears (matmul, grouped wo_a, embed, act_quant).
  *
- * k_linear: out[r][o] = sum_k W[o0+o][k] x[r][k] for o < no, r < rows (<= 8 per launch;
- * the launcher walks larger batches in chunks of 8 rows).
+ * k_linear<NR, OPW, FMT>: out[r][o] = sum_k W[o0+o][k] x[r][g(o)*xg + k] for o < no,
+ * r < rows (<= NR <= 8 per launch; the launcher walks larger batches in chunks of 8 rows).
+ * g(o) = o / gR is the group of a grouped projection (wo_a: one launch over all groups;
+ * plain matmul: gR = no, xg = 0).
  * Layout: W in its stored format (device), x [rows][ldx] fp32, out [rows][ldo] fp32.
- * Geometry: one warp per output feature, 8 warps per block (split-K over grid.y when
- * there are few features, partials summed in split order); each lane streams 16-byte
- * vectors of the weight row (FP8: 16 values, MXFP4/NVFP4: 32, bf16: 8, f32: 4),
- * dequantizes them in registers and multiplies them into NR fp32 accumulators, so
- * every weight byte is read once per chunk of 8 rows.  Odd shapes (K not a multiple
- * of 32, partial scale blocks, unaligned x) take the element-wise path.
- * Accumulation order differs from the CPU's (lane-strided partial sums, then a warp
- * tree): that is the only difference; the flags (w_bf16, out_bf16) round exactly.
+ * Geometry: one warp per OPW adjacent output features (4 for 1-2 rows, 2 for 3-8), 8 warps
+ *   per block; split-K over grid.y when there are few warps, partials summed by
+ *   k_splitk_sum in split order (deterministic, no atomics).  Per step a lane first issues
+ *   the OPW 16-byte weight loads of its column span (FP8: 16 values, MXFP4/NVFP4: 32,
+ *   bf16: 8, f32: 4) and their block scales, then takes x 4 columns at a time (one float4
+ *   per row, used for all OPW features) and dequantizes 4 weights per feature in
+ *   registers: OPW loads are in flight per lane and x is read once per OPW features, so
+ *   1-row decode streams the weights instead of waiting on one load per iteration.
+ *   Odd shapes (K not a multiple of 32, partial scale blocks, unaligned x) take the
+ *   element-wise path (one feature per warp).
+ * Accumulation order differs from the CPU's (lane-strided partial sums of 4 products,
+ * then a warp tree): that is the only difference; the flags (w_bf16, out_bf16) round
+ * exactly where the CPU does (each dequantized weight; each output).
  * Target: sm_90a.  Decode at batch 1 is memory-bound; prefill reuses nothing across
  * chunks of 8 rows (tensor-core prefill is future work, docs/CUDA.md).
  */
 #include "backend/cuda/common.cuh"
 
-template <int NR>
-__device__ __forceinline__ void fma_chunk(float (&acc)[NR], const float *wv, int n, const float *x, int64_t ldx,
-                                          int rows, int64_t k0, int w_bf16) {
+enum { LF_F32 = 0, LF_BF16 = 1, LF_FP8 = 2, LF_FP4 = 3 }; /* vector paths (FP4: MXFP4 and NVFP4) */
+
+/* values per 16-byte vector of each vector path */
+template <int FMT> struct lvec { enum { N = FMT == LF_F32 ? 4 : FMT == LF_BF16 ? 8 : FMT == LF_FP8 ? 16 : 32 }; };
+
+/* weights i*4 .. i*4+3 of a 16-byte vector v, times its scale(s) (FP4: s0 for the first 16, s1 after) */
+template <int FMT>
+__device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, float s1) {
+    const uint8_t *by = (const uint8_t *)&v;
+    float4 f;
+    if (FMT == LF_F32) {
+        f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+    } else if (FMT == LF_BF16) {
+        const uint16_t *h = (const uint16_t *)&v;
+        f = make_float4(d_bf16_to_f32(h[4 * i]), d_bf16_to_f32(h[4 * i + 1]), d_bf16_to_f32(h[4 * i + 2]),
+                        d_bf16_to_f32(h[4 * i + 3]));
+    } else if (FMT == LF_FP8) {
+        f = make_float4(d_e4m3_to_f32(by[4 * i]) * s0, d_e4m3_to_f32(by[4 * i + 1]) * s0,
+                        d_e4m3_to_f32(by[4 * i + 2]) * s0, d_e4m3_to_f32(by[4 * i + 3]) * s0);
+    } else { /* two bytes = four e2m1 values, low nibble first */
+        float s = i < 4 ? s0 : s1;
+        uint32_t b0 = by[2 * i], b1 = by[2 * i + 1];
+        f = make_float4(d_e2m1_to_f32(b0 & 15u) * s, d_e2m1_to_f32(b0 >> 4) * s, d_e2m1_to_f32(b1 & 15u) * s,
+                        d_e2m1_to_f32(b1 >> 4) * s);
+    }
+    return f;
+}
+
+template <int NR, int OPW, int FMT>
+__global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
+                                                int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
+                                                int w_bf16, int out_bf16, int64_t kspan, float *part) {
+    constexpr int VN = lvec<FMT>::N;
+    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int64_t ob = warp * OPW; /* first feature of this warp (all OPW in one group: gR % OPW == 0) */
+    if (ob >= no) return;
+    int64_t K = w.cols;
+    int64_t kb = (int64_t)blockIdx.y * kspan, ke = kb + kspan < K ? kb + kspan : K; /* split-K slice */
+    const float *xw = x + (ob / gR) * xg;
+    float acc[OPW][NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-        if (r >= rows) break;
-        const float4 *xp = (const float4 *)(x + (int64_t)r * ldx + k0);
-        float a = acc[r];
-        for (int i = 0; i < n; i += 4) {
-            float4 xv = __ldg(xp + i / 4);
-            float w0 = wv[i], w1 = wv[i + 1], w2 = wv[i + 2], w3 = wv[i + 3];
-            if (w_bf16) w0 = d_round_bf16(w0), w1 = d_round_bf16(w1), w2 = d_round_bf16(w2), w3 = d_round_bf16(w3);
-            a += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
+    for (int u = 0; u < OPW; u++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[u][r] = 0.0f;
+    int64_t rbytes = FMT == LF_F32 ? K * 4 : FMT == LF_BF16 ? K * 2 : FMT == LF_FP8 ? K : K / 2;
+    int64_t scols = FMT == LF_FP8 ? (K + w.block - 1) / w.block : 0;
+    for (int64_t k0 = kb + (int64_t)lane * VN; k0 < ke; k0 += 32 * VN) {
+        uint4 v[OPW];
+        float s0[OPW], s1[OPW];
+#pragma unroll
+        for (int u = 0; u < OPW; u++) { /* every load of this step first */
+            int64_t o = o0 + (ob + u < no ? ob + u : ob);
+            const uint8_t *row = w.data + o * rbytes;
+            v[u] = __ldg((const uint4 *)(row + (FMT == LF_F32 ? k0 * 4 : FMT == LF_BF16 ? k0 * 2 : FMT == LF_FP8 ? k0 : k0 / 2)));
+            s0[u] = s1[u] = 1.0f;
+            if (FMT == LF_FP8) {
+                int64_t si = (o / w.block) * scols + k0 / w.block;
+                s0[u] = w.scale_f32 ? __ldg((const float *)w.scale + si) : d_e8m0_to_f32(__ldg(w.scale + si));
+            } else if (FMT == LF_FP4) {
+                if (w.fmt == DSV4_WF_MXFP4) {
+                    s0[u] = s1[u] = d_e8m0_to_f32(__ldg(w.scale + o * (K / 32) + k0 / 32));
+                } else {
+                    const uint8_t *sp = w.scale + o * (K / 16) + k0 / 16;
+                    s0[u] = d_e4m3_to_f32(__ldg(sp)) * w.scale2;
+                    s1[u] = d_e4m3_to_f32(__ldg(sp + 1)) * w.scale2;
+                }
+            }
         }
-        acc[r] = a;
+#pragma unroll
+        for (int i = 0; i < VN / 4; i++) {
+            float4 wf[OPW];
+#pragma unroll
+            for (int u = 0; u < OPW; u++) {
+                wf[u] = dequant4<FMT>(v[u], i, s0[u], s1[u]);
+                if (w_bf16) wf[u].x = d_round_bf16(wf[u].x), wf[u].y = d_round_bf16(wf[u].y),
+                            wf[u].z = d_round_bf16(wf[u].z), wf[u].w = d_round_bf16(wf[u].w);
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if (r >= rows) break;
+                float4 xv = __ldg((const float4 *)(xw + (int64_t)r * ldx + k0 + 4 * i));
+#pragma unroll
+                for (int u = 0; u < OPW; u++)
+                    acc[u][r] += wf[u].x * xv.x + wf[u].y * xv.y + wf[u].z * xv.z + wf[u].w * xv.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < OPW; u++) {
+        int64_t o = ob + u;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r >= rows) break;
+            float v = warp_sum(acc[u][r]);
+            if (lane == 0 && o < no) {
+                if (gridDim.y > 1) part[((int64_t)blockIdx.y * rows + r) * no + o] = v;
+                else out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
+            }
+        }
     }
 }
 
+/* element-wise path for odd shapes: one warp per feature, d_weight_at per element */
 template <int NR>
-__global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
-                                                int rows, dweight w, int64_t o0, int64_t no, int w_bf16,
-                                                int out_bf16, int vec, int64_t kspan, float *part) {
+__global__ void __launch_bounds__(256) k_linear_any(float *out, int64_t ldo, const float *__restrict__ x,
+                                                    int64_t ldx, int rows, dweight w, int64_t o0, int64_t no,
+                                                    int64_t gR, int64_t xg, int w_bf16, int out_bf16) {
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= no) return;
-    int64_t o = o0 + warp, K = w.cols;
-    int64_t kb = (int64_t)blockIdx.y * kspan, ke = kb + kspan < K ? kb + kspan : K; /* split-K slice */
+    const float *xw = x + (warp / gR) * xg;
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    float wv[32];
-    if (vec && w.fmt == DSV4_WF_FP8) {
-        const uint8_t *row = w.data + o * K;
-        int64_t scols = (K + w.block - 1) / w.block, srow = (o / w.block) * scols;
-        for (int64_t k0 = kb + (int64_t)lane * 16; k0 < ke; k0 += 512) {
-            uint4 v = __ldg((const uint4 *)(row + k0));
-            int64_t si = srow + k0 / w.block;
-            float s = w.scale_f32 ? ((const float *)w.scale)[si] : d_e8m0_to_f32(w.scale[si]);
-            const uint8_t *bytes = (const uint8_t *)&v;
+    for (int64_t k = lane; k < w.cols; k += 32) {
+        float wk = d_weight_at(w, o0 + warp, k);
+        if (w_bf16) wk = d_round_bf16(wk);
 #pragma unroll
-            for (int i = 0; i < 16; i++) wv[i] = d_e4m3_to_f32(bytes[i]) * s;
-            fma_chunk<NR>(acc, wv, 16, x, ldx, rows, k0, w_bf16);
-        }
-    } else if (vec && (w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4)) {
-        const uint8_t *row = w.data + o * (K / 2);
-        for (int64_t k0 = kb + (int64_t)lane * 32; k0 < ke; k0 += 1024) {
-            uint4 v = __ldg((const uint4 *)(row + k0 / 2));
-            float s0, s1;
-            if (w.fmt == DSV4_WF_MXFP4) {
-                s0 = s1 = d_e8m0_to_f32(w.scale[o * (K / 32) + k0 / 32]);
-            } else {
-                const uint8_t *sp = w.scale + o * (K / 16) + k0 / 16;
-                s0 = d_e4m3_to_f32(sp[0]) * w.scale2;
-                s1 = d_e4m3_to_f32(sp[1]) * w.scale2;
-            }
-            const uint8_t *bytes = (const uint8_t *)&v;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                float s = i < 8 ? s0 : s1;
-                wv[2 * i] = d_e2m1_to_f32(bytes[i] & 15u) * s;
-                wv[2 * i + 1] = d_e2m1_to_f32(bytes[i] >> 4) * s;
-            }
-            fma_chunk<NR>(acc, wv, 32, x, ldx, rows, k0, w_bf16);
-        }
-    } else if (vec && w.fmt == DSV4_WF_BF16) {
-        const uint16_t *row = (const uint16_t *)w.data + o * K;
-        for (int64_t k0 = kb + (int64_t)lane * 8; k0 < ke; k0 += 256) {
-            uint4 v = __ldg((const uint4 *)(row + k0));
-            const uint16_t *h = (const uint16_t *)&v;
-#pragma unroll
-            for (int i = 0; i < 8; i++) wv[i] = d_bf16_to_f32(h[i]);
-            fma_chunk<NR>(acc, wv, 8, x, ldx, rows, k0, w_bf16);
-        }
-    } else if (vec && w.fmt == DSV4_WF_F32) {
-        const float *row = (const float *)w.data + o * K;
-        for (int64_t k0 = kb + (int64_t)lane * 4; k0 < ke; k0 += 128) {
-            float4 v = __ldg((const float4 *)(row + k0));
-            wv[0] = v.x, wv[1] = v.y, wv[2] = v.z, wv[3] = v.w;
-            fma_chunk<NR>(acc, wv, 4, x, ldx, rows, k0, w_bf16);
-        }
-    } else {
-        for (int64_t k = kb + lane; k < ke; k += 32) {
-            float wk = d_weight_at(w, o, k);
-            if (w_bf16) wk = d_round_bf16(wk);
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if (r < rows) acc[r] += wk * x[(int64_t)r * ldx + k];
-        }
+        for (int r = 0; r < NR; r++)
+            if (r < rows) acc[r] += wk * xw[(int64_t)r * ldx + k];
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         if (r >= rows) break;
         float v = warp_sum(acc[r]);
-        if (lane == 0) {
-            if (gridDim.y > 1) part[((int64_t)blockIdx.y * rows + r) * no + warp] = v;
-            else out[(int64_t)r * ldo + warp] = out_bf16 ? d_round_bf16(v) : v;
-        }
+        if (lane == 0) out[(int64_t)r * ldo + warp] = out_bf16 ? d_round_bf16(v) : v;
     }
 }
 
@@ -138,20 +175,62 @@ __global__ void k_splitk_sum(float *out, int64_t ldo, const float *part, int row
     out[r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
 }
 
-void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
-                      const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16) {
+struct lin_args {
+    float *out;
+    int64_t ldo;
+    const float *x;
+    int64_t ldx;
+    int rows;
+    dweight w;
+    int64_t o0, no, gR, xg;
+    int w_bf16, out_bf16;
+    int64_t kspan;
+    float *part;
+};
+
+template <int NR, int OPW>
+static void launch_vec(const lin_args &a, dim3 grid, cudaStream_t st) {
+    switch (a.w.fmt) {
+    case DSV4_WF_F32:
+        k_linear<NR, OPW, LF_F32><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+        break;
+    case DSV4_WF_BF16:
+        k_linear<NR, OPW, LF_BF16><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
+                                                         a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part);
+        break;
+    case DSV4_WF_FP8:
+        k_linear<NR, OPW, LF_FP8><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+        break;
+    default:
+        k_linear<NR, OPW, LF_FP4><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+        break;
+    }
+}
+
+void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
+                              const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
+                              int out_bf16) {
     cuda_impl *c = CI(b);
     if (c->failed || rows <= 0 || no <= 0) return;
+    if (gR <= 0) gR = no;
     int64_t K = w.cols;
-    int vec = K % 32 == 0 && ldx % 4 == 0 && ((uintptr_t)x_d & 15) == 0;
+    int vec = K % 32 == 0 && ldx % 4 == 0 && xg % 4 == 0 && ((uintptr_t)x_d & 15) == 0 &&
+              (w.fmt == DSV4_WF_F32 || w.fmt == DSV4_WF_BF16 || w.fmt == DSV4_WF_FP8 || w.fmt == DSV4_WF_MXFP4 ||
+               w.fmt == DSV4_WF_NVFP4);
     if (w.fmt == DSV4_WF_FP8 && (w.block % 16 || K % w.block)) vec = 0;
-    /* Few output features (q/kv LoRA, mHC mixes, wo_a groups) leave most SMs idle with
-     * one warp per feature: split K into slices of a multiple of 1024 (every format's
-     * per-iteration span, and FP8's block) until ~8K warps are in flight. */
+    /* a warp's OPW (<= 4) features must lie in one group: other group sizes go element-wise */
+    if (gR != no && gR % 4) vec = 0;
+    /* Few warps (q/kv LoRA, wo_b at batch 1) leave most SMs idle: split K into slices of a
+     * multiple of 1024 (every format's per-step span, and FP8's block) until ~4K warps
+     * are in flight (each with OPW loads per step). */
     int splits = 1;
     int64_t kspan = K;
-    if (vec && no < 8192 && K >= 2048) {
-        int64_t want = (8192 + no - 1) / no, most = K / 1024;
+    int64_t warps = (no + 3) / 4;
+    if (vec && warps < 4096 && K >= 2048) {
+        int64_t want = (4096 + warps - 1) / warps, most = K / 1024;
         splits = (int)(want < most ? want : most);
         if (splits < 1) splits = 1;
         kspan = ((K + splits - 1) / splits + 1023) / 1024 * 1024;
@@ -160,31 +239,39 @@ void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x
     float *part = NULL;
     if (splits > 1 && !(part = (float *)dsv4_cuda_scratch(b, sizeof(float) * splits * (rows < 8 ? rows : 8) * no)))
         return;
-    dim3 grid((unsigned)((no * 32 + 255) / 256), (unsigned)splits);
     for (int r0 = 0; r0 < rows; r0 += 8) {
         int nr = rows - r0 < 8 ? rows - r0 : 8;
-        const float *xr = x_d + (int64_t)r0 * ldx;
-        float *orow = out_d + (int64_t)r0 * ldo;
-        if (nr == 1)
-            k_linear<1><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
-                                                     part);
-        else if (nr == 2)
-            k_linear<2><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
-                                                     part);
-        else if (nr <= 4)
-            k_linear<4><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
-                                                     part);
-        else
-            k_linear<8><<<grid, 256, 0, c->stream>>>(orow, ldo, xr, ldx, nr, w, o0, no, w_bf16, out_bf16, vec, kspan,
-                                                     part);
+        lin_args a = {out_d + (int64_t)r0 * ldo, ldo, x_d + (int64_t)r0 * ldx, ldx, nr, w, o0, no, gR, xg, w_bf16,
+                      out_bf16, kspan, part};
+        if (!vec) {
+            dim3 grid((unsigned)((no * 32 + 255) / 256));
+            if (nr == 1)
+                k_linear_any<1><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
+                                                             out_bf16);
+            else
+                k_linear_any<8><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
+                                                             out_bf16);
+        } else {
+            int opw = nr <= 2 ? 4 : 2;
+            dim3 grid((unsigned)(((no + opw - 1) / opw * 32 + 255) / 256), (unsigned)splits);
+            if (nr == 1) launch_vec<1, 4>(a, grid, c->stream);
+            else if (nr == 2) launch_vec<2, 4>(a, grid, c->stream);
+            else if (nr <= 4) launch_vec<4, 2>(a, grid, c->stream);
+            else launch_vec<8, 2>(a, grid, c->stream);
+        }
         if (CKL(b)) return;
-        if (splits > 1) {
-            k_splitk_sum<<<(unsigned)((nr * no + 255) / 256), 256, 0, c->stream>>>(orow, ldo, part, nr, no, splits,
+        if (vec && splits > 1) {
+            k_splitk_sum<<<(unsigned)((nr * no + 255) / 256), 256, 0, c->stream>>>(a.out, ldo, part, nr, no, splits,
                                                                                     out_bf16);
             if (CKL(b)) return;
         }
         c->weight_bytes_read += wbytes_rows(w, no);
     }
+}
+
+void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
+                      const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16) {
+    dsv4_cuda_linear_grouped(b, out_d, ldo, x_d, ldx, rows, w, o0, no, no, 0, w_bf16, out_bf16);
 }
 
 /* ----- act_quant / fp8_sim (spec §2.0): one warp per (row, block) ----- */
@@ -274,8 +361,8 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
         dsv4_cuda_round_bf16(b, xb, xin);
         xd = xb;
     }
-    for (int g = 0; g < groups; g++)
-        dsv4_cuda_linear(b, od + g * R, w->rows, xd + g * C, groups * C, rows, dw, g * R, R, in_bf16, out_bf16);
+    /* one launch over every group: feature g*R + j reads x columns g*C .. g*C + C - 1 */
+    dsv4_cuda_linear_grouped(b, od, w->rows, xd, groups * C, rows, dw, 0, w->rows, R, C, in_bf16, out_bf16);
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
 }
