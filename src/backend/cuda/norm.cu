@@ -4,7 +4,10 @@
  *   (the CPU sums serially: accumulation order is the only difference), then
  *   x * rsqrt(mean + eps) * w, rounded to bf16 if asked -- the same expression.
  * rope: one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq like
- *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's).
+ *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's).  Up
+ *   to 32 rows (decode) the positions and frequencies go in the kernel's parameters
+ *   (k_rope_args), so the call is one launch with nothing staged; larger batches
+ *   stage them (k_rope).
  * sim: one block (128 threads) per row; each warp takes whole quantization blocks
  *   (fp8: amax -> pow2 scale -> e4m3 RNE -> back; fp4 likewise onto e2m1); the
  *   Hadamard runs stage by stage in shared memory with the CPU's butterfly order,
@@ -44,15 +47,16 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
-__global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
-                       const float *freq, int inverse, int out_bf16) {
-    int half = rope_dim / 2;
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (int64_t)rows * half * n_heads) return;
-    int h = (int)(t % n_heads);
-    int i = (int)((t / n_heads) % half);
-    int64_t r = t / ((int64_t)n_heads * half);
-    float a = (float)pos[r] * freq[i];
+/* RoPE angles' inputs passed by value (kernel parameters) for small batches, so a decode
+ * call stages nothing: no host copy, no upload for the next op to wait on */
+enum { ROPE_ARG_ROWS = 32, ROPE_ARG_HALF = 64 };
+struct rope_args {
+    int64_t pos[ROPE_ARG_ROWS];
+    float freq[ROPE_ARG_HALF];
+};
+
+__device__ __forceinline__ void rope_pair(float *x, int64_t r, int h, int i, int n_heads, int head_dim, int rope_dim,
+                                          float a, int inverse, int out_bf16) {
     float c = cosf(a), s = sinf(a);
     if (inverse) s = -s;
     float *p = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim) + 2 * i;
@@ -62,22 +66,54 @@ __global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_d
     p[1] = out_bf16 ? d_round_bf16(y1) : y1;
 }
 
+/* one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq as on the CPU */
+__global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
+                       const float *freq, int inverse, int out_bf16) {
+    int half = rope_dim / 2;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * half * n_heads) return;
+    int h = (int)(t % n_heads);
+    int i = (int)((t / n_heads) % half);
+    int64_t r = t / ((int64_t)n_heads * half);
+    rope_pair(x, r, h, i, n_heads, head_dim, rope_dim, (float)pos[r] * freq[i], inverse, out_bf16);
+}
+
+__global__ void k_rope_args(float *x, int rows, int n_heads, int head_dim, int rope_dim, rope_args a, int inverse,
+                            int out_bf16) {
+    int half = rope_dim / 2;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * half * n_heads) return;
+    int h = (int)(t % n_heads);
+    int i = (int)((t / n_heads) % half);
+    int64_t r = t / ((int64_t)n_heads * half);
+    rope_pair(x, r, h, i, n_heads, head_dim, rope_dim, (float)a.pos[r] * a.freq[i], inverse, out_bf16);
+}
+
 void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
              const double *freq, int inverse, int out_bf16) {
     dsv4_cuda_op_begin(b);
     int half = rope_dim / 2;
     if (rows <= 0 || half <= 0) return;
     size_t n = (size_t)rows * n_heads * head_dim;
-    float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
-    if (!ff) return;
-    for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
-    int64_t *pd = (int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
-    float *fd = (float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
-    if (!xd || !pd || !fd) return;
+    if (!xd) return;
     int64_t threads = (int64_t)rows * half * n_heads;
-    k_rope<<<(unsigned)((threads + 255) / 256), 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd,
-                                                                         fd, inverse, out_bf16);
+    unsigned blocks = (unsigned)((threads + 255) / 256);
+    if (rows <= ROPE_ARG_ROWS && half <= ROPE_ARG_HALF) {
+        rope_args a;
+        memset(&a, 0, sizeof a);
+        memcpy(a.pos, pos, sizeof(int64_t) * rows);
+        for (int i = 0; i < half; i++) a.freq[i] = (float)freq[i];
+        k_rope_args<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, a, inverse, out_bf16);
+    } else {
+        float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
+        if (!ff) return;
+        for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
+        int64_t *pd = (int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
+        float *fd = (float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
+        if (!pd || !fd) return;
+        k_rope<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd, fd, inverse, out_bf16);
+    }
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
