@@ -482,6 +482,89 @@ static void test_device_buffers(void) {
     free_w(&t);
 }
 
+/* ----- kern: the shapes the decode paths of linear.cu and mhc.cu take ----- */
+/* wo_a-like grouped projections in one launch (several groups; 1, 2 and 5 rows pick
+ * different kernels), and a group size that is not a multiple of 4 (element-wise path) */
+static void check_grouped(dsv4_wfmt fmt, int G, int R, int C, int rows, int in_bf16) {
+    tw t = make_w(fmt, (int64_t)G * R, C, 0);
+    size_t nx = (size_t)rows * G * C, no = (size_t)rows * G * R;
+    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
+    fill(x, nx, 1);
+    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
+    for (size_t i = 0; i < no; i++) g[i] = NAN;
+    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
+    CHECK(gpu_ok());
+    double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
+    printf("  matmul_grouped %-6s %d x [%d x %d] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", dsv4_wfmt_name(fmt), G,
+           R, C, rows, in_bf16, r, tol);
+    CHECKF(r <= tol, "matmul_grouped %s rel %g", dsv4_wfmt_name(fmt), r);
+    free(x), free(a), free(g);
+    free_w(&t);
+}
+
+static void test_kern_grouped(void) {
+    NEED_GPU();
+    check_grouped(DSV4_WF_FP8, 8, 128, 2048, 1, 0); /* split-K over 2 slices */
+    check_grouped(DSV4_WF_FP8, 8, 128, 512, 2, 1);
+    check_grouped(DSV4_WF_FP8, 8, 128, 512, 5, 0);
+    check_grouped(DSV4_WF_MXFP4, 4, 64, 1024, 1, 0);
+    check_grouped(DSV4_WF_BF16, 4, 64, 256, 3, 1);
+    check_grouped(DSV4_WF_FP8, 3, 6, 128, 2, 0); /* R % 4 != 0: element-wise */
+}
+
+/* hc_pre / hc_head at V4-Flash's width (hc 4, dim 4096) for decode (1 row) and a batch
+ * that leaves a partial group of 8 rows (17); the GPU result must also repeat exactly */
+static void check_hc(int rows, int bf) {
+    enum { HC = 4, D = 4096, NM = (2 + HC) * HC };
+    size_t nx = (size_t)rows * HC * D;
+    float *X = malloc(sizeof(float) * nx), *ya = malloc(sizeof(float) * rows * D), *yg = malloc(sizeof(float) * rows * D),
+          *y2 = malloc(sizeof(float) * rows * D), pa[17 * HC], pg[17 * HC], ca[17 * HC * HC], cg[17 * HC * HC];
+    tw fn = make_w(DSV4_WF_F32, NM, HC * D, 0), hfn = make_w(DSV4_WF_F32, HC, HC * D, 0);
+    /* fn scaled so the mixes stay O(1) (sigmoid, softmax and Sinkhorn away from saturation,
+     * where the fp32 order difference of a 16384-term dot product is amplified) */
+    for (size_t i = 0; i < (size_t)NM * HC * D; i++) ((float *)fn.data)[i] *= 1.0f / 32;
+    for (size_t i = 0; i < (size_t)HC * HC * D; i++) ((float *)hfn.data)[i] *= 1.0f / 32;
+    /* base and scale on the heap, parked like the other weights: the backend keys device
+     * copies by host pointer, so a stack array reused by the next call would stay stale */
+    float *base = malloc(sizeof(float) * NM), *sc = malloc(sizeof(float) * 3);
+    sc[0] = 0.7f, sc[1] = 1.1f, sc[2] = 0.9f;
+    fill(base, NM, 1);
+    dsv4_weight wb = {.fmt = DSV4_WF_F32, .rows = 1, .cols = NM, .data = base},
+                ws = {.fmt = DSV4_WF_F32, .rows = 1, .cols = 3, .data = sc},
+                hb = {.fmt = DSV4_WF_F32, .rows = 1, .cols = HC, .data = base + 1},
+                hs = {.fmt = DSV4_WF_F32, .rows = 1, .cols = 1, .data = sc + 1};
+    tw small = {.data = base, .scale = sc};
+    fill(X, nx, 2);
+    cpu.ops->hc_pre(&cpu, ya, pa, ca, X, rows, HC, D, &fn.w, &wb, &ws, 20, 1e-6f, 1e-6f, bf, bf);
+    gpu.ops->hc_pre(&gpu, yg, pg, cg, X, rows, HC, D, &fn.w, &wb, &ws, 20, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    double ry = rel(yg, ya, (size_t)rows * D), rp = rel(pg, pa, (size_t)rows * HC),
+           rc = rel(cg, ca, (size_t)rows * HC * HC);
+    printf("  hc_pre rows %2d hc %d dim %d bf16 %d: y rel %.2e, post %.2e, comb %.2e\n", rows, HC, D, bf, ry, rp, rc);
+    CHECK(ry <= (bf ? 4e-3 : 1e-5) && rp <= 1e-5 && rc <= 1e-5);
+    gpu.ops->hc_pre(&gpu, y2, pg, cg, X, rows, HC, D, &fn.w, &wb, &ws, 20, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    CHECK(memcmp(y2, yg, sizeof(float) * rows * D) == 0); /* deterministic: no atomics */
+    cpu.ops->hc_head(&cpu, ya, X, rows, HC, D, &hfn.w, &hb, &hs, 1e-6f, 1e-6f, bf, bf);
+    gpu.ops->hc_head(&gpu, yg, X, rows, HC, D, &hfn.w, &hb, &hs, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    double rh = rel(yg, ya, (size_t)rows * D);
+    printf("  hc_head rows %2d bf16 %d: rel %.2e\n", rows, bf, rh);
+    CHECK(rh <= (bf ? 4e-3 : 1e-5));
+    free(X), free(ya), free(yg), free(y2);
+    free_w(&fn);
+    free_w(&hfn);
+    free_w(&small);
+}
+
+static void test_kern_hc(void) {
+    NEED_GPU();
+    for (int bf = 0; bf < 2; bf++) {
+        check_hc(1, bf);
+        check_hc(17, bf);
+    }
+}
+
 static void test_zz_release(void) {
     for (int i = 0; i < n_parked; i++) free(parked[i]);
     n_parked = 0;
@@ -498,4 +581,4 @@ static void test_errors_are_reported(void) {
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
           test_sparse_attn, test_indexer_topk, test_pool, test_route, test_moe, test_errors_are_reported,
-          test_device_buffers, test_zz_release)
+          test_device_buffers, test_kern_grouped, test_kern_hc, test_zz_release)
