@@ -10,10 +10,11 @@
  *     the CPU's 8 interleaved partial sums; a host simulation of the two orders on these
  *     value ranges gives rms rel 1.3e-6 at K = 4096 and 1.8e-6 at K = 8192;
  *   outputs rounded to bf16: rel <= 4e-3 (an order difference can flip one bf16 ulp);
- *   FP8 tensor-core path (act_fp8 with FP8 weights): rel <= 1e-3 (bound chosen before the
- *     first device run; the measured value is printed per case and recorded in
- *     docs/CUDA.md).  The e4m3 products are exact; the difference is the order of the sums
- *     and the reduced internal precision of Hopper's FP8 MMA within each 128-wide K block.
+ *   FP8 tensor-core path (act_fp8 with FP8 weights): rel <= 2e-6.  Measured on the H200
+ *     (2026-11-29, these deterministic inputs): 1.1e-7 .. 3.0e-7 over every case, K up to
+ *     8192; the first run used a bound of 1e-3, tightened to 2e-6 after it.  The e4m3 products
+ *     are exact; the difference is the order of the sums and the reduced internal precision
+ *     of Hopper's FP8 MMA within each 128-wide K block (not visible at this size).
  *     The same case also checks that the GPU result is much closer to the CPU's act_fp8
  *     result than to the CPU result without act quantization (the bound can see that).
  * Also: rows tails (33, 100), feature tails (300 features: partial tiles and scale blocks),
@@ -193,6 +194,8 @@ static void check(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int act_fp8, in
     park(&t);
 }
 
+#define F8_TOL 2e-6 /* FP8 tensor-core path against the CPU act_fp8 matmul (see the top) */
+
 static const dsv4_wfmt FMTS[5] = {DSV4_WF_F32, DSV4_WF_BF16, DSV4_WF_FP8, DSV4_WF_MXFP4, DSV4_WF_NVFP4};
 static const int ROWS[4] = {33, 64, 100, 1024};
 
@@ -222,11 +225,11 @@ static void test_exact_path_act_fp8(void) {
 static void test_fp8_path(void) {
     NEED_GPU();
     for (int ri = 0; ri < 4; ri++) {
-        check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 0, 1e-3);
-        check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 1, 1e-3); /* f32 block scales (Flash-Base) */
+        check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 0, F8_TOL);
+        check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 1, F8_TOL); /* f32 block scales (Flash-Base) */
     }
-    check(DSV4_WF_FP8, 512, 4096, 100, 1, 0, 0, 1e-3);
-    check(DSV4_WF_FP8, 1024, 8192, 64, 1, 0, 0, 1e-3);
+    check(DSV4_WF_FP8, 512, 4096, 100, 1, 0, 0, F8_TOL);
+    check(DSV4_WF_FP8, 1024, 8192, 64, 1, 0, 0, F8_TOL);
     check(DSV4_WF_FP8, 256, 1024, 100, 1, 1, 0, 4e-3); /* outputs rounded to bf16 */
 }
 
@@ -247,7 +250,7 @@ static void test_nan_rows(void) {
         for (int i = 0; i < rows; i++) nan_rows += isnan(g[(size_t)i * O]) && isnan(g[(size_t)i * O + O - 1]);
         printf("  NaN/Inf in x, act_fp8 %d: rel %.2e over the finite outputs, NaN rows %d (CPU pattern equal: %s)\n",
                act, r, nan_rows, isinf(r) ? "no" : "yes");
-        CHECK(!isinf(r) && r <= (act ? 1e-3 : 3e-6));
+        CHECK(!isinf(r) && r <= (act ? F8_TOL : 3e-6));
         CHECK(isnan(g[5 * O]) && isnan(a[5 * O]));
         CHECK(!isnan(g[6 * O]));
         free(x), free(a), free(g);

@@ -19,6 +19,8 @@
  *     interleaved partials).  act_fp8 with a quantized W: x goes through act_quant first
  *     (dsv4_cuda_act_quant, bit-exact with the CPU), as in cu_matmul.
  *     Needs K % 16 == 0 (FP8: block % 8 == 0; MXFP4: K % 32 == 0) and 16-byte aligned x.
+ *     Measured against the CPU: rel 5e-7 .. 1.2e-6 (K 1024 .. 4096); 36-40 TFLOP/s at the
+ *     large prefill shapes on the H200 (fp32 peak ~67), 7-18 where N <= 1024 leaves SMs idle.
  *
  * (b) FP8 tensor-core path, k_gemm_fp8 (act_fp8 = 1 and W FP8 with 128 x 128 block
  *     scales, K % 128 == 0: the `reference` numerics profile).  k_quant_bytes writes x as
@@ -33,7 +35,8 @@
  *     out_acc += partial * (w_scale * x_scale[row]) in fp32 (DeepSeek's kernels promote
  *     every 128 K too: Hopper's FP8 MMA adds its products with reduced internal precision).
  *     The e4m3 x e4m3 products are exact; what differs from the CPU is the order of the sums
- *     and that internal precision: tests/test_cuda_gemm.c measures it and states its bound.
+ *     and that internal precision: tests/test_cuda_gemm.c measures it (rel 1.1e-7 .. 3.0e-7
+ *     on the H200, K up to 8192) and tests with rel <= 2e-6.
  *     Fragment loads: the k order inside one m16n8k32 is free as long as A and B use the
  *     same one, so each lane reads 8 consecutive bytes (k = 8t .. 8t+7 of the 32) for its
  *     A register pair (a0, a2) / (a1, a3) and its B pair (b0, b1).
@@ -41,7 +44,9 @@
  * Both write out_bf16-rounded outputs when asked (d_round_bf16) and count W's bytes once
  * per call in weight_bytes_read.  Grids put the row tiles on x (fastest), so the blocks
  * that share a weight tile run together and W streams from DRAM about once.
- * Target: sm_90a (mma.sync e4m3 needs sm_89+).
+ * Target: sm_90a (mma.sync e4m3 needs sm_89+).  Not done: wgmma + TMA for the FP8 path
+ * (mma.sync reaches 80-180 TFLOP/s here, a fraction of Hopper's FP8 rate), split-K or
+ * smaller tiles for few output features, a bf16/TF32 tensor-core path for the head.
  */
 #include "backend/cuda/common.cuh"
 
