@@ -23,6 +23,7 @@ static const command COMMANDS[] = {
     {"serve", dsv4_cmd_serve, "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)"},
     {"diff", dsv4_cmd_diff, "compare two numerics/backend SPECs op by op, layer by layer: where a difference enters"},
     {"bench", dsv4_cmd_bench, "prefill/decode throughput, per-op time and bandwidth on a backend (cpu, cuda)"},
+    {"opbench", dsv4_cmd_opbench, "time each weight-reading decode op of one layer against the copy bandwidth"},
     {"fidelity", dsv4_cmd_fidelity, "indexer-recall, switch A/B, needle and multi-turn recall (local or any endpoint)"},
 };
 

@@ -20,5 +20,6 @@ int dsv4_cmd_serve(int argc, char **argv);
 int dsv4_cmd_diff(int argc, char **argv);
 int dsv4_cmd_fidelity(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
+int dsv4_cmd_opbench(int argc, char **argv);
 
 #endif
