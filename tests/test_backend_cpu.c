@@ -232,19 +232,12 @@ static void test_hc_pre_post_head(void) {
     }
 }
 
-static void test_sparse_attn_sink(void) {
-    enum { R = 2, H = 3, HD = 24, N = 7 };
-    float q[R * H * HD], kvs[N * HD], out[R * H * HD], sink[H] = {0.5f, -1.0f, 2.0f};
-    fill(q, sizeof q / 4, 1);
-    fill(kvs, sizeof kvs / 4, 1);
-    const float *kv[R * N];
-    int n_kv[R] = {N, 3};
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < N; j++) kv[r * N + j] = kvs + ((j * 3 + r) % N) * HD;
-    B()->ops->sparse_attn(B(), out, q, R, H, HD, kv, n_kv, N, sink, 0.3f, 0, 0);
+/* One reference check of sparse_attn against the key list kv[r*N + j], j < n_kv[r]. */
+static void check_attn(const float *out, const float *q, const float *const *kv, const int *n_kv, int R, int H,
+                       int HD, int N, const float *sink) {
     for (int r = 0; r < R; r++)
         for (int h = 0; h < H; h++) {
-            double s[N], mx = sink[h], den = 0;
+            double s[64], mx = sink[h], den = 0;
             for (int j = 0; j < n_kv[r]; j++) {
                 s[j] = 0;
                 for (int d = 0; d < HD; d++) s[j] += (double)q[(r * H + h) * HD + d] * kv[r * N + j][d];
@@ -261,16 +254,46 @@ static void test_sparse_attn_sink(void) {
         }
 }
 
+/* Key order = window pointers, then compressed rows (by pick when picks are given, else
+ * all n_comp in order), and the result is the same as attending to that explicit list. */
+static void test_sparse_attn_sink(void) {
+    enum { R = 3, H = 3, HD = 24, W = 4, NC = 9, TK = 3, N = W + NC };
+    float q[R * H * HD], ring[W * HD], comp[NC * HD], out[R * H * HD], sink[H] = {0.5f, -1.0f, 2.0f};
+    fill(q, sizeof q / 4, 1);
+    fill(ring, sizeof ring / 4, 1);
+    fill(comp, sizeof comp / 4, 1);
+    const float *win[R * W], *base[R] = {comp, comp, NULL}, *kv[R * N];
+    int n_win[R] = {W, 2, 3}, n_comp[R] = {NC, 5, 0}, n_kv[R];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < W; j++) win[r * W + j] = ring + ((j * 3 + r) % W) * HD;
+    /* all compressed rows in order */
+    B()->ops->sparse_attn(B(), out, q, R, H, HD, win, n_win, W, base, n_comp, NULL, NULL, 0, sink, 0.3f, 0, 0);
+    for (int r = 0; r < R; r++) {
+        n_kv[r] = 0;
+        for (int j = 0; j < n_win[r]; j++) kv[r * N + n_kv[r]++] = win[r * W + j];
+        for (int t = 0; base[r] && t < n_comp[r]; t++) kv[r * N + n_kv[r]++] = comp + t * HD;
+    }
+    check_attn(out, q, kv, n_kv, R, H, HD, N, sink);
+    /* picked rows (unsorted on purpose: the op keeps the given order) */
+    int32_t picks[R * TK] = {7, 0, 4, 2, 3, -1, -1, -1, -1};
+    int n_picks[R] = {3, 2, 0};
+    B()->ops->sparse_attn(B(), out, q, R, H, HD, win, n_win, W, base, n_comp, picks, n_picks, TK, sink, 0.3f, 0, 0);
+    for (int r = 0; r < R; r++) {
+        n_kv[r] = 0;
+        for (int j = 0; j < n_win[r]; j++) kv[r * N + n_kv[r]++] = win[r * W + j];
+        for (int j = 0; base[r] && j < n_picks[r]; j++) kv[r * N + n_kv[r]++] = comp + picks[r * TK + j] * HD;
+    }
+    check_attn(out, q, kv, n_kv, R, H, HD, N, sink);
+}
+
 static void test_indexer_topk_pool(void) {
     enum { R = 2, H = 3, HD = 8, N = 10, K = 4 };
     float q[R * H * HD], w[R * H], keys[N * HD], score[R * N];
     fill(q, sizeof q / 4, 1);
     fill(w, sizeof w / 4, 1);
     fill(keys, sizeof keys / 4, 1);
-    const float *kp[R * N];
+    const float *kp[R] = {keys, keys}; /* each row's keys: one contiguous block */
     int nk[R] = {N, 3};
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < N; j++) kp[r * N + j] = keys + j * HD;
     B()->ops->indexer_scores(B(), score, q, w, R, H, HD, kp, nk, N, 0);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < nk[r]; j++) {
@@ -361,8 +384,8 @@ static void test_route_and_moe(void) {
     float x[R * D], out[R * D], out2[R * D];
     fill(x, R * D, 3);
     float limit = 1.0f; /* small so both clamps bite */
-    B()->ops->moe(B(), out, x, R, f, ex, wts, K, &f[E], limit, 0, 0, 0, 1.0f);
-    B()->ops->moe(B(), out2, x, R, f, ex, wts, K, &f[E], limit, 1, 0, 0, 1.0f);
+    B()->ops->moe(B(), out, x, R, f, E, ex, wts, K, &f[E], limit, 0, 0, 0, 1.0f);
+    B()->ops->moe(B(), out2, x, R, f, E, ex, wts, K, &f[E], limit, 1, 0, 0, 1.0f);
     for (int r = 0; r < R; r++) {
         double y[D] = {0};
         for (int a = 0; a <= K; a++) {

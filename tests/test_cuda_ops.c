@@ -312,26 +312,142 @@ static void test_mhc(void) {
 }
 
 /* ----- attention, indexer, top-k, pool ----- */
+/* a device copy of n bytes of host memory (ops->alloc: what the forward pass hands the ops) */
+static void *dev_copy(const void *h, size_t n) {
+    void *d = gpu.ops->alloc(&gpu, n);
+    if (d) gpu.ops->upload(&gpu, d, h, n);
+    return d;
+}
+
+/* Host keys (the slow path that stages them): window pointers then all compressed rows. */
 static void test_sparse_attn(void) {
     NEED_GPU();
-    enum { R = 3, NH = 4, HD = 128, NK = 150, MAXKV = 160 };
-    float *keys = malloc(sizeof(float) * NK * HD), q[R * NH * HD], a[R * NH * HD], g[R * NH * HD], sink[NH];
-    const float *kv[R * MAXKV];
-    int n_kv[R] = {1, 97, 150};
-    fill(keys, NK * HD, 1);
+    enum { R = 3, NH = 4, HD = 128, NW = 40, NC = 110 };
+    float *ring = malloc(sizeof(float) * NW * HD), *comp = malloc(sizeof(float) * NC * HD);
+    float q[R * NH * HD], a[R * NH * HD], g[R * NH * HD], sink[NH];
+    const float *win[R * NW], *base[R] = {comp, NULL, comp};
+    int n_win[R] = {1, 37, 40}, n_comp[R] = {0, 0, 110};
+    fill(ring, NW * HD, 1);
+    fill(comp, NC * HD, 1);
     fill(q, R * NH * HD, 1);
     fill(sink, NH, 2);
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < n_kv[r]; j++) kv[r * MAXKV + j] = keys + (size_t)((j * 7 + r) % NK) * HD;
+        for (int j = 0; j < NW; j++) win[r * NW + j] = ring + (size_t)((j * 7 + r) % NW) * HD;
     for (int bf = 0; bf < 2; bf++) {
-        cpu.ops->sparse_attn(&cpu, a, q, R, NH, HD, kv, n_kv, MAXKV, sink, 0.088f, bf, bf);
-        gpu.ops->sparse_attn(&gpu, g, q, R, NH, HD, kv, n_kv, MAXKV, sink, 0.088f, bf, bf);
+        cpu.ops->sparse_attn(&cpu, a, q, R, NH, HD, win, n_win, NW, base, n_comp, NULL, NULL, 0, sink, 0.088f, bf, bf);
+        gpu.ops->sparse_attn(&gpu, g, q, R, NH, HD, win, n_win, NW, base, n_comp, NULL, NULL, 0, sink, 0.088f, bf, bf);
         CHECK(gpu_ok());
         double r = rel(g, a, R * NH * HD);
-        printf("  sparse_attn bf16 %d: rel %.2e\n", bf, r);
+        printf("  sparse_attn host keys bf16 %d: rel %.2e\n", bf, r);
         CHECK(r <= (bf ? 4e-3 : 2e-6));
     }
-    free(keys);
+    free(ring), free(comp);
+}
+
+/* The decode chain with nothing read back: indexer scores over device keys -> top-k into
+ * device buffers -> sparse attention reading those picks on the device, at V4-Flash's
+ * attention shape (64 heads x 512, window 128, top-k 512 of 600 compressed rows).  1 and 3
+ * rows leave rows*heads < 2 x SMs, so the keys are split over blocks (flash-decoding); 40
+ * rows do not.  Picks must equal the CPU's; attention: rel <= 2e-6 in fp32 (a split only
+ * regroups the sum over keys; measured values are printed), 4e-3 when rounded to bf16. */
+static void check_attn_chain(int R) {
+    enum { NH = 64, HD = 512, W = 128, NC = 600, TK = 512, INH = 8, IHD = 128 };
+    size_t nq = (size_t)R * NH * HD;
+    float *ring = malloc(sizeof(float) * W * HD), *comp = malloc(sizeof(float) * NC * HD),
+          *ikeys = malloc(sizeof(float) * NC * IHD), *q = malloc(sizeof(float) * nq), *a = malloc(sizeof(float) * nq),
+          *g = malloc(sizeof(float) * nq), *iq = malloc(sizeof(float) * R * INH * IHD), *iw = malloc(sizeof(float) * R * INH),
+          *sa = malloc(sizeof(float) * R * NC), sink[NH];
+    const float **win = malloc(sizeof(float *) * R * W), **wind = malloc(sizeof(float *) * R * W);
+    const float *base[40], *based[40], *ib[40], *ibd[40];
+    int n_win[40], n_comp[40], nk[40], na[40], ng[40];
+    int32_t *pa = malloc(sizeof(int32_t) * R * TK), *pg = malloc(sizeof(int32_t) * R * TK);
+    fill(ring, W * HD, 1);
+    fill(comp, NC * HD, 1);
+    fill(ikeys, NC * IHD, 1);
+    fill(q, nq, 1);
+    fill(iq, (size_t)R * INH * IHD, 1);
+    fill(iw, (size_t)R * INH, 1);
+    fill(sink, NH, 2);
+    float *ring_d = dev_copy(ring, sizeof(float) * W * HD), *comp_d = dev_copy(comp, sizeof(float) * NC * HD),
+          *ik_d = dev_copy(ikeys, sizeof(float) * NC * IHD), *q_d = dev_copy(q, sizeof(float) * nq),
+          *o_d = gpu.ops->alloc(&gpu, sizeof(float) * nq), *s_d = gpu.ops->alloc(&gpu, sizeof(float) * R * NC);
+    int32_t *p_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * R * TK);
+    int *np_d = gpu.ops->alloc(&gpu, sizeof(int) * R);
+    REQUIRE(ring_d && comp_d && ik_d && q_d && o_d && s_d && p_d && np_d);
+    for (int r = 0; r < R; r++) {
+        n_win[r] = r == 0 ? W : 1 + (r * 37) % W;
+        nk[r] = n_comp[r] = r % 3 == 2 ? 100 : NC - r; /* 100 < TK: every row picked */
+        base[r] = comp, based[r] = comp_d, ib[r] = ikeys, ibd[r] = ik_d;
+        for (int j = 0; j < W; j++) {
+            int slot = (j * 5 + r) % W;
+            win[r * W + j] = ring + (size_t)slot * HD;
+            wind[r * W + j] = ring_d + (size_t)slot * HD;
+        }
+    }
+    cpu.ops->indexer_scores(&cpu, sa, iq, iw, R, INH, IHD, ib, nk, NC, 0);
+    cpu.ops->topk(&cpu, pa, na, sa, R, NC, nk, TK);
+    gpu.ops->indexer_scores(&gpu, s_d, iq, iw, R, INH, IHD, ibd, nk, NC, 0);
+    gpu.ops->topk(&gpu, p_d, np_d, s_d, R, NC, nk, TK);
+    for (int bf = 0; bf < 2; bf++) {
+        cpu.ops->sparse_attn(&cpu, a, q, R, NH, HD, win, n_win, W, base, n_comp, pa, na, TK, sink, 0.044f, bf, bf);
+        gpu.ops->sparse_attn(&gpu, o_d, q_d, R, NH, HD, wind, n_win, W, based, n_comp, p_d, np_d, TK, sink, 0.044f,
+                             bf, bf);
+        gpu.ops->download(&gpu, g, o_d, sizeof(float) * nq);
+        CHECK(gpu_ok());
+        double r = rel(g, a, nq);
+        printf("  indexer -> topk -> sparse_attn on the device, rows %2d bf16 %d: rel %.2e\n", R, bf, r);
+        CHECK(r <= (bf ? 4e-3 : 2e-6));
+    }
+    gpu.ops->download(&gpu, pg, p_d, sizeof(int32_t) * R * TK);
+    gpu.ops->download(&gpu, ng, np_d, sizeof(int) * R);
+    CHECK(gpu_ok());
+    int same = 1;
+    for (int r = 0; r < R; r++) {
+        same &= na[r] == ng[r];
+        for (int j = 0; j < na[r] && same; j++) same &= pa[r * TK + j] == pg[r * TK + j];
+    }
+    printf("  device picks rows %2d: %s\n", R, same ? "identical to the CPU's" : "DIFFERENT");
+    CHECK(same);
+    void *dv[] = {ring_d, comp_d, ik_d, q_d, o_d, s_d, p_d, np_d};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu.ops->free(&gpu, dv[i]);
+    free(ring), free(comp), free(ikeys), free(q), free(a), free(g), free(iq), free(iw), free(sa);
+    free(win), free(wind), free(pa), free(pg);
+}
+
+static void test_attn_chain(void) {
+    NEED_GPU();
+    check_attn_chain(1);
+    check_attn_chain(3);
+    check_attn_chain(40);
+}
+
+/* A corrupt pick (>= the row's compressed rows) is skipped and reported by ops->check, on
+ * a backend of its own (the error is sticky). */
+static void test_bad_pick_reported(void) {
+    NEED_GPU();
+    enum { NH = 2, HD = 128, NC = 8, TK = 4 };
+    dsv4_backend g2;
+    dsv4_err err;
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    float keys[NC * HD], q[NH * HD], out[NH * HD], sink[NH] = {0, 0};
+    fill(keys, NC * HD, 1);
+    fill(q, NH * HD, 1);
+    int32_t picks[TK] = {0, 3, 9999, 5};
+    int np = TK, n_win = 1, n_comp = NC;
+    float *k_d = g2.ops->alloc(&g2, sizeof keys);
+    int32_t *p_d = g2.ops->alloc(&g2, sizeof picks);
+    int *n_d = g2.ops->alloc(&g2, sizeof(int));
+    REQUIRE(k_d && p_d && n_d);
+    g2.ops->upload(&g2, k_d, keys, sizeof keys);
+    g2.ops->upload(&g2, p_d, picks, sizeof picks);
+    g2.ops->upload(&g2, n_d, &np, sizeof(int));
+    const float *win[1] = {k_d}, *base[1] = {k_d};
+    CHECK(g2.ops->check(&g2, &err) == 0);
+    g2.ops->sparse_attn(&g2, out, q, 1, NH, HD, win, &n_win, 1, base, &n_comp, p_d, n_d, TK, sink, 0.1f, 0, 0);
+    int rc = g2.ops->check(&g2, &err);
+    printf("  corrupt pick: check -> %d (%s)\n", rc, rc ? err.msg : "no error");
+    CHECK(rc != 0 && strstr(err.msg, "pick") != NULL);
+    dsv4_backend_cuda_free(&g2);
 }
 
 static void test_indexer_topk(void) {
@@ -339,13 +455,11 @@ static void test_indexer_topk(void) {
     enum { R = 3, NH = 8, HD = 128, NK = 300, MAXK = 320, K = 64 };
     float *keys = malloc(sizeof(float) * NK * HD), q[R * NH * HD], w[R * NH];
     float a[R * MAXK], g[R * MAXK];
-    const float *kp[R * MAXK];
+    const float *kp[R] = {keys, keys + 7 * HD, keys}; /* host key blocks: the staged path */
     int nk[R] = {10, 200, 300};
     fill(keys, NK * HD, 1);
     fill(q, R * NH * HD, 1);
     fill(w, R * NH, 1);
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < nk[r]; j++) kp[r * MAXK + j] = keys + (size_t)j * HD;
     for (int bf = 0; bf < 2; bf++) {
         for (int i = 0; i < R * MAXK; i++) a[i] = g[i] = -1234.5f; /* entries past n[r] must stay */
         cpu.ops->indexer_scores(&cpu, a, q, w, R, NH, HD, kp, nk, MAXK, bf);
@@ -411,34 +525,134 @@ static void test_route(void) {
     }
 }
 
+/* the experts of test_moe: NE MXFP4 routed experts and an FP8 shared one */
+enum { MOE_D = 256, MOE_I = 128, MOE_NE = 8 };
+static dsv4_ffn_w moe_ex[MOE_NE], moe_sh;
+static tw moe_parts[MOE_NE * 3 + 3];
+static int moe_made;
+static void make_experts(void) {
+    if (moe_made) return;
+    moe_made = 1;
+    for (int e = 0; e < MOE_NE; e++) {
+        moe_parts[3 * e] = make_w(DSV4_WF_MXFP4, MOE_I, MOE_D, 0);
+        moe_parts[3 * e + 1] = make_w(DSV4_WF_MXFP4, MOE_D, MOE_I, 0);
+        moe_parts[3 * e + 2] = make_w(DSV4_WF_MXFP4, MOE_I, MOE_D, 0);
+        moe_ex[e] = (dsv4_ffn_w){.w1 = moe_parts[3 * e].w, .w2 = moe_parts[3 * e + 1].w, .w3 = moe_parts[3 * e + 2].w};
+    }
+    moe_parts[3 * MOE_NE] = make_w(DSV4_WF_FP8, MOE_I, MOE_D, 0);
+    moe_parts[3 * MOE_NE + 1] = make_w(DSV4_WF_FP8, MOE_D, MOE_I, 0);
+    moe_parts[3 * MOE_NE + 2] = make_w(DSV4_WF_FP8, MOE_I, MOE_D, 0);
+    moe_sh = (dsv4_ffn_w){.w1 = moe_parts[3 * MOE_NE].w, .w2 = moe_parts[3 * MOE_NE + 1].w,
+                          .w3 = moe_parts[3 * MOE_NE + 2].w};
+}
+
 static void test_moe(void) {
     NEED_GPU();
-    enum { R = 3, D = 256, I = 128, NE = 8, K = 2 };
-    dsv4_ffn_w ex[NE], sh;
-    tw parts[NE * 3 + 3];
-    for (int e = 0; e < NE; e++) {
-        parts[3 * e] = make_w(DSV4_WF_MXFP4, I, D, 0);
-        parts[3 * e + 1] = make_w(DSV4_WF_MXFP4, D, I, 0);
-        parts[3 * e + 2] = make_w(DSV4_WF_MXFP4, I, D, 0);
-        ex[e] = (dsv4_ffn_w){.w1 = parts[3 * e].w, .w2 = parts[3 * e + 1].w, .w3 = parts[3 * e + 2].w};
-    }
-    parts[3 * NE] = make_w(DSV4_WF_FP8, I, D, 0);
-    parts[3 * NE + 1] = make_w(DSV4_WF_FP8, D, I, 0);
-    parts[3 * NE + 2] = make_w(DSV4_WF_FP8, I, D, 0);
-    sh = (dsv4_ffn_w){.w1 = parts[3 * NE].w, .w2 = parts[3 * NE + 1].w, .w3 = parts[3 * NE + 2].w};
+    make_experts();
+    enum { R = 3, D = MOE_D, K = 2 };
     float x[R * D], a[R * D], g[R * D], wgt[R * K] = {0.6f, 0.4f, 0.3f, 0.7f, 0.5f, 0.5f};
-    int32_t e[R * K] = {5, 1, 1, 7, 0, 3};
+    int32_t e[R * K] = {5, 1, 1, 7, 0, 3}; /* host ids: staged, then planned on the device */
     fill(x, R * D, 1);
     for (int v = 0; v < 8; v++) {
         int before = v & 1, a8 = (v >> 1) & 1, bf = (v >> 2) & 1;
-        cpu.ops->moe(&cpu, a, x, R, ex, e, wgt, K, &sh, 10.0f, before, a8, bf, 1.5f);
-        gpu.ops->moe(&gpu, g, x, R, ex, e, wgt, K, &sh, 10.0f, before, a8, bf, 1.5f);
+        cpu.ops->moe(&cpu, a, x, R, moe_ex, MOE_NE, e, wgt, K, &moe_sh, 10.0f, before, a8, bf, 1.5f);
+        gpu.ops->moe(&gpu, g, x, R, moe_ex, MOE_NE, e, wgt, K, &moe_sh, 10.0f, before, a8, bf, 1.5f);
         CHECK(gpu_ok());
         double r = rel(g, a, R * D), tol = bf ? 8e-3 : 1e-5;
         printf("  moe before_w2 %d act_fp8 %d act_bf16 %d: rel %.2e (tol %.0e)\n", before, a8, bf, r, tol);
         CHECK(r <= tol);
     }
-    for (int i = 0; i < NE * 3 + 3; i++) free_w(&parts[i]);
+    /* without the shared expert */
+    cpu.ops->moe(&cpu, a, x, R, moe_ex, MOE_NE, e, wgt, K, NULL, 10.0f, 0, 1, 0, 1.0f);
+    gpu.ops->moe(&gpu, g, x, R, moe_ex, MOE_NE, e, wgt, K, NULL, 10.0f, 0, 1, 0, 1.0f);
+    CHECK(gpu_ok());
+    double r = rel(g, a, R * D);
+    printf("  moe without shared expert: rel %.2e (tol 1e-05)\n", r);
+    CHECK(r <= 1e-5);
+}
+
+/* route -> moe with the ids and weights in device memory only (the host never reads them):
+ * batch 1 and batch 40 (every expert used by more than MOE_G = 8 slots: several groups per
+ * expert), biased top-k and hash routing, with the shared expert.  Ids must equal the CPU's;
+ * outputs rel <= 1e-5 (1e-5 as test_moe).  The weight-byte counter of `dsv4 bench` must
+ * equal the bytes of the groups the host would have formed. */
+static void check_route_moe(int R, int hash) {
+    enum { D = MOE_D, NE = MOE_NE, K = 3 };
+    float *lg = malloc(sizeof(float) * R * NE), *x = malloc(sizeof(float) * R * D), *a = malloc(sizeof(float) * R * D),
+          *g = malloc(sizeof(float) * R * D), *wa = malloc(sizeof(float) * R * K), bias[NE];
+    int32_t *ea = malloc(sizeof(int32_t) * R * K), *eg = malloc(sizeof(int32_t) * R * K),
+            *hid = malloc(sizeof(int32_t) * R * K);
+    fill(lg, (size_t)R * NE, 4);
+    fill(x, (size_t)R * D, 1);
+    fill(bias, NE, 0.1f);
+    for (int i = 0; i < R * K; i++) hid[i] = (int32_t)((i / K * 5 + (i % K) * 3) % NE); /* distinct per row */
+    float *lg_d = dev_copy(lg, sizeof(float) * R * NE), *x_d = dev_copy(x, sizeof(float) * R * D),
+          *w_d = gpu.ops->alloc(&gpu, sizeof(float) * R * K), *o_d = gpu.ops->alloc(&gpu, sizeof(float) * R * D);
+    int32_t *e_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * R * K);
+    REQUIRE(lg_d && x_d && w_d && o_d && e_d);
+    cpu.ops->route(&cpu, ea, wa, lg, R, NE, K, hash ? NULL : bias, hash ? hid : NULL, 1.5f);
+    cpu.ops->moe(&cpu, a, x, R, moe_ex, NE, ea, wa, K, &moe_sh, 10.0f, 0, 1, 0, 1.0f);
+    gpu.ops->profile(&gpu, 1); /* resets the counters */
+    gpu.ops->route(&gpu, e_d, w_d, lg_d, R, NE, K, hash ? NULL : bias, hash ? hid : NULL, 1.5f);
+    gpu.ops->moe(&gpu, o_d, x_d, R, moe_ex, NE, e_d, w_d, K, &moe_sh, 10.0f, 0, 1, 0, 1.0f);
+    dsv4_backend_stats st;
+    gpu.ops->stats(&gpu, &st);
+    gpu.ops->profile(&gpu, 0);
+    gpu.ops->download(&gpu, g, o_d, sizeof(float) * R * D);
+    gpu.ops->download(&gpu, eg, e_d, sizeof(int32_t) * R * K);
+    CHECK(gpu_ok());
+    CHECK(memcmp(ea, eg, sizeof(int32_t) * R * K) == 0);
+    double r = rel(g, a, (size_t)R * D);
+    /* expected bytes: each expert ceil(slots / 8) times, the shared one ceil(rows / 8) times */
+    int cnt[NE] = {0};
+    for (int i = 0; i < R * K; i++) cnt[ea[i]]++;
+    double want = (double)(dsv4_weight_bytes(&moe_sh.w1) + dsv4_weight_bytes(&moe_sh.w2) +
+                           dsv4_weight_bytes(&moe_sh.w3)) * ((R + 7) / 8);
+    for (int e = 0; e < NE; e++)
+        want += (double)(dsv4_weight_bytes(&moe_ex[e].w1) + dsv4_weight_bytes(&moe_ex[e].w2) +
+                         dsv4_weight_bytes(&moe_ex[e].w3)) * ((cnt[e] + 7) / 8);
+    printf("  route(%s) -> moe on the device, rows %2d: ids %s, rel %.2e (tol 1e-05), weight bytes %.0f (want %.0f)\n",
+           hash ? "hash" : "top-k", R, memcmp(ea, eg, sizeof(int32_t) * R * K) ? "DIFFER" : "same", r,
+           st.weight_bytes_read, want);
+    CHECK(r <= 1e-5);
+    CHECK(st.weight_bytes_read == want);
+    void *dv[] = {lg_d, x_d, w_d, o_d, e_d};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu.ops->free(&gpu, dv[i]);
+    free(lg), free(x), free(a), free(g), free(wa), free(ea), free(eg), free(hid);
+}
+
+static void test_route_moe_device(void) {
+    NEED_GPU();
+    make_experts();
+    check_route_moe(1, 0);
+    check_route_moe(40, 0);
+    check_route_moe(40, 1);
+}
+
+/* A corrupt expert id in device memory is skipped and reported (own backend: sticky). */
+static void test_bad_expert_reported(void) {
+    NEED_GPU();
+    make_experts();
+    dsv4_backend g2;
+    dsv4_err err;
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    float x[2 * MOE_D], out[2 * MOE_D], w[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    int32_t e[4] = {1, 2, -3, 1000};
+    fill(x, 2 * MOE_D, 1);
+    int32_t *e_d = g2.ops->alloc(&g2, sizeof e);
+    REQUIRE(e_d);
+    g2.ops->upload(&g2, e_d, e, sizeof e);
+    g2.ops->moe(&g2, out, x, 2, moe_ex, MOE_NE, e_d, w, 2, &moe_sh, 10.0f, 0, 0, 0, 1.0f);
+    int rc = g2.ops->check(&g2, &err);
+    printf("  corrupt expert ids: check -> %d (%s)\n", rc, rc ? err.msg : "no error");
+    CHECK(rc != 0 && strstr(err.msg, "expert id") != NULL);
+    dsv4_backend_cuda_free(&g2);
+}
+
+static void test_zz_moe_release(void) {
+    if (!moe_made) return;
+    for (int i = 0; i < MOE_NE * 3 + 3; i++) free_w(&moe_parts[i]);
+    moe_made = 0;
 }
 
 /* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
@@ -580,5 +794,6 @@ static void test_errors_are_reported(void) {
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
-          test_sparse_attn, test_indexer_topk, test_pool, test_route, test_moe, test_errors_are_reported,
+          test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
+          test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
           test_device_buffers, test_kern_grouped, test_kern_hc, test_zz_release)

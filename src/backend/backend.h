@@ -8,6 +8,12 @@
  * Weights stay in their stored formats (dsv4_weight: bf16, fp8 blocks, mxfp4,
  * nvfp4) and are dequantized by the op as it streams them.
  *
+ * Which arrays are host and which are backend memory is part of each op's contract:
+ * small lists the host builds from positions (counts, per-row key pointers, RoPE
+ * positions, hash ids) are host arrays; whatever one op produces for another (top-k
+ * picks, expert ids and weights) is backend memory, so a device backend runs a whole
+ * forward call without waiting for a device result (only the logits are read back).
+ *
  * Each op documents its layout; flags are ints taken from dsv4_numerics by the
  * caller, so a backend never sees profiles.  Ops do not fail: shapes are checked
  * by the forward pass when a model is opened.  A CUDA backend must give results
@@ -85,18 +91,29 @@ typedef struct dsv4_backend_ops {
     void (*hc_head)(dsv4_backend *b, float *y, const float *X, int rows, int hc, int dim, const dsv4_weight *fn,
                     const dsv4_weight *base, const dsv4_weight *scale, float norm_eps, float hc_eps,
                     int gemm_bf16, int out_bf16);
-    /* Sink attention (spec §2.5): q [rows, n_heads*head_dim]; row r attends to the n_kv[r] rows
-     * kv[r*max_kv + j] (pointers to head_dim floats, K = V); out [rows, n_heads*head_dim]. */
+    /* Sink attention (spec §2.5): q [rows, n_heads*head_dim]; out [rows, n_heads*head_dim].  Row r
+     * attends to, in this order (K = V, head_dim floats each, all in backend memory):
+     *   (a) its window keys win[r*max_win + j], j < n_win[r] (host array of pointers: fresh kv rows
+     *       of this call or the sequence's ring);
+     *   (b) compressed keys comp_base[r] + i*head_dim (comp_base: host array, NULL = none for that
+     *       row), for i = picks[r*topk + j], j < n_picks[r] when picks is non-NULL (picks, n_picks:
+     *       BACKEND memory, topk's output), else for i = 0 .. n_comp[r]-1.  With picks, n_comp[r]
+     *       (host) bounds the indices: a backend may skip (and report) an index >= n_comp[r].
+     * n_win, n_comp, comp_base and sink are host arrays; n_comp may be NULL when comp_base is. */
     void (*sparse_attn)(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
-                        const float *const *kv, const int *n_kv, int max_kv, const float *sink, float scale,
-                        int prob_bf16, int out_bf16);
-    /* Indexer scores: score[r][j] = sum_h w[r][h] relu(q[r][h] . key[r*max_keys+j]) for j < n_keys[r]
-     * (q [rows, n_heads*head_dim]); score_bf16 rounds products and sums to bf16. */
+                        const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                        const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                        float scale, int prob_bf16, int out_bf16);
+    /* Indexer scores: score[r][j] = sum_h w[r][h] relu(q[r][h] . key_j) for j < n_keys[r], where
+     * key_j = key_base[r] + j*head_dim (key_base: host array of backend pointers, one contiguous
+     * block of keys per row; n_keys: host); q [rows, n_heads*head_dim]; score [rows][max_keys]
+     * (entries j >= n_keys[r] are left as they are); score_bf16 rounds products and sums to bf16. */
     void (*indexer_scores)(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
-                           int head_dim, const float *const *keys, const int *n_keys, int max_keys,
+                           int head_dim, const float *const *key_base, const int *n_keys, int max_keys,
                            int score_bf16);
     /* Top-k per row of score[rows][stride] over the first n[r] entries: writes min(k, n[r]) indices
-     * to idx[r*k ...] (ascending index order) and the count to n_out[r]. */
+     * to idx[r*k ...] (ascending index order) and the count to n_out[r].  idx and n_out are BACKEND
+     * memory (a device backend does not wait for them); n is a host array. */
     void (*topk)(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride,
                  const int *n, int k);
     /* x[i][c] += y[((first + i) mod period)][c] for rows x width (compressor position biases). */
@@ -104,15 +121,18 @@ typedef struct dsv4_backend_ops {
     /* Softmax pooling (compressor emit): for each channel c < width,
      * out[c] = sum_t softmax_t(gate[t][c]) kv[t][c] over n entries (entry t: pointers kv[t], gate[t]). */
     void (*pool)(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width);
-    /* Router (spec §2.6): logits [rows, n_routed] (fp32) -> experts/weights [rows, k].
-     * hash_ids: tid2eid rows for each token (NULL = biased top-k with bias, may be NULL).
+    /* Router (spec §2.6): logits [rows, n_routed] (fp32) -> experts/weights [rows, k], both
+     * BACKEND memory (a device backend does not wait for them).  bias: host, n_routed floats or
+     * NULL.  hash_ids: host tid2eid rows for each token (NULL = biased top-k with bias).
      * scale multiplies the renormalised weights (routed_scaling_factor, or 1). */
     void (*route)(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
                   int k, const float *bias, const int32_t *hash_ids, float scale);
     /* Routed + shared experts (clamped SwiGLU): out[r] = sum_k wgt[r][k] FFN_{e[r][k]}(x[r]) + FFN_shared(x[r]);
-     * before_w2: the weight multiplies the activation before w2 (else after).  out_scale multiplies
-     * the routed sum (moe.route_scale=output/both). */
-    void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
+     * e and wgt are BACKEND memory (route's output; a device backend groups slots by expert on the
+     * device), experts[] holds n_routed FFNs (ids outside [0, n_routed) are a broken invariant: a
+     * device backend skips them and reports an error).  before_w2: the weight multiplies the
+     * activation before w2 (else after).  out_scale multiplies the routed sum (moe.route_scale=output/both). */
+    void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
                 const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
                 int act_fp8, int act_bf16, float out_scale);
 

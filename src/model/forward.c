@@ -12,6 +12,12 @@
  * Compressor updates run row by row in position order (they are recurrences), and
  * visibility (`t < (p+1) div r`) keeps rows emitted later in the chunk out of
  * earlier queries.
+ *
+ * Host/backend split: the host builds what it knows from positions (per-row window
+ * key pointers, compressed-row bases and counts, hash ids); what one op produces for
+ * another (top-k picks, expert ids and weights) stays in backend memory, so a device
+ * backend never waits inside a forward call except for the logits.  Host copies of
+ * picks and routing are downloaded only when a trace is set.
  */
 #include "model/forward.h"
 
@@ -59,19 +65,25 @@ struct dsv4_model {
     float *ick, *icg;       /* [R][2*ihd] */
     float *iq, *iw;         /* [R][inh*ihd], [R][inh] */
     float *o, *low, *a;     /* [R][nh*hd], [R][og*olr], [R][dim] */
-    float *rl, *wts;        /* [R][n_routed], [R][k] */
-    int32_t *experts, *hash;/* [R][k] */
+    float *rl, *wts;        /* [R][n_routed], [R][k] routing weights (backend memory) */
+    int32_t *experts, *hash;/* [R][k] expert ids (backend memory), hash ids (host: tokens are known here) */
     float *hx, *logits;     /* [R][dim], [R][vocab] */
     int64_t *pos, *cpos;    /* [R], [R+1] */
     int32_t *tok;           /* [R] */
     int *seg_of;            /* [R] */
     segment *segs;          /* [R] */
-    int32_t *picks;         /* [R][topk] */
-    int *n_picks;           /* [R] */
-    const float **kvp;      /* [R][max_kv] */
-    int *n_kv;
-    int max_kv;
-    const float **keyp;     /* [R][max_keys] */
+    int32_t *picks;         /* [R][topk] top-k output (backend memory) */
+    int *n_picks;           /* [R] (backend memory) */
+    /* host copies of picks/experts/weights, filled only when a trace wants them */
+    int32_t *h_picks, *h_experts;
+    int *h_npicks;
+    float *h_wts;
+    /* attention key lists (host arrays the backend reads; keys stay in backend memory) */
+    const float **win;      /* [R][window] window key pointers (fresh kv rows or the ring) */
+    int *n_win;             /* [R] */
+    const float **comp_base;/* [R] compressed rows of the row's sequence (NULL: none) */
+    int *n_comp;            /* [R] visible compressed rows */
+    const float **key_base; /* [R] indexer compressed rows of the row's sequence */
     float *scores;          /* [R][max_keys] (backend memory) */
     int *n_keys;
     int max_keys;
@@ -185,15 +197,16 @@ void dsv4_model_free(dsv4_model *m) {
     free(m->trace_f);
     free(m->trace_w);
     /* activations live in backend memory (device memory on a GPU) ... */
-    void *dev[] = {m->X,  m->Xb,  m->Xs,  m->y, m->post, m->comb, m->qa, m->q,   m->kvc, m->ck,     m->cg,
-                   m->ick, m->icg, m->iq, m->iw, m->o,    m->low,  m->a,  m->rl, m->hx,  m->logits};
+    void *dev[] = {m->X,  m->Xb,  m->Xs,  m->y, m->post, m->comb, m->qa,  m->q,       m->kvc,   m->ck,
+                   m->cg, m->ick, m->icg, m->iq, m->iw, m->o,    m->low, m->a,       m->rl,    m->hx,
+                   m->logits, m->wts, m->experts, m->picks, m->n_picks};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) OPS(m)->free(B_(m), dev[i]);
     if (m->scores) OPS(m)->free(B_(m), m->scores);
     /* ... indices, lists and what the host reads stay host memory */
-    void *bufs[] = {m->wts,    m->experts, m->hash,    m->pos,     m->cpos,          m->tok,  m->seg_of,
-                    m->segs,   m->picks,   m->n_picks, (void *)m->kvp, m->n_kv, (void *)m->keyp,
-                    m->n_keys, m->mtp_x,   m->mtp_a};
+    void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->tok,           m->seg_of,      m->segs,
+                    m->h_picks,       m->h_npicks, m->h_experts, m->h_wts,      (void *)m->win, m->n_win,
+                    (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -271,12 +284,14 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AB(m->cg, R * 2 * c->head_dim) || AB(m->ick, R * 2 * c->index_head_dim) ||
         AB(m->icg, R * 2 * c->index_head_dim) || AB(m->iq, R * c->index_n_heads * c->index_head_dim) ||
         AB(m->iw, R * c->index_n_heads) || AB(m->o, R * qd) || AB(m->low, R * c->o_groups * c->o_lora_rank) ||
-        AB(m->a, R * D) || AB(m->rl, R * c->n_routed) || AL(m->wts, R * k) || AL(m->experts, R * k) ||
-        AL(m->hash, R * k) || AB(m->hx, R * D) || AB(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) ||
-AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
+        AB(m->a, R * D) || AB(m->rl, R * c->n_routed) || AB(m->wts, R * k) || AB(m->experts, R * k) ||
+        AL(m->h_wts, R * k) || AL(m->h_experts, R * k) || AL(m->hash, R * k) || AB(m->hx, R * D) ||
+        AB(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) || AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
         AL(m->cpos, R + 1) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
-        AL(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->n_picks, R) ||
-        AL(m->n_kv, R) || AL(m->n_keys, R))
+        AB(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AB(m->n_picks, R) ||
+        AL(m->h_picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->h_npicks, R) ||
+        AL(m->win, R * (size_t)(c->window > 0 ? c->window : 1)) || AL(m->n_win, R) || AL(m->comp_base, R) ||
+        AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R))
         goto oom;
 #undef AL
 #undef AB
@@ -287,24 +302,14 @@ oom:
     return dsv4_errf(err, "model: out of memory for run-state buffers (max_rows %d)", max_rows);
 }
 
-/* Grows the attention/indexer lists (amortised doubling: no allocation once the
- * context stops growing). */
-static int ensure_lists(dsv4_model *m, int need_kv, int need_keys, dsv4_err *err) {
+/* Grows the indexer score buffer to `need_keys` columns (amortised doubling: no
+ * allocation once the context stops growing).  The attention and indexer key lists
+ * are per-row (pointer, count) pairs of fixed size, allocated at init. */
+static int ensure_scores(dsv4_model *m, int need_keys, dsv4_err *err) {
     size_t R = (size_t)m->max_rows;
-    if (need_kv > m->max_kv) {
-        int cap = m->max_kv ? m->max_kv : 64;
-        while (cap < need_kv) cap *= 2;
-        const float **p = realloc((void *)m->kvp, sizeof *p * R * (size_t)cap);
-        if (!p) return dsv4_errf(err, "forward: out of memory for attention lists (%d rows)", cap);
-        m->kvp = p;
-        m->max_kv = cap;
-    }
     if (need_keys > m->max_keys) {
         int cap = m->max_keys ? m->max_keys : 64;
         while (cap < need_keys) cap *= 2;
-        const float **p = realloc((void *)m->keyp, sizeof *p * R * (size_t)cap);
-        if (!p) return dsv4_errf(err, "forward: out of memory for indexer lists (%d keys)", cap);
-        m->keyp = p;
         /* scores are written before they are read in each layer: no contents to keep */
         float *s = OPS(m)->alloc(B_(m), sizeof *s * R * (size_t)cap);
         if (!s) return dsv4_errf(err, "forward: out of memory for indexer scores (%d keys)", cap);
@@ -443,35 +448,30 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
             int64_t vis = (m->pos[i] + 1) / ratio;
             if (vis > need) need = (int)vis;
         }
-        if (ensure_lists(m, 0, need, err)) return -1;
-        for (int i = 0; i < rows; i++) {
+        if (ensure_scores(m, need, err)) return -1;
+        for (int i = 0; i < rows; i++) { /* row i's keys: its sequence's indexer rows, contiguous */
             segment *sg = &m->segs[m->seg_of[i]];
-            const dsv4_comp_state *ic = &sg->st->layers[layer].icomp;
-            int vis = (int)((m->pos[i] + 1) / ratio);
-            m->n_keys[i] = vis;
-            for (int t = 0; t < vis; t++) m->keyp[(size_t)i * m->max_keys + t] = ic->rows + (size_t)t * ihd;
+            m->key_base[i] = sg->st->layers[layer].icomp.rows;
+            m->n_keys[i] = (int)((m->pos[i] + 1) / ratio);
         }
-        op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->keyp, m->n_keys, m->max_keys,
+        op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
                            nm->indexer_score_bf16);
         op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
         op_trace(m, "indexer.q", layer, rows, inh * ihd, m->iq, NULL, NULL, m->pos);
         op_trace(m, "indexer.scores", layer, rows, m->max_keys, m->scores, NULL, m->n_keys, m->pos);
-        op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->picks, m->n_picks, m->pos);
+        if (m->op_trace || m->trace) { /* host copies only for the traces: the step itself never waits */
+            op->download(b, m->h_picks, m->picks, sizeof(int32_t) * (size_t)rows * topk);
+            op->download(b, m->h_npicks, m->n_picks, sizeof(int) * (size_t)rows);
+        }
+        if (m->op_trace) op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->h_picks, m->h_npicks, m->pos);
     }
 
-    /* key lists: window (fresh rows or ring) + compressed rows */
-    int need_kv = W;
-    for (int i = 0; i < rows; i++) {
-        int extra = 0;
-        if (L->has_indexer) extra = m->n_picks[i];
-        else if (ratio) extra = (int)((m->pos[i] + 1) / ratio);
-        if (W + extra > need_kv) need_kv = W + extra;
-    }
-    if (ensure_lists(m, need_kv, 0, err)) return -1;
+    /* key lists: window (fresh rows or ring) per row, then compressed rows (picked on the
+     * backend by the indexer, or all visible ones) */
     for (int i = 0; i < rows; i++) {
         segment *sg = &m->segs[m->seg_of[i]];
         const dsv4_layer_state *ls = &sg->st->layers[layer];
-        const float **kl = m->kvp + (size_t)i * m->max_kv;
+        const float **kl = m->win + (size_t)i * W;
         int n = 0;
         int64_t p = m->pos[i], lo = p - W + 1 < 0 ? 0 : p - W + 1;
         for (int64_t qp = lo; qp <= p; qp++) {
@@ -482,16 +482,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
                 if (ls->ring_pos[slot] == qp) kl[n++] = ls->ring + (size_t)slot * hd;
             }
         }
-        if (L->has_indexer) {
-            for (int j = 0; j < m->n_picks[i]; j++)
-                kl[n++] = ls->comp.rows + (size_t)m->picks[(size_t)i * topk + j] * hd;
-        } else if (ratio) {
-            int vis = (int)((p + 1) / ratio);
-            for (int t = 0; t < vis; t++) kl[n++] = ls->comp.rows + (size_t)t * hd;
-        }
-        m->n_kv[i] = n;
+        m->n_win[i] = n;
+        m->comp_base[i] = ratio ? ls->comp.rows : NULL;
+        m->n_comp[i] = ratio ? (int)((p + 1) / ratio) : 0; /* with the indexer: the bound of a pick */
     }
-    op->sparse_attn(b, m->o, m->q, rows, nh, hd, m->kvp, m->n_kv, m->max_kv, m->sink[layer],
+    op->sparse_attn(b, m->o, m->q, rows, nh, hd, m->win, m->n_win, W, m->comp_base, m->n_comp,
+                    L->has_indexer ? m->picks : NULL, L->has_indexer ? m->n_picks : NULL, topk, m->sink[layer],
                     (float)(1.0 / sqrt((double)hd)), nm->attn_prob_bf16, bf);
     op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf); /* inverse RoPE at the query position */
     op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
@@ -536,32 +532,34 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     float router_scale = nm->route_scale == DSV4_RSCALE_OUTPUT ? 1.0f : rs;
     float out_scale = nm->route_scale == DSV4_RSCALE_ROUTER ? 1.0f : rs;
     op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, hash ? NULL : m->bias[layer], hash, router_scale);
-    op->moe(b, m->a, m->y, rows, L->experts, m->experts, m->wts, k, c->n_shared > 0 ? &L->shared : NULL,
+    op->moe(b, m->a, m->y, rows, L->experts, c->n_routed, m->experts, m->wts, k, c->n_shared > 0 ? &L->shared : NULL,
             (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    if (m->op_trace || m->trace) { /* host copies only for the traces */
+        op->download(b, m->h_experts, m->experts, sizeof(int32_t) * (size_t)rows * k);
+        op->download(b, m->h_wts, m->wts, sizeof(float) * (size_t)rows * k);
+    }
     if (m->op_trace) { /* the routing weights as applied (router scale x output scale), with the experts */
         size_t nw = (size_t)rows * k;
         if (nw > m->trace_wcap) {
             float *nb = realloc(m->trace_w, sizeof(float) * nw);
             if (nb) m->trace_w = nb, m->trace_wcap = nw;
         }
-        if (nw <= m->trace_wcap) {
-            OPS(m)->download(B_(m), m->trace_w, m->wts, sizeof(float) * nw);
-            for (size_t i = 0; i < nw; i++) m->trace_w[i] *= out_scale;
-        }
+        if (nw <= m->trace_wcap)
+            for (size_t i = 0; i < nw; i++) m->trace_w[i] = m->h_wts[i] * out_scale;
         dsv4_op_info info = {.op = "moe.route", .layer = layer, .rows = rows, .width = nw <= m->trace_wcap ? k : 0,
-                             .f = m->trace_w, .ids = m->experts, .pos = m->pos};
+                             .f = m->trace_w, .ids = m->h_experts, .pos = m->pos};
         m->op_trace(m->op_trace_user, &info);
         op_trace(m, "moe.out", layer, rows, D, m->a, NULL, NULL, m->pos);
     }
     if (m->trace) {
         float applied[64];
         for (int i = 0; i < rows; i++) {
-            for (int j = 0; j < k && j < 64; j++) applied[j] = m->wts[i * k + j] * out_scale;
+            for (int j = 0; j < k && j < 64; j++) applied[j] = m->h_wts[i * k + j] * out_scale;
             dsv4_route_info info = {
                 .tag = NULL, .layer = layer, .pos = m->pos[i], .token = m->tok[i], .is_hash = L->is_hash,
-                .k = k, .experts = m->experts + (size_t)i * k, .weights = applied,
-                .n_picks = L->has_indexer ? m->n_picks[i] : 0,
-                .picks = L->has_indexer ? m->picks + (size_t)i * topk : NULL,
+                .k = k, .experts = m->h_experts + (size_t)i * k, .weights = applied,
+                .n_picks = L->has_indexer ? m->h_npicks[i] : 0,
+                .picks = L->has_indexer ? m->h_picks + (size_t)i * topk : NULL,
             };
             info.tag = m->segs[m->seg_of[i]].item >= 0 ? (void *)&m->segs[m->seg_of[i]] : NULL;
             m->trace(m->trace_user, &info);

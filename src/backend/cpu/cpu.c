@@ -352,12 +352,36 @@ static void cpu_hc_head(dsv4_backend *b, float *y, const float *X, int rows, int
     POP(b, m);
 }
 
+/* The key list of each row (window pointers, then compressed rows by pick or in order) is
+ * built first; the arithmetic over it is the reference order: scores in key order, the
+ * sink in the max and the denominator, p_j K_j summed in key order. */
 static void cpu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
-                            const float *const *kv, const int *n_kv, int max_kv, const float *sink, float scale,
-                            int prob_bf16, int out_bf16) {
+                            const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                            const int *n_comp, const int32_t *picks, const int *n_picks, int topk,
+                            const float *sink, float scale, int prob_bf16, int out_bf16) {
+    int max_kv = 1;
+    for (int r = 0; r < rows; r++) {
+        int nc = !comp_base || !comp_base[r] ? 0 : picks ? n_picks[r] : n_comp[r];
+        if (n_win[r] + nc > max_kv) max_kv = n_win[r] + nc;
+    }
     int nt = omp_get_max_threads();
     size_t m = MARK(b);
-    float *sbuf = PUSH(b, (size_t)nt * (size_t)(max_kv > 0 ? max_kv : 1), float);
+    const float **kv = PUSH(b, (size_t)rows * (size_t)max_kv, const float *);
+    int *n_kv = PUSH(b, rows, int);
+    for (int r = 0; r < rows; r++) {
+        const float **kl = kv + (size_t)r * max_kv;
+        int n = 0;
+        for (int j = 0; j < n_win[r]; j++) kl[n++] = win[(size_t)r * max_win + j];
+        if (comp_base && comp_base[r]) {
+            if (picks)
+                for (int j = 0; j < n_picks[r]; j++)
+                    kl[n++] = comp_base[r] + (size_t)picks[(size_t)r * topk + j] * head_dim;
+            else
+                for (int t = 0; t < n_comp[r]; t++) kl[n++] = comp_base[r] + (size_t)t * head_dim;
+        }
+        n_kv[r] = n;
+    }
+    float *sbuf = PUSH(b, (size_t)nt * (size_t)max_kv, float);
 #pragma omp parallel for schedule(dynamic, 1) if (PAR((double)rows * n_heads * head_dim * max_kv))
     for (int rh = 0; rh < rows * n_heads; rh++) {
         int r = rh / n_heads, h = rh % n_heads;
@@ -385,14 +409,14 @@ static void cpu_sparse_attn(dsv4_backend *b, float *out, const float *q, int row
 }
 
 static void cpu_indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
-                               int head_dim, const float *const *keys, const int *n_keys, int max_keys,
+                               int head_dim, const float *const *key_base, const int *n_keys, int max_keys,
                                int score_bf16) {
     (void)b;
 #pragma omp parallel for schedule(dynamic, 4) if (PAR((double)rows * max_keys * n_heads * head_dim))
     for (int64_t rj = 0; rj < (int64_t)rows * max_keys; rj++) {
         int r = (int)(rj / max_keys), j = (int)(rj % max_keys);
         if (j >= n_keys[r]) continue;
-        const float *k = keys[(size_t)r * max_keys + j];
+        const float *k = key_base[r] + (size_t)j * head_dim;
         float s = 0;
         for (int h = 0; h < n_heads; h++) {
             float d = dot(q + ((size_t)r * n_heads + h) * head_dim, k, head_dim);
@@ -521,8 +545,9 @@ static void ffn_rows(dsv4_backend *b, float *y, const float *x, int nr, const ds
 }
 
 static void cpu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
-                    const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
-                    int act_fp8, int act_bf16, float out_scale) {
+                    int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
+                    int before_w2, int act_fp8, int act_bf16, float out_scale) {
+    (void)n_routed; /* the ids index experts[] directly (the forward pass checked the hash tables) */
     int64_t dim = shared ? shared->w1.cols : experts[e[0]].w1.cols;
     size_t m = MARK(b);
     float *acc = PUSH(b, (size_t)rows * dim, float);

@@ -36,7 +36,8 @@ void cu_hc_post(dsv4_backend *, float *, const float *, const float *, const flo
 void cu_hc_head(dsv4_backend *, float *, const float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
                 const dsv4_weight *, float, float, int, int);
 void cu_sparse_attn(dsv4_backend *, float *, const float *, int, int, int, const float *const *, const int *, int,
-                    const float *, float, int, int);
+                    const float *const *, const int *, const int32_t *, const int *, int, const float *, float, int,
+                    int);
 void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, int, int, int, const float *const *,
                        const int *, int, int);
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
@@ -44,8 +45,8 @@ void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
-void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, const int32_t *, const float *, int,
-            const dsv4_ffn_w *, float, int, int, int, float);
+void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int, const int32_t *, const float *,
+            int, const dsv4_ffn_w *, float, int, int, int, float);
 
 /* ----- errors ----- */
 int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
@@ -71,6 +72,7 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
         if (e != cudaSuccess) dsv4_cuda_fail(b, "cudaStreamSynchronize", __FILE__, __LINE__, e);
         else dsv4_cuda_idle(b);
     }
+    if (!c->failed) dsv4_cuda_devside_check(b); /* device-side index checks (attn.cu, moe.cu) */
     if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
     return 0;
 }
@@ -266,6 +268,7 @@ static void cu_profile(dsv4_backend *b, int on) {
     memset(c->op_ms, 0, sizeof c->op_ms);
     memset(c->op_calls, 0, sizeof c->op_calls);
     c->weight_bytes_read = 0;
+    dsv4_cuda_devside_weight_bytes(b, 1); /* moe's device counter too */
 }
 
 static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
@@ -287,7 +290,7 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
         out->ms[i] = c->op_ms[i];
         out->calls[i] = c->op_calls[i];
     }
-    out->weight_bytes_read = (double)c->weight_bytes_read;
+    out->weight_bytes_read = (double)c->weight_bytes_read + dsv4_cuda_devside_weight_bytes(b, 0);
 }
 
 static double cu_copy_bandwidth(dsv4_backend *b, size_t bytes) {
@@ -628,6 +631,7 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (!b || !b->impl) return;
     cuda_impl *c = CI(b);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    dsv4_cuda_devside_free(b);
     if (c->pool) cudaFree(c->pool);
     for (size_t i = 0; i < c->map_cap; i++) /* weights uploaded outside the pool */
         if (c->map[i].key && !(c->pool && c->map[i].data >= c->pool && c->map[i].data < c->pool + c->pool_bytes))

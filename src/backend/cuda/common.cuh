@@ -85,6 +85,9 @@ struct cuda_impl {
     double op_ms[DSV4_CUDA_N_OPS];
     long op_calls[DSV4_CUDA_N_OPS];
     size_t weight_bytes_read;   /* bytes of weights streamed by matmul/moe since the last reset */
+    /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
+     * weight-byte counter, per-layer expert tables; NULL until first use */
+    struct cuda_devside *devside;
 };
 
 static inline cuda_impl *CI(dsv4_backend *b) { return (cuda_impl *)b->impl; }
@@ -118,6 +121,17 @@ void dsv4_cuda_flush(dsv4_backend *b);
 void dsv4_cuda_idle(dsv4_backend *b);
 /* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
 int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
+
+/* Device-side state (moe.cu).  Ops that read indices from device memory check them
+ * there; a bad one is skipped and sets a bit of a sticky device word, which
+ * ops->check turns into the backend's sticky error. */
+#define DSV4_DEVFLAG_PICK 1u   /* sparse_attn: a top-k pick outside the row's compressed rows */
+#define DSV4_DEVFLAG_EXPERT 2u /* moe: an expert id outside [0, n_routed) */
+unsigned *dsv4_cuda_devflags(dsv4_backend *b); /* the device word (NULL + sticky error on failure) */
+int dsv4_cuda_devside_check(dsv4_backend *b);  /* after a sync: 1 if a flag was set (now the sticky error) */
+/* routed expert weight bytes counted on the device since the last reset (reset: zero it) */
+double dsv4_cuda_devside_weight_bytes(dsv4_backend *b, int reset);
+void dsv4_cuda_devside_free(dsv4_backend *b);
 
 /* op timing bracket for bench (no-ops unless timing is on) */
 void dsv4_cuda_op_begin(dsv4_backend *b);

@@ -1,19 +1,31 @@
-/* backend/cuda/moe.cu: router and mixture of experts (spec §2.6).
+/* backend/cuda/moe.cu: router and mixture of experts (spec §2.6), and the device-side
+ * state of the sync-free ops (sticky device flags, the routed weight-byte counter).
  *
  * route: one block per row: sqrt(softplus) of the logits in parallel, then k block-wide
  *   argmax rounds pick the k largest of score+bias in descending order (ties to the
  *   lower id: the CPU's sort order), or the tid2eid row is taken; thread 0 normalises
- *   in pick order like the CPU.
- * moe: the routed experts of every row and the shared expert run as "slots", all in
- *   one launch per stage:
- *   A) gate+up: one warp per (slot, inter feature) reads the w1 and w3 rows once,
- *      clamped SwiGLU, the routing weight when it applies before w2, bf16/fp8 as the
- *      profile says;  B) down: one warp per (slot, output feature);  C) combine:
- *      per row, the routed outputs summed in expert-id order (the CPU's order),
- *      times out_scale, plus the shared expert.
- *   Slots are sorted by expert and cut into groups of <= 8 slots of one expert: a
- *   group's warps stream that expert's weights once for all its slots (a prefill chunk
- *   of R rows reads each active expert ceil(slots/8) times, a decode step once).
+ *   in pick order like the CPU.  Experts and weights are written to the caller's
+ *   device buffers: the host never reads them.
+ * moe: the routed experts of every row and the shared expert run as "slots" (routed
+ *   r*k+j, shared rows*k + r), all in one launch per stage:
+ *   P) plan: one block reads the expert ids from device memory, counting-sorts the
+ *      slots by expert (stable: row order inside an expert) and cuts them into groups
+ *      of <= MOE_G slots of one expert, the shared expert's groups last; writes the
+ *      groups, their count, each row's combine order (its experts by increasing id, the
+ *      CPU's summation order) and weights, and adds each routed group's weight bytes to
+ *      the device counter that `dsv4 bench` reads.  An id outside [0, n_routed) is
+ *      skipped and sets DSV4_DEVFLAG_EXPERT (reported by ops->check).
+ *   A) gate+up: one warp per (group, inter feature) reads the w1 and w3 rows once for
+ *      the group's slots, clamped SwiGLU, the routing weight when it applies before w2,
+ *      bf16/fp8 as the profile says;  B) down: one warp per (group, output feature);
+ *      C) combine: per row, the routed outputs in the plan's order, times out_scale,
+ *      plus the shared expert.
+ *   A and B launch with grid.y = an upper bound of the group count computed from the
+ *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
+ *   exit at once.  Each layer's expert weights (device views) are one table in device
+ *   memory, built on first use and cached by the host `experts` array (checked against
+ *   the weights' data pointers on every call).  Routed experts must share one shape and
+ *   format (checked when the table is built).
  * Layout: x, out [rows][dim] fp32; experts' weights device-resident in stored formats.
  * Target: sm_90a.
  */
@@ -77,9 +89,10 @@ __global__ void k_route(int32_t *experts, float *weights, const float *logits, i
     }
     __syncthreads();
     if (threadIdx.x) return;
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) sum += s[er[j]];
-    for (int j = 0; j < k; j++) weights[(int64_t)r * k + j] = s[er[j]] / (sum + 1e-20f) * scale;
+    float sum = 0.0f; /* an id outside [0, n_routed) (k > n_routed, or a bad hash row) weighs 0 */
+    for (int j = 0; j < k; j++) sum += (unsigned)er[j] < (unsigned)n_routed ? s[er[j]] : 0.0f;
+    for (int j = 0; j < k; j++)
+        weights[(int64_t)r * k + j] = ((unsigned)er[j] < (unsigned)n_routed ? s[er[j]] : 0.0f) / (sum + 1e-20f) * scale;
 }
 
 void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k,
@@ -89,27 +102,34 @@ void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *lo
     float *ld = (float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
     float *bd = bias ? (float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed) : NULL;
     int32_t *hd = hash_ids ? (int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
-    int32_t *ed = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * rows * k);
-    float *wd = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * k);
+    /* device outputs (the forward pass's) are written in place; host ones come back at op end */
+    int32_t *ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
+    float *wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
     if (!ld || (bias && !bd) || (hash_ids && !hd) || !ed || !wd) return;
     k_route<<<rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
     if (CKL(b)) return;
-    dsv4_cuda_fetch(b, experts, ed, sizeof(int32_t) * rows * k);
-    dsv4_cuda_fetch(b, weights, wd, sizeof(float) * rows * k);
+    dsv4_cuda_commit(b, experts, ed, sizeof(int32_t) * rows * k);
+    dsv4_cuda_commit(b, weights, wd, sizeof(float) * rows * k);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROUTE);
 }
 
 /* ----- moe ----- */
-/* A group = one expert (or the shared expert) and up to 8 of the slots that use it:
+/* A group = one expert (or the shared expert) and up to MOE_G of the slots that use it:
  * its weights are streamed once for all of them. */
 #define MOE_G 8
 struct group {
-    dweight w1, w3, w2;
+    int ex;               /* index into the expert table (n_routed = the shared expert) */
     int n;
     int slot[MOE_G];      /* slot ids: routed r*k+j, shared rows*k + r */
     int row[MOE_G];       /* input row of each slot */
     float pre[MOE_G];     /* multiplies h before w2 (1 when it does not apply) */
-    int quant_x;          /* act_fp8 applies to w1/w3 (x quantized) */
+};
+
+/* one expert as the kernels see it */
+struct dexpert {
+    dweight w1, w3, w2;
+    unsigned long long bytes; /* w1 + w2 + w3 as stored (weight-byte counter) */
+    int q1;                   /* w1 is quantized: act_fp8 quantizes x for it */
 };
 
 /* warp dots of weight row o with n (<= MOE_G) vectors xs[i]; every lane gets the sums */
@@ -187,16 +207,20 @@ __device__ __forceinline__ void warp_dot_multi(const dweight &w, int64_t o, cons
 }
 
 __global__ void __launch_bounds__(256) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,
-                                                const group *groups, float limit, int act_bf16) {
+                                                const group *groups, const int *n_groups, const dexpert *tab,
+                                                int act_fp8, float limit, int act_bf16) {
+    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
     const group &G = groups[blockIdx.y];
+    const dexpert &E = tab[G.ex];
     int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= G.w1.rows) return;
+    if (o >= E.w1.rows) return;
+    int quant_x = act_fp8 && E.q1;
     const float *xs[MOE_G];
 #pragma unroll
-    for (int g = 0; g < MOE_G; g++) xs[g] = (G.quant_x ? xq : x) + (int64_t)G.row[g < G.n ? g : 0] * dim;
+    for (int g = 0; g < MOE_G; g++) xs[g] = (quant_x ? xq : x) + (int64_t)G.row[g < G.n ? g : 0] * dim;
     float ga[MOE_G], ua[MOE_G];
-    warp_dot_multi(G.w1, o, xs, G.n, ga);
-    warp_dot_multi(G.w3, o, xs, G.n, ua);
+    warp_dot_multi(E.w1, o, xs, G.n, ga);
+    warp_dot_multi(E.w3, o, xs, G.n, ua);
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int g = 0; g < MOE_G; g++) {
@@ -215,15 +239,18 @@ __global__ void __launch_bounds__(256) k_moe_up(float *h, int64_t ldh, const flo
 }
 
 __global__ void __launch_bounds__(256) k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh,
-                                                  const group *groups, int act_bf16) {
+                                                  const group *groups, const int *n_groups, const dexpert *tab,
+                                                  int act_bf16) {
+    if ((int)blockIdx.y >= *n_groups) return;
     const group &G = groups[blockIdx.y];
+    const dexpert &E = tab[G.ex];
     int64_t d = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (d >= dim) return;
+    if (d >= dim || d >= E.w2.rows) return;
     const float *hs[MOE_G];
 #pragma unroll
     for (int g = 0; g < MOE_G; g++) hs[g] = h + (int64_t)G.slot[g < G.n ? g : 0] * ldh;
     float acc[MOE_G];
-    warp_dot_multi(G.w2, d, hs, G.n, acc);
+    warp_dot_multi(E.w2, d, hs, G.n, acc);
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int g = 0; g < MOE_G; g++) {
@@ -234,7 +261,8 @@ __global__ void __launch_bounds__(256) k_moe_down(float *y, int64_t dim, const f
     }
 }
 
-/* order[r*k + i]: slot of row r's i-th expert in id order; cw: its combine weight */
+/* order[r*k + i]: slot of row r's i-th expert in id order (-1: a skipped bad id); cw: its
+ * combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
                               const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -243,116 +271,361 @@ __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows,
     float acc = 0.0f;
     for (int i = 0; i < k; i++) {
         int sl = order[r * k + i];
-        acc += cw[r * k + i] * y[(int64_t)sl * dim + d];
+        if (sl >= 0) acc += cw[r * k + i] * y[(int64_t)sl * dim + d];
     }
     float v = acc * out_scale + (has_shared ? y[(int64_t)(n_routed_slots + r) * dim + d] : 0.0f);
     out[t] = act_bf16 ? d_round_bf16(v) : v;
+}
+
+/* The slot plan, on the device (one block).  Shared memory: cnt, pos, gstart [n_routed
+ * (+1)].  sorted: scratch [rows*k].  Writes groups[0 .. *n_groups), order and cw. */
+__global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups, int max_groups, int32_t *order,
+                                                   float *cw, int32_t *sorted, const int32_t *e, const float *wgt,
+                                                   int rows, int k, int n_routed, int has_shared, int before_w2,
+                                                   const dexpert *tab, unsigned long long *wbytes,
+                                                   unsigned *flags) {
+    extern __shared__ int sh[];
+    int *cnt = sh, *pos = sh + n_routed, *gst = sh + 2 * n_routed;
+    int nrs = rows * k, tid = threadIdx.x, nt = blockDim.x;
+    for (int x = tid; x < n_routed; x += nt) cnt[x] = 0;
+    __syncthreads();
+    for (int i = tid; i < nrs; i += nt) {
+        int x = e[i];
+        if ((unsigned)x < (unsigned)n_routed) atomicAdd(&cnt[x], 1);
+        else atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+    }
+    __syncthreads();
+    if (tid == 0) { /* exclusive scans: first slot and first group of each expert */
+        int sacc = 0, gacc = 0;
+        for (int x = 0; x < n_routed; x++) {
+            pos[x] = sacc;
+            gst[x] = gacc;
+            sacc += cnt[x];
+            gacc += (cnt[x] + MOE_G - 1) / MOE_G;
+        }
+        gst[n_routed] = gacc;
+    }
+    __syncthreads();
+    if (tid < 32) { /* stable placement: warp 0 walks the slots in order, 32 at a time */
+        for (int i0 = 0; i0 < nrs; i0 += 32) {
+            int i = i0 + tid;
+            int x = i < nrs ? e[i] : -1;
+            int ok = i < nrs && (unsigned)x < (unsigned)n_routed;
+            unsigned same = __match_any_sync(0xffffffffu, ok ? x : -1);
+            int rank = __popc(same & ((1u << tid) - 1u));
+            if (ok) sorted[pos[x] + rank] = i;
+            __syncwarp();
+            if (ok && rank == 0) pos[x] += __popc(same); /* the lowest lane of each expert advances it */
+            __syncwarp();
+        }
+    }
+    __syncthreads(); /* pos[x] is now the end of expert x's run */
+    for (int x = tid; x < n_routed; x += nt) {
+        int c = cnt[x];
+        for (int q = 0; q * MOE_G < c; q++) {
+            int g = gst[x] + q;
+            if (g >= max_groups) { /* cannot happen (the bound is exact arithmetic); never write past it */
+                atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+                break;
+            }
+            group &G = groups[g];
+            G.ex = x;
+            G.n = min(MOE_G, c - q * MOE_G);
+            for (int t = 0; t < G.n; t++) {
+                int sl = sorted[pos[x] - c + q * MOE_G + t];
+                G.slot[t] = sl;
+                G.row[t] = sl / k;
+                G.pre[t] = before_w2 ? wgt[sl] : 1.0f;
+            }
+            atomicAdd(wbytes, tab[x].bytes);
+        }
+    }
+    int g0 = gst[n_routed], gs = has_shared ? (rows + MOE_G - 1) / MOE_G : 0;
+    for (int q = tid; q < gs; q += nt) { /* the shared expert's groups, last */
+        if (g0 + q >= max_groups) {
+            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+            break;
+        }
+        group &G = groups[g0 + q];
+        G.ex = n_routed;
+        G.n = min(MOE_G, rows - q * MOE_G);
+        for (int t = 0; t < G.n; t++) {
+            int r = q * MOE_G + t;
+            G.slot[t] = nrs + r;
+            G.row[t] = r;
+            G.pre[t] = 1.0f;
+        }
+    }
+    if (tid == 0) *n_groups = min(g0 + gs, max_groups);
+    for (int r = tid; r < rows; r += nt) { /* each row's experts by increasing id, stable in pick order */
+        int32_t *o = order + (int64_t)r * k;
+        for (int i = 0; i < k; i++) o[i] = r * k + i;
+        for (int i = 1; i < k; i++)
+            for (int j = i; j > 0 && e[o[j - 1]] > e[o[j]]; j--) {
+                int32_t t = o[j];
+                o[j] = o[j - 1];
+                o[j - 1] = t;
+            }
+        for (int i = 0; i < k; i++) {
+            int sl = o[i];
+            cw[(int64_t)r * k + i] = before_w2 ? 1.0f : wgt[sl];
+            if ((unsigned)e[sl] >= (unsigned)n_routed) o[i] = -1;
+        }
+    }
 }
 
 static int quantized(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
 
 static size_t wb(const dsv4_weight *w) { return dsv4_weight_bytes(w); }
 
-void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, const int32_t *e,
-            const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2, int act_fp8, int act_bf16,
-            float out_scale) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0) return;
+/* ----- device-side state: flags, counter, expert tables ----- */
+/* One layer's experts on the device: n_routed routed entries, then the shared expert
+ * (an all-zero entry when there is none). */
+struct moe_table {
+    const dsv4_ffn_w *key, *shared; /* host arrays the table was built from */
+    int n_routed;
+    const void **ids;               /* [3*(n_routed+1)] weight data pointers, to detect reuse */
+    dexpert *dev;                   /* device [n_routed + 1] */
+    int64_t inter, dim;             /* routed experts' shape */
+    int q1_any, w2_quant;           /* routed w1 quantized (any), routed w2 quantized */
+};
+
+struct cuda_devside {
+    unsigned *flags;                /* device word: DSV4_DEVFLAG_* bits (sticky) */
+    unsigned long long *wbytes;     /* device: routed weight bytes streamed since the last reset */
+    moe_table *tab;
+    int n_tab, cap_tab;
+};
+
+static cuda_devside *devside(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    int nrs = rows * k, S = nrs + (shared ? rows : 0);
-    int64_t dim = shared ? shared->w1.cols : experts[e[0]].w1.cols;
-    /* slots sorted by expert (counting sort over the ids present), then cut into groups */
-    int max_e = 0;
-    for (int i = 0; i < nrs; i++) max_e = e[i] > max_e ? e[i] : max_e;
-    int max_groups = S / MOE_G + (max_e + 1) + 2;
-    size_t hb = sizeof(group) * max_groups + sizeof(int32_t) * nrs + sizeof(float) * nrs;
-    uint8_t *hm = (uint8_t *)calloc(1, hb);
-    int *cnt = (int *)calloc((size_t)max_e + 2, sizeof(int));
-    int *sorted = (int *)malloc(sizeof(int) * (nrs ? nrs : 1));
-    if (!hm || !cnt || !sorted) {
-        free(hm), free(cnt), free(sorted);
-        dsv4_cuda_fail(b, "moe: out of host memory", __FILE__, __LINE__, cudaSuccess);
-        return;
+    if (c->devside || c->failed) return c->devside;
+    cuda_devside *d = (cuda_devside *)calloc(1, sizeof *d);
+    if (!d) {
+        dsv4_cuda_fail(b, "device state: out of host memory", __FILE__, __LINE__, cudaSuccess);
+        return NULL;
     }
-    group *gr = (group *)hm;
-    int32_t *order = (int32_t *)(hm + sizeof(group) * max_groups);
-    float *cw = (float *)(order + nrs);
-    for (int i = 0; i < nrs; i++) cnt[e[i] + 1]++;
-    for (int i = 0; i <= max_e; i++) cnt[i + 1] += cnt[i];
-    for (int i = 0; i < nrs; i++) sorted[cnt[e[i]]++] = i; /* stable: slots of one expert in row order */
-    int ng = 0, any_q = 0, fail = 0;
-    int64_t inter_max = 0;
-    for (int i = 0; i < S && !fail;) {
-        const dsv4_ffn_w *f = i < nrs ? &experts[e[sorted[i]]] : shared;
-        group &G = gr[ng++];
-        if (dsv4_cuda_weight(b, &f->w1, &G.w1) || dsv4_cuda_weight(b, &f->w3, &G.w3) ||
-            dsv4_cuda_weight(b, &f->w2, &G.w2)) {
-            fail = 1;
+    void *p = NULL; /* zeroed in stream order: the ops' kernels run on c->stream (non-blocking) */
+    if (CK(b, cudaMalloc(&p, 16)) || CK(b, cudaMemsetAsync(p, 0, 16, c->stream))) {
+        if (p) cudaFree(p);
+        free(d);
+        return NULL;
+    }
+    d->flags = (unsigned *)p;
+    d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
+    c->devside = d;
+    return d;
+}
+
+unsigned *dsv4_cuda_devflags(dsv4_backend *b) {
+    cuda_devside *d = devside(b);
+    return d ? d->flags : NULL;
+}
+
+int dsv4_cuda_devside_check(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (!c->devside || c->failed) return c->failed;
+    unsigned f = 0;
+    if (CK(b, cudaMemcpy(&f, c->devside->flags, sizeof f, cudaMemcpyDeviceToHost))) return 1;
+    if (f & DSV4_DEVFLAG_PICK)
+        return dsv4_cuda_fail(b, "device index check: a top-k pick outside the compressed rows (skipped)", __FILE__,
+                              __LINE__, cudaSuccess);
+    if (f & DSV4_DEVFLAG_EXPERT)
+        return dsv4_cuda_fail(b, "device index check: an expert id outside [0, n_routed) (skipped)", __FILE__,
+                              __LINE__, cudaSuccess);
+    return 0;
+}
+
+double dsv4_cuda_devside_weight_bytes(dsv4_backend *b, int reset) {
+    cuda_impl *c = CI(b);
+    if (!c->devside || c->failed) return 0;
+    if (reset) {
+        CK(b, cudaMemsetAsync(c->devside->wbytes, 0, sizeof(unsigned long long), c->stream));
+        return 0;
+    }
+    unsigned long long v = 0;
+    if (CK(b, cudaStreamSynchronize(c->stream)) ||
+        CK(b, cudaMemcpy(&v, c->devside->wbytes, sizeof v, cudaMemcpyDeviceToHost)))
+        return 0;
+    return (double)v;
+}
+
+void dsv4_cuda_devside_free(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    cuda_devside *d = c->devside;
+    if (!d) return;
+    for (int i = 0; i < d->n_tab; i++) {
+        cudaFree(d->tab[i].dev);
+        free(d->tab[i].ids);
+    }
+    free(d->tab);
+    cudaFree(d->flags);
+    free(d);
+    c->devside = NULL;
+}
+
+static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared, const void **ids) {
+    for (int x = 0; x <= n_routed; x++) {
+        const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
+        ids[3 * x] = f ? f->w1.data : NULL;
+        ids[3 * x + 1] = f ? f->w2.data : NULL;
+        ids[3 * x + 2] = f ? f->w3.data : NULL;
+    }
+}
+
+/* The device table of (experts, shared), built on first use (uploading weights that
+ * load_weights did not); NULL on failure (sticky error set). */
+static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared) {
+    cuda_devside *d = devside(b);
+    if (!d) return NULL;
+    size_t ni = 3 * (size_t)(n_routed + 1);
+    const void **ids = (const void **)malloc(sizeof(void *) * ni);
+    if (!ids) {
+        dsv4_cuda_fail(b, "moe: out of host memory", __FILE__, __LINE__, cudaSuccess);
+        return NULL;
+    }
+    expert_ids(experts, n_routed, shared, ids);
+    moe_table *t = NULL;
+    for (int i = 0; i < d->n_tab && !t; i++)
+        if (d->tab[i].key == experts && d->tab[i].shared == shared && d->tab[i].n_routed == n_routed) t = &d->tab[i];
+    if (t && !memcmp(t->ids, ids, sizeof(void *) * ni)) { /* the common case: one compare per weight */
+        free(ids);
+        return t;
+    }
+    if (!t) {
+        if (d->n_tab == d->cap_tab) {
+            int cap = d->cap_tab ? 2 * d->cap_tab : 64;
+            moe_table *nt = (moe_table *)realloc(d->tab, sizeof *nt * (size_t)cap);
+            if (!nt) {
+                free(ids);
+                dsv4_cuda_fail(b, "moe: out of host memory", __FILE__, __LINE__, cudaSuccess);
+                return NULL;
+            }
+            d->tab = nt;
+            d->cap_tab = cap;
+        }
+        t = &d->tab[d->n_tab++];
+        memset(t, 0, sizeof *t);
+    } else { /* same host array, other weights (a freed and reused array): rebuild */
+        cudaFree(t->dev);
+        free(t->ids);
+        t->dev = NULL;
+        t->ids = NULL;
+    }
+    t->key = experts;
+    t->shared = shared;
+    t->n_routed = n_routed;
+    t->ids = ids;
+    dexpert *h = (dexpert *)calloc((size_t)n_routed + 1, sizeof *h);
+    if (!h) {
+        d->n_tab--; /* t is the last entry or a rebuilt one; drop it either way */
+        if (t != &d->tab[d->n_tab]) *t = d->tab[d->n_tab];
+        free(ids);
+        dsv4_cuda_fail(b, "moe: out of host memory", __FILE__, __LINE__, cudaSuccess);
+        return NULL;
+    }
+    int bad = 0;
+    const dsv4_weight *r1 = &experts[0].w1, *r2 = &experts[0].w2;
+    t->inter = r1->rows;
+    t->dim = r1->cols;
+    t->w2_quant = quantized(r2->fmt);
+    for (int x = 0; x <= n_routed && !bad; x++) {
+        const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
+        if (!f) continue;
+        if (x < n_routed && (f->w1.rows != r1->rows || f->w1.cols != r1->cols || f->w2.fmt != r2->fmt ||
+                             f->w2.rows != r2->rows || f->w2.cols != r2->cols)) {
+            dsv4_cuda_fail(b, "moe: routed experts differ in shape or w2 format (not supported)", __FILE__, __LINE__,
+                           cudaSuccess);
+            bad = 1;
             break;
         }
-        G.quant_x = act_fp8 && quantized(f->w1.fmt);
-        any_q |= G.quant_x;
-        if (f->w1.rows > inter_max) inter_max = f->w1.rows;
-        c->weight_bytes_read += wb(&f->w1) + wb(&f->w2) + wb(&f->w3);
-        G.n = 0;
-        while (i < S && G.n < MOE_G) {
-            int sl = i < nrs ? sorted[i] : i;
-            if (i < nrs && &experts[e[sl]] != f) break;
-            if (i >= nrs && f != shared) break;
-            G.slot[G.n] = sl;
-            G.row[G.n] = i < nrs ? sl / k : sl - nrs;
-            G.pre[G.n] = (i < nrs && before_w2) ? wgt[sl] : 1.0f;
-            G.n++;
-            i++;
+        if (dsv4_cuda_weight(b, &f->w1, &h[x].w1) || dsv4_cuda_weight(b, &f->w3, &h[x].w3) ||
+            dsv4_cuda_weight(b, &f->w2, &h[x].w2)) {
+            bad = 1;
+            break;
         }
+        h[x].bytes = wb(&f->w1) + wb(&f->w2) + wb(&f->w3);
+        h[x].q1 = quantized(f->w1.fmt);
+        if (x < n_routed) t->q1_any |= h[x].q1;
     }
-    free(cnt);
-    free(sorted);
-    if (fail) {
-        free(hm);
+    if (!bad && !CK(b, cudaMalloc((void **)&t->dev, sizeof *h * ((size_t)n_routed + 1))) &&
+        !CK(b, cudaMemcpyAsync(t->dev, h, sizeof *h * ((size_t)n_routed + 1), cudaMemcpyHostToDevice,
+                               CI(b)->stream))) { /* pageable source: taken before this returns */
+        free(h);
+        return t;
+    }
+    free(h);
+    if (t->dev) cudaFree(t->dev);
+    free(t->ids);
+    d->n_tab--;
+    if (t != &d->tab[d->n_tab]) *t = d->tab[d->n_tab];
+    return NULL;
+}
+
+void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
+            const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
+            int act_fp8, int act_bf16, float out_scale) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || k <= 0 || n_routed <= 0) return;
+    cuda_impl *c = CI(b);
+    moe_table *t = expert_table(b, experts, n_routed, shared);
+    if (!t) return;
+    int nrs = rows * k, S = nrs + (shared ? rows : 0);
+    int64_t dim = shared ? shared->w1.cols : t->dim;
+    int64_t inter_max = t->inter;
+    if (shared && shared->w1.rows > inter_max) inter_max = shared->w1.rows;
+    /* an upper bound of the group count from shapes alone (the plan writes the real one) */
+    int max_groups = S / MOE_G + (n_routed < nrs ? n_routed : nrs) + 2;
+    int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
+    size_t plan_smem = sizeof(int) * (3 * (size_t)n_routed + 1);
+    if (plan_smem > 48 * 1024 &&
+        CK(b, cudaFuncSetAttribute(k_moe_plan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)plan_smem)))
         return;
-    }
-    /* each row's experts in increasing id order (stable in pick order): the CPU's summation order */
-    for (int r = 0; r < rows; r++) {
-        for (int i = 0; i < k; i++) order[r * k + i] = r * k + i;
-        for (int i = 1; i < k; i++)
-            for (int j = i; j > 0 && e[order[r * k + j - 1]] > e[order[r * k + j]]; j--) {
-                int32_t t = order[r * k + j];
-                order[r * k + j] = order[r * k + j - 1];
-                order[r * k + j - 1] = t;
-            }
-        for (int i = 0; i < k; i++) cw[r * k + i] = before_w2 ? 1.0f : wgt[order[r * k + i]];
-    }
+    const int32_t *ed = (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * nrs);
+    const float *wd = (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * nrs);
+    group *gd = (group *)dsv4_cuda_scratch(b, sizeof(group) * (size_t)max_groups);
+    int *ngd = (int *)dsv4_cuda_scratch(b, sizeof(int));
+    int32_t *orderd = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * nrs);
+    float *cwd = (float *)dsv4_cuda_scratch(b, sizeof(float) * nrs);
+    int32_t *sorted = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * nrs);
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * dim);
     float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim) : xd;
-    uint8_t *md = (uint8_t *)dsv4_cuda_stage(b, hm, hb);
     float *h = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * inter_max);
     float *y = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * dim);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * dim);
-    free(hm);
-    if (!xd || !xq || !md || !h || !y || !od) return;
-    group *gd = (group *)md;
-    int32_t *orderd = (int32_t *)(md + sizeof(group) * max_groups);
-    float *cwd = (float *)(orderd + nrs);
+    cuda_devside *ds = c->devside;
+    if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return;
+    k_moe_plan<<<1, 1024, plan_smem, c->stream>>>(gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows, k,
+                                                  n_routed, shared != NULL, before_w2, t->dev, ds->wbytes,
+                                                  ds->flags);
+    if (CKL(b)) return;
+    if (shared) /* the routed experts' bytes are counted by the plan, on the device */
+        c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
-    k_moe_up<<<dim3((unsigned)((inter_max + 7) / 8), ng), 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, limit,
-                                                                              act_bf16);
+    k_moe_up<<<dim3((unsigned)((inter_max + 7) / 8), max_groups), 256, 0, c->stream>>>(
+        h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16);
     if (CKL(b)) return;
     if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
-        int64_t ri = experts[e[0]].w1.rows;
-        if (quantized(experts[e[0]].w2.fmt)) {
+        int64_t ri = t->inter;
+        if (t->w2_quant) {
             if (ri == inter_max)
                 dsv4_cuda_act_quant(b, h, h, nrs, ri, 128);
             else
                 for (int i = 0; i < nrs; i++)
                     dsv4_cuda_act_quant(b, h + (int64_t)i * inter_max, h + (int64_t)i * inter_max, 1, ri, 128);
         }
-        if (shared && quantized(shared->w2.fmt))
-            for (int r = 0; r < rows; r++)
-                dsv4_cuda_act_quant(b, h + (int64_t)(nrs + r) * inter_max, h + (int64_t)(nrs + r) * inter_max, 1,
-                                    shared->w1.rows, 128);
+        if (shared && quantized(shared->w2.fmt)) {
+            int64_t si = shared->w1.rows;
+            if (si == inter_max) /* contiguous rows: one launch */
+                dsv4_cuda_act_quant(b, h + (int64_t)nrs * inter_max, h + (int64_t)nrs * inter_max, rows, si, 128);
+            else
+                for (int r = 0; r < rows; r++)
+                    dsv4_cuda_act_quant(b, h + (int64_t)(nrs + r) * inter_max, h + (int64_t)(nrs + r) * inter_max, 1,
+                                        si, 128);
+        }
     }
-    k_moe_down<<<dim3((unsigned)((dim + 7) / 8), ng), 256, 0, c->stream>>>(y, dim, h, inter_max, gd, act_bf16);
+    k_moe_down<<<dim3((unsigned)((dim + 7) / 8), max_groups), 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd,
+                                                                                  t->dev, act_bf16);
     if (CKL(b)) return;
     k_moe_combine<<<(unsigned)((rows * dim + 255) / 256), 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs,
                                                                                shared != NULL, out_scale, act_bf16);
