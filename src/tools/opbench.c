@@ -12,6 +12,10 @@
  * hold only what these calls leave there (the weights of a single op can stay in L2
  * across calls when they are smaller than it: 50 MB on the H200 -- the bytes column
  * says which ops that concerns).
+ * --flush-mb M adds a "cold" figure: each call follows a matmul that streams an M MB bf16
+ * weight (which evicts the op's weights from the cache), and the op's time is the time of
+ * the pairs minus that of the flush matmuls alone -- what the op costs when its weights
+ * come from memory, as in a decode step that streams a whole layer.
  * The op flags follow the numerics profile (--numerics, default exact) exactly as
  * model/forward.c passes them.
  */
@@ -31,14 +35,16 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 opbench --model DIR [--backend cpu|cuda|auto] [--layer L] [--rows R] [--reps N]\n"
-               "                    [--copy-mb M] [--numerics exact|reference] [--threads N]\n"
+               "                    [--copy-mb M] [--flush-mb M] [--numerics exact|reference] [--threads N]\n"
                "Times each weight-reading op of one decode layer on a backend: every matmul of layer L\n"
                "(default: the first layer with an indexer, else 0) and the head, the grouped wo_a,\n"
                "hc_pre, hc_post, hc_head, rmsnorm and rope, with R rows (default 1) of random inputs.\n"
                "Per op: 3 warm-up calls, then N (default 100) calls back to back, timed around one\n"
                "final wait for the backend.  Prints us per call, bytes per call (weights; activations\n"
                "read + written), GB/s and the fraction of a copy of M MB (default 256) timed the same\n"
-               "way.  Exit status: 0 ok, 1 failure (model, layer, backend), 2 bad options.\n");
+               "way.  --flush-mb M adds a cold figure: each call after a matmul streaming M MB (its\n"
+               "time subtracted), so the op's weights come from memory, not the cache.\n"
+               "Exit status: 0 ok, 1 failure (model, layer, backend), 2 bad options.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -64,6 +70,8 @@ typedef struct bench_ctx {
     size_t cp_bytes;
     int64_t *pos;
     double *freq;
+    dsv4_weight flush;      /* bf16 [rows, dim], host zeros (uploaded on first use); rows 0 = no cold run */
+    float *flush_out;
 } bench_ctx;
 
 typedef struct bench_op {
@@ -158,13 +166,24 @@ static void describe(const bench_ctx *x, const bench_op *o, char *shape, size_t 
     }
 }
 
-/* us per call: warm-up, wait, N calls, wait */
-static int time_op(const bench_ctx *x, const bench_op *o, int reps, double *us, dsv4_err *err) {
+static void run_flush(const bench_ctx *x) {
+    x->be->ops->matmul(x->be, x->flush_out, x->in, 1, &x->flush, 0, 0);
+}
+
+/* us per call: warm-up, wait, N calls, wait.  flush: each call after a flush matmul (o NULL:
+ * the flush alone) */
+static int time_op(const bench_ctx *x, const bench_op *o, int flush, int reps, double *us, dsv4_err *err) {
     const dsv4_backend_ops *op = x->be->ops;
-    for (int i = 0; i < 3; i++) run_op(x, o);
+    for (int i = 0; i < 3; i++) {
+        if (flush) run_flush(x);
+        if (o) run_op(x, o);
+    }
     if (op->check && op->check(x->be, err)) return -1;
     double t0 = dsv4_now();
-    for (int i = 0; i < reps; i++) run_op(x, o);
+    for (int i = 0; i < reps; i++) {
+        if (flush) run_flush(x);
+        if (o) run_op(x, o);
+    }
     if (op->check && op->check(x->be, err)) return -1;
     *us = (dsv4_now() - t0) * 1e6 / reps;
     return 0;
@@ -193,7 +212,7 @@ static int has(const dsv4_weight *w) { return w->data != NULL && w->rows > 0 && 
 
 int dsv4_cmd_opbench(int argc, char **argv) {
     const char *model = NULL, *backend = "auto", *numerics = NULL;
-    int layer = -1, rows = 1, reps = 100, copy_mb = 256, threads = 0;
+    int layer = -1, rows = 1, reps = 100, copy_mb = 256, flush_mb = 0, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -209,6 +228,7 @@ int dsv4_cmd_opbench(int argc, char **argv) {
         else if (!strcmp(a, "--rows")) idst = &rows, lo = 1, hi = 1024;
         else if (!strcmp(a, "--reps")) idst = &reps, lo = 1, hi = 1000000;
         else if (!strcmp(a, "--copy-mb")) idst = &copy_mb, lo = 1, hi = 65536;
+        else if (!strcmp(a, "--flush-mb")) idst = &flush_mb, lo = 0, hi = 65536;
         else if (!strcmp(a, "--threads")) idst = &threads, lo = 0, hi = 4096;
         else {
             fprintf(stderr, "dsv4 opbench: unknown option %s (see --help)\n", a);
@@ -335,6 +355,18 @@ int dsv4_cmd_opbench(int argc, char **argv) {
         dsv4_errf(&err, "out of memory");
         goto done;
     }
+    if (flush_mb) { /* bf16 [n, dim]: reads M MB, writes n floats */
+        x.flush.fmt = DSV4_WF_BF16;
+        x.flush.cols = cfg.dim;
+        x.flush.rows = ((int64_t)flush_mb << 20) / (2 * (int64_t)cfg.dim);
+        x.flush.name = "opbench.flush";
+        if (x.flush.rows < 1) x.flush.rows = 1;
+        if (!(x.flush.data = calloc((size_t)(x.flush.rows * x.flush.cols), 2)) ||
+            !(x.flush_out = be.ops->alloc(&be, sizeof(float) * (size_t)x.flush.rows))) {
+            dsv4_errf(&err, "out of memory for the %d MB flush weight", flush_mb);
+            goto done;
+        }
+    }
     for (int r = 0; r < rows; r++) x.pos[r] = 1000 + r;
     for (int i = 0; i < cfg.rope_dim / 2; i++) x.freq[i] = pow(cfg.rope_theta, -2.0 * i / cfg.rope_dim);
 
@@ -345,31 +377,47 @@ int dsv4_cmd_opbench(int argc, char **argv) {
            "warm-up, numerics %s\n",
            model, be.ops->name, bs.device[0] ? " " : "", bs.device, layer, L->ratio, rows, reps,
            numerics ? numerics : "exact");
-    printf("%-24s %-30s %10s %10s %10s %9s %7s\n", "op", "shape", "us/call", "weight MB", "act MB", "GB/s", "%copy");
-    double copy_gbs = 0;
+    printf("%-24s %-30s %10s %10s %10s %9s %7s%s\n", "op", "shape", "us/call", "weight MB", "act MB", "GB/s", "%copy",
+           flush_mb ? "   cold us   GB/s  %copy" : "");
+    double copy_gbs = 0, flush_us = 0;
+    if (flush_mb && time_op(&x, NULL, 1, reps, &flush_us, &err)) {
+        dsv4_err_prefix(&err, "flush");
+        goto done;
+    }
     for (int i = 0; i < n; i++) {
         char shape[96];
         double wb, ab, us;
         describe(&x, &ops[i], shape, sizeof shape, &wb, &ab);
-        if (time_op(&x, &ops[i], reps, &us, &err)) {
+        if (time_op(&x, &ops[i], 0, reps, &us, &err)) {
             dsv4_err_prefix(&err, "%s", ops[i].name);
             goto done;
         }
         double gbs = (wb + ab) / (us * 1e-6) / 1e9;
         if (ops[i].kind == OP_COPY) copy_gbs = gbs;
-        printf("%-24s %-30s %10.2f %10.3f %10.3f %9.1f %6.1f%%\n", ops[i].name, shape, us, wb / 1e6, ab / 1e6, gbs,
+        printf("%-24s %-30s %10.2f %10.3f %10.3f %9.1f %6.1f%%", ops[i].name, shape, us, wb / 1e6, ab / 1e6, gbs,
                copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
+        if (flush_mb && ops[i].kind != OP_COPY) {
+            double both;
+            if (time_op(&x, &ops[i], 1, reps, &both, &err)) {
+                dsv4_err_prefix(&err, "%s after flush", ops[i].name);
+                goto done;
+            }
+            double cu = both - flush_us, cg = cu > 0 ? (wb + ab) / (cu * 1e-6) / 1e9 : 0;
+            printf(" %10.2f %6.0f %5.1f%%", cu, cg, copy_gbs > 0 ? 100.0 * cg / copy_gbs : 0.0);
+        }
+        printf("\n");
     }
     rc = 0;
 done:
     if (rc) fprintf(stderr, "dsv4 opbench: %s\n", err.msg);
     if (be_init) {
-        void *bufs[] = {x.in, x.out, x.X, x.Xo, x.y, x.post, x.comb, x.q, x.cpa, x.cpb};
+        void *bufs[] = {x.in, x.out, x.X, x.Xo, x.y, x.post, x.comb, x.q, x.cpa, x.cpb, x.flush_out};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be.ops->free(&be, bufs[i]);
         if (want_cuda) dsv4_backend_cuda_free(&be);
         else dsv4_backend_cpu_free(&be);
     }
+    free((void *)x.flush.data);
     free(x.pos);
     free(x.freq);
     if (w_bound) dsv4_weights_free(&w);
