@@ -28,6 +28,19 @@ enum { LF_F32 = 0, LF_BF16 = 1, LF_FP8 = 2, LF_FP4 = 3 }; /* vector paths (FP4: 
 /* values per 16-byte vector of each vector path */
 template <int FMT> struct lvec { enum { N = FMT == LF_F32 ? 4 : FMT == LF_BF16 ? 8 : FMT == LF_FP8 ? 16 : 32 }; };
 
+/* two e4m3 bytes (low byte first) to floats by the sm_89+ conversion instruction: every e4m3
+ * value, subnormals included, is exact in f16 and then in f32, and the NaN codes stay NaN,
+ * so this equals d_e4m3_to_f32 at ~1 instruction per value instead of ~8 */
+__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint16_t v) {
+    uint32_t h;
+    float lo, hi;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
+    asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return make_float2(lo, hi);
+}
+
 /* weights i*4 .. i*4+3 of a 16-byte vector v, times its scale(s) (FP4: s0 for the first 16, s1 after) */
 template <int FMT>
 __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, float s1) {
@@ -39,9 +52,10 @@ __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, floa
         const uint16_t *h = (const uint16_t *)&v;
         f = make_float4(d_bf16_to_f32(h[4 * i]), d_bf16_to_f32(h[4 * i + 1]), d_bf16_to_f32(h[4 * i + 2]),
                         d_bf16_to_f32(h[4 * i + 3]));
-    } else if (FMT == LF_FP8) {
-        f = make_float4(d_e4m3_to_f32(by[4 * i]) * s0, d_e4m3_to_f32(by[4 * i + 1]) * s0,
-                        d_e4m3_to_f32(by[4 * i + 2]) * s0, d_e4m3_to_f32(by[4 * i + 3]) * s0);
+    } else if (FMT == LF_FP8) { /* hardware e4m3x2 -> f16x2 (exact, as is f16 -> f32) */
+        const uint16_t *h = (const uint16_t *)&v;
+        float2 a = e4m3x2_to_f32x2(h[2 * i]), b = e4m3x2_to_f32x2(h[2 * i + 1]);
+        f = make_float4(a.x * s0, a.y * s0, b.x * s0, b.y * s0);
     } else { /* two bytes = four e2m1 values, low nibble first */
         float s = i < 4 ? s0 : s1;
         uint32_t b0 = by[2 * i], b1 = by[2 * i + 1];
@@ -51,18 +65,77 @@ __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, floa
     return f;
 }
 
+/* 16 weight bytes that are read once per call: no L1 allocation (they would only evict x) */
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+/* block scale(s) of the 16-byte vector at column k0 of weight row o (FP8: s0; FP4: s0, s1) */
+template <int FMT>
+__device__ __forceinline__ void vec_scales(const dweight &w, int64_t o, int64_t k0, int64_t K, int64_t scols,
+                                           float &s0, float &s1) {
+    s0 = s1 = 1.0f;
+    if (FMT == LF_FP8) {
+        int64_t si = (o / w.block) * scols + k0 / w.block;
+        s0 = w.scale_f32 ? __ldg((const float *)w.scale + si) : d_e8m0_to_f32(__ldg(w.scale + si));
+    } else if (FMT == LF_FP4) {
+        if (w.fmt == DSV4_WF_MXFP4) {
+            s0 = s1 = d_e8m0_to_f32(__ldg(w.scale + o * (K / 32) + k0 / 32));
+        } else {
+            const uint8_t *sp = w.scale + o * (K / 16) + k0 / 16;
+            s0 = d_e4m3_to_f32(__ldg(sp)) * w.scale2;
+            s1 = d_e4m3_to_f32(__ldg(sp + 1)) * w.scale2;
+        }
+    }
+}
+
+/* acc[u][r] += the products of one 16-byte vector per feature with x columns k0.. */
+template <int NR, int OPW, int FMT>
+__device__ __forceinline__ void vec_fma(float (&acc)[OPW][NR], const uint4 (&v)[OPW], const float (&s0)[OPW],
+                                        const float (&s1)[OPW], const float *__restrict__ xw, int64_t ldx, int rows,
+                                        int64_t k0, int w_bf16) {
+    constexpr int VN = lvec<FMT>::N;
+#pragma unroll
+    for (int i = 0; i < VN / 4; i++) {
+        float4 wf[OPW];
+#pragma unroll
+        for (int u = 0; u < OPW; u++) {
+            wf[u] = dequant4<FMT>(v[u], i, s0[u], s1[u]);
+            if (w_bf16) wf[u].x = d_round_bf16(wf[u].x), wf[u].y = d_round_bf16(wf[u].y),
+                        wf[u].z = d_round_bf16(wf[u].z), wf[u].w = d_round_bf16(wf[u].w);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r >= rows) break;
+            float4 xv = __ldg((const float4 *)(xw + (int64_t)r * ldx + k0 + 4 * i));
+#pragma unroll
+            for (int u = 0; u < OPW; u++)
+                acc[u][r] += wf[u].x * xv.x + wf[u].y * xv.y + wf[u].z * xv.z + wf[u].w * xv.w;
+        }
+    }
+}
+
+/* kw warps of a block share one group of OPW features and split its K span step by step
+ * (warp j takes steps j, j + kw, ...); their sums meet in shared memory and are added in
+ * warp order (deterministic).  Each warp loads two steps ahead (2 x OPW 16-byte vectors per
+ * lane) before any math. */
 template <int NR, int OPW, int FMT>
 __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                                 int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
-                                                int w_bf16, int out_bf16, int64_t kspan, float *part) {
+                                                int w_bf16, int out_bf16, int64_t kspan, float *part, int kw) {
     constexpr int VN = lvec<FMT>::N;
-    int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int64_t ob = warp * OPW; /* first feature of this warp (all OPW in one group: gR % OPW == 0) */
-    if (ob >= no) return;
+    __shared__ float red[8][OPW * NR];
+    int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int grp = wib / kw, sub = wib % kw;
+    int64_t ob = ((int64_t)blockIdx.x * (8 / kw) + grp) * OPW; /* first feature (all OPW in one group) */
+    int active = ob < no;
     int64_t K = w.cols;
     int64_t kb = (int64_t)blockIdx.y * kspan, ke = kb + kspan < K ? kb + kspan : K; /* split-K slice */
-    const float *xw = x + (ob / gR) * xg;
+    const float *xw = x + (active ? ob / gR : 0) * xg;
     float acc[OPW][NR];
 #pragma unroll
     for (int u = 0; u < OPW; u++)
@@ -70,60 +143,64 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
         for (int r = 0; r < NR; r++) acc[u][r] = 0.0f;
     int64_t rbytes = FMT == LF_F32 ? K * 4 : FMT == LF_BF16 ? K * 2 : FMT == LF_FP8 ? K : K / 2;
     int64_t scols = FMT == LF_FP8 ? (K + w.block - 1) / w.block : 0;
-    for (int64_t k0 = kb + (int64_t)lane * VN; k0 < ke; k0 += 32 * VN) {
-        uint4 v[OPW];
-        float s0[OPW], s1[OPW];
-#pragma unroll
-        for (int u = 0; u < OPW; u++) { /* every load of this step first */
-            int64_t o = o0 + (ob + u < no ? ob + u : ob);
-            const uint8_t *row = w.data + o * rbytes;
-            v[u] = __ldg((const uint4 *)(row + (FMT == LF_F32 ? k0 * 4 : FMT == LF_BF16 ? k0 * 2 : FMT == LF_FP8 ? k0 : k0 / 2)));
-            s0[u] = s1[u] = 1.0f;
-            if (FMT == LF_FP8) {
-                int64_t si = (o / w.block) * scols + k0 / w.block;
-                s0[u] = w.scale_f32 ? __ldg((const float *)w.scale + si) : d_e8m0_to_f32(__ldg(w.scale + si));
-            } else if (FMT == LF_FP4) {
-                if (w.fmt == DSV4_WF_MXFP4) {
-                    s0[u] = s1[u] = d_e8m0_to_f32(__ldg(w.scale + o * (K / 32) + k0 / 32));
-                } else {
-                    const uint8_t *sp = w.scale + o * (K / 16) + k0 / 16;
-                    s0[u] = d_e4m3_to_f32(__ldg(sp)) * w.scale2;
-                    s1[u] = d_e4m3_to_f32(__ldg(sp + 1)) * w.scale2;
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < VN / 4; i++) {
-            float4 wf[OPW];
-#pragma unroll
-            for (int u = 0; u < OPW; u++) {
-                wf[u] = dequant4<FMT>(v[u], i, s0[u], s1[u]);
-                if (w_bf16) wf[u].x = d_round_bf16(wf[u].x), wf[u].y = d_round_bf16(wf[u].y),
-                            wf[u].z = d_round_bf16(wf[u].z), wf[u].w = d_round_bf16(wf[u].w);
-            }
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if (r >= rows) break;
-                float4 xv = __ldg((const float4 *)(xw + (int64_t)r * ldx + k0 + 4 * i));
-#pragma unroll
-                for (int u = 0; u < OPW; u++)
-                    acc[u][r] += wf[u].x * xv.x + wf[u].y * xv.y + wf[u].z * xv.z + wf[u].w * xv.w;
-            }
-        }
-    }
+    int64_t stride = (int64_t)kw * 32 * VN;
+    const uint8_t *rowp[OPW];
+    int64_t orow[OPW];
 #pragma unroll
     for (int u = 0; u < OPW; u++) {
-        int64_t o = ob + u;
+        orow[u] = o0 + (ob + u < no ? ob + u : ob);
+        rowp[u] = w.data + orow[u] * rbytes;
+    }
+#define VB(k) (FMT == LF_F32 ? (k) * 4 : FMT == LF_BF16 ? (k) * 2 : FMT == LF_FP8 ? (k) : (k) / 2)
+    for (int64_t k0 = kb + ((int64_t)sub * 32 + lane) * VN; active && k0 < ke; k0 += 2 * stride) {
+        int64_t k1 = k0 + stride;
+        int has1 = k1 < ke;
+        uint4 v0[OPW], v1[OPW];
+        float a0[OPW], b0[OPW], a1[OPW], b1[OPW];
+#pragma unroll
+        for (int u = 0; u < OPW; u++) { /* every load of both steps first */
+            v0[u] = ld_stream16(rowp[u] + VB(k0));
+            if (has1) v1[u] = ld_stream16(rowp[u] + VB(k1));
+        }
+#pragma unroll
+        for (int u = 0; u < OPW; u++) {
+            vec_scales<FMT>(w, orow[u], k0, K, scols, a0[u], b0[u]);
+            if (has1) vec_scales<FMT>(w, orow[u], k1, K, scols, a1[u], b1[u]);
+        }
+        vec_fma<NR, OPW, FMT>(acc, v0, a0, b0, xw, ldx, rows, k0, w_bf16);
+        if (has1) vec_fma<NR, OPW, FMT>(acc, v1, a1, b1, xw, ldx, rows, k1, w_bf16);
+    }
+#undef VB
+#pragma unroll
+    for (int u = 0; u < OPW; u++)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            if (r >= rows) break;
             float v = warp_sum(acc[u][r]);
-            if (lane == 0 && o < no) {
-                if (gridDim.y > 1) part[((int64_t)blockIdx.y * rows + r) * no + o] = v;
-                else out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
-            }
+            if (kw > 1 && lane == 0) red[wib][u * NR + r] = v;
+            acc[u][r] = v;
         }
+    if (kw > 1) {
+        __syncthreads();
+        if (sub != 0) return;
     }
+    if (!active || lane >= OPW * NR) return;
+    int u = lane / NR, r = lane % NR;
+    if (r >= rows || ob + u >= no) return;
+    float v;
+    if (kw > 1) { /* the group's warps in order */
+        v = red[wib][lane];
+        for (int j = 1; j < kw; j++) v += red[wib + j][lane];
+    } else {
+        v = 0.0f;
+#pragma unroll
+        for (int uu = 0; uu < OPW; uu++)
+#pragma unroll
+            for (int rr = 0; rr < NR; rr++)
+                if (uu * NR + rr == lane) v = acc[uu][rr];
+    }
+    int64_t o = ob + u;
+    if (gridDim.y > 1) part[((int64_t)blockIdx.y * rows + r) * no + o] = v;
+    else out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
 }
 
 /* element-wise path for odd shapes: one warp per feature, d_weight_at per element */
@@ -186,6 +263,7 @@ struct lin_args {
     int w_bf16, out_bf16;
     int64_t kspan;
     float *part;
+    int kw;
 };
 
 template <int NR, int OPW>
@@ -193,19 +271,19 @@ static void launch_vec(const lin_args &a, dim3 grid, cudaStream_t st) {
     switch (a.w.fmt) {
     case DSV4_WF_F32:
         k_linear<NR, OPW, LF_F32><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     case DSV4_WF_BF16:
         k_linear<NR, OPW, LF_BF16><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
-                                                         a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part);
+                                                         a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     case DSV4_WF_FP8:
         k_linear<NR, OPW, LF_FP8><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     default:
         k_linear<NR, OPW, LF_FP4><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part);
+                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     }
 }
@@ -223,14 +301,22 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
     if (w.fmt == DSV4_WF_FP8 && (w.block % 16 || K % w.block)) vec = 0;
     /* a warp's OPW (<= 4) features must lie in one group: other group sizes go element-wise */
     if (gR != no && gR % 4) vec = 0;
-    /* Few warps (q/kv LoRA, wo_b at batch 1) leave most SMs idle: split K into slices of a
-     * multiple of 1024 (every format's per-step span, and FP8's block) until ~4K warps
-     * are in flight (each with OPW loads per step). */
+    /* Enough warps for the SMs (132 x up to 64): features are taken OPW at a time by a warp;
+     * when that gives fewer than ~4K warps, kw = 2, 4 or 8 warps of a block split one group's
+     * K span (summed in shared memory, in warp order) while each still has a whole step
+     * (32 16-byte vectors) to load.  Only when that is still short of ~1K warps and K is long
+     * (tall thin weights) does K also split over grid.y, summed by k_splitk_sum in split
+     * order. */
+    int opw0 = rows <= 2 ? 4 : 2;
+    int64_t vn = w.fmt == DSV4_WF_F32 ? 4 : w.fmt == DSV4_WF_BF16 ? 8 : w.fmt == DSV4_WF_FP8 ? 16 : 32;
+    int64_t steps = (K + 32 * vn - 1) / (32 * vn), fgroups = (no + opw0 - 1) / opw0;
+    int kw = 1;
+    while (vec && kw < 8 && fgroups * kw < 4096 && steps >= 2 * kw) kw *= 2;
     int splits = 1;
     int64_t kspan = K;
-    int64_t warps = (no + 3) / 4;
-    if (vec && warps < 4096 && K >= 2048) {
-        int64_t want = (4096 + warps - 1) / warps, most = K / 1024;
+    int64_t warps = fgroups * kw;
+    if (vec && warps < 1024 && K / kw >= 4096) {
+        int64_t want = (1024 + warps - 1) / warps, most = K / (1024 * kw);
         splits = (int)(want < most ? want : most);
         if (splits < 1) splits = 1;
         kspan = ((K + splits - 1) / splits + 1023) / 1024 * 1024;
@@ -242,7 +328,7 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
     for (int r0 = 0; r0 < rows; r0 += 8) {
         int nr = rows - r0 < 8 ? rows - r0 : 8;
         lin_args a = {out_d + (int64_t)r0 * ldo, ldo, x_d + (int64_t)r0 * ldx, ldx, nr, w, o0, no, gR, xg, w_bf16,
-                      out_bf16, kspan, part};
+                      out_bf16, kspan, part, kw};
         if (!vec) {
             dim3 grid((unsigned)((no * 32 + 255) / 256));
             if (nr == 1)
@@ -252,8 +338,9 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
                 k_linear_any<8><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
                                                              out_bf16);
         } else {
-            int opw = nr <= 2 ? 4 : 2;
-            dim3 grid((unsigned)(((no + opw - 1) / opw * 32 + 255) / 256), (unsigned)splits);
+            int opw = nr <= 2 ? 4 : 2, per_block = 8 / kw;
+            int64_t fg = (no + opw - 1) / opw;
+            dim3 grid((unsigned)((fg + per_block - 1) / per_block), (unsigned)splits);
             if (nr == 1) launch_vec<1, 4>(a, grid, c->stream);
             else if (nr == 2) launch_vec<2, 4>(a, grid, c->stream);
             else if (nr <= 4) launch_vec<4, 2>(a, grid, c->stream);

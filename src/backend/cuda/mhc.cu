@@ -14,9 +14,11 @@
  *   k_hc_fin   one block (256 threads) per row: warp w sums the partials of m = w, w+8, ...
  *              in split order (lane-strided, then a warp tree), rsqrt(mean + eps), then
  *              threads j < hc form pre (and post, and the softmaxed comb rows) in shared
- *              memory; warp 0 runs the Sinkhorn iterations there (thread j normalizes row
- *              j, thread k column k, each sum serial in the CPU's order, so the same
- *              arithmetic as the CPU op) while warps 1..7 form y = sum_j pre_j X_j;
+ *              memory; warp 0 runs the Sinkhorn iterations (hc <= 5: lane i*hc + k keeps
+ *              C[i][k] in a register and gathers its row's, then its column's, values by
+ *              shuffles, summing them serially in the CPU's order; larger hc: thread j
+ *              normalizes row j, thread k column k, in shared memory, same order), so the
+ *              same arithmetic as the CPU op, while warps 1..7 form y = sum_j pre_j X_j;
  *              post and comb are written once at the end.
  *   No atomics; the split sums are in a fixed order, so results are deterministic.
  *   Differences from the CPU op: only the accumulation order of the mix dot products
@@ -155,6 +157,23 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, fl
     __syncthreads();
     if (warp == 0) {
         if (head) return; /* warp 0 has nothing else to do; y is formed by warps 1.. */
+        if (hc * hc <= 32) { /* lane i*hc + k holds C[i][k] in a register; sums gathered by shuffles */
+            int i = lane / hc, k = lane % hc;
+            float cv = lane < hc * hc ? C[lane] : 0.0f;
+            for (int it = 0; it < iters; it++) {
+                if (it > 0) { /* row i: sum over k ascending, as the CPU */
+                    float sum = 0.0f;
+                    for (int t = 0; t < hc; t++) sum += __shfl_sync(0xffffffffu, cv, i * hc + t);
+                    cv /= sum + hc_eps;
+                }
+                float sum = 0.0f; /* column k: sum over i ascending */
+                for (int t = 0; t < hc; t++) sum += __shfl_sync(0xffffffffu, cv, t * hc + k);
+                cv /= sum + hc_eps;
+            }
+            if (lane < hc * hc) comb[r * hc * hc + lane] = cv;
+            if (lane < hc) post[r * hc + lane] = pst[lane];
+            return;
+        }
         for (int it = 0; it < iters; it++) {
             if (it > 0 && lane < hc) { /* row lane */
                 float sum = 0.0f;
