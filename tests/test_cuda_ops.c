@@ -7,6 +7,14 @@
  *   outputs rounded to bf16: rel <= 4e-3 (an order difference can flip one bf16 ulp);
  *   sim (bf16, fp8 b64, Hadamard+fp4, fp8 row, fp4): bit-exact;
  *   topk, route (experts): identical ids; route weights rel <= 1e-6.
+ *   sparse_attn keeps 2e-6 (fp32) when its keys are split over blocks (rows x heads below
+ *     twice the SM count): the split only regroups the sum of p_j K_j into per-slice partial
+ *     sums added in slice order, an error of a few fp32 ulps of the output, like a warp tree.
+ * The sync-free paths are exercised with device buffers: indexer -> topk -> sparse_attn with
+ * the picks never leaving the device (1, 3 and 40 rows), route -> moe likewise (1 and 40
+ * rows, repeated experts, the shared expert, hash routing), the weight-byte counter of
+ * `dsv4 bench`, and corrupt device indices (a pick, an expert id), which must be reported
+ * by ops->check (each on a backend of its own: the error is sticky).
  * Without a CUDA device (or in a CPU-only build) the binary prints SKIP and reports no tests
  * nothing.  Weights are built here in every stored format (f32, bf16, FP8 with e8m0
  * and f32 block scales, MXFP4, NVFP4), including partial blocks. */
