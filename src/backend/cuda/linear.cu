@@ -6,13 +6,13 @@
  * plain matmul: gR = no, xg = 0).
  * Layout: W in its stored format (device), x [rows][ldx] fp32, out [rows][ldo] fp32.
  * Geometry: one warp per OPW adjacent output features (4 for 1-2 rows, 2 for 3-8), 8 warps
- *   per block; split-K over grid.y when there are few warps, partials summed by
- *   k_splitk_sum in split order (deterministic, no atomics).  Per step a lane first issues
- *   the OPW 16-byte weight loads of its column span (FP8: 16 values, MXFP4/NVFP4: 32,
- *   bf16: 8, f32: 4) and their block scales, then takes x 4 columns at a time (one float4
- *   per row, used for all OPW features) and dequantizes 4 weights per feature in
- *   registers: OPW loads are in flight per lane and x is read once per OPW features, so
- *   1-row decode streams the weights instead of waiting on one load per iteration.
+ *   per block; with few features kw = 2/4/8 warps of a block split one group's K (sums
+ *   added in shared memory in warp order); split-K over grid.y only for tall thin weights,
+ *   partials summed by k_splitk_sum in split order (deterministic, no atomics).  A lane
+ *   issues the 16-byte weight loads of two steps for its OPW features (FP8: 16 values per
+ *   vector, MXFP4/NVFP4: 32, bf16: 8, f32: 4; ld.global.nc.L1::no_allocate) and their block
+ *   scales before any math, then takes x 4 columns at a time (one float4 per row, used for
+ *   all OPW features) and dequantizes in registers (FP8 by the e4m3x2 -> f16x2 instruction).
  *   Odd shapes (K not a multiple of 32, partial scale blocks, unaligned x) take the
  *   element-wise path (one feature per warp).
  * Accumulation order differs from the CPU's (lane-strided partial sums of 4 products,
