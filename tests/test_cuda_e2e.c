@@ -161,6 +161,74 @@ static void test_flash2(void) {
     run_case(dir, "reference", 20, 3, 0.1, 90);
 }
 
+/* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and
+ * decode steps with DSV4_CUDA_GRAPHS=0 and with graphs on give identical logits, and the
+ * graphs engine really launched graphs, updated them in place and built a few variants. */
+static void graphs_case(const char *profile) {
+    dsv4_err err;
+    dsv4_engine *e0 = NULL, *e1 = NULL;
+    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
+    setenv("DSV4_CUDA_GRAPHS", "0", 1);
+    if (dsv4_engine_open(&e0, &o, &err)) fprintf(stderr, "  no graphs: %s\n", err.msg);
+    unsetenv("DSV4_CUDA_GRAPHS");
+    if (e0 && dsv4_engine_open(&e1, &o, &err)) fprintf(stderr, "  graphs: %s\n", err.msg);
+    REQUIRE(e0 && e1);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e0, &info);
+    int V = info.vocab_size, T = 37, D = 40;
+    int32_t tok[80];
+    uint32_t s = 7;
+    for (int i = 0; i < T + D + 3; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
+    }
+    float *a = malloc(sizeof(float) * (size_t)3 * V), *g = malloc(sizeof(float) * (size_t)3 * V);
+    REQUIRE(a && g);
+    dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
+    REQUIRE(dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0);
+    CHECK(dsv4_seq_append(s0, tok, T, a, 0, &err) == 0);
+    CHECK(dsv4_seq_append(s1, tok, T, g, 0, &err) == 0);
+    int same = memcmp(a, g, sizeof(float) * V) == 0;
+    dsv4_engine_perf_info p0, p1;
+    dsv4_engine_perf(e1, &p0);
+    for (int i = 0; i < D; i++) { /* 40 steps: every compressor boundary of the tiny model, window wrap */
+        CHECK(dsv4_seq_append(s0, tok + T + i, 1, a, 0, &err) == 0);
+        CHECK(dsv4_seq_append(s1, tok + T + i, 1, g, 0, &err) == 0);
+        same &= memcmp(a, g, sizeof(float) * V) == 0;
+    }
+    /* a batched step of two sequences (a clone at an earlier length) */
+    REQUIRE(dsv4_seq_clone(s0, T + 5, &t0, &err) == 0 && dsv4_seq_clone(s1, T + 5, &t1, &err) == 0);
+    for (int i = 0; i < 3; i++) {
+        dsv4_step_item i0[2] = {{s0, tok + T + D + i, 1, a}, {t0, tok + i, 1, a + V}};
+        dsv4_step_item i1[2] = {{s1, tok + T + D + i, 1, g}, {t1, tok + i, 1, g + V}};
+        CHECK(dsv4_engine_step(e0, i0, 2, &err) == 0);
+        CHECK(dsv4_engine_step(e1, i1, 2, &err) == 0);
+        same &= memcmp(a, g, sizeof(float) * 2 * V) == 0;
+    }
+    dsv4_engine_perf(e1, &p1);
+    long launches = p1.graph_launches - p0.graph_launches, updates = p1.graph_updates - p0.graph_updates;
+    long inst = p1.graph_inst - p0.graph_inst;
+    dsv4_engine_perf(e0, &p0);
+    printf("  graphs %s: logits identical with and without graphs: %s; during %d decode + 3 batched steps: %ld "
+           "graph launches, %ld updated in place, %ld new executables (graphs off: %ld launches)\n",
+           profile, same ? "yes" : "NO", D, launches, updates, inst, p0.graph_launches);
+    CHECK(same);
+    CHECK(launches >= (long)D * info.n_layers); /* every layer of every decode step ran as a graph */
+    CHECK(updates > launches / 2);              /* mostly updated in place, not rebuilt */
+    CHECK(p0.graph_launches == 0);
+    dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
+    dsv4_engine_close(e0);
+    dsv4_engine_close(e1);
+    free(a), free(g);
+}
+
+static void test_graphs_identical(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    graphs_case("exact");
+    graphs_case("reference");
+}
+
 static void test_backend_errors(void) {
     dsv4_err err;
     dsv4_engine *e = NULL;
@@ -177,4 +245,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_flash2, test_backend_errors, test_zz_cleanup)
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_flash2, test_backend_errors,
+          test_zz_cleanup)

@@ -147,6 +147,11 @@ typedef struct dsv4_backend_ops {
     void (*stats)(dsv4_backend *b, struct dsv4_backend_stats *out);
     /* Device-to-device copy bandwidth in GB/s (bytes read + written) over `bytes`; < 0 on error. */
     double (*copy_bandwidth)(dsv4_backend *b, size_t bytes);
+    /* Segment mark (the forward pass calls it before each layer with the layer index, before
+     * the head with n_layers + n_mtp, and with -1 when a forward call ends): a device backend
+     * may record the ops of one segment and replay them as one unit (CUDA graphs).  Results
+     * must not depend on it. */
+    void (*segment)(dsv4_backend *b, int key);
 } dsv4_backend_ops;
 
 /* What a backend reports about itself (ops->stats). */
@@ -160,6 +165,10 @@ typedef struct dsv4_backend_stats {
     double ms[DSV4_BACKEND_MAX_OPS]; /* time per op since profile(on) */
     long calls[DSV4_BACKEND_MAX_OPS];
     double weight_bytes_read;    /* weight bytes streamed by the ops since profile(on) */
+    /* cumulative since init (0 where a backend has none): CUDA graphs launched, updated in
+     * place, instantiated; seconds the host spent waiting for the device */
+    long graph_launches, graph_updates, graph_inst;
+    double wait_s;
 } dsv4_backend_stats;
 
 typedef void (*dsv4_backend_trace_fn)(void *user, const char *op, int layer, const float *out, size_t n);

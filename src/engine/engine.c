@@ -187,6 +187,10 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
         out->calls[i] = st.calls[i];
     }
     out->weight_bytes_read = st.weight_bytes_read;
+    out->graph_launches = st.graph_launches;
+    out->graph_updates = st.graph_updates;
+    out->graph_inst = st.graph_inst;
+    out->wait_s = st.wait_s;
 }
 
 double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes) {

@@ -172,6 +172,8 @@ typedef struct dsv4_engine_perf_info {
     double ms[DSV4_ENGINE_MAX_OPS];
     long calls[DSV4_ENGINE_MAX_OPS];
     double weight_bytes_read;   /* since profiling was turned on */
+    long graph_launches, graph_updates, graph_inst; /* cumulative (CUDA graphs of decode segments) */
+    double wait_s;              /* cumulative seconds the host waited for the device */
 } dsv4_engine_perf_info;
 void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out);
 /* Device-to-device copy bandwidth in GB/s (read + written) over a `bytes` buffer; < 0 if

@@ -570,6 +570,13 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     return 0;
 }
 
+/* Segment marks (backend.h): a device backend may capture the ops between two marks and
+ * replay them as one unit; keys are layer indices, n_all for the head, n_all + 1 for the
+ * embedding, -1 = end. */
+static void mark_segment(dsv4_model *m, int key) {
+    if (OPS(m)->segment) OPS(m)->segment(B_(m), key);
+}
+
 /* hc_head -> norm -> head for `rows` HC states in X (spec §2.7), logits into m->logits. */
 static void head_rows(dsv4_model *m, const float *X, int rows, const dsv4_weight *fn, const dsv4_weight *base,
                       const dsv4_weight *scale, const dsv4_weight *norm) {
@@ -657,12 +664,17 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         }
         if (!rows) break;
         /* ----- embedding into hc_mult streams (spec §2.1) ----- */
+        mark_segment(m, m->n_all + 1);
         OPS(m)->embed(B_(m), m->y, m->tok, rows, &m->w->embed);
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < c->hc_mult; k++)
                 OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
                              sizeof(float) * c->dim);
-        for (int l = 0; l < c->n_layers && !rc; l++) rc = layer_forward(m, l, rows, nseg, err);
+        for (int l = 0; l < c->n_layers && !rc; l++) {
+            mark_segment(m, l);
+            rc = layer_forward(m, l, rows, nseg, err);
+        }
+        mark_segment(m, -1);
         /* ops cannot fail; a device backend keeps its first error until asked (backend.h) */
         if (!rc && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
         if (rc) break;
@@ -684,6 +696,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             }
         }
         if (nl) {
+            mark_segment(m, m->n_all);
             head_rows(m, m->Xs, nl, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
             for (int i = 0; i < nl; i++) {
                 int item = (int)(m->cpos[i] >> 32), global = (int)(m->cpos[i] & 0xffffffff);

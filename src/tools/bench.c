@@ -72,12 +72,15 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     for (int b = 0; b < B; b++)
         items[b] = (dsv4_step_item){seqs[b], ids + (size_t)b * (2 * G + 1), 1, lg + (size_t)b * vocab};
     if (dsv4_engine_step(e, items, B, err)) goto out;
+    dsv4_engine_perf_info p0, p1;
+    dsv4_engine_perf(e, &p0);
     double t0 = dsv4_now();
     for (int g = 1; g <= G; g++) {
         for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * (2 * G + 1) + g;
         if (dsv4_engine_step(e, items, B, err)) goto out;
     }
     double td = dsv4_now() - t0;
+    dsv4_engine_perf(e, &p1);
     /* the same number of steps again with per-op timing (it waits after every op) */
     dsv4_engine_profile(e, 1);
     double t3 = dsv4_now();
@@ -96,6 +99,11 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     printf("bench: decode batch %d at context %d: %d steps in %.3f s = %.2f ms/step = %.1f tok/s (%.1f tok/s per "
            "sequence)\n",
            B, P, G, td, step_ms, (double)G * B / td, G / td);
+    if (p1.graph_launches + p1.graph_inst > p0.graph_launches + p0.graph_inst || p1.wait_s > p0.wait_s)
+        printf("bench: per decode step: %.1f graph launches (%.1f updated in place, %.1f new executables); "
+               "host waited %.3f ms for the device\n",
+               (double)(p1.graph_launches - p0.graph_launches) / G, (double)(p1.graph_updates - p0.graph_updates) / G,
+               (double)(p1.graph_inst - p0.graph_inst) / G, (p1.wait_s - p0.wait_s) / G * 1e3);
     if (pi.n_ops) {
         double tot = 0;
         for (int i = 0; i < pi.n_ops; i++) tot += pi.ms[i];

@@ -233,12 +233,13 @@ static int attn_host_keys(dsv4_backend *b, int rows, int head_dim, const float *
     int32_t *hp = NULL;
     int *hn = NULL;
     if (picks) {
+        dsv4_cuda_seg_end(b); /* slow path: copies to pageable memory and a wait (not capturable) */
         hp = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows * (topk > 0 ? topk : 1));
         hn = (int *)malloc(sizeof(int) * (size_t)rows);
         if (!hp || !hn) goto oom;
         if (CK(b, cudaMemcpyAsync(hp, picks, sizeof(int32_t) * (size_t)rows * topk, cudaMemcpyDefault, c->stream)) ||
             CK(b, cudaMemcpyAsync(hn, n_picks, sizeof(int) * (size_t)rows, cudaMemcpyDefault, c->stream)) ||
-            CK(b, cudaStreamSynchronize(c->stream))) {
+            dsv4_cuda_sync(b)) {
             free(hp), free(hn);
             return -1;
         }
@@ -465,7 +466,7 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
                 else
                     memcpy(h + at[r], key_base[r], nb);
             }
-            if (!bad && !CK(b, cudaStreamSynchronize(c->stream)))
+            if (!bad && !dsv4_cuda_sync(b))
                 d = (float *)dsv4_cuda_stage(b, h, sizeof(float) * (total ? total : 1));
         }
         if (d)
@@ -499,11 +500,12 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
                     dsv4_cuda_fetch(b, score + (size_t)r * max_keys, sd + (size_t)r * max_keys,
                                     sizeof(float) * n_keys[r]);
         } else {
+            dsv4_cuda_seg_end(b); /* copies into pageable memory: not capturable */
             for (int r = 0; r < rows && !c->failed; r++)
                 if (n_keys[r] > 0)
                     CK(b, cudaMemcpyAsync(score + (size_t)r * max_keys, sd + (size_t)r * max_keys,
                                           sizeof(float) * n_keys[r], cudaMemcpyDeviceToHost, c->stream));
-            CK(b, cudaStreamSynchronize(c->stream));
+            dsv4_cuda_sync(b);
         }
     }
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_INDEXER);

@@ -14,6 +14,7 @@
 #include <cuda_profiler_api.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "backend/cuda/common.cuh"
 
@@ -67,14 +68,151 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
 
 static int cu_check(dsv4_backend *b, dsv4_err *err) {
     cuda_impl *c = CI(b);
-    if (!c->failed) {
-        cudaError_t e = cudaStreamSynchronize(c->stream);
-        if (e != cudaSuccess) dsv4_cuda_fail(b, "cudaStreamSynchronize", __FILE__, __LINE__, e);
-        else dsv4_cuda_idle(b);
-    }
+    if (!c->failed) dsv4_cuda_sync(b);
     if (!c->failed) dsv4_cuda_devside_check(b); /* device-side index checks (attn.cu, moe.cu) */
     if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
     return 0;
+}
+
+/* ----- CUDA graphs for segments -----
+ * forward.c marks segment boundaries (ops->segment(key): one key per layer, one for the
+ * head).  While graphs are on, every op between two marks is captured from the stream
+ * instead of launched; at the next mark the captured graph is matched against the
+ * executables cached for that key: same structure (signature over node types and kernel
+ * functions) -> cudaGraphExecUpdate (new arguments, positions, pointers) and launch;
+ * otherwise a new executable (the least recently used of DSV4_CUDA_GVARIANTS is
+ * replaced: a ratio-4 layer has an emitting and a non-emitting shape).  The host builds
+ * segment l+1 while the device runs segment l.  Anything that must wait for the device
+ * (a download, a free, a full pinned arena, a check) ends the capture first
+ * (dsv4_cuda_sync), so the rest of that segment runs eagerly: results never depend on
+ * whether a graph was used.  Kernels, their order and their arguments are the same
+ * either way. */
+static uint64_t graph_sig(cudaGraph_t g, size_t *n_out) {
+    size_t n = 0;
+    *n_out = 0;
+    if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess) return 0;
+    cudaGraphNode_t stack[256], *nodes = n <= 256 ? stack : (cudaGraphNode_t *)malloc(sizeof *nodes * n);
+    if (!nodes) return 0;
+    uint64_t h = 1469598103934665603ull ^ n;
+    if (cudaGraphGetNodes(g, nodes, &n) == cudaSuccess)
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t;
+            uint64_t v = 0;
+            if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess) v = (uint64_t)t + 1;
+            if (t == cudaGraphNodeTypeKernel) {
+                cudaKernelNodeParams kp;
+                if (cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess) v ^= (uint64_t)(uintptr_t)kp.func << 4;
+            }
+            h = (h ^ v) * 1099511628211ull;
+        }
+    if (nodes != stack) free(nodes);
+    *n_out = n;
+    return h;
+}
+
+static int seg_cache(cuda_impl *c, int key) {
+    if (key < c->gkeys) return 0;
+    int nk = key + 16;
+    cuda_impl::gvariant *t = (cuda_impl::gvariant *)realloc(c->gcache, sizeof *t * (size_t)nk * DSV4_CUDA_GVARIANTS);
+    if (!t) return -1;
+    memset(t + (size_t)c->gkeys * DSV4_CUDA_GVARIANTS, 0, sizeof *t * (size_t)(nk - c->gkeys) * DSV4_CUDA_GVARIANTS);
+    c->gcache = t;
+    c->gkeys = nk;
+    return 0;
+}
+
+void dsv4_cuda_seg_end(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (!c->capturing) return;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess || !g) {
+        if (g) cudaGraphDestroy(g);
+        dsv4_cuda_fail(b, "cudaStreamEndCapture", __FILE__, __LINE__, e);
+        return;
+    }
+    if (c->failed) { /* an op failed while capturing: nothing of this segment runs */
+        cudaGraphDestroy(g);
+        return;
+    }
+    size_t n = 0;
+    uint64_t sig = graph_sig(g, &n);
+    if (n == 0) {
+        cudaGraphDestroy(g);
+        return;
+    }
+    if (seg_cache(c, c->seg_key)) {
+        cudaGraphDestroy(g);
+        dsv4_cuda_fail(b, "graph cache: out of host memory", __FILE__, __LINE__, cudaSuccess);
+        return;
+    }
+    cuda_impl::gvariant *v = c->gcache + (size_t)c->seg_key * DSV4_CUDA_GVARIANTS, *use = NULL, *lru = v;
+    for (int i = 0; i < DSV4_CUDA_GVARIANTS; i++) {
+        if (v[i].exec && v[i].sig == sig && !use) use = &v[i];
+        if (v[i].used < lru->used) lru = &v[i];
+    }
+    if (use) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(use->exec, g, &info) == cudaSuccess) {
+            c->g_update++;
+        } else {
+            cudaGetLastError(); /* a refused update is not an error: instantiate instead */
+            cudaGraphExecDestroy(use->exec);
+            use->exec = NULL;
+            lru = use;
+            use = NULL;
+        }
+    }
+    if (!use) {
+        if (lru->exec) cudaGraphExecDestroy(lru->exec);
+        lru->exec = NULL;
+        if (CK(b, cudaGraphInstantiate(&lru->exec, g, 0))) {
+            lru->exec = NULL;
+            cudaGraphDestroy(g);
+            return;
+        }
+        lru->sig = sig;
+        use = lru;
+        c->g_inst++;
+    }
+    use->used = ++c->gclock;
+    cudaGraphDestroy(g);
+    if (!CK(b, cudaGraphLaunch(use->exec, c->stream))) c->g_launch++;
+}
+
+int dsv4_cuda_sync(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_seg_end(b);
+    if (c->failed) return -1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c->wait_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (e != cudaSuccess) return dsv4_cuda_fail(b, "cudaStreamSynchronize(c->stream)", __FILE__, __LINE__, e), -1;
+    dsv4_cuda_idle(b);
+    return 0;
+}
+
+/* ops->segment: ends the segment in progress (launching it) and, with key >= 0, starts
+ * capturing the next one */
+static void cu_segment(dsv4_backend *b, int key) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_seg_end(b);
+    if (key < 0 || !c->graphs || c->timing || c->failed) return;
+    dsv4_cuda_flush(b);
+    if (CK(b, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed))) return;
+    c->capturing = 1;
+    c->seg_key = key;
+}
+
+static void graphs_free(cuda_impl *c) {
+    for (size_t i = 0; i < (size_t)c->gkeys * DSV4_CUDA_GVARIANTS; i++)
+        if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
+    free(c->gcache);
+    c->gcache = NULL;
+    c->gkeys = 0;
 }
 
 /* ----- scratch ----- */
@@ -84,8 +222,7 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->scratch_top = 0;
-    if ((c->n_spill || c->scratch_want > c->scratch_cap) && cudaStreamSynchronize(c->stream) == cudaSuccess)
-        dsv4_cuda_idle(b);
+    if (c->n_spill || c->scratch_want > c->scratch_cap) dsv4_cuda_sync(b);
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     if (c->scratch_want > c->scratch_cap && !c->failed) {
         size_t cap = c->scratch_want + c->scratch_want / 4 + (1 << 20);
@@ -121,8 +258,7 @@ void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes) {
 void *dsv4_cuda_hbuf(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
     /* copies queued by an earlier op may still read it: a slow path, so wait */
-    if (CK(b, cudaStreamSynchronize(c->stream))) return NULL;
-    dsv4_cuda_idle(b);
+    if (dsv4_cuda_sync(b)) return NULL;
     if (bytes <= c->hbuf_cap) return c->hbuf;
     if (c->hbuf) cudaFreeHost(c->hbuf);
     c->hbuf = NULL;
@@ -143,8 +279,7 @@ static uint8_t *pin_take(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
     bytes = (bytes + 63) & ~(size_t)63;
     if (c->pin_top + bytes > c->pin_cap) {
-        if (c->failed || CK(b, cudaStreamSynchronize(c->stream))) return NULL;
-        dsv4_cuda_idle(b);
+        if (c->failed || dsv4_cuda_sync(b)) return NULL;
         if (bytes > c->pin_cap) {
             size_t cap = c->pin_cap ? 2 * c->pin_cap : (size_t)8 << 20;
             while (cap < bytes) cap *= 2;
@@ -225,13 +360,13 @@ void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes)
         return;
     }
     if (CK(b, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
-    CK(b, cudaStreamSynchronize(c->stream));
+    dsv4_cuda_sync(b);
 }
 
 void dsv4_cuda_flush(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (!c->n_pend) return;
-    if (!CK(b, cudaStreamSynchronize(c->stream))) dsv4_cuda_idle(b);
+    dsv4_cuda_sync(b);
     c->n_pend = 0;
 }
 
@@ -261,6 +396,7 @@ static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_sync(b);
     /* also brackets the profiled steps for Nsight Systems (--capture-range=cudaProfilerApi) */
     if (on && !c->timing) cudaProfilerStart();
     if (!on && c->timing) cudaProfilerStop();
@@ -291,10 +427,15 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
         out->calls[i] = c->op_calls[i];
     }
     out->weight_bytes_read = (double)c->weight_bytes_read + dsv4_cuda_devside_weight_bytes(b, 0);
+    out->graph_launches = c->g_launch;
+    out->graph_updates = c->g_update;
+    out->graph_inst = c->g_inst;
+    out->wait_s = c->wait_s;
 }
 
 static double cu_copy_bandwidth(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
+    if (dsv4_cuda_sync(b)) return -1;
     void *x = NULL, *y = NULL;
     if (CK(b, cudaMalloc(&x, bytes))) return -1;
     if (CK(b, cudaMalloc(&y, bytes))) {
@@ -387,6 +528,7 @@ static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
     cuda_impl *c = CI(b);
     if (w->fmt == DSV4_WF_NONE || !w->data || map_find(c, w->data)) return 0;
+    dsv4_cuda_seg_end(b);
     size_t db = data_bytes(w), sb = scale_bytes(w), need = al256(db) + al256(sb);
     uint8_t *base = NULL;
     if (c->pool && c->pool_used + need <= c->pool_bytes) {
@@ -485,6 +627,7 @@ static int upload_one(dsv4_backend *b, const dsv4_weight *w, void *user) {
 
 static int cu_load_weights(dsv4_backend *b, const dsv4_model_w *m, dsv4_err *err) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_seg_end(b);
     size_t total = 0;
     visit_all(b, m, count_bytes, &total);
     size_t fr = 0, tot = 0;
@@ -511,6 +654,7 @@ static int cu_load_weights(dsv4_backend *b, const dsv4_model_w *m, dsv4_err *err
 /* ----- memory: ops->alloc gives device memory (the forward pass's activations) ----- */
 static void *cu_alloc(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_seg_end(b);
     if (c->n_dev == c->dev_cap) {
         int cap = c->dev_cap ? 2 * c->dev_cap : 256;
         cuda_impl::dev_range *t = (cuda_impl::dev_range *)realloc(c->dev, sizeof *t * (size_t)cap);
@@ -539,7 +683,7 @@ static void cu_free(dsv4_backend *b, void *p) {
     cuda_impl *c = CI(b);
     for (int i = 0; i < c->n_dev; i++)
         if (c->dev[i].base == (uintptr_t)p) {
-            cudaStreamSynchronize(c->stream);
+            dsv4_cuda_sync(b);
             cudaFree(p);
             memmove(c->dev + i, c->dev + i + 1, sizeof *c->dev * (size_t)(c->n_dev - i - 1));
             c->n_dev--;
@@ -557,8 +701,9 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
         memmove(dst, src, bytes);
         return;
     }
+    if (!dd || !sd) dsv4_cuda_seg_end(b); /* host memory may be pageable: not capturable */
     if (CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream))) return;
-    if (!dd && !CK(b, cudaStreamSynchronize(c->stream))) dsv4_cuda_idle(b);
+    if (!dd) dsv4_cuda_sync(b);
 }
 
 static const dsv4_backend_ops CUDA_OPS = {
@@ -590,6 +735,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_profile,
     cu_stats,
     cu_copy_bandwidth,
+    cu_segment,
 };
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
@@ -616,6 +762,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
     if (!c) return dsv4_errf(err, "backend 'cuda': out of memory");
     c->device = device;
+    const char *g = getenv("DSV4_CUDA_GRAPHS");
+    c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
     b->ops = &CUDA_OPS;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
@@ -630,8 +778,15 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
 extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (!b || !b->impl) return;
     cuda_impl *c = CI(b);
+    if (c->capturing) { /* end a capture left open (an error path): its graph is dropped */
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        c->capturing = 0;
+    }
     if (c->stream) cudaStreamSynchronize(c->stream);
     dsv4_cuda_devside_free(b);
+    graphs_free(c);
     if (c->pool) cudaFree(c->pool);
     for (size_t i = 0; i < c->map_cap; i++) /* weights uploaded outside the pool */
         if (c->map[i].key && !(c->pool && c->map[i].data >= c->pool && c->map[i].data < c->pool + c->pool_bytes))

@@ -88,7 +88,21 @@ struct cuda_impl {
     /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
      * weight-byte counter, per-layer expert tables; NULL until first use */
     struct cuda_devside *devside;
+    /* CUDA graphs (backend.cu, "segments"): the ops between two ops->segment marks are captured
+     * and launched as one graph; executables are cached per segment key and structure */
+    int graphs;                 /* 1 = capture segments (DSV4_CUDA_GRAPHS=0 turns it off) */
+    int capturing, seg_key;
+    struct gvariant {
+        cudaGraphExec_t exec;
+        uint64_t sig;
+        unsigned long used;
+    } *gcache;                  /* [gkeys][DSV4_CUDA_GVARIANTS] */
+    int gkeys;
+    unsigned long gclock;
+    long g_launch, g_update, g_inst; /* counters: graph launches, updates, instantiations */
+    double wait_s;              /* host seconds spent in dsv4_cuda_sync */
 };
+#define DSV4_CUDA_GVARIANTS 6
 
 static inline cuda_impl *CI(dsv4_backend *b) { return (cuda_impl *)b->impl; }
 
@@ -121,6 +135,12 @@ void dsv4_cuda_flush(dsv4_backend *b);
 void dsv4_cuda_idle(dsv4_backend *b);
 /* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
 int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
+
+/* waits for the stream (ending a graph capture in progress first: nothing may wait while
+ * capturing); 0 or -1 (sticky error) */
+int dsv4_cuda_sync(dsv4_backend *b);
+/* ends a graph capture in progress and launches it (no-op when not capturing) */
+void dsv4_cuda_seg_end(dsv4_backend *b);
 
 /* Device-side state (moe.cu).  Ops that read indices from device memory check them
  * there; a bad one is skipped and sets a bit of a sticky device word, which

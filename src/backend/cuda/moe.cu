@@ -400,6 +400,7 @@ struct cuda_devside {
 static cuda_devside *devside(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (c->devside || c->failed) return c->devside;
+    dsv4_cuda_seg_end(b); /* first use: allocations are made outside a graph capture */
     cuda_devside *d = (cuda_devside *)calloc(1, sizeof *d);
     if (!d) {
         dsv4_cuda_fail(b, "device state: out of host memory", __FILE__, __LINE__, cudaSuccess);
@@ -444,7 +445,7 @@ double dsv4_cuda_devside_weight_bytes(dsv4_backend *b, int reset) {
         return 0;
     }
     unsigned long long v = 0;
-    if (CK(b, cudaStreamSynchronize(c->stream)) ||
+    if (dsv4_cuda_sync(b) ||
         CK(b, cudaMemcpy(&v, c->devside->wbytes, sizeof v, cudaMemcpyDeviceToHost)))
         return 0;
     return (double)v;
@@ -516,6 +517,7 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
     t->shared = shared;
     t->n_routed = n_routed;
     t->ids = ids;
+    dsv4_cuda_seg_end(b); /* (re)build: an allocation and a copy from pageable memory, not capturable */
     dexpert *h = (dexpert *)calloc((size_t)n_routed + 1, sizeof *h);
     if (!h) {
         d->n_tab--; /* t is the last entry or a rebuilt one; drop it either way */
