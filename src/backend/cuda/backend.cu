@@ -60,7 +60,15 @@ int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line
     return 1;
 }
 
+/* a runtime error left by a call nobody checked is reported where it is noticed, named */
+static int last_error(dsv4_backend *b, const char *where) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    return dsv4_cuda_fail(b, where, __FILE__, __LINE__, e);
+}
+
 int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
+    dsv4_cuda_seg_note(b, DSV4_SEG_KERNEL); /* called after every kernel launch */
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return 0;
     return dsv4_cuda_fail(b, "kernel launch", file, line, e);
@@ -78,8 +86,8 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
  * forward.c marks segment boundaries (ops->segment(key): one key per layer, one for the
  * head).  While graphs are on, every op between two marks is captured from the stream
  * instead of launched; at the next mark the captured graph is matched against the
- * executables cached for that key: same structure (signature over node types and kernel
- * functions) -> cudaGraphExecUpdate (new arguments, positions, pointers) and launch;
+ * executables cached for that key: same structure (signature over the node count and
+ * node types) -> cudaGraphExecUpdate (new arguments, positions, pointers) and launch;
  * otherwise a new executable (the least recently used of DSV4_CUDA_GVARIANTS is
  * replaced: a ratio-4 layer has an emitting and a non-emitting shape).  The host builds
  * segment l+1 while the device runs segment l.  Anything that must wait for the device
@@ -87,27 +95,15 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
  * (dsv4_cuda_sync), so the rest of that segment runs eagerly: results never depend on
  * whether a graph was used.  Kernels, their order and their arguments are the same
  * either way. */
-static uint64_t graph_sig(cudaGraph_t g, size_t *n_out) {
-    size_t n = 0;
-    *n_out = 0;
-    if (cudaGraphGetNodes(g, NULL, &n) != cudaSuccess) return 0;
-    cudaGraphNode_t stack[256], *nodes = n <= 256 ? stack : (cudaGraphNode_t *)malloc(sizeof *nodes * n);
-    if (!nodes) return 0;
-    uint64_t h = 1469598103934665603ull ^ n;
-    if (cudaGraphGetNodes(g, nodes, &n) == cudaSuccess)
-        for (size_t i = 0; i < n; i++) {
-            cudaGraphNodeType t;
-            uint64_t v = 0;
-            if (cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess) v = (uint64_t)t + 1;
-            if (t == cudaGraphNodeTypeKernel) {
-                cudaKernelNodeParams kp;
-                if (cudaGraphKernelNodeGetParams(nodes[i], &kp) == cudaSuccess) v ^= (uint64_t)(uintptr_t)kp.func << 4;
-            }
-            h = (h ^ v) * 1099511628211ull;
-        }
-    if (nodes != stack) free(nodes);
-    *n_out = n;
-    return h;
+/* The signature of a capture is kept by the host as it is made (cudaGraphGetNodes answered
+ * "invalid argument" on the H200 with CUDA 13): each op's id, each kernel launch and each
+ * copy, in order.  Two captures with the same signature have the same nodes in the same
+ * order; if cudaGraphExecUpdate still refuses one, it is instantiated anew. */
+void dsv4_cuda_seg_note(dsv4_backend *b, unsigned what) {
+    cuda_impl *c = CI(b);
+    if (!c->capturing) return;
+    c->seg_sig = (c->seg_sig ^ (what + 1)) * 1099511628211ull;
+    if (what < 16) c->seg_nodes++;
 }
 
 static int seg_cache(cuda_impl *c, int key) {
@@ -125,6 +121,13 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (!c->capturing) return;
     c->capturing = 0;
+    if (last_error(b, "an unchecked call inside a graph capture")) { /* still end the capture */
+        cudaGraph_t g0 = NULL;
+        cudaStreamEndCapture(c->stream, &g0);
+        if (g0) cudaGraphDestroy(g0);
+        cudaGetLastError();
+        return;
+    }
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     if (e != cudaSuccess || !g) {
@@ -136,9 +139,8 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
         cudaGraphDestroy(g);
         return;
     }
-    size_t n = 0;
-    uint64_t sig = graph_sig(g, &n);
-    if (n == 0) {
+    uint64_t sig = c->seg_sig;
+    if (c->seg_nodes == 0) {
         cudaGraphDestroy(g);
         return;
     }
@@ -202,8 +204,11 @@ static void cu_segment(dsv4_backend *b, int key) {
     dsv4_cuda_seg_end(b);
     if (key < 0 || !c->graphs || c->timing || c->failed) return;
     dsv4_cuda_flush(b);
+    if (last_error(b, "an unchecked call before a graph capture")) return;
     if (CK(b, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed))) return;
     c->capturing = 1;
+    c->seg_sig = 1469598103934665603ull;
+    c->seg_nodes = 0;
     c->seg_key = key;
 }
 
@@ -250,6 +255,7 @@ void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes) {
         return NULL;
     }
     void *p = NULL;
+    dsv4_cuda_seg_end(b); /* allocations are made outside a graph capture */
     if (CK(b, cudaMalloc(&p, bytes))) return NULL;
     c->spill[c->n_spill++] = p;
     return p;
@@ -311,6 +317,7 @@ void *dsv4_cuda_stage(dsv4_backend *b, const void *host, size_t bytes) {
                                                                                                 : pin_take(b, bytes);
     if (p) {
         memcpy(p, host, bytes);
+        dsv4_cuda_seg_note(b, DSV4_SEG_COPY);
         if (CK(b, cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, c->stream))) return NULL;
     } else if (CK(b, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, c->stream))) {
         return NULL;
@@ -352,6 +359,7 @@ void dsv4_cuda_fetch(dsv4_backend *b, void *host, const void *dev, size_t bytes)
     if (c->n_pend == 32) dsv4_cuda_flush(b);
     uint8_t *p = pin_take(b, bytes);
     if (p) {
+        dsv4_cuda_seg_note(b, DSV4_SEG_COPY);
         if (CK(b, cudaMemcpyAsync(p, dev, bytes, cudaMemcpyDeviceToHost, c->stream))) return;
         c->pend[c->n_pend].dst = host;
         c->pend[c->n_pend].src = p;
@@ -373,6 +381,7 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
     if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
@@ -380,6 +389,7 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_seg_note(b, 16 + (unsigned)op);
     dsv4_cuda_flush(b);
     if (!c->timing || c->failed) return;
     CK(b, cudaEventRecord(c->ev1, c->stream));
@@ -702,6 +712,7 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
         return;
     }
     if (!dd || !sd) dsv4_cuda_seg_end(b); /* host memory may be pageable: not capturable */
+    dsv4_cuda_seg_note(b, DSV4_SEG_COPY);
     if (CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream))) return;
     if (!dd) dsv4_cuda_sync(b);
 }

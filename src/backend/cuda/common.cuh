@@ -92,6 +92,8 @@ struct cuda_impl {
      * and launched as one graph; executables are cached per segment key and structure */
     int graphs;                 /* 1 = capture segments (DSV4_CUDA_GRAPHS=0 turns it off) */
     int capturing, seg_key;
+    uint64_t seg_sig;           /* structure of the capture in progress (dsv4_cuda_seg_note) */
+    long seg_nodes;
     struct gvariant {
         cudaGraphExec_t exec;
         uint64_t sig;
@@ -141,6 +143,12 @@ int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
 int dsv4_cuda_sync(dsv4_backend *b);
 /* ends a graph capture in progress and launches it (no-op when not capturing) */
 void dsv4_cuda_seg_end(dsv4_backend *b);
+/* records one node of the capture in progress in its signature: a kernel launch, a copy or
+ * a memset issued into the stream (what < 16), or the end of op 16 + id */
+#define DSV4_SEG_KERNEL 1u
+#define DSV4_SEG_COPY 2u
+#define DSV4_SEG_MEMSET 3u
+void dsv4_cuda_seg_note(dsv4_backend *b, unsigned what);
 
 /* Device-side state (moe.cu).  Ops that read indices from device memory check them
  * there; a bad one is skipped and sets a bit of a sticky device word, which

@@ -443,6 +443,7 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
     if (!xd || !od) return;
     if (in_bf16) { /* rounded copy in scratch */
         float *xb = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
+        dsv4_cuda_seg_note(b, DSV4_SEG_COPY);
         if (!xb || CK(b, cudaMemcpyAsync(xb, xd, sizeof(float) * xin, cudaMemcpyDeviceToDevice, CI(b)->stream)))
             return;
         dsv4_cuda_round_bf16(b, xb, xin);
