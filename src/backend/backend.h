@@ -163,12 +163,14 @@ typedef struct dsv4_backend_stats {
     int n_ops;
     const char *op[DSV4_BACKEND_MAX_OPS];
     double ms[DSV4_BACKEND_MAX_OPS]; /* time per op since profile(on) */
+    double host_ms[DSV4_BACKEND_MAX_OPS]; /* of which the host spent issuing it (0 if not known) */
     long calls[DSV4_BACKEND_MAX_OPS];
     double weight_bytes_read;    /* weight bytes streamed by the ops since profile(on) */
     /* cumulative since init (0 where a backend has none): CUDA graphs launched, updated in
      * place, instantiated; seconds the host spent waiting for the device */
     long graph_launches, graph_updates, graph_inst;
     double wait_s;
+    double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
 } dsv4_backend_stats;
 
 typedef void (*dsv4_backend_trace_fn)(void *user, const char *op, int layer, const float *out, size_t n);

@@ -184,6 +184,7 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
     for (int i = 0; i < out->n_ops; i++) {
         out->op[i] = st.op[i];
         out->ms[i] = st.ms[i];
+        out->host_ms[i] = st.host_ms[i];
         out->calls[i] = st.calls[i];
     }
     out->weight_bytes_read = st.weight_bytes_read;
@@ -191,6 +192,7 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
     out->graph_updates = st.graph_updates;
     out->graph_inst = st.graph_inst;
     out->wait_s = st.wait_s;
+    out->graph_gpu_s = st.graph_gpu_s;
 }
 
 double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes) {

@@ -170,10 +170,12 @@ typedef struct dsv4_engine_perf_info {
     int n_ops;                  /* 0 when the backend does not time ops */
     const char *op[DSV4_ENGINE_MAX_OPS];
     double ms[DSV4_ENGINE_MAX_OPS];
+    double host_ms[DSV4_ENGINE_MAX_OPS]; /* host time issuing the op (part of ms) */
     long calls[DSV4_ENGINE_MAX_OPS];
     double weight_bytes_read;   /* since profiling was turned on */
     long graph_launches, graph_updates, graph_inst; /* cumulative (CUDA graphs of decode segments) */
     double wait_s;              /* cumulative seconds the host waited for the device */
+    double graph_gpu_s;         /* cumulative device seconds inside CUDA graphs */
 } dsv4_engine_perf_info;
 void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out);
 /* Device-to-device copy bandwidth in GB/s (read + written) over a `bytes` buffer; < 0 if

@@ -180,7 +180,11 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
     }
     use->used = ++c->gclock;
     cudaGraphDestroy(g);
-    if (!CK(b, cudaGraphLaunch(use->exec, c->stream))) c->g_launch++;
+    int ev = c->n_gev < 64 && c->gev[0][0];
+    if (ev && CK(b, cudaEventRecord(c->gev[0][c->n_gev], c->stream))) return;
+    if (CK(b, cudaGraphLaunch(use->exec, c->stream))) return;
+    c->g_launch++;
+    if (ev && !CK(b, cudaEventRecord(c->gev[1][c->n_gev], c->stream))) c->n_gev++;
 }
 
 int dsv4_cuda_sync(dsv4_backend *b) {
@@ -193,6 +197,11 @@ int dsv4_cuda_sync(dsv4_backend *b) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     c->wait_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (e != cudaSuccess) return dsv4_cuda_fail(b, "cudaStreamSynchronize(c->stream)", __FILE__, __LINE__, e), -1;
+    for (int i = 0; i < c->n_gev; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->gev[0][i], c->gev[1][i]) == cudaSuccess) c->graph_gpu_s += ms * 1e-3;
+    }
+    c->n_gev = 0;
     dsv4_cuda_idle(b);
     return 0;
 }
@@ -384,7 +393,12 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
-    if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
+    if (c->timing && !c->failed) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        c->op_t0 = (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+        CK(b, cudaEventRecord(c->ev0, c->stream));
+    }
 }
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
@@ -392,6 +406,9 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
     dsv4_cuda_flush(b);
     if (!c->timing || c->failed) return;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    c->op_host_ms[op] += (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6 - c->op_t0;
     CK(b, cudaEventRecord(c->ev1, c->stream));
     CK(b, cudaEventSynchronize(c->ev1));
     float ms = 0;
@@ -413,6 +430,7 @@ static void cu_profile(dsv4_backend *b, int on) {
     c->timing = on;
     memset(c->op_ms, 0, sizeof c->op_ms);
     memset(c->op_calls, 0, sizeof c->op_calls);
+    memset(c->op_host_ms, 0, sizeof c->op_host_ms);
     c->weight_bytes_read = 0;
     dsv4_cuda_devside_weight_bytes(b, 1); /* moe's device counter too */
 }
@@ -434,6 +452,7 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     for (int i = 0; i < DSV4_CUDA_N_OPS; i++) {
         out->op[i] = OP_NAMES[i];
         out->ms[i] = c->op_ms[i];
+        out->host_ms[i] = c->op_host_ms[i];
         out->calls[i] = c->op_calls[i];
     }
     out->weight_bytes_read = (double)c->weight_bytes_read + dsv4_cuda_devside_weight_bytes(b, 0);
@@ -441,6 +460,7 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->graph_updates = c->g_update;
     out->graph_inst = c->g_inst;
     out->wait_s = c->wait_s;
+    out->graph_gpu_s = c->graph_gpu_s;
 }
 
 static double cu_copy_bandwidth(dsv4_backend *b, size_t bytes) {
@@ -783,6 +803,16 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
         dsv4_backend_cuda_free(b);
         return -1;
     }
+    for (int i = 0; i < 64; i++)
+        if (cudaEventCreate(&c->gev[0][i]) != cudaSuccess || cudaEventCreate(&c->gev[1][i]) != cudaSuccess) {
+            cudaGetLastError(); /* graph timing is optional: without events it is not measured */
+            for (int j = 0; j <= i; j++) {
+                if (c->gev[0][j]) cudaEventDestroy(c->gev[0][j]);
+                if (c->gev[1][j]) cudaEventDestroy(c->gev[1][j]);
+                c->gev[0][j] = c->gev[1][j] = NULL;
+            }
+            break;
+        }
     return 0;
 }
 
@@ -808,6 +838,10 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->hbuf) cudaFreeHost(c->hbuf);
     if (c->pin) cudaFreeHost(c->pin);
     if (c->ev0) cudaEventDestroy(c->ev0);
+    for (int i = 0; i < 64; i++) {
+        if (c->gev[0][i]) cudaEventDestroy(c->gev[0][i]);
+        if (c->gev[1][i]) cudaEventDestroy(c->gev[1][i]);
+    }
     if (c->ev1) cudaEventDestroy(c->ev1);
     for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
     free(c->dev);

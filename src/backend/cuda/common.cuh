@@ -83,6 +83,8 @@ struct cuda_impl {
     int timing;
     cudaEvent_t ev0, ev1;
     double op_ms[DSV4_CUDA_N_OPS];
+    double op_host_ms[DSV4_CUDA_N_OPS]; /* host time from op begin to op end (before the wait) */
+    double op_t0;
     long op_calls[DSV4_CUDA_N_OPS];
     size_t weight_bytes_read;   /* bytes of weights streamed by matmul/moe since the last reset */
     /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
@@ -103,6 +105,10 @@ struct cuda_impl {
     unsigned long gclock;
     long g_launch, g_update, g_inst; /* counters: graph launches, updates, instantiations */
     double wait_s;              /* host seconds spent in dsv4_cuda_sync */
+    /* device time of launched graphs: an event pair around each launch, read at the next sync */
+    cudaEvent_t gev[2][64];
+    int n_gev;
+    double graph_gpu_s;
 };
 #define DSV4_CUDA_GVARIANTS 6
 

@@ -48,12 +48,26 @@
  * (mma.sync reaches 80-180 TFLOP/s here, a fraction of Hopper's FP8 rate), split-K or
  * smaller tiles for few output features, a bf16/TF32 tensor-core path for the head.
  */
+#include <stdlib.h>
+
 #include "backend/cuda/common.cuh"
 
 void cu_matmul(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int);
 
-/* below this many rows the GEMV (8 rows per pass) is used */
+/* below this many rows the GEMV (8 rows per pass) is used.  FP8 tensor-core path from 32
+ * rows; the fp32 SGEMM path (~35 TFLOP/s) only from 128 rows: below that the GEMV, which
+ * reads W once per 8 rows near the bandwidth bound, was faster (H200, 2026-11-29: 20 Flash
+ * layers at batch 32, matmul 98 ms/step through the SGEMM).  DSV4_CUDA_SGEMM_MIN_ROWS
+ * overrides the SGEMM threshold (tests use 32 to cover its tails). */
 #define GEMM_MIN_ROWS 32
+static int sgemm_min_rows(void) {
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("DSV4_CUDA_SGEMM_MIN_ROWS");
+        v = e && atoi(e) > 0 ? atoi(e) : 128;
+    }
+    return v;
+}
 
 static int quantized_fmt(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
 
@@ -449,7 +463,7 @@ void cu_matmul_any(dsv4_backend *b, float *out, const float *x, int rows, const 
     /* the exact path reads x by float4: a device x must be 16-byte aligned (staged copies
      * and act_quant scratch are) */
     int x_al = !dsv4_cuda_is_dev(b, x) || ((uintptr_t)x & 15) == 0 || (act_fp8 && quantized_fmt(w->fmt));
-    int exact = !fp8 && rows >= GEMM_MIN_ROWS && sgemm_ok(w) && x_al;
+    int exact = !fp8 && rows >= sgemm_min_rows() && sgemm_ok(w) && x_al;
     if (!fp8 && !exact) {
         cu_matmul(b, out, x, rows, w, act_fp8, out_bf16);
         return;
