@@ -801,7 +801,51 @@ static void test_errors_are_reported(void) {
     CHECK(strstr(err.msg, "999") != NULL);
 }
 
+/* moe at decode shapes (dim 4096, inter 2048: the vector kernels with K split over 2 warps
+ * of a block, one slot per pass for one row, 8 for 9 rows), NVFP4 routed experts, and a
+ * bf16 shared expert (the element-wise path); the CPU op is the reference, rel <= 1e-5
+ * as test_moe (only the summation order differs).  The ids of a row are distinct (the
+ * CPU op assumes it: it gathers at most `rows` slots per expert). */
+static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t *e, int act_fp8) {
+    enum { D = 4096, I = 2048, NE = 4, K = 2 };
+    tw parts[3 * NE + 3];
+    dsv4_ffn_w ex[NE], sh;
+    for (int x = 0; x <= NE; x++) {
+        dsv4_wfmt f = x < NE ? rfmt : sfmt;
+        parts[3 * x] = make_w(f, I, D, 0);
+        parts[3 * x + 1] = make_w(f, D, I, 0);
+        parts[3 * x + 2] = make_w(f, I, D, 0);
+        dsv4_ffn_w fw = {.w1 = parts[3 * x].w, .w2 = parts[3 * x + 1].w, .w3 = parts[3 * x + 2].w};
+        if (x < NE) ex[x] = fw;
+        else sh = fw;
+    }
+    float *x = malloc(sizeof(float) * R * D), *a = malloc(sizeof(float) * R * D), *g = malloc(sizeof(float) * R * D),
+          *wgt = malloc(sizeof(float) * R * K);
+    REQUIRE(x && a && g && wgt);
+    fill(x, (size_t)R * D, 1);
+    for (int i = 0; i < R * K; i++) wgt[i] = 0.3f + 0.1f * (float)(i % 5);
+    cpu.ops->moe(&cpu, a, x, R, ex, NE, e, wgt, K, &sh, 10.0f, 0, act_fp8, 0, 1.5f);
+    for (int i = 0; i < R * D; i++) g[i] = NAN;
+    gpu.ops->moe(&gpu, g, x, R, ex, NE, e, wgt, K, &sh, 10.0f, 0, act_fp8, 0, 1.5f);
+    CHECK(gpu_ok());
+    double r = rel(g, a, (size_t)R * D);
+    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol 1e-05)\n", dsv4_wfmt_name(rfmt),
+           dsv4_wfmt_name(sfmt), R, act_fp8, r);
+    CHECKF(r <= 1e-5, "moe wide rel %g", r);
+    for (int i = 0; i < 3 * NE + 3; i++) free_w(&parts[i]);
+    free(x), free(a), free(g), free(wgt);
+}
+
+static void test_moe_wide(void) {
+    NEED_GPU();
+    static const int32_t e1[2] = {2, 0}, e9[18] = {0, 1, 1, 2, 3, 0, 2, 1, 0, 3, 3, 2, 1, 0, 2, 3, 0, 2};
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 0);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 1);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 9, e9, 1);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 3, e9, 0);
+}
+
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
           test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
-          test_device_buffers, test_kern_grouped, test_kern_hc, test_zz_release)
+          test_device_buffers, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)

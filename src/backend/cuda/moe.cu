@@ -15,11 +15,24 @@
  *      CPU's summation order) and weights, and adds each routed group's weight bytes to
  *      the device counter that `dsv4 bench` reads.  An id outside [0, n_routed) is
  *      skipped and sets DSV4_DEVFLAG_EXPERT (reported by ops->check).
- *   A) gate+up: one warp per (group, inter feature) reads the w1 and w3 rows once for
- *      the group's slots, clamped SwiGLU, the routing weight when it applies before w2,
- *      bf16/fp8 as the profile says;  B) down: one warp per (group, output feature);
+ *   A) gate+up: a warp takes 2 inter features of a group (4 weight rows: w1 and w3),
+ *      clamped SwiGLU, the routing weight when it applies before w2, bf16/fp8 as the
+ *      profile says;  B) down: a warp takes 4 output features of a group (4 rows of w2);
  *      C) combine: per row, the routed outputs in the plan's order, times out_scale,
  *      plus the shared expert.
+ *   A and B stream each weight row once per group with linear.cu's techniques: blocks of
+ *   8 warps where kw (1, 2, 4, 8) warps split one feature set's K (kw doubles while the
+ *   launch has < ~8K warps over the expected groups and each warp keeps >= 2 steps); a
+ *   lane issues the 16-byte loads of two steps for all its rows (ld.global.nc.L1::
+ *   no_allocate) and their block scales before any math; FP8 is decoded by the
+ *   e4m3x2 -> f16x2 instruction, e2m1 by a 16-entry table in shared memory (exact: the
+ *   same values as d_e2m1_to_f32); x (or h) is read as float4 once per 4 columns and
+ *   used for all rows of the warp.  The group's slots go NS at a time (NS = 1, 2, 4, 8
+ *   from the batch, a template argument; a group with more slots takes more passes).
+ *   Lane sums: a halving shuffle tree (V - 1 shuffles for V = rows x slots values), then
+ *   the kw warps' sums are added in shared memory in warp order (deterministic).
+ *   Weights that are not MXFP4/NVFP4 (K % 32 == 0) or FP8 (K % 16, block % 16, K % block)
+ *   and unaligned x/h take the element-wise warp_dot_multi (one warp per feature).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
  *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
  *   exit at once.  Each layer's expert weights (device views) are one table in device
@@ -206,57 +219,332 @@ __device__ __forceinline__ void warp_dot_multi(const dweight &w, int64_t o, cons
     for (int g = 0; g < MOE_G; g++) acc[g] = warp_sum(acc[g]);
 }
 
-__global__ void __launch_bounds__(256) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,
-                                                const group *groups, const int *n_groups, const dexpert *tab,
-                                                int act_fp8, float limit, int act_bf16) {
-    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
-    const group &G = groups[blockIdx.y];
-    const dexpert &E = tab[G.ex];
-    int64_t o = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= E.w1.rows) return;
-    int quant_x = act_fp8 && E.q1;
-    const float *xs[MOE_G];
+/* ----- vector paths of the expert dots (the techniques of linear.cu's k_linear) ----- */
+enum { MV_FP4 = 0, MV_FP8 = 1 }; /* FP4: MXFP4 and NVFP4, 32 values per 16 bytes; FP8: 16 */
+
+/* two e4m3 bytes (low first) to floats by the e4m3x2 -> f16x2 instruction; every e4m3 value
+ * (subnormals, NaN) is exact in f16 and f32, so this equals d_e4m3_to_f32 */
+__device__ __forceinline__ float2 mv_e4m3x2(uint32_t v) {
+    uint32_t h;
+    float lo, hi;
+    uint16_t v16 = (uint16_t)v;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v16));
+    asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
+    return make_float2(lo, hi);
+}
+
+/* 16 weight bytes read once per call: not kept in L1 (they would evict x and h) */
+__device__ __forceinline__ uint4 mv_ld16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+/* the vector path a weight takes (-1: the element-wise warp_dot_multi) */
+__device__ __forceinline__ int mv_fmt(const dweight &w) {
+    if ((w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4) && w.cols % 32 == 0) return MV_FP4;
+    if (w.fmt == DSV4_WF_FP8 && w.cols % 16 == 0 && w.block % 16 == 0 && w.cols % w.block == 0) return MV_FP8;
+    return -1;
+}
+
+/* the data and scale-row pointers of weight row o */
+template <int FMT>
+__device__ __forceinline__ void mv_row(const dweight &w, int64_t o, const uint8_t *&rp, const uint8_t *&sp) {
+    int64_t K = w.cols;
+    if (FMT == MV_FP4) {
+        rp = w.data + o * (K / 2);
+        sp = w.scale + o * (w.fmt == DSV4_WF_MXFP4 ? K / 32 : K / 16);
+    } else {
+        rp = w.data + o * K;
+        sp = w.scale + (o / w.block) * (K / w.block) * (w.scale_f32 ? 4 : 1);
+    }
+}
+
+/* block scale(s) of the vector at column k0 (FP8: s0; FP4: s0 for its first 16 values, s1 after) */
+template <int FMT>
+__device__ __forceinline__ void mv_scales(const dweight &w, const uint8_t *sp, float s2, int64_t k0, float &s0,
+                                          float &s1) {
+    if (FMT == MV_FP8) {
+        int64_t i = k0 / w.block;
+        s0 = s1 = w.scale_f32 ? __ldg((const float *)sp + i) : d_e8m0_to_f32(__ldg(sp + i));
+    } else if (w.fmt == DSV4_WF_MXFP4) {
+        s0 = s1 = d_e8m0_to_f32(__ldg(sp + k0 / 32));
+    } else {
+        s0 = d_e4m3_to_f32(__ldg(sp + k0 / 16)) * s2;
+        s1 = d_e4m3_to_f32(__ldg(sp + k0 / 16 + 1)) * s2;
+    }
+}
+
+/* weights 4i .. 4i+3 of vector v times their scale; FP4 by the 16-entry table lut (shared
+ * memory: the 32 lanes read at most 16 distinct words, no bank conflict) */
+template <int FMT>
+__device__ __forceinline__ float4 mv_deq4(const uint4 &v, int i, float s0, float s1, const float *lut) {
+    const uint32_t *wd = (const uint32_t *)&v;
+    if (FMT == MV_FP8) {
+        float2 a = mv_e4m3x2(wd[i]), b = mv_e4m3x2(wd[i] >> 16);
+        return make_float4(a.x * s0, a.y * s0, b.x * s0, b.y * s0);
+    }
+    uint32_t q = wd[i >> 1] >> (16 * (i & 1)); /* four e2m1 codes, low nibble first */
+    float s = i < 4 ? s0 : s1;
+    return make_float4(lut[q & 15u] * s, lut[(q >> 4) & 15u] * s, lut[(q >> 8) & 15u] * s, lut[(q >> 12) & 15u] * s);
+}
+
+/* acc[r][s] += the lane's part of row r . xs[s] for s < ns: the lane takes the 16-byte
+ * vectors at columns kbeg, kbeg + stride, ..., two steps per round, every load of both steps
+ * (NR rows) issued before any math; x is read as float4, once per 4 columns for all rows */
+template <int FMT, int NR, int NS>
+__device__ __forceinline__ void mv_dot(float (&acc)[NR][NS], const dweight &w, const uint8_t *const (&rp)[NR],
+                                       const uint8_t *const (&sp)[NR], const float (&s2)[NR],
+                                       const float *const (&xs)[NS], int ns, int64_t kbeg, int64_t stride,
+                                       const float *lut) {
+    constexpr int VN = FMT == MV_FP4 ? 32 : 16;
+    int64_t K = w.cols;
+    for (int64_t k0 = kbeg; k0 < K; k0 += 2 * stride) {
+        int64_t k1 = k0 + stride;
+        int has1 = k1 < K;
+        uint4 v[2][NR];
+        float a[2][NR], b[2][NR];
 #pragma unroll
-    for (int g = 0; g < MOE_G; g++) xs[g] = (quant_x ? xq : x) + (int64_t)G.row[g < G.n ? g : 0] * dim;
-    float ga[MOE_G], ua[MOE_G];
-    warp_dot_multi(E.w1, o, xs, G.n, ga);
-    warp_dot_multi(E.w3, o, xs, G.n, ua);
-    if ((threadIdx.x & 31) == 0) {
+        for (int r = 0; r < NR; r++) {
+            v[0][r] = mv_ld16(rp[r] + (FMT == MV_FP4 ? k0 / 2 : k0));
+            if (has1) v[1][r] = mv_ld16(rp[r] + (FMT == MV_FP4 ? k1 / 2 : k1));
+            else v[1][r] = make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-        for (int g = 0; g < MOE_G; g++) {
-            if (g >= G.n) break;
-            float gv = ga[g], uv = ua[g];
-            if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
-            if (limit > 0) {
-                gv = fminf(gv, limit);
-                uv = fminf(fmaxf(uv, -limit), limit);
+        for (int r = 0; r < NR; r++) {
+            mv_scales<FMT>(w, sp[r], s2[r], k0, a[0][r], b[0][r]);
+            if (has1) mv_scales<FMT>(w, sp[r], s2[r], k1, a[1][r], b[1][r]);
+            else a[1][r] = b[1][r] = 0.0f;
+        }
+#pragma unroll
+        for (int st = 0; st < 2; st++) {
+            if (st && !has1) break;
+            int64_t kk = st ? k1 : k0;
+#pragma unroll
+            for (int i = 0; i < VN / 4; i++) {
+                float4 wf[NR];
+#pragma unroll
+                for (int r = 0; r < NR; r++) wf[r] = mv_deq4<FMT>(v[st][r], i, a[st][r], b[st][r], lut);
+#pragma unroll
+                for (int s = 0; s < NS; s++) {
+                    if (s >= ns) break;
+                    float4 xv = __ldg((const float4 *)(xs[s] + kk + 4 * i));
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        acc[r][s] += wf[r].x * xv.x + wf[r].y * xv.y + wf[r].z * xv.z + wf[r].w * xv.w;
+                }
             }
-            float v = gv / (1.0f + expf(-gv)) * uv;
-            v *= G.pre[g];
-            h[(int64_t)G.slot[g] * ldh + o] = act_bf16 ? d_round_bf16(v) : v;
         }
     }
 }
 
-__global__ void __launch_bounds__(256) k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh,
+/* The block's sum of (row r, slot s), returned on lane r*NS + s of the group's first warp
+ * (sub == 0; other lanes and warps: 0): each warp sums its lanes by a shuffle tree, then
+ * the kw warps of a group are added in shared memory in warp order.  Every thread of the
+ * block calls it (it synchronises when kw > 1). */
+template <int NR, int NS>
+__device__ __forceinline__ float mv_reduce(float (&acc)[NR][NS], float (*red)[32], int wib, int sub, int kw,
+                                           int lane) {
+    constexpr int V = NR * NS, L = V >= 32 ? 5 : V >= 16 ? 4 : V >= 8 ? 3 : V >= 4 ? 2 : V >= 2 ? 1 : 0;
+    static_assert(V == 1 << L && V <= 32, "NR * NS: a power of two, at most 32");
+    float v[V]; /* value j = r * NS + s */
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int s = 0; s < NS; s++) v[r * NS + s] = acc[r][s];
+    /* halving tree: at offset 16, 8, ... each lane keeps the half of its values picked by
+     * its lane bit and adds the partner's copy of that half (V - 1 shuffles, not 5 V) ... */
+#pragma unroll
+    for (int m = V, off = 16; m > 1; m >>= 1, off >>= 1) {
+        int up = lane & off;
+#pragma unroll
+        for (int i = 0; i < m / 2; i++) {
+            float keep = up ? v[i + m / 2] : v[i], send = up ? v[i] : v[i + m / 2];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    /* ... then the lanes that hold one value sum it over the remaining lane bits */
+#pragma unroll
+    for (int off = 16 >> L; off; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    /* lane l holds value l >> (5 - L): move value j to lane j */
+    float mine = __shfl_sync(0xffffffffu, v[0], (lane << (5 - L)) & 31);
+    if (lane >= V) mine = 0.0f;
+    if (kw == 1) return mine;
+    red[wib][lane] = mine;
+    __syncthreads();
+    float t = 0.0f;
+    if (sub == 0) {
+        t = red[wib][lane];
+        for (int j = 1; j < kw; j++) t += red[wib + j][lane];
+    }
+    __syncthreads();
+    return t;
+}
+
+/* the feature blocks: 8 warps; kw warps share one group of OPW features and split K */
+#define MOE_UP_OPW 2   /* gate+up: 2 features = 4 weight rows (w1 and w3) per warp */
+#define MOE_DOWN_OPW 4 /* down: 4 rows of w2 per warp */
+
+__device__ __forceinline__ float moe_swiglu(float gv, float uv, float limit, int act_bf16, float pre) {
+    if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
+    if (limit > 0) {
+        gv = fminf(gv, limit);
+        uv = fminf(fmaxf(uv, -limit), limit);
+    }
+    float v = gv / (1.0f + expf(-gv)) * uv;
+    v *= pre;
+    return act_bf16 ? d_round_bf16(v) : v;
+}
+
+/* NS: slots per pass (the group's slots are taken NS at a time; 1 for one row) */
+template <int NS>
+__global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,
+                                                const group *groups, const int *n_groups, const dexpert *tab,
+                                                int act_fp8, float limit, int act_bf16, int kw, int vec) {
+    constexpr int OPW = MOE_UP_OPW, NR = 2 * OPW;
+    __shared__ float lut[16];
+    __shared__ float red[8][32];
+    if (threadIdx.x < 16) lut[threadIdx.x] = d_e2m1_to_f32(threadIdx.x);
+    __syncthreads();
+    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
+    const group &G = groups[blockIdx.y];
+    const dexpert &E = tab[G.ex];
+    int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = wib / kw, sub = wib % kw;
+    int64_t no = E.w1.rows, fpb = (int64_t)(8 / kw) * OPW;
+    if ((int64_t)blockIdx.x * fpb >= no) return; /* the whole block is past this expert's rows */
+    int64_t ob = (int64_t)blockIdx.x * fpb + (int64_t)grp * OPW;
+    int active = ob < no;
+    const float *xb = act_fp8 && E.q1 ? xq : x;
+    int fmt = mv_fmt(E.w1);
+    if (!vec || fmt < 0 || mv_fmt(E.w3) != fmt || E.w3.fmt != E.w1.fmt || E.w3.cols != E.w1.cols ||
+        E.w3.block != E.w1.block || E.w3.scale_f32 != E.w1.scale_f32) { /* element-wise: one warp per feature */
+        for (int j = sub; active && j < OPW; j += kw) {
+            int64_t o = ob + j;
+            if (o >= no) break;
+            const float *xs[MOE_G];
+#pragma unroll
+            for (int g = 0; g < MOE_G; g++) xs[g] = xb + (int64_t)G.row[g < G.n ? g : 0] * dim;
+            float ga[MOE_G], ua[MOE_G];
+            warp_dot_multi(E.w1, o, xs, G.n, ga);
+            warp_dot_multi(E.w3, o, xs, G.n, ua);
+            if (lane == 0)
+                for (int g = 0; g < G.n; g++)
+                    h[(int64_t)G.slot[g] * ldh + o] = moe_swiglu(ga[g], ua[g], limit, act_bf16, G.pre[g]);
+        }
+        return;
+    }
+    constexpr int VN4 = 32, VN8 = 16;
+    for (int c0 = 0; c0 < G.n; c0 += NS) { /* block-uniform: every warp takes the same passes */
+        int ns = min(NS, G.n - c0);
+        const float *xs[NS];
+#pragma unroll
+        for (int s = 0; s < NS; s++) xs[s] = xb + (int64_t)G.row[c0 + (s < ns ? s : 0)] * dim;
+        float acc[NR][NS];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int s = 0; s < NS; s++) acc[r][s] = 0.0f;
+        if (active) {
+            const uint8_t *rp[NR], *sp[NR];
+            float s2[NR];
+#pragma unroll
+            for (int u = 0; u < OPW; u++) {
+                int64_t o = ob + u < no ? ob + u : ob;
+                if (fmt == MV_FP4) {
+                    mv_row<MV_FP4>(E.w1, o, rp[u], sp[u]);
+                    mv_row<MV_FP4>(E.w3, o, rp[OPW + u], sp[OPW + u]);
+                } else {
+                    mv_row<MV_FP8>(E.w1, o, rp[u], sp[u]);
+                    mv_row<MV_FP8>(E.w3, o, rp[OPW + u], sp[OPW + u]);
+                }
+                s2[u] = E.w1.scale2;
+                s2[OPW + u] = E.w3.scale2;
+            }
+            if (fmt == MV_FP4)
+                mv_dot<MV_FP4, NR, NS>(acc, E.w1, rp, sp, s2, xs, ns, (int64_t)(sub * 32 + lane) * VN4,
+                                       (int64_t)kw * 32 * VN4, lut);
+            else
+                mv_dot<MV_FP8, NR, NS>(acc, E.w1, rp, sp, s2, xs, ns, (int64_t)(sub * 32 + lane) * VN8,
+                                       (int64_t)kw * 32 * VN8, lut);
+        }
+        float v = mv_reduce<NR, NS>(acc, red, wib, sub, kw, lane);
+        float uv = __shfl_down_sync(0xffffffffu, v, OPW * NS); /* row OPW + u: the up projection */
+        if (active && sub == 0 && lane < OPW * NS) {
+            int u = lane / NS, s = lane % NS;
+            if (s < ns && ob + u < no)
+                h[(int64_t)G.slot[c0 + s] * ldh + ob + u] = moe_swiglu(v, uv, limit, act_bf16, G.pre[c0 + s]);
+        }
+    }
+}
+
+template <int NS>
+__global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh,
                                                   const group *groups, const int *n_groups, const dexpert *tab,
-                                                  int act_bf16) {
+                                                  int act_bf16, int kw, int vec) {
+    constexpr int NR = MOE_DOWN_OPW;
+    __shared__ float lut[16];
+    __shared__ float red[8][32];
+    if (threadIdx.x < 16) lut[threadIdx.x] = d_e2m1_to_f32(threadIdx.x);
+    __syncthreads();
     if ((int)blockIdx.y >= *n_groups) return;
     const group &G = groups[blockIdx.y];
     const dexpert &E = tab[G.ex];
-    int64_t d = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (d >= dim || d >= E.w2.rows) return;
-    const float *hs[MOE_G];
+    int wib = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = wib / kw, sub = wib % kw;
+    int64_t no = E.w2.rows < dim ? E.w2.rows : dim, fpb = (int64_t)(8 / kw) * NR;
+    if ((int64_t)blockIdx.x * fpb >= no) return;
+    int64_t ob = (int64_t)blockIdx.x * fpb + (int64_t)grp * NR;
+    int active = ob < no;
+    int fmt = mv_fmt(E.w2);
+    if (!vec || fmt < 0) {
+        for (int j = sub; active && j < NR; j += kw) {
+            int64_t d = ob + j;
+            if (d >= no) break;
+            const float *hs[MOE_G];
 #pragma unroll
-    for (int g = 0; g < MOE_G; g++) hs[g] = h + (int64_t)G.slot[g < G.n ? g : 0] * ldh;
-    float acc[MOE_G];
-    warp_dot_multi(E.w2, d, hs, G.n, acc);
-    if ((threadIdx.x & 31) == 0) {
+            for (int g = 0; g < MOE_G; g++) hs[g] = h + (int64_t)G.slot[g < G.n ? g : 0] * ldh;
+            float acc[MOE_G];
+            warp_dot_multi(E.w2, d, hs, G.n, acc);
+            if (lane == 0)
+                for (int g = 0; g < G.n; g++)
+                    y[(int64_t)G.slot[g] * dim + d] = act_bf16 ? d_round_bf16(acc[g]) : acc[g];
+        }
+        return;
+    }
+    for (int c0 = 0; c0 < G.n; c0 += NS) {
+        int ns = min(NS, G.n - c0);
+        const float *hs[NS];
 #pragma unroll
-        for (int g = 0; g < MOE_G; g++) {
-            if (g >= G.n) break;
-            float v = acc[g];
-            y[(int64_t)G.slot[g] * dim + d] = act_bf16 ? d_round_bf16(v) : v;
+        for (int s = 0; s < NS; s++) hs[s] = h + (int64_t)G.slot[c0 + (s < ns ? s : 0)] * ldh;
+        float acc[NR][NS];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int s = 0; s < NS; s++) acc[r][s] = 0.0f;
+        if (active) {
+            const uint8_t *rp[NR], *sp[NR];
+            float s2[NR];
+#pragma unroll
+            for (int u = 0; u < NR; u++) {
+                int64_t o = ob + u < no ? ob + u : ob;
+                if (fmt == MV_FP4) mv_row<MV_FP4>(E.w2, o, rp[u], sp[u]);
+                else mv_row<MV_FP8>(E.w2, o, rp[u], sp[u]);
+                s2[u] = E.w2.scale2;
+            }
+            if (fmt == MV_FP4)
+                mv_dot<MV_FP4, NR, NS>(acc, E.w2, rp, sp, s2, hs, ns, (int64_t)(sub * 32 + lane) * 32,
+                                       (int64_t)kw * 32 * 32, lut);
+            else
+                mv_dot<MV_FP8, NR, NS>(acc, E.w2, rp, sp, s2, hs, ns, (int64_t)(sub * 32 + lane) * 16,
+                                       (int64_t)kw * 32 * 16, lut);
+        }
+        float v = mv_reduce<NR, NS>(acc, red, wib, sub, kw, lane);
+        if (active && sub == 0 && lane < NR * NS) {
+            int u = lane / NS, s = lane % NS;
+            if (s < ns && ob + u < no) y[(int64_t)G.slot[c0 + s] * dim + ob + u] = act_bf16 ? d_round_bf16(v) : v;
         }
     }
 }
@@ -372,6 +660,14 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
             if ((unsigned)e[sl] >= (unsigned)n_routed) o[i] = -1;
         }
     }
+}
+
+/* warps per feature group splitting K: double while the launch has fewer than ~8K warps
+ * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
+static int moe_kw(int64_t warps, int64_t steps) {
+    int kw = 1;
+    while (kw < 8 && warps * kw < 8192 && steps >= 2 * kw) kw *= 2;
+    return kw;
 }
 
 static int quantized(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
@@ -604,8 +900,23 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
-    k_moe_up<<<dim3((unsigned)((inter_max + 7) / 8), max_groups), 256, 0, c->stream>>>(
-        h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16);
+    /* Geometry (as k_linear's): a warp takes OPW features; while that gives fewer than ~8K
+     * warps over the groups expected (one per distinct routed expert plus the shared ones),
+     * kw = 2, 4 or 8 warps of a block split each K while every warp keeps >= 2 steps of
+     * 32 16-byte vectors.  NS: a group's slots per pass, from the batch (one row: 1). */
+    int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
+    int ns = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
+    int64_t est_groups = (n_routed < nrs ? n_routed : nrs) + (shared ? (rows + MOE_G - 1) / MOE_G : 0);
+    int kw_up = moe_kw((inter_max + MOE_UP_OPW - 1) / MOE_UP_OPW * est_groups, dim / 1024);
+    int kw_dn = moe_kw((dim + MOE_DOWN_OPW - 1) / MOE_DOWN_OPW * est_groups, t->inter / 1024);
+    dim3 gup((unsigned)((inter_max + MOE_UP_OPW * (8 / kw_up) - 1) / (MOE_UP_OPW * (8 / kw_up))), max_groups);
+    dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
+    switch (ns) {
+    case 1: k_moe_up<1><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
+    case 2: k_moe_up<2><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
+    case 4: k_moe_up<4><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
+    default: k_moe_up<8><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
+    }
     if (CKL(b)) return;
     if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
         int64_t ri = t->inter;
@@ -626,8 +937,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    k_moe_down<<<dim3((unsigned)((dim + 7) / 8), max_groups), 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd,
-                                                                                  t->dev, act_bf16);
+    switch (ns) {
+    case 1: k_moe_down<1><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
+    case 2: k_moe_down<2><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
+    case 4: k_moe_down<4><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
+    default: k_moe_down<8><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
+    }
     if (CKL(b)) return;
     k_moe_combine<<<(unsigned)((rows * dim + 255) / 256), 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs,
                                                                                shared != NULL, out_scale, act_bf16);
