@@ -171,6 +171,8 @@ typedef struct dsv4_backend_stats {
     long graph_launches, graph_updates, graph_inst;
     double wait_s;
     double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
+    double issue_s;              /* cumulative host time inside ops (begin to end), timed or not */
+    double segment_s;            /* cumulative host time ending captures: update/instantiate + launch */
 } dsv4_backend_stats;
 
 typedef void (*dsv4_backend_trace_fn)(void *user, const char *op, int layer, const float *out, size_t n);

@@ -135,7 +135,9 @@ int dsv4_engine_open(dsv4_engine **out, const dsv4_engine_opts *opts, dsv4_err *
     /* rows per sub-batch: the GPU streams every weight once per chunk, so it wants big chunks
      * (results do not depend on the cut) */
     if (dsv4_model_init(&e->model, &e->w, &e->be, &e->num, e->be_cuda ? 1024 : 64, err)) goto fail;
-    dsv4_model_set_trace(e->model, route_trace, e);
+    /* the model's routing trace is installed only while the user has one (set_trace): with it
+     * the forward pass downloads picks and routing every layer, which serializes a device
+     * backend with the host */
     int64_t period = dsv4_state_period(&e->cfg);
     e->snapshot_every = o.snapshot_every > 0 ? o.snapshot_every : 0;
     if (e->snapshot_every) e->snapshot_every = (e->snapshot_every + period - 1) / period * period;
@@ -193,6 +195,8 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
     out->graph_inst = st.graph_inst;
     out->wait_s = st.wait_s;
     out->graph_gpu_s = st.graph_gpu_s;
+    out->issue_s = st.issue_s;
+    out->segment_s = st.segment_s;
 }
 
 double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes) {
@@ -216,6 +220,7 @@ static void route_trace(void *user, const dsv4_route_info *ri) {
 void dsv4_engine_set_trace(dsv4_engine *e, dsv4_trace_fn fn, void *user) {
     e->trace = fn;
     e->trace_user = user;
+    dsv4_model_set_trace(e->model, fn ? route_trace : NULL, e);
 }
 
 static void op_trace_fwd(void *user, const dsv4_op_info *oi) {

@@ -176,6 +176,7 @@ typedef struct dsv4_engine_perf_info {
     long graph_launches, graph_updates, graph_inst; /* cumulative (CUDA graphs of decode segments) */
     double wait_s;              /* cumulative seconds the host waited for the device */
     double graph_gpu_s;         /* cumulative device seconds inside CUDA graphs */
+    double issue_s, segment_s;  /* cumulative host seconds inside ops / ending graph captures */
 } dsv4_engine_perf_info;
 void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out);
 /* Device-to-device copy bandwidth in GB/s (read + written) over a `bytes` buffer; < 0 if

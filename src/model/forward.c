@@ -22,8 +22,10 @@
 #include "model/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/quant.h"
 
@@ -90,6 +92,9 @@ struct dsv4_model {
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
     int *done;              /* [done_cap] tokens consumed per item of the current call */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
+    double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
+    double lay_t[6];        /* host seconds per section of layer_forward */
+    long fwd_calls;
     int done_cap;
 };
 
@@ -131,6 +136,15 @@ static void op_trace(dsv4_model *m, const char *op, int layer, int rows, int wid
     }
     m->op_trace(m->op_trace_user, &info);
 }
+
+/* Host-time diagnostics (DSV4_FWD_TIMES=1): seconds of host wall time per section of
+ * dsv4_forward, summed over calls and printed to stderr when the model is freed. */
+static double fwd_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static const char *const fwd_names[6] = {"reserve+validate", "embed", "layers", "check", "bookkeeping", "head+logits"};
 
 /* ----- RoPE tables (spec §2.4) ----- */
 /* base^(-2i/rd); YaRN on compressed layers only: pairs below `low` keep their frequency,
@@ -181,6 +195,14 @@ static int is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 void dsv4_model_free(dsv4_model *m) {
     if (!m) return;
+    if (getenv("DSV4_FWD_TIMES") && m->fwd_calls) {
+        fprintf(stderr, "forward host time over %ld calls (ms per call):", m->fwd_calls);
+        for (int i = 0; i < 6; i++) fprintf(stderr, " %s %.3f", fwd_names[i], m->fwd_t[i] / m->fwd_calls * 1e3);
+        static const char *const ln[6] = {"projections", "compressors", "indexer", "attention", "ring+hc_post", "moe"};
+        fprintf(stderr, "; inside layers:");
+        for (int i = 0; i < 6; i++) fprintf(stderr, " %s %.3f", ln[i], m->lay_t[i] / m->fwd_calls * 1e3);
+        fprintf(stderr, "\n");
+    }
     for (int l = 0; l < m->n_all; l++) {
         if (m->bias) free(m->bias[l]);
         if (m->sink) free(m->sink[l]);
@@ -413,6 +435,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     int ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8;
     const double *freq = ratio ? m->freq_comp : m->freq_main;
     float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
+    double lt = fwd_now(), ln_;
+#define LAY_LAP(i) (ln_ = fwd_now(), m->lay_t[i] += ln_ - lt, lt = ln_)
 
     /* ----- attention ----- */
     op->hc_pre(b, m->y, m->post, m->comb, m->X, rows, hc, D, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale,
@@ -431,8 +455,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op_trace(m, "attn.q", layer, rows, nh * hd, m->q, NULL, NULL, m->pos);
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
+    LAY_LAP(0);
     if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg);
 
+    LAY_LAP(1);
     /* lightning indexer (ratio 4): picks per row */
     int topk = c->index_topk;
     if (L->has_indexer) {
@@ -466,6 +492,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         if (m->op_trace) op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->h_picks, m->h_npicks, m->pos);
     }
 
+    LAY_LAP(2);
     /* key lists: window (fresh rows or ring) per row, then compressed rows (picked on the
      * backend by the indexer, or all visible ones) */
     for (int i = 0; i < rows; i++) {
@@ -494,6 +521,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
     op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);
 
+    LAY_LAP(3);
     /* the ring keeps the last `window` rows of each segment */
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
@@ -509,6 +537,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
     op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
 
+    LAY_LAP(4);
     /* ----- MoE (spec §2.6) ----- */
     op->hc_pre(b, m->y, m->post, m->comb, m->Xb, rows, hc, D, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
                c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
@@ -567,6 +596,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     }
     op->hc_post(b, m->X, m->a, m->Xb, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
     op_trace(m, "ffn.hc_post", layer, rows, hc * D, m->X, NULL, NULL, m->pos);
+    LAY_LAP(5);
+#undef LAY_LAP
     return 0;
 }
 
@@ -607,6 +638,9 @@ static void shim_fn(void *user, const dsv4_route_info *info) {
 
 int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err) {
     const dsv4_config *c = m->cfg;
+    double tt = fwd_now(), tn;
+    m->fwd_calls++;
+#define FWD_LAP(i) (tn = fwd_now(), m->fwd_t[i] += tn - tt, tt = tn)
     /* validate everything first: on error nothing has changed */
     for (int i = 0; i < n_items; i++) {
         if (!items[i].st || items[i].n < 1 || !items[i].tokens)
@@ -623,6 +657,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     for (int i = 0; i < n_items; i++)
         if (dsv4_state_reserve(items[i].st, items[i].n, err)) return -1;
 
+    FWD_LAP(0);
     trace_shim shim = {m->trace, m->trace_user, items};
     dsv4_route_trace_fn saved = m->trace;
     void *saved_user = m->trace_user;
@@ -664,19 +699,23 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         }
         if (!rows) break;
         /* ----- embedding into hc_mult streams (spec §2.1) ----- */
+        FWD_LAP(0);
         mark_segment(m, m->n_all + 1);
         OPS(m)->embed(B_(m), m->y, m->tok, rows, &m->w->embed);
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < c->hc_mult; k++)
                 OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
                              sizeof(float) * c->dim);
+        FWD_LAP(1);
         for (int l = 0; l < c->n_layers && !rc; l++) {
             mark_segment(m, l);
             rc = layer_forward(m, l, rows, nseg, err);
         }
         mark_segment(m, -1);
+        FWD_LAP(2);
         /* ops cannot fail; a device backend keeps its first error until asked (backend.h) */
         if (!rc && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
+        FWD_LAP(3);
         if (rc) break;
         /* ----- bookkeeping, then logits for the rows that want them ----- */
         int nl = 0;
@@ -695,6 +734,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
                 nl++;
             }
         }
+        FWD_LAP(4);
         if (nl) {
             mark_segment(m, m->n_all);
             head_rows(m, m->Xs, nl, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
@@ -705,6 +745,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
                 OPS(m)->download(B_(m), dst, m->logits + (size_t)i * c->vocab_size, sizeof(float) * c->vocab_size);
             }
         }
+        FWD_LAP(5);
         for (int s = 0; s < nseg; s++) {
             segment *sg = &m->segs[s];
             sg->st->len += sg->n;

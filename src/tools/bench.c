@@ -23,10 +23,11 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench [--model DIR] [--backend cpu|cuda|auto] [--prompt N[,N...]] [--gen N]\n"
                "                  [--batch B[,B...]] [--numerics exact|reference] [--threads N] [--copy-gb G]\n"
+               "                  [--op-profile 0|1]\n"
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
-               "size listed (the model is loaded once).  Defaults: --prompt 512 --gen 32 --batch 1\n"
-               "--backend auto --copy-gb 4.\n");
+               "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
+               "timing.  Defaults: --prompt 512 --gen 32 --batch 1 --backend auto --copy-gb 4 --op-profile 1.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -58,7 +59,7 @@ static int parse_list(const char *s, int lo, int hi, int *out, int max, int *n) 
 /* One decode measurement: B clones of s0 (context P) decode G timed steps, then G more
  * with per-op timing.  ids: tokens for the clones ([B][2G+1]). */
 static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const int32_t *ids, float *lg,
-                        int vocab, double copy_bw, dsv4_err *err) {
+                        int vocab, double copy_bw, int op_profile, dsv4_err *err) {
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
     dsv4_step_item *items = calloc((size_t)B, sizeof *items);
     int rc = -1;
@@ -82,9 +83,9 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     double td = dsv4_now() - t0;
     dsv4_engine_perf(e, &p1);
     /* the same number of steps again with per-op timing (it waits after every op) */
-    dsv4_engine_profile(e, 1);
+    if (op_profile) dsv4_engine_profile(e, 1);
     double t3 = dsv4_now();
-    for (int g = G + 1; g <= 2 * G; g++) {
+    for (int g = G + 1; g <= 2 * G && op_profile; g++) {
         for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * (2 * G + 1) + g;
         if (dsv4_engine_step(e, items, B, err)) {
             dsv4_engine_profile(e, 0);
@@ -94,6 +95,7 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     double tprof = dsv4_now() - t3;
     dsv4_engine_perf_info pi;
     dsv4_engine_perf(e, &pi);
+    if (!op_profile) pi.n_ops = 0;
     dsv4_engine_profile(e, 0);
     double step_ms = td / G * 1e3;
     printf("bench: decode batch %d at context %d: %d steps in %.3f s = %.2f ms/step = %.1f tok/s (%.1f tok/s per "
@@ -105,6 +107,11 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
                (double)(p1.graph_launches - p0.graph_launches) / G, (double)(p1.graph_updates - p0.graph_updates) / G,
                (double)(p1.graph_inst - p0.graph_inst) / G, (p1.graph_gpu_s - p0.graph_gpu_s) / G * 1e3,
                (p1.wait_s - p0.wait_s) / G * 1e3);
+    if (p1.issue_s > p0.issue_s)
+        printf("bench: host time per decode step: %.3f ms inside ops, %.3f ms ending graph captures (update or "
+               "instantiate, launch), %.3f ms elsewhere (forward pass, waits, copies out)\n",
+               (p1.issue_s - p0.issue_s) / G * 1e3, (p1.segment_s - p0.segment_s) / G * 1e3,
+               step_ms - ((p1.issue_s - p0.issue_s) + (p1.segment_s - p0.segment_s)) / G * 1e3);
     if (pi.n_ops) {
         double tot = 0;
         for (int i = 0; i < pi.n_ops; i++) tot += pi.ms[i];
@@ -135,7 +142,7 @@ out:
 int dsv4_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *backend = "auto", *numerics = NULL;
     int prompts[MAX_LIST] = {512}, batches[MAX_LIST] = {1}, np = 1, nb = 1;
-    int G = 32, threads = 0, copy_gb = 4;
+    int G = 32, threads = 0, copy_gb = 4, op_profile = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -157,6 +164,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) bad = parse_list(v, 1, 4096, batches, MAX_LIST, &nb);
         else if (!strcmp(a, "--threads")) bad = parse_int(v, 0, 4096, &threads);
         else if (!strcmp(a, "--copy-gb")) bad = parse_int(v, 1, 64, &copy_gb);
+        else if (!strcmp(a, "--op-profile")) bad = parse_int(v, 0, 1, &op_profile);
         else {
             fprintf(stderr, "dsv4 bench: unknown option %s\n", a);
             usage(stderr);
@@ -221,7 +229,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         for (int ib = 0; ib < nb; ib++) {
             int B = batches[ib];
             if (B > 1) printf("bench: batch %d = %d clones of the sequence prefilled above\n", B, B);
-            if (bench_decode(e, s0, P, B, G, ids + Pmax, lg, info.vocab_size, copy_bw, &err)) goto done;
+            if (bench_decode(e, s0, P, B, G, ids + Pmax, lg, info.vocab_size, copy_bw, op_profile, &err)) goto done;
         }
         dsv4_seq_free(s0);
         s0 = NULL;

@@ -49,6 +49,13 @@ void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, 
 void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int, const int32_t *, const float *,
             int, const dsv4_ffn_w *, float, int, int, int, float);
 
+/* host clock in milliseconds (per-op issue time, capture ends) */
+static double host_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
 /* ----- errors ----- */
 int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
     cuda_impl *c = CI(b);
@@ -117,9 +124,17 @@ static int seg_cache(cuda_impl *c, int key) {
     return 0;
 }
 
+static void seg_end_timed(dsv4_backend *b);
 void dsv4_cuda_seg_end(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (!c->capturing) return;
+    double t0 = host_ms();
+    seg_end_timed(b);
+    c->segment_s += (host_ms() - t0) * 1e-3;
+}
+
+static void seg_end_timed(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
     c->capturing = 0;
     if (last_error(b, "an unchecked call inside a graph capture")) { /* still end the capture */
         cudaGraph_t g0 = NULL;
@@ -390,25 +405,21 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    c->op_t0 = host_ms();
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
-    if (c->timing && !c->failed) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        c->op_t0 = (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-        CK(b, cudaEventRecord(c->ev0, c->stream));
-    }
+    if (c->timing && !c->failed) CK(b, cudaEventRecord(c->ev0, c->stream));
 }
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
+    double dt = host_ms() - c->op_t0;
+    c->issue_s += dt * 1e-3;
     dsv4_cuda_flush(b);
     if (!c->timing || c->failed) return;
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    c->op_host_ms[op] += (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6 - c->op_t0;
+    c->op_host_ms[op] += dt;
     CK(b, cudaEventRecord(c->ev1, c->stream));
     CK(b, cudaEventSynchronize(c->ev1));
     float ms = 0;
@@ -461,6 +472,8 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->graph_inst = c->g_inst;
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
+    out->issue_s = c->issue_s;
+    out->segment_s = c->segment_s;
 }
 
 static double cu_copy_bandwidth(dsv4_backend *b, size_t bytes) {

@@ -85,6 +85,7 @@ struct cuda_impl {
     double op_ms[DSV4_CUDA_N_OPS];
     double op_host_ms[DSV4_CUDA_N_OPS]; /* host time from op begin to op end (before the wait) */
     double op_t0;
+    double issue_s, segment_s;  /* host seconds inside ops (always counted) / ending captures */
     long op_calls[DSV4_CUDA_N_OPS];
     size_t weight_bytes_read;   /* bytes of weights streamed by matmul/moe since the last reset */
     /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
