@@ -829,9 +829,14 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
     gpu.ops->moe(&gpu, g, x, R, ex, NE, e, wgt, K, &sh, 10.0f, 0, act_fp8, 0, 1.5f);
     CHECK(gpu_ok());
     double r = rel(g, a, (size_t)R * D);
-    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol 1e-05)\n", dsv4_wfmt_name(rfmt),
-           dsv4_wfmt_name(sfmt), R, act_fp8, r);
-    CHECKF(r <= 1e-5, "moe wide rel %g", r);
+    /* act_fp8 quantizes h (the SwiGLU output) to e4m3 before w2: an element of h that the GPU's
+     * summation order moves across an e4m3 rounding boundary changes by one e4m3 step (~6 %),
+     * which moves the output by ~3e-4 relative (seen on the H200: rows 1, 3.3e-4, twice).  x or h
+     * left unquantized would move every element by up to one e4m3 step, far above 2e-3. */
+    double tol = act_fp8 ? 2e-3 : 1e-5;
+    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol %.0e)\n", dsv4_wfmt_name(rfmt),
+           dsv4_wfmt_name(sfmt), R, act_fp8, r, tol);
+    CHECKF(r <= tol, "moe wide rel %g", r);
     for (int i = 0; i < 3 * NE + 3; i++) free_w(&parts[i]);
     free(x), free(a), free(g), free(wgt);
 }
