@@ -28,134 +28,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
-#include "model/quant.h"
-#include "test.h"
-
-static uint32_t rng = 777;
-static uint32_t urand(void) {
-    rng = rng * 1664525u + 1013904223u;
-    return rng >> 8;
-}
-static float frand(void) { return (urand() / 16777216.0f) * 2.0f - 1.0f; }
-static void fill(float *x, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) x[i] = frand() * s;
-}
-
-static dsv4_backend cpu, gpu;
-static int ready(void) {
-    static int state = -1;
-    if (state < 0) {
-        dsv4_err err;
-        state = 0;
-        if (dsv4_backend_cpu_init(&cpu, 0, &err)) return 0;
-        if (dsv4_backend_cuda_init(&gpu, 0, &err)) { /* a skipped GPU test must not count as passed */
-            printf("SKIP test_cuda_gemm: %s\n# 0 passed, 0 failed\n", err.msg);
-            exit(0);
-        }
-        state = 1;
-    }
-    return state;
-}
-#define NEED_GPU()                                                                                                   \
-    do {                                                                                                             \
-        if (!ready()) return;                                                                                        \
-    } while (0)
-
-static int gpu_ok(void) {
-    dsv4_err err;
-    if (gpu.ops->check(&gpu, &err)) {
-        fprintf(stderr, "  cuda error: %s\n", err.msg);
-        return 0;
-    }
-    return 1;
-}
-
-static double rel(const float *a, const float *ref, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) != isnan(ref[i])) return INFINITY;
-        if (isnan(ref[i])) continue;
-        if (isinf(ref[i]) || isinf(a[i])) { /* equal infinities are a match */
-            if (a[i] != ref[i]) return INFINITY;
-            continue;
-        }
-        d += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
-        s += (double)ref[i] * ref[i];
-    }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
-/* ----- weights in every stored format ----- */
-typedef struct {
-    dsv4_weight w;
-    void *data, *scale;
-} tw;
-
-static tw make_w(dsv4_wfmt fmt, int64_t rows, int64_t cols, int scale_f32) {
-    tw t;
-    memset(&t, 0, sizeof t);
-    t.w.fmt = fmt;
-    t.w.rows = rows;
-    t.w.cols = cols;
-    t.w.name = "gemm-test";
-    size_t n = (size_t)rows * (size_t)cols;
-    if (fmt == DSV4_WF_F32) {
-        float *d = malloc(sizeof(float) * n);
-        fill(d, n, 0.5f);
-        t.data = d;
-    } else if (fmt == DSV4_WF_BF16) {
-        uint16_t *d = malloc(2 * n);
-        for (size_t i = 0; i < n; i++) d[i] = dsv4_f32_to_bf16(frand() * 0.5f);
-        t.data = d;
-    } else if (fmt == DSV4_WF_FP8) {
-        uint8_t *d = malloc(n);
-        for (size_t i = 0; i < n; i++) {
-            uint8_t c;
-            do c = (uint8_t)urand();
-            while ((c & 0x7f) == 0x7f); /* no NaN codes */
-            d[i] = c;
-        }
-        size_t sb = (size_t)((rows + 127) / 128) * (size_t)((cols + 127) / 128);
-        if (scale_f32) {
-            float *s = malloc(sizeof(float) * sb);
-            for (size_t i = 0; i < sb; i++) s[i] = ldexpf(1.0f + 0.5f * frand(), -9);
-            t.scale = s;
-        } else {
-            uint8_t *s = malloc(sb);
-            for (size_t i = 0; i < sb; i++) s[i] = (uint8_t)(127 - 9 + (int)(urand() % 4));
-            t.scale = s;
-        }
-        t.data = d;
-        t.w.block = 128;
-        t.w.scale_f32 = scale_f32;
-    } else { /* MXFP4 / NVFP4 */
-        size_t nb = (size_t)rows * (size_t)((cols + 1) / 2);
-        uint8_t *d = malloc(nb);
-        for (size_t i = 0; i < nb; i++) d[i] = (uint8_t)urand();
-        int g = fmt == DSV4_WF_MXFP4 ? 32 : 16;
-        size_t ns = (size_t)rows * (size_t)((cols + g - 1) / g);
-        uint8_t *s = malloc(ns);
-        for (size_t i = 0; i < ns; i++)
-            s[i] = fmt == DSV4_WF_MXFP4 ? (uint8_t)(127 - 4 + (int)(urand() % 3))
-                                        : dsv4_f32_to_e4m3(0.05f + 0.1f * (frand() + 1));
-        t.data = d;
-        t.scale = s;
-        t.w.scale2 = 0.75f;
-    }
-    t.w.data = t.data;
-    t.w.scale = t.scale;
-    return t;
-}
-/* the CUDA backend keys device copies by the host data pointer: weights live until exit */
-static void *parked[1024];
-static int n_parked;
-static void park(tw *t) {
-    if (n_parked + 2 <= 1024) {
-        parked[n_parked++] = t->data;
-        parked[n_parked++] = t->scale;
-    }
-}
+#define CUDA_TEST_SEED 777
+#define CUDA_TEST_NAME "test_cuda_gemm"
+#include "cuda_test_util.h"
 
 /* CPU vs CUDA matmul on one random case; returns rel (prints it) */
 static double run_case(const tw *t, int rows, int act_fp8, int out_bf16, const float *x, float *a, float *g) {
@@ -191,7 +66,7 @@ static void check(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int act_fp8, in
         free(u);
     }
     free(x), free(x0), free(a), free(g);
-    park(&t);
+    free_w(&t);
 }
 
 #define F8_TOL 2e-6 /* FP8 tensor-core path against the CPU act_fp8 matmul (see the top) */
@@ -254,7 +129,7 @@ static void test_nan_rows(void) {
         CHECK(isnan(g[5 * O]) && isnan(a[5 * O]));
         CHECK(!isnan(g[6 * O]));
         free(x), free(a), free(g);
-        park(&t);
+        free_w(&t);
     }
 }
 
@@ -286,7 +161,7 @@ static void test_fallbacks(void) {
     gpu.ops->free(&gpu, xd);
     gpu.ops->free(&gpu, od);
     free(x), free(a), free(g);
-    park(&t);
+    free_w(&t);
 }
 
 /* ----- timing (only with the name filter "timing": not part of the default run) ----- */
@@ -347,7 +222,7 @@ static void test_timing(void) {
         gpu.ops->free(&gpu, xd);
         gpu.ops->free(&gpu, od);
         free(x);
-        park(&t);
+        free_w(&t);
     }
 }
 

@@ -28,19 +28,6 @@ enum { LF_F32 = 0, LF_BF16 = 1, LF_FP8 = 2, LF_FP4 = 3 }; /* vector paths (FP4: 
 /* values per 16-byte vector of each vector path */
 template <int FMT> struct lvec { enum { N = FMT == LF_F32 ? 4 : FMT == LF_BF16 ? 8 : FMT == LF_FP8 ? 16 : 32 }; };
 
-/* two e4m3 bytes (low byte first) to floats by the sm_89+ conversion instruction: every e4m3
- * value, subnormals included, is exact in f16 and then in f32, and the NaN codes stay NaN,
- * so this equals d_e4m3_to_f32 at ~1 instruction per value instead of ~8 */
-__device__ __forceinline__ float2 e4m3x2_to_f32x2(uint16_t v) {
-    uint32_t h;
-    float lo, hi;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
-    asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h));
-    return make_float2(lo, hi);
-}
-
 /* weights i*4 .. i*4+3 of a 16-byte vector v, times its scale(s) (FP4: s0 for the first 16, s1 after) */
 template <int FMT>
 __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, float s1) {
@@ -54,7 +41,7 @@ __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, floa
                         d_bf16_to_f32(h[4 * i + 3]));
     } else if (FMT == LF_FP8) { /* hardware e4m3x2 -> f16x2 (exact, as is f16 -> f32) */
         const uint16_t *h = (const uint16_t *)&v;
-        float2 a = e4m3x2_to_f32x2(h[2 * i]), b = e4m3x2_to_f32x2(h[2 * i + 1]);
+        float2 a = d_e4m3x2_to_f32x2(h[2 * i]), b = d_e4m3x2_to_f32x2(h[2 * i + 1]);
         f = make_float4(a.x * s0, a.y * s0, b.x * s0, b.y * s0);
     } else { /* two bytes = four e2m1 values, low nibble first */
         float s = i < 4 ? s0 : s1;
@@ -63,15 +50,6 @@ __device__ __forceinline__ float4 dequant4(const uint4 &v, int i, float s0, floa
                         d_e2m1_to_f32(b1 >> 4) * s);
     }
     return f;
-}
-
-/* 16 weight bytes that are read once per call: no L1 allocation (they would only evict x) */
-__device__ __forceinline__ uint4 ld_stream16(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
 }
 
 /* block scale(s) of the 16-byte vector at column k0 of weight row o (FP8: s0; FP4: s0, s1) */
@@ -159,8 +137,8 @@ __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const f
         float a0[OPW], b0[OPW], a1[OPW], b1[OPW];
 #pragma unroll
         for (int u = 0; u < OPW; u++) { /* every load of both steps first */
-            v0[u] = ld_stream16(rowp[u] + VB(k0));
-            if (has1) v1[u] = ld_stream16(rowp[u] + VB(k1));
+            v0[u] = d_ld_stream16(rowp[u] + VB(k0));
+            if (has1) v1[u] = d_ld_stream16(rowp[u] + VB(k1));
         }
 #pragma unroll
         for (int u = 0; u < OPW; u++) {

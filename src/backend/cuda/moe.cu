@@ -222,28 +222,6 @@ __device__ __forceinline__ void warp_dot_multi(const dweight &w, int64_t o, cons
 /* ----- vector paths of the expert dots (the techniques of linear.cu's k_linear) ----- */
 enum { MV_FP4 = 0, MV_FP8 = 1 }; /* FP4: MXFP4 and NVFP4, 32 values per 16 bytes; FP8: 16 */
 
-/* two e4m3 bytes (low first) to floats by the e4m3x2 -> f16x2 instruction; every e4m3 value
- * (subnormals, NaN) is exact in f16 and f32, so this equals d_e4m3_to_f32 */
-__device__ __forceinline__ float2 mv_e4m3x2(uint32_t v) {
-    uint32_t h;
-    float lo, hi;
-    uint16_t v16 = (uint16_t)v;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v16));
-    asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h));
-    return make_float2(lo, hi);
-}
-
-/* 16 weight bytes read once per call: not kept in L1 (they would evict x and h) */
-__device__ __forceinline__ uint4 mv_ld16(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
 /* the vector path a weight takes (-1: the element-wise warp_dot_multi) */
 __device__ __forceinline__ int mv_fmt(const dweight &w) {
     if ((w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4) && w.cols % 32 == 0) return MV_FP4;
@@ -285,7 +263,7 @@ template <int FMT>
 __device__ __forceinline__ float4 mv_deq4(const uint4 &v, int i, float s0, float s1, const float *lut) {
     const uint32_t *wd = (const uint32_t *)&v;
     if (FMT == MV_FP8) {
-        float2 a = mv_e4m3x2(wd[i]), b = mv_e4m3x2(wd[i] >> 16);
+        float2 a = d_e4m3x2_to_f32x2((uint16_t)wd[i]), b = d_e4m3x2_to_f32x2((uint16_t)(wd[i] >> 16));
         return make_float4(a.x * s0, a.y * s0, b.x * s0, b.y * s0);
     }
     uint32_t q = wd[i >> 1] >> (16 * (i & 1)); /* four e2m1 codes, low nibble first */
@@ -310,8 +288,8 @@ __device__ __forceinline__ void mv_dot(float (&acc)[NR][NS], const dweight &w, c
         float a[2][NR], b[2][NR];
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            v[0][r] = mv_ld16(rp[r] + (FMT == MV_FP4 ? k0 / 2 : k0));
-            if (has1) v[1][r] = mv_ld16(rp[r] + (FMT == MV_FP4 ? k1 / 2 : k1));
+            v[0][r] = d_ld_stream16(rp[r] + (FMT == MV_FP4 ? k0 / 2 : k0));
+            if (has1) v[1][r] = d_ld_stream16(rp[r] + (FMT == MV_FP4 ? k1 / 2 : k1));
             else v[1][r] = make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
