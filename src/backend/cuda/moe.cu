@@ -739,6 +739,17 @@ void dsv4_cuda_devside_free(dsv4_backend *b) {
     c->devside = NULL;
 }
 
+/* 1 if the table's recorded weight pointers are still those of (experts, shared) */
+static int same_ids(const void *const *ids, const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared) {
+    for (int x = 0; x <= n_routed; x++) {
+        const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
+        if (ids[3 * x] != (f ? f->w1.data : NULL) || ids[3 * x + 1] != (f ? f->w2.data : NULL) ||
+            ids[3 * x + 2] != (f ? f->w3.data : NULL))
+            return 0;
+    }
+    return 1;
+}
+
 static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared, const void **ids) {
     for (int x = 0; x <= n_routed; x++) {
         const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
@@ -753,6 +764,11 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared) {
     cuda_devside *d = devside(b);
     if (!d) return NULL;
+    moe_table *t = NULL;
+    for (int i = 0; i < d->n_tab && !t; i++)
+        if (d->tab[i].key == experts && d->tab[i].shared == shared && d->tab[i].n_routed == n_routed) t = &d->tab[i];
+    /* the common case (every call after the first): one compare per weight, no allocation */
+    if (t && same_ids(t->ids, experts, n_routed, shared)) return t;
     size_t ni = 3 * (size_t)(n_routed + 1);
     const void **ids = (const void **)malloc(sizeof(void *) * ni);
     if (!ids) {
@@ -760,13 +776,6 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         return NULL;
     }
     expert_ids(experts, n_routed, shared, ids);
-    moe_table *t = NULL;
-    for (int i = 0; i < d->n_tab && !t; i++)
-        if (d->tab[i].key == experts && d->tab[i].shared == shared && d->tab[i].n_routed == n_routed) t = &d->tab[i];
-    if (t && !memcmp(t->ids, ids, sizeof(void *) * ni)) { /* the common case: one compare per weight */
-        free(ids);
-        return t;
-    }
     if (!t) {
         if (d->n_tab == d->cap_tab) {
             int cap = d->cap_tab ? 2 * d->cap_tab : 64;
