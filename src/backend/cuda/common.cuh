@@ -11,7 +11,7 @@
  *   state and index lists are host memory.  An op takes device arguments as they are
  *   and stages host ones (dsv4_cuda_in/out/commit), so a chain of ops on activations
  *   runs without host synchronization; weights are uploaded once in stored formats.
- * Target: sm_90a (H100/H200); nothing here needs Hopper-only instructions yet.
+ * Target: sm_90a (H100/H200); the bulk-copy pipeline below needs sm_90.
  */
 #ifndef DSV4_BACKEND_CUDA_COMMON_CUH
 #define DSV4_BACKEND_CUDA_COMMON_CUH
@@ -301,6 +301,40 @@ __device__ __forceinline__ uint4 d_ld_stream16(const void *p) {
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
+}
+
+/* ----- bulk-copy stage pipeline (sm_90: cp.async.bulk + mbarrier) -----
+ * A block streams contiguous weight bytes into shared-memory stages with the bulk-copy
+ * engine: no registers hold bytes in flight, so several stages per block stay in flight
+ * while the warps compute on an earlier one.  Protocol (one producer thread):
+ *   d_mbar_init(bar, 1) by one thread, d_mbar_fence_init(), __syncthreads();
+ *   producer: d_mbar_expect(bar, total bytes of the stage), then d_bulk_g2s(...) for each
+ *     piece (16-byte aligned source and destination, size a multiple of 16);
+ *   consumers: d_mbar_wait(bar, phase) where phase = (use count of this stage) & 1;
+ *   a stage is refilled only after a __syncthreads() that follows every read of it. */
+__device__ __forceinline__ uint32_t d_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void d_mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(d_smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void d_mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void d_mbar_expect(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(d_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void d_bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     d_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(d_smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void d_mbar_wait(uint64_t *bar, uint32_t phase) {
+    uint32_t a = d_smem_addr(bar), done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(a), "r"(phase)
+                     : "memory");
 }
 
 /* launch helpers used by several files */
