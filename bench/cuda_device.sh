@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 nograph hf f4 f20 f20long nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -40,6 +40,10 @@ for stage in "$@"; do
     grep -vE "^PASS" "$OUT/e2e_flash2.log" | head -20 >>"$summary"
     timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2.log" 2>&1
     note "bench flash2 rc=$?"; cat "$OUT/bench_flash2.log" >>"$summary" ;;
+  moeoff)
+    # A/B of the batch-1 MoE kernels: the bulk-copy path switched off
+    DSV4_CUDA_MOE_BULK=0 timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2_moeoff.log" 2>&1
+    note "bench flash2 moe bulk off rc=$?"; grep -E "decode|moe|bytes" "$OUT/bench_flash2_moeoff.log" >>"$summary" ;;
   nograph)
     DSV4_CUDA_GRAPHS=0 timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2_nograph.log" 2>&1
     note "bench flash2 graphs off rc=$?"; grep -E "decode|graph|bytes" "$OUT/bench_flash2_nograph.log" >>"$summary" ;;

@@ -18,12 +18,12 @@ num='[0-9]+\.[0-9]+'
 n=0
 for op in "copy" "hc_pre attn" "rmsnorm attn" "matmul wq_a" "matmul wq_b" "rope q" "matmul wkv" \
           "matmul comp.wkv" "matmul comp.wgate" "matmul idx.comp.wkv" "matmul idx.comp.wgate" "matmul idx.wq_b" \
-          "matmul idx.weights_proj" "matmul_grouped wo_a" "matmul wo_b" "hc_post" "matmul gate" "hc_head" \
-          "matmul head"; do
+          "matmul idx.weights_proj" "matmul_grouped wo_a" "matmul wo_b" "hc_post" "matmul gate" "moe" \
+          "hc_head" "matmul head"; do
   c=$(echo "$out" | grep -Ec "^$op +.* $num +$num +$num +$num +$num%$")
   [ "$c" = 1 ] && n=$((n+1))
 done
-if [ $rc -eq 0 ] && [ $n = 19 ] && echo "$out" | grep -Eq "layer [0-9]+ \(compress ratio 4\), rows 1, 2 calls per op" \
+if [ $rc -eq 0 ] && [ $n = 20 ] && echo "$out" | grep -Eq "layer [0-9]+ \(compress ratio 4\), rows 1, 2 calls per op" \
    && echo "$out" | grep -Eq "^copy +2 MB, read \+ written .* 100\.0%$"; then
   ok opbench_cpu_ops; else bad opbench_cpu_ops "rc=$rc ops=$n $out"; fi
 
@@ -31,7 +31,7 @@ if [ $rc -eq 0 ] && [ $n = 19 ] && echo "$out" | grep -Eq "layer [0-9]+ \(compre
 out=$("$BIN" opbench --model "$tmp/m" --backend cpu --layer 0 --rows 3 --reps 1 --copy-mb 1 2>&1)
 rc=$?
 if [ $rc -eq 0 ] && echo "$out" | grep -q "layer 0 (compress ratio 0), rows 3" && ! echo "$out" | grep -q "idx\." \
-   && [ "$(echo "$out" | grep -Ec " $num%$")" = 13 ]; then
+   && [ "$(echo "$out" | grep -Ec " $num%$")" = 14 ]; then
   ok opbench_layer0; else bad opbench_layer0 "rc=$rc $out"; fi
 
 out=$("$BIN" opbench --model "$tmp/m" --backend cpu --layer 120 --reps 1 2>&1)

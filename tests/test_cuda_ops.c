@@ -24,6 +24,7 @@
 
 #define CUDA_TEST_SEED 12345
 #define CUDA_TEST_NAME "test_cuda_ops"
+#include "backend/cuda/cuda.h"
 #include "cuda_test_util.h"
 
 /* ----- linears ----- */
@@ -698,8 +699,10 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
     for (int i = 0; i < R * K; i++) wgt[i] = 0.3f + 0.1f * (float)(i % 5);
     cpu.ops->moe(&cpu, a, x, R, ex, NE, e, wgt, K, &sh, 10.0f, 0, act_fp8, 0, 1.5f);
     for (int i = 0; i < R * D; i++) g[i] = NAN;
+    long bulk0 = dsv4_cuda_moe_bulk_calls(&gpu);
     gpu.ops->moe(&gpu, g, x, R, ex, NE, e, wgt, K, &sh, 10.0f, 0, act_fp8, 0, 1.5f);
     CHECK(gpu_ok());
+    long bulk = dsv4_cuda_moe_bulk_calls(&gpu) - bulk0;
     double r = rel(g, a, (size_t)R * D);
     /* act_fp8 quantizes h (the SwiGLU output) to e4m3 before w2: an element of h that the GPU's
      * summation order moves across an e4m3 rounding boundary changes by one e4m3 step (~6 %),
@@ -707,9 +710,13 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
      * the quantization (CPU op with act_fp8 off against on, these shapes and inputs) moves the
      * output by 7.1e-2 (1 row) and 6.8e-2 (9 rows): 2e-3 still fails a path that skips it. */
     double tol = act_fp8 ? 2e-3 : 1e-5;
-    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol %.0e)\n", dsv4_wfmt_name(rfmt),
-           dsv4_wfmt_name(sfmt), R, act_fp8, r, tol);
+    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol %.0e), %s kernels\n",
+           dsv4_wfmt_name(rfmt), dsv4_wfmt_name(sfmt), R, act_fp8, r, tol, bulk ? "bulk-copy" : "slot-group");
     CHECKF(r <= tol, "moe wide rel %g", r);
+    /* one row with FP4/FP8 experts of these shapes takes k_moe_bulk unless it is switched off */
+    const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
+    int want_bulk = R == 1 && sfmt == DSV4_WF_FP8 && !(mbe && mbe[0] == '0');
+    CHECKF(bulk == want_bulk, "moe wide: bulk path taken %ld times, expected %d", bulk, want_bulk);
     for (int i = 0; i < 3 * NE + 3; i++) free_w(&parts[i]);
     free(x), free(a), free(g), free(wgt);
 }
@@ -721,6 +728,9 @@ static void test_moe_wide(void) {
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 1);
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 9, e9, 1);
     check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 3, e9, 0);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 0);
+    check_moe_wide(DSV4_WF_FP8, DSV4_WF_FP8, 1, e1, 0);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 1, e1, 0); /* bf16 shared expert: the slot-group kernels */
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,

@@ -38,7 +38,8 @@ static void usage(FILE *f) {
                "                    [--copy-mb M] [--flush-mb M] [--numerics exact|reference] [--threads N]\n"
                "Times each weight-reading op of one decode layer on a backend: every matmul of layer L\n"
                "(default: the first layer with an indexer, else 0) and the head, the grouped wo_a,\n"
-               "hc_pre, hc_post, hc_head, rmsnorm and rope, with R rows (default 1) of random inputs.\n"
+               "hc_pre, hc_post, hc_head, rmsnorm, rope and the MoE (n_active distinct experts per row\n"
+               "plus the shared one), with R rows (default 1) of random inputs.\n"
                "Per op: 3 warm-up calls, then N (default 100) calls back to back, timed around one\n"
                "final wait for the backend.  Prints us per call, bytes per call (weights; activations\n"
                "read + written), GB/s and the fraction of a copy of M MB (default 256) timed the same\n"
@@ -70,6 +71,8 @@ typedef struct bench_ctx {
     size_t cp_bytes;
     int64_t *pos;
     double *freq;
+    int32_t *eid;           /* moe: expert ids [rows, n_active] (backend memory), distinct per row */
+    float *ewt;             /* moe: routing weights [rows, n_active] */
     dsv4_weight flush;      /* bf16 [rows, dim], host zeros (uploaded on first use); rows 0 = no cold run */
     float *flush_out;
 } bench_ctx;
@@ -81,7 +84,7 @@ typedef struct bench_op {
     int a8, obf;             /* matmul flags */
 } bench_op;
 
-enum { OP_COPY, OP_MATMUL, OP_GROUPED, OP_HC_PRE, OP_HC_POST, OP_HC_HEAD, OP_RMSNORM, OP_ROPE };
+enum { OP_COPY, OP_MATMUL, OP_GROUPED, OP_HC_PRE, OP_HC_POST, OP_HC_HEAD, OP_RMSNORM, OP_ROPE, OP_MOE };
 
 static void run_op(const bench_ctx *x, const bench_op *o) {
     const dsv4_backend_ops *op = x->be->ops;
@@ -106,6 +109,11 @@ static void run_op(const bench_ctx *x, const bench_op *o) {
         break;
     case OP_RMSNORM: op->rmsnorm(x->be, x->out, x->in, R, c->dim, &x->L->attn_norm, eps, bf); break;
     case OP_ROPE: op->rope(x->be, x->q, R, c->n_heads, c->head_dim, c->rope_dim, x->pos, x->freq, 0, bf); break;
+    case OP_MOE: /* the routed scale applied at the output, as the reference profile does */
+        op->moe(x->be, x->out, x->in, R, x->L->experts, c->n_routed, x->eid, x->ewt, c->n_active,
+                c->n_shared > 0 ? &x->L->shared : NULL, (float)c->swiglu_limit, nm->moe_before_w2,
+                nm->linear_act_fp8, bf, (float)c->routed_scale);
+        break;
     }
 }
 
@@ -163,6 +171,18 @@ static void describe(const bench_ctx *x, const bench_op *o, char *shape, size_t 
         snprintf(shape, n, "%d heads x %d, rope %d", c->n_heads, c->head_dim, c->rope_dim);
         *ab = R * f * 2.0 * c->n_heads * c->rope_dim;
         break;
+    case OP_MOE: { /* every row routed to n_active distinct experts (different rows: different ones) */
+        const dsv4_ffn_w *e0 = &x->L->experts[0];
+        double eb = (double)(dsv4_weight_bytes(&e0->w1) + dsv4_weight_bytes(&e0->w2) + dsv4_weight_bytes(&e0->w3));
+        int distinct = (int)R * c->n_active < c->n_routed ? (int)R * c->n_active : c->n_routed;
+        snprintf(shape, n, "%s %d of %d + shared", fmt_name(e0->w1.fmt), c->n_active, c->n_routed);
+        *wb = eb * distinct;
+        if (c->n_shared > 0)
+            *wb += (double)(dsv4_weight_bytes(&x->L->shared.w1) + dsv4_weight_bytes(&x->L->shared.w2) +
+                            dsv4_weight_bytes(&x->L->shared.w3));
+        *ab = R * f * 2.0 * c->dim;
+        break;
+    }
     }
 }
 
@@ -318,6 +338,7 @@ int dsv4_cmd_opbench(int argc, char **argv) {
     ops[n++] = (bench_op){"matmul wo_b", OP_MATMUL, &L->wo_b, a8, bf};
     ops[n++] = (bench_op){"hc_post", OP_HC_POST, NULL, 0, 0};
     ops[n++] = (bench_op){"matmul gate", OP_MATMUL, &L->gate, 0, 0};
+    if (L->experts && cfg.n_active > 0 && cfg.n_active <= cfg.n_routed) ops[n++] = (bench_op){"moe", OP_MOE, NULL, 0, 0};
     ops[n++] = (bench_op){"hc_head", OP_HC_HEAD, NULL, 0, 0};
     ops[n++] = (bench_op){"matmul head", OP_MATMUL, &w.head, 0, 0};
     for (int i = 0; i < n; i++)
@@ -368,6 +389,25 @@ int dsv4_cmd_opbench(int argc, char **argv) {
         }
     }
     for (int r = 0; r < rows; r++) x.pos[r] = 1000 + r;
+    { /* moe routing: row r takes experts (r*n_active + 37 j + 11) mod n_routed, j < n_active */
+        size_t ne = R * (size_t)(cfg.n_active > 0 ? cfg.n_active : 1);
+        int32_t *ids = malloc(sizeof(int32_t) * ne);
+        float *wts = malloc(sizeof(float) * ne);
+        if (!ids || !wts || !(x.eid = be.ops->alloc(&be, sizeof(int32_t) * ne)) ||
+            !(x.ewt = be.ops->alloc(&be, sizeof(float) * ne))) {
+            free(ids), free(wts);
+            dsv4_errf(&err, "out of memory for the routing of %d rows", rows);
+            goto done;
+        }
+        for (size_t i = 0; i < ne; i++) {
+            size_t r = i / (size_t)cfg.n_active, j = i % (size_t)cfg.n_active;
+            ids[i] = cfg.n_routed > 0 ? (int32_t)((r * (size_t)cfg.n_active + 37 * j + 11) % (size_t)cfg.n_routed) : 0;
+            wts[i] = 1.0f / (float)cfg.n_active;
+        }
+        be.ops->upload(&be, x.eid, ids, sizeof(int32_t) * ne);
+        be.ops->upload(&be, x.ewt, wts, sizeof(float) * ne);
+        free(ids), free(wts);
+    }
     for (int i = 0; i < cfg.rope_dim / 2; i++) x.freq[i] = pow(cfg.rope_theta, -2.0 * i / cfg.rope_dim);
 
     dsv4_backend_stats bs;
@@ -411,7 +451,7 @@ int dsv4_cmd_opbench(int argc, char **argv) {
 done:
     if (rc) fprintf(stderr, "dsv4 opbench: %s\n", err.msg);
     if (be_init) {
-        void *bufs[] = {x.in, x.out, x.X, x.Xo, x.y, x.post, x.comb, x.q, x.cpa, x.cpb, x.flush_out};
+        void *bufs[] = {x.in, x.out, x.X, x.Xo, x.y, x.post, x.comb, x.q, x.cpa, x.cpb, x.flush_out, x.eid, x.ewt};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be.ops->free(&be, bufs[i]);
         if (want_cuda) dsv4_backend_cuda_free(&be);

@@ -11,4 +11,9 @@ enum {
     DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_OP_ADD, DSV4_CUDA_N_OPS
 };
 
+struct dsv4_backend;
+/* MoE calls that took the batch-1 bulk-copy path (k_moe_bulk) on this backend: lets the
+ * tests prove which kernels they exercised */
+long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
+
 #endif

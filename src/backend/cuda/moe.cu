@@ -527,6 +527,241 @@ __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_down(float *y, int
     }
 }
 
+/* ----- one row: the expert GEMVs on the bulk-copy pipeline (k_moe_bulk) -----
+ * A unit is a tile of 16 KB of one group's weight rows: up, nrh features = nrh rows of w1
+ * then the same nrh rows of w3; down, nrh rows of w2 (nrh = 16 KB / 2 / row bytes, or
+ * 16 KB / row bytes), plus their block scales.  Each block walks units blockIdx.x,
+ * + gridDim.x, ... (consecutive blocks: consecutive tiles of one expert); thread 0 keeps
+ * MB_STAGES units in flight with cp.async.bulk while the 8 warps compute on the oldest.
+ * Thread t owns the 16-byte column vector c = t % cv of tile rows t / cv + i * (256 / cv),
+ * i < 4 (the 1024 vectors of a tile, 4 per thread), with its 32 (FP4) or 16 (FP8) x values
+ * in registers; a vector's products are summed first and multiplied by the block scale
+ * once (the scale applies to all of them: only the rounding order differs from the
+ * CPU's), then the rows are reduced over the cv threads by mv_reduce in a fixed order. */
+enum { MB_STAGES = 4, MB_TILE = 16384, MB_SCALE = 2048, MB_MAXG = 16 };
+
+struct mb_half {
+    const uint8_t *data, *scale;
+    int64_t rows;
+    int fmt, block, scale_f32, rowb, srow; /* srow: FP4 scale bytes per row; FP8 per row of blocks */
+    float scale2;
+};
+struct mb_group {
+    mb_half w[2];  /* up: w1, w3; down: w2 */
+    const float *x;
+    float *out;
+    float pre;
+    int cv, nrh, tiles, first;
+    int64_t rows;
+};
+
+__device__ __forceinline__ mb_half mb_make(const dweight &w) {
+    mb_half m;
+    int fp4 = w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4;
+    m.data = w.data;
+    m.scale = w.scale;
+    m.rows = w.rows;
+    m.fmt = w.fmt;
+    m.block = w.block;
+    m.scale_f32 = w.scale_f32;
+    m.scale2 = w.scale2;
+    m.rowb = (int)(fp4 ? w.cols / 2 : w.cols);
+    m.srow = (int)(fp4 ? (w.fmt == DSV4_WF_MXFP4 ? w.cols / 32 : w.cols / 16)
+                       : w.cols / w.block * (w.scale_f32 ? 4 : 1));
+    return m;
+}
+
+/* thread 0: start the copies of this block's i-th unit into stage i % MB_STAGES */
+template <int UP>
+__device__ __forceinline__ void mb_issue(uint8_t *stages, uint64_t *full, const mb_group *gd, int ng, int i) {
+    int u = blockIdx.x + i * gridDim.x, g = 0;
+    while (g + 1 < ng && u >= gd[g].first + gd[g].tiles) g++;
+    const mb_group &G = gd[g];
+    int64_t o0 = (int64_t)(u - G.first) * G.nrh;
+    int nv = (int)(G.rows - o0 < G.nrh ? G.rows - o0 : G.nrh);
+    int st = i % MB_STAGES;
+    uint8_t *dst = stages + (size_t)st * (MB_TILE + MB_SCALE);
+    uint32_t total = 0;
+    int fp4 = G.w[0].fmt != DSV4_WF_FP8;
+    for (int hh = 0; hh <= UP; hh++) {
+        total += (uint32_t)(nv * G.w[hh].rowb);
+        total += (uint32_t)(fp4 ? nv * G.w[hh].srow : G.w[hh].srow);
+    }
+    d_mbar_expect(&full[st], total);
+    for (int hh = 0; hh <= UP; hh++) {
+        const mb_half &W = G.w[hh];
+        d_bulk_g2s(dst + (size_t)hh * G.nrh * W.rowb, W.data + o0 * W.rowb, (uint32_t)(nv * W.rowb), &full[st]);
+        if (fp4)
+            d_bulk_g2s(dst + MB_TILE + hh * (MB_SCALE / 2), W.scale + o0 * W.srow, (uint32_t)(nv * W.srow), &full[st]);
+        else
+            d_bulk_g2s(dst + MB_TILE + hh * (MB_SCALE / 2), W.scale + (o0 / W.block) * W.srow, (uint32_t)W.srow,
+                       &full[st]);
+    }
+}
+
+template <int UP>
+__global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const int *n_groups, const dexpert *tab,
+                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                     int64_t dim, int act_fp8, float limit, int act_bf16) {
+    extern __shared__ __align__(128) uint8_t stages[];
+    __shared__ uint64_t full[MB_STAGES];
+    __shared__ mb_group gd[MB_MAXG];
+    __shared__ float red[8][32];
+    __shared__ float sums[2][32];
+    __shared__ float lut[16];
+    __shared__ int s_ng, s_total;
+    int tid = threadIdx.x, lane = tid & 31, wib = tid >> 5;
+    if (tid < 16) lut[tid] = d_e2m1_to_f32(tid);
+    if (tid == 32) {
+        int ng = *n_groups;
+        s_ng = ng < MB_MAXG ? ng : MB_MAXG; /* the host takes this path only when max_groups <= MB_MAXG */
+    }
+    if (tid < MB_STAGES) {
+        d_mbar_init(&full[tid], 1);
+        d_mbar_fence_init();
+    }
+    __syncthreads();
+    int ng = s_ng;
+    if (tid < ng) {
+        const group &G = groups[tid];
+        const dexpert &E = tab[G.ex];
+        mb_group d;
+        if (UP) {
+            d.w[0] = mb_make(E.w1);
+            d.w[1] = mb_make(E.w3);
+            d.x = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
+            d.out = h + (int64_t)G.slot[0] * ldh;
+            d.pre = G.pre[0];
+            d.rows = E.w1.rows;
+        } else {
+            d.w[0] = mb_make(E.w2);
+            d.w[1] = d.w[0];
+            d.x = h + (int64_t)G.slot[0] * ldh;
+            d.out = y + (int64_t)G.slot[0] * dim;
+            d.pre = 1.0f;
+            d.rows = E.w2.rows < dim ? E.w2.rows : dim;
+        }
+        d.cv = d.w[0].rowb / 16; /* 16-byte vectors per row */
+        d.nrh = (UP ? MB_TILE / 2 : MB_TILE) / d.w[0].rowb;
+        d.tiles = (int)((d.rows + d.nrh - 1) / d.nrh);
+        d.first = 0;
+        gd[tid] = d;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int acc = 0;
+        for (int g = 0; g < ng; g++) {
+            gd[g].first = acc;
+            acc += gd[g].tiles;
+        }
+        s_total = acc;
+    }
+    __syncthreads();
+    int total = s_total;
+    int n_my = (int)blockIdx.x < total ? (total - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    if (tid == 0)
+        for (int i = 0; i < MB_STAGES && i < n_my; i++) mb_issue<UP>(stages, full, gd, ng, i);
+    int gcur = 0, cvcur = 0;
+    const float *xcur = NULL;
+    float xr[32];
+    for (int i = 0; i < n_my; i++) {
+        int u = blockIdx.x + i * gridDim.x;
+        while (gcur + 1 < ng && u >= gd[gcur].first + gd[gcur].tiles) gcur++;
+        const mb_group &G = gd[gcur];
+        int cv = G.cv, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, nrh = G.nrh;
+        int fp4 = G.w[0].fmt != DSV4_WF_FP8, vn = fp4 ? 32 : 16;
+        int64_t o0 = (int64_t)(u - G.first) * nrh;
+        int nv = (int)(G.rows - o0 < nrh ? G.rows - o0 : nrh);
+        if (G.x != xcur || cv != cvcur) { /* the x values of column vector c */
+            const float4 *xp = (const float4 *)(G.x + (int64_t)c * vn);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < vn / 4) {
+                    float4 v = __ldg(xp + j);
+                    xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
+                }
+            xcur = G.x;
+            cvcur = cv;
+        }
+        int st = i % MB_STAGES;
+        const uint8_t *sd = stages + (size_t)st * (MB_TILE + MB_SCALE), *ss = sd + MB_TILE;
+        d_mbar_wait(&full[st], (uint32_t)(i / MB_STAGES) & 1u);
+        float acc[4][1];
+#pragma unroll
+        for (int ii = 0; ii < 4; ii++) {
+            int tr = p + ii * P, hh = tr / nrh, r = tr - hh * nrh;
+            const mb_half &W = G.w[hh];
+            uint4 q = *(const uint4 *)(sd + ((size_t)tr * cv + c) * 16);
+            const uint32_t *qw = (const uint32_t *)&q;
+            const uint8_t *sh = ss + hh * (MB_SCALE / 2);
+            float v;
+            if (fp4) {
+                float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f; /* a: values 0..15, b: 16..31 */
+#pragma unroll
+                for (int w4 = 0; w4 < 4; w4++)
+#pragma unroll
+                    for (int n = 0; n < 8; n += 2) {
+                        float p0 = lut[(qw[w4] >> (4 * n)) & 15u] * xr[8 * w4 + n];
+                        float p1 = lut[(qw[w4] >> (4 * n + 4)) & 15u] * xr[8 * w4 + n + 1];
+                        if (w4 < 2) a0 += p0, a1 += p1;
+                        else b0 += p0, b1 += p1;
+                    }
+                if (W.fmt == DSV4_WF_MXFP4) {
+                    v = ((a0 + a1) + (b0 + b1)) * d_e8m0_to_f32(sh[r * W.srow + c]);
+                } else {
+                    float s0 = d_e4m3_to_f32(sh[r * W.srow + 2 * c]) * W.scale2;
+                    float s1 = d_e4m3_to_f32(sh[r * W.srow + 2 * c + 1]) * W.scale2;
+                    v = (a0 + a1) * s0 + (b0 + b1) * s1;
+                }
+            } else {
+                float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+                for (int w4 = 0; w4 < 4; w4++) {
+                    float2 e0 = d_e4m3x2_to_f32x2((uint16_t)qw[w4]), e1 = d_e4m3x2_to_f32x2((uint16_t)(qw[w4] >> 16));
+                    a0 += e0.x * xr[4 * w4] + e1.x * xr[4 * w4 + 2];
+                    a1 += e0.y * xr[4 * w4 + 1] + e1.y * xr[4 * w4 + 3];
+                }
+                int sci = c * 16 / W.block;
+                float sc = W.scale_f32 ? ((const float *)sh)[sci] : d_e8m0_to_f32(sh[sci]);
+                v = (a0 + a1) * sc;
+            }
+            acc[ii][0] = v;
+        }
+        int kw = cv / 32, sub = wib % kw;
+        float tot = mv_reduce<4, 1>(acc, red, wib, sub, kw, lane);
+        if (sub == 0 && lane < 4) sums[i & 1][p + lane * P] = tot;
+        __syncthreads(); /* stage st is read, the sums are in */
+        if (tid == 0 && i + MB_STAGES < n_my) mb_issue<UP>(stages, full, gd, ng, i + MB_STAGES);
+        if (tid < nv) {
+            if (UP)
+                G.out[o0 + tid] = moe_swiglu(sums[i & 1][tid], sums[i & 1][nrh + tid], limit, act_bf16, G.pre);
+            else
+                G.out[o0 + tid] = act_bf16 ? d_round_bf16(sums[i & 1][tid]) : sums[i & 1][tid];
+        }
+    }
+}
+
+/* 1 if weight w can take k_moe_bulk (up: a w1/w3 half, down: w2): FP4 or FP8, 32..256
+ * 16-byte vectors per row (a power of two), 16-byte aligned data and scale rows, and the
+ * scales of a tile within its area of the stage */
+static int mb_ok(const dweight *w, int up) {
+    int fp4 = w->fmt == DSV4_WF_MXFP4 || w->fmt == DSV4_WF_NVFP4;
+    if (!fp4 && w->fmt != DSV4_WF_FP8) return 0;
+    int64_t K = w->cols, vn = fp4 ? 32 : 16;
+    if (K <= 0 || K % vn) return 0;
+    int64_t cv = K / vn;
+    if (cv < 32 || cv > 256 || (cv & (cv - 1))) return 0;
+    int64_t rowb = fp4 ? K / 2 : K, nrh = (up ? MB_TILE / 2 : MB_TILE) / rowb, area = up ? MB_SCALE / 2 : MB_SCALE;
+    if (((uintptr_t)w->data | (uintptr_t)w->scale) & 15) return 0;
+    if (fp4) {
+        int64_t srow = w->fmt == DSV4_WF_MXFP4 ? K / 32 : K / 16;
+        return srow % 16 == 0 && nrh * srow <= area;
+    }
+    if (w->block <= 0 || w->block % 16 || K % w->block || w->block % nrh) return 0;
+    int64_t sb = K / w->block * (w->scale_f32 ? 4 : 1);
+    return sb % 16 == 0 && sb <= area;
+}
+
 /* order[r*k + i]: slot of row r's i-th expert in id order (-1: a skipped bad id); cw: its
  * combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
@@ -662,6 +897,7 @@ struct moe_table {
     dexpert *dev;                   /* device [n_routed + 1] */
     int64_t inter, dim;             /* routed experts' shape */
     int q1_any, w2_quant;           /* routed w1 quantized (any), routed w2 quantized */
+    int bulk;                       /* every expert's weights can take k_moe_bulk */
 };
 
 struct cuda_devside {
@@ -669,7 +905,14 @@ struct cuda_devside {
     unsigned long long *wbytes;     /* device: routed weight bytes streamed since the last reset */
     moe_table *tab;
     int n_tab, cap_tab;
+    int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = unusable */
+    long mb_calls;                  /* moe calls that took k_moe_bulk */
 };
+
+long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->mb_calls : 0;
+}
 
 static cuda_devside *devside(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -759,6 +1002,20 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
     }
 }
 
+/* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
+ * cannot run here */
+static int mb_setup(dsv4_backend *b) {
+    int dev = 0, nsm = 0, o1 = 0, o0 = 0, smem = MB_STAGES * (MB_TILE + MB_SCALE);
+    if (CK(b, cudaGetDevice(&dev)) || CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) ||
+        CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
+        CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
+        CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o1, k_moe_bulk<1>, 256, smem)) ||
+        CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o0, k_moe_bulk<0>, 256, smem)))
+        return -1;
+    int occ = o1 < o0 ? o1 : o0;
+    return occ > 0 && nsm > 0 ? nsm * occ : -1;
+}
+
 /* The device table of (experts, shared), built on first use (uploading weights that
  * load_weights did not); NULL on failure (sticky error set). */
 static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared) {
@@ -830,9 +1087,14 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
             break;
         }
         h[x].bytes = wb(&f->w1) + wb(&f->w2) + wb(&f->w3);
+        if (x == 0) t->bulk = 1;
+        const dweight &a = h[x].w1, &c3 = h[x].w3;
+        t->bulk &= mb_ok(&a, 1) && mb_ok(&c3, 1) && mb_ok(&h[x].w2, 0) && a.fmt == c3.fmt && a.cols == c3.cols &&
+                   a.rows == c3.rows && a.block == c3.block && a.scale_f32 == c3.scale_f32;
         h[x].q1 = quantized(f->w1.fmt);
         if (x < n_routed) t->q1_any |= h[x].q1;
     }
+    if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b);
     if (!bad && !CK(b, cudaMalloc((void **)&t->dev, sizeof *h * ((size_t)n_routed + 1))) &&
         !CK(b, cudaMemcpyAsync(t->dev, h, sizeof *h * ((size_t)n_routed + 1), cudaMemcpyHostToDevice,
                                CI(b)->stream))) { /* pageable source: taken before this returns */
@@ -898,7 +1160,14 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     int kw_dn = moe_kw((dim + MOE_DOWN_OPW - 1) / MOE_DOWN_OPW * est_groups, t->inter / 1024);
     dim3 gup((unsigned)((inter_max + MOE_UP_OPW * (8 / kw_up) - 1) / (MOE_UP_OPW * (8 / kw_up))), max_groups);
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
-    switch (ns) {
+    const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
+    int bulk = rows == 1 && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
+    int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE);
+    ds->mb_calls += bulk;
+    if (bulk)
+        k_moe_bulk<1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
+                                                               limit, act_bf16);
+    else switch (ns) {
     case 1: k_moe_up<1><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
     case 2: k_moe_up<2><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
     case 4: k_moe_up<4><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
@@ -924,7 +1193,10 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    switch (ns) {
+    if (bulk)
+        k_moe_bulk<0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
+                                                               limit, act_bf16);
+    else switch (ns) {
     case 1: k_moe_down<1><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     case 2: k_moe_down<2><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     case 4: k_moe_down<4><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
