@@ -796,15 +796,23 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
         else atomicOr(flags, DSV4_DEVFLAG_EXPERT);
     }
     __syncthreads();
-    if (tid == 0) { /* exclusive scans: first slot and first group of each expert */
+    if (tid < 32) { /* exclusive scans (first slot and first group of each expert), 32 experts
+                     * at a time by warp shuffles: integer sums, any order gives the same */
         int sacc = 0, gacc = 0;
-        for (int x = 0; x < n_routed; x++) {
-            pos[x] = sacc;
-            gst[x] = gacc;
-            sacc += cnt[x];
-            gacc += (cnt[x] + MOE_G - 1) / MOE_G;
+        for (int x0 = 0; x0 < n_routed; x0 += 32) {
+            int x = x0 + tid, cs = x < n_routed ? cnt[x] : 0, cg = (cs + MOE_G - 1) / MOE_G, is = cs, ig = cg;
+            for (int off = 1; off < 32; off <<= 1) { /* inclusive scans */
+                int us = __shfl_up_sync(0xffffffffu, is, off), ug = __shfl_up_sync(0xffffffffu, ig, off);
+                if (tid >= off) is += us, ig += ug;
+            }
+            if (x < n_routed) {
+                pos[x] = sacc + is - cs;
+                gst[x] = gacc + ig - cg;
+            }
+            sacc += __shfl_sync(0xffffffffu, is, 31);
+            gacc += __shfl_sync(0xffffffffu, ig, 31);
         }
-        gst[n_routed] = gacc;
+        if (tid == 0) gst[n_routed] = gacc;
     }
     __syncthreads();
     if (tid < 32) { /* stable placement: warp 0 walks the slots in order, 32 at a time */
