@@ -10,16 +10,18 @@
  * against the row's compressed-row count; a bad one is skipped and leaves a sticky
  * device flag (DSV4_DEVFLAG_PICK) that ops->check reports.
  *
- * sparse_attn, flash-decoding style: keys of a (row, head) are cut into `nsplit`
- *   slices (nsplit > 1 only when rows*heads would leave SMs idle, e.g. a batch-1
- *   decode: 64 heads on 132 SMs).  k_attn_scores: block (256 threads) per (row, head,
- *   slice), q in shared memory, one warp per key, scores to scratch and the slice max;
- *   k_attn_pv: the row's max over slices and the sink, the denominator over every key
- *   (each block computes the same sum in the same order), p_j = e_j / den (bf16 if
- *   asked), then each thread owns output dims and sums p_j K_j over its slice in key
- *   order; k_attn_combine adds the slices' partial outputs in slice order.  With one
- *   slice the output is written directly and the order is the CPU's (key order);
- *   with several, only the grouping of that sum differs.
+ * sparse_attn: two kernels, no host wait, fp32 throughout.  The heads of a row share its
+ *   keys (<= 128 window + <= 512 picked rows of head_dim floats at V4-Flash), so a key row
+ *   is brought on chip once per group of heads, not once per head.  k_attn_scores: block
+ *   (16-key chunk, 16-head group, row), keys and q rows in shared memory by cp.async,
+ *   warp = 2 heads x 16 keys, lanes over dims, scores (x scale) to scratch; group 0 also
+ *   writes the resolved key pointers (picks checked there).  k_attn_pv: block (32 dims,
+ *   8 heads, row), warp per head for the max over sink and scores and the denominator
+ *   (each block recomputes its heads' sums identically), p_j = exp(s_j - max) / den (bf16
+ *   if asked) per 512-key tile in shared memory, thread = 8 heads x 4 dims x keys j = kl
+ *   mod 32, key lanes summed in a fixed order.  Same arithmetic as the CPU op (p exactly
+ *   as it forms it, no online rescaling); only the grouping of the dot products and of
+ *   the sum over keys differ.  Flash batch 1 (64 x 512, 640 keys): 160 + 128 blocks.
  * indexer_scores: one warp per (row, key), q of the row in shared memory; key j of
  *   row r is key_base[r] + j*head_dim; per head a warp dot, relu, weighted sum in head
  *   order (score_bf16 rounds like the CPU).
@@ -71,9 +73,16 @@ static int stage_host_rows(dsv4_backend *b, const float ***ptrs, int n, int widt
 
 /* ----- sparse attention ----- */
 #define ATTN_THREADS 256
-#define ATTN_TILE 256       /* keys per shared-memory tile in the p.V pass */
-#define ATTN_DPT 4          /* output dims per thread: head_dim <= ATTN_THREADS * ATTN_DPT */
-#define ATTN_SPLIT_KEYS 64  /* fewest keys per slice when splitting */
+#define AS_KEYS 16  /* scores: keys per block (staged in shared memory) */
+#define AS_HEADS 16 /* scores: heads per block, two per warp (2 x 16 = 32 (head, key) pairs per warp) */
+#define AP_HEADS 8  /* p.V: heads per block, one per warp for the softmax statistics */
+#define AP_DIMS 32  /* p.V: output dims per block (8 threads x 4) */
+#define AP_TILE 512 /* p.V: keys per tile of p and key pointers in shared memory */
+#define AP_LANES 32 /* p.V: key lanes; thread (kl, quad) sums keys j = kl mod 32 */
+#define AP_UNROLL 8 /* p.V: key loads in flight per thread */
+static_assert(AS_HEADS == 2 * (ATTN_THREADS / 32) && 2 * AS_KEYS == 32, "scores: 32 (head, key) pairs per warp");
+static_assert(AP_HEADS == ATTN_THREADS / 32, "p.V: a warp per head");
+static_assert(AP_DIMS == 32 && AP_LANES * 8 == ATTN_THREADS, "p.V: 8 quads of dims x 32 key lanes");
 
 struct attn_args {
     const float *q;                  /* [rows*heads][head_dim] */
@@ -84,13 +93,11 @@ struct attn_args {
     const int32_t *picks;            /* [rows][topk] or NULL */
     const int *n_picks;              /* [rows] (with picks) */
     const float *sink;               /* [heads] */
-    float *sc;                       /* [rows*heads][max_n] scores (then p when nsplit == 1) */
-    float *pb;                       /* [rows*heads][max_n] p when nsplit > 1 */
-    float *pmax;                     /* [rows*heads][nsplit] slice maxima */
-    float *part;                     /* [rows*heads][nsplit][head_dim] slice outputs (nsplit > 1) */
+    float *sc;                       /* [rows*heads][max_n] scores */
+    const float **kp;                /* [rows][max_n] resolved key pointers (NULL: skipped key) */
     float *out;                      /* [rows*heads][head_dim] */
     unsigned *flags;                 /* sticky device flags */
-    int max_win, topk, n_heads, head_dim, max_n, nsplit, chunk, prob_bf16, out_bf16;
+    int max_win, topk, n_heads, head_dim, max_n, prob_bf16, out_bf16;
     float scale;
 };
 
@@ -127,100 +134,208 @@ __device__ __forceinline__ const float *attn_key(const attn_args &a, int r, int 
     return a.comp_base[r] + (int64_t)i * a.head_dim;
 }
 
+/* 16 bytes global -> shared without registers (both addresses 16-byte aligned) */
+__device__ __forceinline__ void attn_cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)),
+                 "l"(__cvta_generic_to_global(src))
+                 : "memory");
+}
+__device__ __forceinline__ void attn_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* one step of a transposed butterfly over 2*O values: the lane keeps the O whose index has
+ * its bit O, summed with its partner's (constant indices: the values stay in registers) */
+template <int O> __device__ __forceinline__ void attn_fold(float *v, int lane) {
+    int up = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        float send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+
+/* Scores.  Block (key chunk c, head group g, row r): the chunk's AS_KEYS key rows and the
+ * group's AS_HEADS query rows are copied into shared memory once (cp.async: every copy of
+ * the block is in flight at once), so a key row is read from memory by ceil(heads /
+ * AS_HEADS) blocks instead of once per head.  Warp w forms the 32 dot products of heads
+ * 2w, 2w+1 with the 16 keys, lanes striding over dims, and one transposed butterfly (31
+ * shuffles) leaves pair `lane` in lane `lane`.  Group 0 also records the resolved key
+ * pointers for the p.V pass.  VEC 4: head_dim % 4 == 0 and every row 16-byte aligned. */
+template <int VEC>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a) {
-    extern __shared__ float4 qs4[]; /* q of this (row, head) */
-    float *qs = (float *)qs4;
-    __shared__ float red[32];
-    int rh = blockIdx.x, r = rh / a.n_heads, split = blockIdx.y, hd = a.head_dim;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarp = blockDim.x >> 5;
-    const float *qh = a.q + (int64_t)rh * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
-    __syncthreads();
+    extern __shared__ float4 attn_sm4[];
+    float *ks = (float *)attn_sm4;             /* [AS_KEYS][hd] */
+    float *qs = ks + (size_t)AS_KEYS * a.head_dim; /* [AS_HEADS][hd] */
+    __shared__ const float *kptr[AS_KEYS];
+    int c = blockIdx.x, g = blockIdx.y, r = blockIdx.z, hd = a.head_dim, t = threadIdx.x;
     int nw, n;
     attn_counts(a, r, nw, n);
-    int j0 = split * a.chunk, j1 = min(n, j0 + a.chunk);
-    float *s = a.sc + (int64_t)rh * a.max_n;
-    float mx = -INFINITY;
-    for (int j = j0 + warp; j < j1; j += nwarp) {
-        const float *k = attn_key(a, r, j, nw);
-        float v = -INFINITY; /* a skipped key weighs exp(-inf) = 0 */
-        if (k) {             /* uniform over the warp */
-            float acc = 0.0f;
-            if ((hd & 127) == 0) { /* rows are 16-byte aligned (head_dim multiple of 4 floats) */
-                for (int d = lane * 4; d < hd; d += 128) {
-                    float4 kv = *(const float4 *)(k + d), qv = *(const float4 *)(qs + d);
-                    acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-                }
-            } else {
-                for (int d = lane; d < hd; d += 32) acc += qs[d] * k[d];
-            }
-            v = warp_sum(acc) * a.scale;
-        }
-        if (lane == 0) s[j] = v;
-        mx = fmaxf(mx, v);
+    int j0 = c * AS_KEYS;
+    if (j0 >= n) return; /* uniform over the block */
+    int h0 = g * AS_HEADS, nh = min(AS_HEADS, a.n_heads - h0);
+    const float *qg = a.q + ((int64_t)r * a.n_heads + h0) * hd;
+    if (VEC == 4)
+        for (int i = t; i < nh * hd / 4; i += blockDim.x) attn_cp16(qs + 4 * i, qg + 4 * i);
+    else
+        for (int i = t; i < nh * hd; i += blockDim.x) qs[i] = qg[i];
+    if (t < AS_KEYS) {
+        int j = j0 + t;
+        const float *k = j < n ? attn_key(a, r, j, nw) : NULL;
+        kptr[t] = k;
+        if (g == 0 && j < n) a.kp[(int64_t)r * a.max_n + j] = k;
     }
-    mx = block_max(mx, red);
-    if (threadIdx.x == 0) a.pmax[(int64_t)rh * a.nsplit + split] = mx;
+    __syncthreads();
+    int per = hd / VEC;
+    for (int i = t; i < AS_KEYS * per; i += blockDim.x) {
+        int kk = i / per, o = (i - kk * per) * VEC;
+        const float *k = kptr[kk];
+        float *dst = ks + kk * hd + o;
+        if (VEC == 4) {
+            if (k) attn_cp16(dst, k + o);
+            else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        } else {
+            *dst = k ? k[o] : 0.0f;
+        }
+    }
+    attn_cp_wait();
+    __syncthreads();
+    int warp = t >> 5, lane = t & 31;
+    if (2 * warp >= nh) return;
+    const float *q0 = qs + (size_t)(2 * warp) * hd, *q1 = q0 + hd; /* q1 unused when 2w + 1 == nh */
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) v[i] = 0.0f;
+    if (VEC == 4) {
+        for (int d = lane * 4; d < hd; d += 128) {
+            float4 x0 = *(const float4 *)(q0 + d), x1 = *(const float4 *)(q1 + d);
+#pragma unroll
+            for (int k = 0; k < AS_KEYS; k++) {
+                float4 y = *(const float4 *)(ks + k * hd + d);
+                v[k] += x0.x * y.x + x0.y * y.y + x0.z * y.z + x0.w * y.w;
+                v[AS_KEYS + k] += x1.x * y.x + x1.y * y.y + x1.z * y.z + x1.w * y.w;
+            }
+        }
+    } else {
+        for (int d = lane; d < hd; d += 32) {
+            float x0 = q0[d], x1 = q1[d];
+#pragma unroll
+            for (int k = 0; k < AS_KEYS; k++) {
+                float y = ks[k * hd + d];
+                v[k] += x0 * y;
+                v[AS_KEYS + k] += x1 * y;
+            }
+        }
+    }
+    /* transposed butterfly: lane l ends with pair l (head 2w + l / 16, key l mod 16) */
+    attn_fold<16>(v, lane);
+    attn_fold<8>(v, lane);
+    attn_fold<4>(v, lane);
+    attn_fold<2>(v, lane);
+    attn_fold<1>(v, lane);
+    int hh = 2 * warp + (lane >> 4), j = j0 + (lane & 15);
+    if (hh < nh && j < n)
+        a.sc[((int64_t)r * a.n_heads + h0 + hh) * a.max_n + j] = kptr[lane & 15] ? v[0] * a.scale : -INFINITY;
 }
 
+/* Softmax and p.V.  Block (dim slice of AP_DIMS, head group of AP_HEADS, row): warp w
+ * finds head w's max over the sink and every score and its denominator (every block of
+ * that head computes them the same way, so they agree bit for bit); then per tile of
+ * AP_TILE keys p_j = exp(s_j - max) / den (bf16 if asked) goes to shared memory with the
+ * key pointers, and thread (kl, quad) adds p_j K_j[4 dims] for its 8 heads over the keys
+ * j = kl mod AP_LANES, its loads independent of each other.  The 32 key lanes are summed
+ * in a fixed order (shuffles within the warp, then warps in order): only the grouping of
+ * the sum over keys differs from the CPU's. */
+template <int VEC>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a) {
-    __shared__ float red[32];
-    __shared__ const float *kt[ATTN_TILE];
-    __shared__ float pt[ATTN_TILE];
-    int rh = blockIdx.x, r = rh / a.n_heads, h = rh % a.n_heads, split = blockIdx.y, hd = a.head_dim;
+    __shared__ float4 pt4[AP_TILE * AP_HEADS / 4]; /* p [key][head] */
+    __shared__ const float *kt[AP_TILE];
+    __shared__ float hmax[AP_HEADS], hden[AP_HEADS];
+    __shared__ float red[(ATTN_THREADS / 32) * 8 * 33]; /* [warp][quad][8 heads x 4 dims], padded */
+    float *pt = (float *)pt4;
+    int g = blockIdx.y, r = blockIdx.z, hd = a.head_dim, H = a.n_heads, t = threadIdx.x;
+    int warp = t >> 5, lane = t & 31;
     int nw, n;
     attn_counts(a, r, nw, n);
-    float sk = a.sink[h], mx = sk;
-    for (int t = 0; t < a.nsplit; t++) mx = fmaxf(mx, a.pmax[(int64_t)rh * a.nsplit + t]);
-    const float *s = a.sc + (int64_t)rh * a.max_n;
-    float den = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) den += expf(s[j] - mx);
-    den = block_sum(den, red) + expf(sk - mx); /* every read of s is done past this barrier */
-    int j0 = split * a.chunk, j1 = min(n, j0 + a.chunk);
-    float *p = (a.nsplit == 1 ? a.sc : a.pb) + (int64_t)rh * a.max_n;
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        float v = expf(s[j] - mx) / den;
-        p[j] = a.prob_bf16 ? d_round_bf16(v) : v;
+    int h0 = g * AP_HEADS, hw = h0 + warp;
+    const float *sw = a.sc + ((int64_t)r * H + (hw < H ? hw : 0)) * a.max_n;
+    if (hw < H) {
+        float mx = -INFINITY;
+#pragma unroll 4
+        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sw[j]);
+        float sk = a.sink[hw];
+        mx = fmaxf(warp_max(mx), sk);
+        float den = 0.0f;
+#pragma unroll 4
+        for (int j = lane; j < n; j += 32) den += expf(sw[j] - mx);
+        den = warp_sum(den) + expf(sk - mx);
+        if (lane == 0) hmax[warp] = mx, hden[warp] = den;
     }
-    __syncthreads();
-    float acc[ATTN_DPT];
+    int qd = t & 7, kl = t >> 3, d0 = blockIdx.x * AP_DIMS + qd * 4;
+    float acc[AP_HEADS * 4];
 #pragma unroll
-    for (int u = 0; u < ATTN_DPT; u++) acc[u] = 0.0f;
-    for (int t0 = j0; t0 < j1; t0 += ATTN_TILE) {
-        int m = min(ATTN_TILE, j1 - t0);
-        for (int i = threadIdx.x; i < m; i += blockDim.x) {
-            kt[i] = attn_key(a, r, t0 + i, nw);
-            pt[i] = p[t0 + i];
+    for (int i = 0; i < AP_HEADS * 4; i++) acc[i] = 0.0f;
+    for (int t0 = 0; t0 < n; t0 += AP_TILE) {
+        int m = min(AP_TILE, n - t0);
+        __syncthreads(); /* the previous tile is consumed; hmax/hden are visible */
+        for (int i = t; i < m; i += blockDim.x) kt[i] = a.kp[(int64_t)r * a.max_n + t0 + i];
+        if (hw < H) {
+            float mx = hmax[warp], den = hden[warp];
+            for (int i = lane; i < m; i += 32) {
+                float p = expf(sw[t0 + i] - mx) / den;
+                pt[i * AP_HEADS + warp] = a.prob_bf16 ? d_round_bf16(p) : p;
+            }
+        } else {
+            for (int i = lane; i < m; i += 32) pt[i * AP_HEADS + warp] = 0.0f;
         }
         __syncthreads();
-        for (int i = 0; i < m; i++) { /* key order */
-            const float *k = kt[i];
-            if (!k) continue;
-            float pv = pt[i];
+        /* AP_UNROLL keys per step: their loads are all issued before the first is used */
+        for (int i0 = kl; i0 < m; i0 += AP_LANES * AP_UNROLL) {
+            float4 kv[AP_UNROLL];
 #pragma unroll
-            for (int u = 0; u < ATTN_DPT; u++) {
-                int d = threadIdx.x + u * blockDim.x;
-                if (d < hd) acc[u] += pv * k[d];
+            for (int u = 0; u < AP_UNROLL; u++) {
+                int i = i0 + u * AP_LANES;
+                const float *k = i < m ? kt[i] : NULL;
+                kv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (VEC == 4) {
+                    if (k && d0 < hd) kv[u] = __ldg((const float4 *)(k + d0));
+                } else if (k) {
+                    if (d0 < hd) kv[u].x = __ldg(k + d0);
+                    if (d0 + 1 < hd) kv[u].y = __ldg(k + d0 + 1);
+                    if (d0 + 2 < hd) kv[u].z = __ldg(k + d0 + 2);
+                    if (d0 + 3 < hd) kv[u].w = __ldg(k + d0 + 3);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < AP_UNROLL; u++) {
+                int i = i0 + u * AP_LANES;
+                if (i >= m) break;
+                float4 pa = pt4[i * 2], pb = pt4[i * 2 + 1];
+                float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+                for (int h = 0; h < AP_HEADS; h++) {
+                    acc[h * 4 + 0] += p[h] * kv[u].x;
+                    acc[h * 4 + 1] += p[h] * kv[u].y;
+                    acc[h * 4 + 2] += p[h] * kv[u].z;
+                    acc[h * 4 + 3] += p[h] * kv[u].w;
+                }
             }
         }
-        __syncthreads();
     }
+    /* lane = (kl mod 4) * 8 + quad: the warp's 4 key lanes by two butterfly steps, then the
+     * 8 warps in order */
 #pragma unroll
-    for (int u = 0; u < ATTN_DPT; u++) {
-        int d = threadIdx.x + u * blockDim.x;
-        if (d >= hd) break;
-        if (a.nsplit == 1) a.out[(int64_t)rh * hd + d] = a.out_bf16 ? d_round_bf16(acc[u]) : acc[u];
-        else a.part[((int64_t)rh * a.nsplit + split) * hd + d] = acc[u];
+    for (int i = 0; i < AP_HEADS * 4; i++) {
+        acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 8);
+        acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 16);
     }
-}
-
-__global__ void k_attn_combine(attn_args a) {
-    int rh = blockIdx.x, hd = a.head_dim;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = 0.0f;
-        for (int t = 0; t < a.nsplit; t++) v += a.part[((int64_t)rh * a.nsplit + t) * hd + d]; /* slice order */
-        a.out[(int64_t)rh * hd + d] = a.out_bf16 ? d_round_bf16(v) : v;
-    }
+    if (lane < 8)
+#pragma unroll
+        for (int i = 0; i < AP_HEADS * 4; i++) red[(warp * 8 + qd) * 33 + i] = acc[i];
+    __syncthreads();
+    int hh = t >> 5, dd = t & 31; /* one output per thread: 8 heads x 32 dims */
+    float o = 0.0f;
+    for (int w = 0; w < ATTN_THREADS / 32; w++) o += red[(w * 8 + (dd >> 2)) * 33 + hh * 4 + (dd & 3)];
+    int h = h0 + hh, d = blockIdx.x * AP_DIMS + dd;
+    if (h < H && d < hd) a.out[((int64_t)r * H + h) * hd + d] = a.out_bf16 ? d_round_bf16(o) : o;
 }
 
 /* Slow path: some key is host memory.  Builds each row's full key list on the host
@@ -300,7 +415,7 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || n_heads <= 0) return;
     cuda_impl *c = CI(b);
-    if (head_dim <= 0 || head_dim > ATTN_THREADS * ATTN_DPT) {
+    if (head_dim <= 0 || head_dim > 1024) { /* scores stage (16 keys + 16 heads) x head_dim floats: 128 KB */
         dsv4_cuda_fail(b, "sparse_attn: head_dim above 1024 is not supported", __FILE__, __LINE__, cudaSuccess);
         return;
     }
@@ -329,16 +444,7 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
         if (comp_base && comp_base[r]) nc = picks ? (topk < n_comp[r] ? topk : n_comp[r]) : n_comp[r];
         if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
     }
-    int rh = rows * n_heads, nsplit = 1;
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device) != cudaSuccess || sms <= 0)
-        sms = 132; /* only a launch-shape hint: an H200's count */
-    if (rh < 2 * sms) { /* too few (row, head) blocks to fill the GPU: split the keys */
-        nsplit = (2 * sms + rh - 1) / rh;
-        if (nsplit > max_n / ATTN_SPLIT_KEYS) nsplit = max_n / ATTN_SPLIT_KEYS;
-        if (nsplit > 32) nsplit = 32;
-        if (nsplit < 1) nsplit = 1;
-    }
+    int rh = rows * n_heads;
     attn_args a;
     memset(&a, 0, sizeof a);
     size_t nq = (size_t)rh * head_dim;
@@ -353,40 +459,52 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
         a.picks = (const int32_t *)dsv4_cuda_in(b, picks, sizeof(int32_t) * (size_t)rows * topk);
         a.n_picks = (const int *)dsv4_cuda_in(b, n_picks, sizeof(int) * rows);
     }
+    /* 16-byte vectors when every row (q, window keys, compressed bases) is 16-byte aligned */
+    int vec4 = head_dim % 4 == 0 && ((uintptr_t)a.q & 15) == 0;
+    for (int r = 0; r < rows && vec4; r++) {
+        int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r];
+        for (int j = 0; j < nw && vec4; j++) vec4 = ((uintptr_t)win[(size_t)r * max_win + j] & 15) == 0;
+        if (comp_base && comp_base[r]) vec4 = vec4 && ((uintptr_t)comp_base[r] & 15) == 0;
+    }
     free(hl); /* staged above (pageable copies are taken when cudaMemcpyAsync returns) */
     free(hnl);
     a.sink = (const float *)dsv4_cuda_in(b, sink, sizeof(float) * n_heads);
     a.out = (float *)dsv4_cuda_out(b, out, sizeof(float) * nq);
     a.sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * max_n);
-    a.pmax = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * nsplit);
-    if (nsplit > 1) {
-        a.pb = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * max_n);
-        a.part = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * nsplit * head_dim);
-    }
+    a.kp = (const float **)dsv4_cuda_scratch(b, sizeof(float *) * (size_t)rows * max_n);
     a.flags = dsv4_cuda_devflags(b);
     if (!a.q || !a.win || !a.n_win || (comp_base && (!a.comp_base || !a.n_comp)) ||
-        (picks && (!a.picks || !a.n_picks)) || !a.sink || !a.out || !a.sc || !a.pmax ||
-        (nsplit > 1 && (!a.pb || !a.part)) || !a.flags)
+        (picks && (!a.picks || !a.n_picks)) || !a.sink || !a.out || !a.sc || !a.kp || !a.flags)
         return;
     a.max_win = max_win;
     a.topk = topk;
     a.n_heads = n_heads;
     a.head_dim = head_dim;
     a.max_n = max_n;
-    a.nsplit = nsplit;
-    a.chunk = (max_n + nsplit - 1) / nsplit;
     a.prob_bf16 = prob_bf16;
     a.out_bf16 = out_bf16;
     a.scale = scale;
-    dim3 grid((unsigned)rh, (unsigned)nsplit);
-    k_attn_scores<<<grid, ATTN_THREADS, sizeof(float) * head_dim, c->stream>>>(a);
-    if (CKL(b)) return;
-    k_attn_pv<<<grid, ATTN_THREADS, 0, c->stream>>>(a);
-    if (CKL(b)) return;
-    if (nsplit > 1) {
-        k_attn_combine<<<rh, 128, 0, c->stream>>>(a);
+    size_t smem = sizeof(float) * (size_t)(AS_KEYS + AS_HEADS) * head_dim;
+    dim3 gs((unsigned)((max_n + AS_KEYS - 1) / AS_KEYS), (unsigned)((n_heads + AS_HEADS - 1) / AS_HEADS),
+            (unsigned)rows);
+    dim3 gp((unsigned)((head_dim + AP_DIMS - 1) / AP_DIMS), (unsigned)((n_heads + AP_HEADS - 1) / AP_HEADS),
+            (unsigned)rows);
+    if (vec4) {
+        if (smem > 48 * 1024 &&
+            CK(b, cudaFuncSetAttribute(k_attn_scores<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+            return;
+        k_attn_scores<4><<<gs, ATTN_THREADS, smem, c->stream>>>(a);
         if (CKL(b)) return;
+        k_attn_pv<4><<<gp, ATTN_THREADS, 0, c->stream>>>(a);
+    } else {
+        if (smem > 48 * 1024 &&
+            CK(b, cudaFuncSetAttribute(k_attn_scores<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+            return;
+        k_attn_scores<1><<<gs, ATTN_THREADS, smem, c->stream>>>(a);
+        if (CKL(b)) return;
+        k_attn_pv<1><<<gp, ATTN_THREADS, 0, c->stream>>>(a);
     }
+    if (CKL(b)) return;
     dsv4_cuda_commit(b, out, a.out, sizeof(float) * nq);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
 }
