@@ -1,109 +1,135 @@
 /* backend/cuda/mhc.cu: manifold-constrained hyper-connections (spec §2.3, §2.7).
  *
- * hc_pre / hc_head run as two kernels, whatever the batch:
- *   k_hc_part  grid (splits, ceil(rows/8)), 256 threads.  Block (s, g) takes columns
- *              [s*kspan, (s+1)*kspan) of rows 8g..8g+7 of X [rows][hc*dim]: warp r stages
- *              row r's tile of 512 columns in shared memory (rounded to bf16 when
- *              gemm_bf16) and sums its unrounded squares; then warp w forms the dot
- *              products of mix outputs m = w, w+8, ... (4 per pass) with every staged row,
- *              each lane loading 16-byte vectors of fn (f32; other formats element-wise)
- *              for all of its outputs before the math.  Partials land in scratch
- *              part[row][m][split] (m = nm is the sum of squares).  kspan is a multiple
- *              of 128 chosen so that ~264 blocks run: at batch 1 (nm = 24, K = 16384)
- *              128 blocks each read 12 KB of fn.
- *   k_hc_fin   one block (256 threads) per row: warp w sums the partials of m = w, w+8, ...
- *              in split order (lane-strided, then a warp tree), rsqrt(mean + eps), then
- *              threads j < hc form pre (and post, and the softmaxed comb rows) in shared
- *              memory; warp 0 runs the Sinkhorn iterations (hc <= 5: lane i*hc + k keeps
- *              C[i][k] in a register and gathers its row's, then its column's, values by
- *              shuffles, summing them serially in the CPU's order; larger hc: thread j
- *              normalizes row j, thread k column k, in shared memory, same order), so the
- *              same arithmetic as the CPU op, while warps 1..7 form y = sum_j pre_j X_j;
- *              post and comb are written once at the end.
- *   No atomics; the split sums are in a fixed order, so results are deterministic.
- *   Differences from the CPU op: only the accumulation order of the mix dot products
- *   and the sum of squares (fp32; measured in tests/test_cuda_ops.c, tolerance 1e-5).
- * hc_post: one thread per output element: post[k] o[d] + sum_j comb[j][k] R[j][d].
+ * hc_pre / hc_head have two phases, in one launch at decode (rows <= HC_FUSED_ROWS) or two:
+ *   part  grid (splits, ceil(rows/8)), 512 threads.  Block (s, g) takes columns
+ *         [s*kspan, (s+1)*kspan) of rows 8g..8g+7 of X [rows][hc*dim], in tiles of 128
+ *         columns: each lane first loads its 16-byte vectors of fn (f32; other formats
+ *         element-wise) for outputs m = warp + 16u (u < 2) of the tile, then warp r stages
+ *         row r's tile in shared memory (rounded to bf16 when gemm_bf16) and sums its
+ *         unrounded squares, then every warp forms its dot products with every staged row.
+ *         Partials land in scratch part[row][m][split] (m = nm is the sum of squares).
+ *         kspan is a multiple of 128 chosen so that ~264 blocks run (at batch 1, nm = 24,
+ *         K = 16384: 128 blocks, each reading 12 KB of fn).
+ *   fin   rows r0..r0+nr-1 in one block: warp w sums the partials of (row, m) = w, w+16, ...
+ *         (lane-strided in split order, then a warp tree), rsqrt(mean + eps), then one thread
+ *         per (row, j) forms pre (and post, and the softmaxed comb rows) in shared memory;
+ *         the first warps run the Sinkhorn iterations (hc <= 5: lane e of a group of hc*hc
+ *         lanes keeps C[e / hc][e % hc] of one row in a register, gathers its row's, then
+ *         its column's, hc values by shuffles issued together and adds them serially in the
+ *         CPU's order, then divides: the same arithmetic as the CPU op; larger hc: one warp
+ *         per row, thread j normalizes row j and thread k column k in shared memory, same
+ *         order) while the other warps form y = sum_j pre_j X_j (j ascending).
+ *   Decode (one launch, k_hc_fused): every block runs part; the block that finishes last
+ *   (a device counter of this backend's stream, incremented after a __threadfence and put
+ *   back to 0 by that last block, so it is 0 between launches and CUDA-graph replays) runs
+ *   fin for the group's rows, reading the partials through L2.  Larger batches launch
+ *   k_hc_part then k_hc_fin (one block per row: y of many rows wants many SMs).
+ *   No float atomics: the split sums have a fixed order, results are deterministic and the
+ *   same for both launch shapes.  Differences from the CPU op: the accumulation order of
+ *   the mix dot products and the sum of squares (fp32; measured in tests/test_cuda_mhc.c,
+ *   tolerance 1e-5), expf, and nvcc's fma contraction, as before this version.
+ * hc_post: one thread per (row, k, 4 adjacent d): post[k] o[d] + sum_j comb[j][k] R[j][d],
+ *   j ascending (the scalar kernel's expression, element-wise when dim % 4 != 0).
  * Layout: X [rows][hc*dim] (stream j at j*dim), post [rows][hc], comb [rows][hc*hc].
  * Limits: hc <= 16.  Target: sm_90a.
  */
+#include <pthread.h>
+
 #include "backend/cuda/common.cuh"
 
 __device__ __forceinline__ float d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-enum { HC_RB = 8, HC_TILE = 512, HC_THREADS = 256 };
+enum {
+    HC_RB = 8,           /* rows per part block / fin group */
+    HC_KT = 128,         /* columns per tile: one warp sweep of 16-byte vectors */
+    HC_UO = 2,           /* mix outputs per warp per pass */
+    HC_THREADS = 512,
+    HC_NMX = 18 * 16,    /* largest nm: (2 + hc) * hc at hc = 16 */
+    HC_FUSED_ROWS = 4,   /* up to this many rows, one launch (the last block forms y alone) */
+    HC_SLOTS = 32,       /* streams (backends) that can hold a done counter */
+};
 
-/* partial mix dot products and sums of squares of one K-slice for up to 8 rows */
-__global__ void __launch_bounds__(HC_THREADS) k_hc_part(float *part, const float *__restrict__ X, int rows,
-                                                        int64_t K, dweight fn, int nm, int64_t kspan, int splits,
-                                                        int gemm_bf16) {
-    __shared__ __align__(16) float xs[HC_RB][HC_TILE];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int s = blockIdx.x;
-    int r0 = blockIdx.y * HC_RB, nr = rows - r0 < HC_RB ? rows - r0 : HC_RB;
+struct hc_fin_smem {
+    float mix[HC_RB][HC_NMX + 1];
+    float C[HC_RB][16 * 16];
+    float pre[HC_RB][16], pst[HC_RB][16];
+    float bs[HC_NMX], sc[3]; /* base and scale, decoded */
+};
+
+/* thread t's share of base / scale (t < nm, t < 3), loaded at kernel start so that their
+ * latency hides under the partial sums */
+__device__ __forceinline__ float2 hc_bs_load(const dweight &base, const dweight &scale, int nm) {
+    int t = threadIdx.x;
+    return make_float2(t < nm ? d_weight_at(base, 0, t) : 0.0f, t < 3 ? d_weight_at(scale, 0, t) : 0.0f);
+}
+
+/* ----- part: partial mix dot products and sums of squares of one K-slice for up to 8 rows ----- */
+__device__ __forceinline__ void hc_part_block(float *part, const float *__restrict__ X, int r0, int nr, int64_t K,
+                                              const dweight &fn, int nm, int64_t kspan, int splits, int s,
+                                              int gemm_bf16, float (*xs)[HC_KT]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int64_t kb = (int64_t)s * kspan, ke = kb + kspan < K ? kb + kspan : K;
     int vx = K % 4 == 0 && ((uintptr_t)X & 15) == 0;
     int vw = vx && fn.fmt == DSV4_WF_F32 && ((uintptr_t)fn.data & 15) == 0;
+    int c = lane * 4;
     float ss = 0.0f;
-    for (int m0 = 0; m0 < nm; m0 += 32) { /* outputs m0 + warp + 8u, u < 4 */
-        float acc[4][HC_RB];
+    for (int m0 = 0; m0 < nm; m0 += nw * HC_UO) { /* outputs m0 + warp + nw*u, u < HC_UO */
+        float acc[HC_UO][HC_RB];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < HC_UO; u++)
 #pragma unroll
             for (int r = 0; r < HC_RB; r++) acc[u][r] = 0.0f;
-        for (int64_t t0 = kb; t0 < ke; t0 += HC_TILE) {
-            int64_t tn = ke - t0 < HC_TILE ? ke - t0 : HC_TILE;
+        for (int64_t t0 = kb; t0 < ke; t0 += HC_KT) {
+            int tn = ke - t0 < HC_KT ? (int)(ke - t0) : HC_KT;
+            float4 wv[HC_UO]; /* the weights do not depend on X: loaded before the staging */
+#pragma unroll
+            for (int u = 0; u < HC_UO; u++) {
+                int m = m0 + warp + nw * u;
+                wv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (m >= nm || c >= tn) continue;
+                int64_t k = t0 + c;
+                if (vw) {
+                    wv[u] = __ldg((const float4 *)((const float *)fn.data + (int64_t)m * K + k));
+                } else {
+                    wv[u].x = d_weight_at(fn, m, k);
+                    wv[u].y = c + 1 < tn ? d_weight_at(fn, m, k + 1) : 0.0f;
+                    wv[u].z = c + 2 < tn ? d_weight_at(fn, m, k + 2) : 0.0f;
+                    wv[u].w = c + 3 < tn ? d_weight_at(fn, m, k + 3) : 0.0f;
+                }
+                if (gemm_bf16) wv[u].x = d_round_bf16(wv[u].x), wv[u].y = d_round_bf16(wv[u].y),
+                               wv[u].z = d_round_bf16(wv[u].z), wv[u].w = d_round_bf16(wv[u].w);
+            }
             __syncthreads(); /* the previous tile is consumed */
             if (warp < nr) { /* warp r stages row r (zero past the slice) */
                 const float *xr = X + (int64_t)(r0 + warp) * K + t0;
-                for (int c = lane * 4; c < HC_TILE; c += 128) {
-                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (vx && c < tn) v = __ldg((const float4 *)(xr + c));
-                    else if (c < tn) {
-                        v.x = xr[c];
-                        v.y = c + 1 < tn ? xr[c + 1] : 0.0f;
-                        v.z = c + 2 < tn ? xr[c + 2] : 0.0f;
-                        v.w = c + 3 < tn ? xr[c + 3] : 0.0f;
-                    }
-                    if (m0 == 0) ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                    if (gemm_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
-                                   v.w = d_round_bf16(v.w);
-                    *(float4 *)&xs[warp][c] = v;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (vx && c < tn) v = __ldg((const float4 *)(xr + c));
+                else if (c < tn) {
+                    v.x = xr[c];
+                    v.y = c + 1 < tn ? xr[c + 1] : 0.0f;
+                    v.z = c + 2 < tn ? xr[c + 2] : 0.0f;
+                    v.w = c + 3 < tn ? xr[c + 3] : 0.0f;
                 }
+                if (m0 == 0) ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                if (gemm_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
+                               v.w = d_round_bf16(v.w);
+                *(float4 *)&xs[warp][c] = v;
             }
             __syncthreads();
-            for (int c = lane * 4; c < tn; c += 128) {
-                float4 wv[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) { /* every weight load of this step before the math */
-                    int m = m0 + warp + 8 * u;
-                    wv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (m >= nm) continue;
-                    int64_t k = t0 + c;
-                    if (vw) {
-                        wv[u] = __ldg((const float4 *)((const float *)fn.data + (int64_t)m * K + k));
-                    } else {
-                        wv[u].x = d_weight_at(fn, m, k);
-                        wv[u].y = c + 1 < tn ? d_weight_at(fn, m, k + 1) : 0.0f;
-                        wv[u].z = c + 2 < tn ? d_weight_at(fn, m, k + 2) : 0.0f;
-                        wv[u].w = c + 3 < tn ? d_weight_at(fn, m, k + 3) : 0.0f;
-                    }
-                    if (gemm_bf16) wv[u].x = d_round_bf16(wv[u].x), wv[u].y = d_round_bf16(wv[u].y),
-                                   wv[u].z = d_round_bf16(wv[u].z), wv[u].w = d_round_bf16(wv[u].w);
-                }
+            if (c < tn) {
 #pragma unroll
                 for (int r = 0; r < HC_RB; r++) {
                     if (r >= nr) break;
                     float4 xv = *(const float4 *)&xs[r][c];
 #pragma unroll
-                    for (int u = 0; u < 4; u++)
+                    for (int u = 0; u < HC_UO; u++)
                         acc[u][r] += wv[u].x * xv.x + wv[u].y * xv.y + wv[u].z * xv.z + wv[u].w * xv.w;
                 }
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int m = m0 + warp + 8 * u;
+        for (int u = 0; u < HC_UO; u++) {
+            int m = m0 + warp + nw * u;
 #pragma unroll
             for (int r = 0; r < HC_RB; r++) {
                 if (r >= nr) break;
@@ -118,36 +144,166 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_part(float *part, const float
     }
 }
 
-/* partials -> mix, rms, pre/post/comb (Sinkhorn in shared memory), y; head = 1: pre and y only */
-__global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, float *comb, const float *part,
-                                                       int splits, const float *__restrict__ X, int hc, int dim,
-                                                       dweight base, dweight scale, int iters, float norm_eps,
-                                                       float hc_eps, int out_bf16, int head) {
-    __shared__ float mix[(2 + 16) * 16 + 1];
-    __shared__ float C[16 * 16];
-    __shared__ float pre[16], pst[16];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    int64_t r = blockIdx.x;
-    int nm = head ? hc : (2 + hc) * hc;
-    for (int m = warp; m <= nm; m += nw) {
-        const float *p = part + (r * (nm + 1) + m) * splits;
-        float v = 0.0f;
-        for (int s = lane; s < splits; s += 32) v += p[s];
-        v = warp_sum(v);
-        if (lane == 0) mix[m] = v;
+/* ----- fin ----- */
+/* Sinkhorn for hc <= 5 (spec §2.3): sinkhorn warp wi takes rows wi*RPW .. of the group, one
+ * group of HC*HC lanes per row; lanes past the groups compute on copies and write nothing */
+template <int HC>
+__device__ void hc_sinkhorn_lanes(float *comb, float *post, const hc_fin_smem *sm, int64_t r0, int nr, int wi,
+                                  int iters, float hc_eps) {
+    constexpr int E = HC * HC, RPW = 32 / E;
+    int lane = threadIdx.x & 31, g = lane / E, e = lane % E, i = e / HC, k = e % HC;
+    int rr = wi * RPW + g, base = g * E;
+    bool act = g < RPW && rr < nr;
+    float cv = act ? sm->C[rr][e] : 1.0f; /* idle lanes: a harmless normal value */
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) { /* row i: sum over k ascending, as the CPU */
+            float v[HC];
+#pragma unroll
+            for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + i * HC + t) & 31);
+            float sum = 0.0f;
+#pragma unroll
+            for (int t = 0; t < HC; t++) sum += v[t];
+            cv /= sum + hc_eps;
+        }
+        float v[HC]; /* column k: sum over i ascending */
+#pragma unroll
+        for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + t * HC + k) & 31);
+        float sum = 0.0f;
+#pragma unroll
+        for (int t = 0; t < HC; t++) sum += v[t];
+        cv /= sum + hc_eps;
     }
+    if (!act) return;
+    comb[(r0 + rr) * E + e] = cv;
+    if (e < HC) post[(r0 + rr) * HC + e] = sm->pst[rr][e];
+}
+
+/* hc 6..16: warp wi normalizes row wi of the group in shared memory (serial sums, CPU order) */
+__device__ void hc_sinkhorn_smem(float *comb, float *post, hc_fin_smem *sm, int64_t r0, int wi, int hc, int iters,
+                                 float hc_eps) {
+    int lane = threadIdx.x & 31;
+    float *C = sm->C[wi];
+    for (int it = 0; it < iters; it++) {
+        if (it > 0 && lane < hc) { /* row lane */
+            float sum = 0.0f;
+            for (int k = 0; k < hc; k++) sum += C[lane * hc + k];
+            for (int k = 0; k < hc; k++) C[lane * hc + k] /= sum + hc_eps;
+        }
+        __syncwarp();
+        if (lane < hc) { /* column lane */
+            float sum = 0.0f;
+            for (int i = 0; i < hc; i++) sum += C[i * hc + lane];
+            for (int i = 0; i < hc; i++) C[i * hc + lane] /= sum + hc_eps;
+        }
+        __syncwarp();
+    }
+    for (int i = lane; i < hc * hc; i += 32) comb[(r0 + wi) * hc * hc + i] = C[i];
+    if (lane < hc) post[(r0 + wi) * hc + lane] = sm->pst[wi][lane];
+}
+
+/* y[r] = sum_j pre_j X[r][j] (j ascending, as the CPU) for the group's rows, by threads t of nt */
+__device__ __forceinline__ void hc_y_store(float *yp, float4 v, int out_bf16) {
+    if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z), v.w = d_round_bf16(v.w);
+    *(float4 *)yp = v;
+}
+
+/* hc known at compile time: two positions per pass, their 2*HC loads issued before the math */
+template <int HC>
+__device__ void hc_y_rows_fixed(float *y, const float *__restrict__ X, const hc_fin_smem *sm, int64_t r0, int nr,
+                                int dim, int out_bf16, int t, int nt) {
+    int64_t width = (int64_t)HC * dim;
+    int dq = dim / 4, n = nr * dq;
+    for (int q = t; q < n; q += 2 * nt) {
+        int np = q + nt < n ? 2 : 1;
+        float4 xv[2][HC];
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            if (p >= np) break;
+            int qq = q + p * nt, rr = qq / dq, d = (qq - rr * dq) * 4;
+            const float *xr = X + (r0 + rr) * width + d;
+#pragma unroll
+            for (int jj = 0; jj < HC; jj++) xv[p][jj] = __ldg((const float4 *)(xr + (int64_t)jj * dim));
+        }
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            if (p >= np) break;
+            int qq = q + p * nt, rr = qq / dq, d = (qq - rr * dq) * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int jj = 0; jj < HC; jj++) {
+                float pj = sm->pre[rr][jj];
+                v.x += pj * xv[p][jj].x, v.y += pj * xv[p][jj].y, v.z += pj * xv[p][jj].z, v.w += pj * xv[p][jj].w;
+            }
+            hc_y_store(y + (r0 + rr) * dim + d, v, out_bf16);
+        }
+    }
+}
+
+__device__ void hc_y_rows(float *y, const float *__restrict__ X, const hc_fin_smem *sm, int64_t r0, int nr, int hc,
+                          int dim, int out_bf16, int t, int nt) {
+    int64_t width = (int64_t)hc * dim;
+    if (dim % 4 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)y & 15) == 0) {
+        if (hc == 4) {
+            hc_y_rows_fixed<4>(y, X, sm, r0, nr, dim, out_bf16, t, nt);
+            return;
+        }
+        int dq = dim / 4;
+        for (int q = t; q < nr * dq; q += nt) {
+            int rr = q / dq, d = (q - rr * dq) * 4;
+            const float *xr = X + (r0 + rr) * width + d;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+            for (int jj = 0; jj < hc; jj++) {
+                float4 xv = __ldg((const float4 *)(xr + (int64_t)jj * dim));
+                float pj = sm->pre[rr][jj];
+                v.x += pj * xv.x, v.y += pj * xv.y, v.z += pj * xv.z, v.w += pj * xv.w;
+            }
+            hc_y_store(y + (r0 + rr) * dim + d, v, out_bf16);
+        }
+        return;
+    }
+    for (int q = t; q < nr * dim; q += nt) {
+        int rr = q / dim, d = q - rr * dim;
+        const float *xr = X + (r0 + rr) * width + d;
+        float v = 0.0f;
+        for (int jj = 0; jj < hc; jj++) v += sm->pre[rr][jj] * xr[(int64_t)jj * dim];
+        y[(r0 + rr) * dim + d] = out_bf16 ? d_round_bf16(v) : v;
+    }
+}
+
+/* partials of rows r0..r0+nr-1 -> mix, rms, pre/post/comb, Sinkhorn, y; head = 1: pre and y only.
+ * Partials are read through L2 (__ldcg): in the fused kernel other blocks wrote them. */
+__device__ void hc_fin_rows(float *y, float *post, float *comb, const float *part, int splits,
+                            const float *__restrict__ X, int64_t r0, int nr, int hc, int dim, float2 bsv, int iters,
+                            float norm_eps, float hc_eps, int out_bf16, int head, hc_fin_smem *sm) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int nm = head ? hc : (2 + hc) * hc;
+    for (int q = warp; q < nr * (nm + 1); q += nw) {
+        int rr = q / (nm + 1), m = q - rr * (nm + 1);
+        const float *p = part + ((r0 + rr) * (nm + 1) + m) * splits;
+        float v = 0.0f;
+        for (int s = lane; s < splits; s += 32) v += __ldcg(p + s);
+        v = warp_sum(v);
+        if (lane == 0) sm->mix[rr][m] = v;
+    }
+    if ((int)threadIdx.x < nm) sm->bs[threadIdx.x] = bsv.x;
+    if (threadIdx.x < 3) sm->sc[threadIdx.x] = bsv.y;
     __syncthreads();
     int64_t width = (int64_t)hc * dim;
-    float sn = 1.0f / sqrtf(mix[nm] / (float)width + norm_eps);
-    int j = threadIdx.x;
-    if (j < hc) {
-        pre[j] = d_sigmoid((mix[j] * sn) * d_weight_at(scale, 0, 0) + d_weight_at(base, 0, j)) + hc_eps;
+    if ((int)threadIdx.x < nr * hc) {
+        int rr = threadIdx.x / hc, j = threadIdx.x - rr * hc;
+        const float *mix = sm->mix[rr];
+        float sn = 1.0f / sqrtf(mix[nm] / (float)width + norm_eps);
+        sm->pre[rr][j] = d_sigmoid((mix[j] * sn) * sm->sc[0] + sm->bs[j]) + hc_eps;
         if (!head) {
-            pst[j] = 2.0f * d_sigmoid((mix[hc + j] * sn) * d_weight_at(scale, 0, 1) + d_weight_at(base, 0, hc + j));
-            float sc2 = d_weight_at(scale, 0, 2), mx = -INFINITY, sum = 0.0f;
-            float *cr = C + j * hc;
+            /* rounded step by step, as the CPU does and as the kernel before this version compiled
+             * it (its base load sat in another basic block, so nothing was fused): same bits */
+            sm->pst[rr][j] =
+                2.0f * d_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mix[hc + j], sn), sm->sc[1]), sm->bs[hc + j]));
+            float sc2 = sm->sc[2], mx = -INFINITY, sum = 0.0f;
+            float *cr = sm->C[rr] + j * hc;
             for (int k = 0; k < hc; k++) { /* row softmax, + eps (the CPU's order) */
-                cr[k] = (mix[2 * hc + j * hc + k] * sn) * sc2 + d_weight_at(base, 0, 2 * hc + j * hc + k);
+                cr[k] = (mix[2 * hc + j * hc + k] * sn) * sc2 + sm->bs[2 * hc + j * hc + k];
                 mx = fmaxf(mx, cr[k]);
             }
             for (int k = 0; k < hc; k++) sum += (cr[k] = expf(cr[k] - mx));
@@ -155,73 +311,109 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, fl
         }
     }
     __syncthreads();
-    if (warp == 0) {
-        if (head) return; /* warp 0 has nothing else to do; y is formed by warps 1.. */
-        if (hc * hc <= 32) { /* lane i*hc + k holds C[i][k] in a register; sums gathered by shuffles */
-            int i = lane / hc, k = lane % hc;
-            float cv = lane < hc * hc ? C[lane] : 0.0f;
-            for (int it = 0; it < iters; it++) {
-                if (it > 0) { /* row i: sum over k ascending, as the CPU */
-                    float sum = 0.0f;
-                    for (int t = 0; t < hc; t++) sum += __shfl_sync(0xffffffffu, cv, i * hc + t);
-                    cv /= sum + hc_eps;
-                }
-                float sum = 0.0f; /* column k: sum over i ascending */
-                for (int t = 0; t < hc; t++) sum += __shfl_sync(0xffffffffu, cv, t * hc + k);
-                cv /= sum + hc_eps;
-            }
-            if (lane < hc * hc) comb[r * hc * hc + lane] = cv;
-            if (lane < hc) post[r * hc + lane] = pst[lane];
-            return;
+    int nsw = 0; /* warps running Sinkhorn */
+    if (!head) nsw = hc * hc <= 32 ? (nr + 32 / (hc * hc) - 1) / (32 / (hc * hc)) : nr;
+    if (warp < nsw) {
+        switch (hc) {
+        case 1: hc_sinkhorn_lanes<1>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
+        case 2: hc_sinkhorn_lanes<2>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
+        case 3: hc_sinkhorn_lanes<3>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
+        case 4: hc_sinkhorn_lanes<4>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
+        case 5: hc_sinkhorn_lanes<5>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
+        default: hc_sinkhorn_smem(comb, post, sm, r0, warp, hc, iters, hc_eps); break;
         }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0 && lane < hc) { /* row lane */
-                float sum = 0.0f;
-                for (int k = 0; k < hc; k++) sum += C[lane * hc + k];
-                for (int k = 0; k < hc; k++) C[lane * hc + k] /= sum + hc_eps;
-            }
-            __syncwarp();
-            if (lane < hc) { /* column lane */
-                float sum = 0.0f;
-                for (int i = 0; i < hc; i++) sum += C[i * hc + lane];
-                for (int i = 0; i < hc; i++) C[i * hc + lane] /= sum + hc_eps;
-            }
-            __syncwarp();
-        }
-        for (int i = lane; i < hc * hc; i += 32) comb[r * hc * hc + i] = C[i];
-        if (lane < hc) post[r * hc + lane] = pst[lane];
         return;
     }
-    /* warps 1..: y = sum_j pre_j X_j (j ascending, as the CPU) */
-    const float *xr = X + r * width;
-    float *yr = y + r * dim;
-    int t = threadIdx.x - 32, nt = blockDim.x - 32;
-    if (dim % 4 == 0 && ((uintptr_t)xr & 15) == 0 && ((uintptr_t)yr & 15) == 0) {
-        for (int d = t * 4; d < dim; d += nt * 4) {
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int jj = 0; jj < hc; jj++) {
-                float4 xv = __ldg((const float4 *)(xr + (int64_t)jj * dim + d));
-                float pj = pre[jj];
-                v.x += pj * xv.x, v.y += pj * xv.y, v.z += pj * xv.z, v.w += pj * xv.w;
-            }
-            if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
-                          v.w = d_round_bf16(v.w);
-            *(float4 *)(yr + d) = v;
-        }
-    } else {
-        for (int d = t; d < dim; d += nt) {
-            float v = 0.0f;
-            for (int jj = 0; jj < hc; jj++) v += pre[jj] * xr[(int64_t)jj * dim + d];
-            yr[d] = out_bf16 ? d_round_bf16(v) : v;
-        }
-    }
+    int t = threadIdx.x - nsw * 32, nt = blockDim.x - nsw * 32;
+    hc_y_rows(y, X, sm, r0, nr, hc, dim, out_bf16, t, nt);
 }
 
+/* ----- kernels ----- */
+__global__ void __launch_bounds__(HC_THREADS) k_hc_part(float *part, const float *__restrict__ X, int rows, int64_t K,
+                                                        dweight fn, int nm, int64_t kspan, int splits, int gemm_bf16) {
+    __shared__ __align__(16) float xs[HC_RB][HC_KT];
+    int r0 = blockIdx.y * HC_RB, nr = rows - r0 < HC_RB ? rows - r0 : HC_RB;
+    hc_part_block(part, X, r0, nr, K, fn, nm, kspan, splits, blockIdx.x, gemm_bf16, xs);
+}
+
+__global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, float *comb, const float *part,
+                                                       int splits, const float *__restrict__ X, int hc, int dim,
+                                                       dweight base, dweight scale, int iters, float norm_eps,
+                                                       float hc_eps, int out_bf16, int head) {
+    __shared__ hc_fin_smem sm;
+    float2 bsv = hc_bs_load(base, scale, head ? hc : (2 + hc) * hc);
+    hc_fin_rows(y, post, comb, part, splits, X, blockIdx.x, 1, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head,
+                &sm);
+}
+
+/* part, then the last block of each row group (done[g] counts finished blocks) runs fin */
+__global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, float *comb, float *part,
+                                                         unsigned *done, const float *__restrict__ X, int rows,
+                                                         int hc, int dim, dweight fn, int nm, int64_t kspan,
+                                                         int splits, dweight base, dweight scale, int iters,
+                                                         float norm_eps, float hc_eps, int gemm_bf16, int out_bf16,
+                                                         int head) {
+    __shared__ __align__(16) float xs[HC_RB][HC_KT];
+    __shared__ hc_fin_smem sm;
+    __shared__ int last;
+    int r0 = blockIdx.y * HC_RB, nr = rows - r0 < HC_RB ? rows - r0 : HC_RB;
+    float2 bsv = hc_bs_load(base, scale, nm); /* for fin, if this block is the last */
+    hc_part_block(part, X, r0, nr, (int64_t)hc * dim, fn, nm, kspan, splits, blockIdx.x, gemm_bf16, xs);
+    __threadfence(); /* this block's partials are visible device-wide before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(&done[blockIdx.y], 1u);
+        last = prev == gridDim.x - 1;
+        if (last) atomicExch(&done[blockIdx.y], 0u); /* every block of this launch has counted */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    hc_fin_rows(y, post, comb, part, splits, X, r0, nr, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head, &sm);
+}
+
+/* ----- done counters -----
+ * The fused kernel's counters must be 0 when it starts and survive between launches (and
+ * graph replays), so they cannot live in the per-op scratch.  One slot of HC_SLOTS device
+ * words per CUDA stream: launches on one stream run in order, so a slot is never shared
+ * by two launches in flight.  The table only maps a backend's stream to its slot; a stream
+ * that finds no free slot takes the two-launch path (same results). */
+__device__ unsigned d_hc_done[HC_SLOTS][HC_FUSED_ROWS / HC_RB + 1];
+static pthread_mutex_t hc_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    cudaStream_t stream;
+    unsigned *dev;
+} hc_slot[HC_SLOTS];
+static int hc_slot_n;
+
+static unsigned *hc_done_counters(dsv4_backend *b) {
+    cudaStream_t s = CI(b)->stream;
+    unsigned *dev = NULL;
+    pthread_mutex_lock(&hc_slot_lock);
+    for (int i = 0; i < hc_slot_n && !dev; i++)
+        if (hc_slot[i].stream == s) dev = hc_slot[i].dev;
+    if (!dev && hc_slot_n < HC_SLOTS) {
+        void *p = NULL; /* the symbol of this device (the backend's device is current) */
+        dsv4_cuda_seg_end(b); /* first use: no capture in progress while the module is asked */
+        if (cudaGetSymbolAddress(&p, d_hc_done) == cudaSuccess) {
+            dev = (unsigned *)p + (size_t)hc_slot_n * (HC_FUSED_ROWS / HC_RB + 1);
+            hc_slot[hc_slot_n].stream = s;
+            hc_slot[hc_slot_n].dev = dev;
+            hc_slot_n++;
+        } else {
+            cudaGetLastError(); /* not fatal: the two-launch path */
+        }
+    }
+    pthread_mutex_unlock(&hc_slot_lock);
+    return dev;
+}
+
+/* ----- entry points ----- */
 static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
                       const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                       float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, int head) {
     dweight wf, wb, ws;
-    if (rows <= 0 || dsv4_cuda_weight(b, fn, &wf) || dsv4_cuda_weight(b, base, &wb) || dsv4_cuda_weight(b, scale, &ws))
+    if (rows <= 0 || dim <= 0 || dsv4_cuda_weight(b, fn, &wf) || dsv4_cuda_weight(b, base, &wb) || dsv4_cuda_weight(b, scale, &ws))
         return;
     if (hc < 1 || hc > 16) {
         dsv4_cuda_fail(b, "hc_pre/hc_head: hc over 16", __FILE__, __LINE__, cudaSuccess);
@@ -232,25 +424,32 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
     /* K-slices of a multiple of 128 columns (one warp sweep of 16-byte vectors), enough
      * of them that ~2 blocks per SM run; the partials are summed in split order */
     int groups = (rows + HC_RB - 1) / HC_RB;
-    int64_t chunks = (K + 127) / 128, want = (264 + groups - 1) / groups;
+    int64_t chunks = (K + HC_KT - 1) / HC_KT, want = (264 + groups - 1) / groups;
     if (want > chunks) want = chunks;
     if (want < 1) want = 1;
-    int64_t kspan = (chunks + want - 1) / want * 128;
+    int64_t kspan = (chunks + want - 1) / want * HC_KT;
     int splits = (int)((K + kspan - 1) / kspan);
+    unsigned *done = rows <= HC_FUSED_ROWS ? hc_done_counters(b) : NULL;
     float *xd = (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * K);
     float *part = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * (nm + 1) * splits);
     float *yd = (float *)dsv4_cuda_out(b, y, sizeof(float) * rows * dim);
-    float *pd = head ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc)
-                     : (float *)dsv4_cuda_out(b, post, sizeof(float) * rows * hc);
-    float *cd = head ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * hc * hc)
-                     : (float *)dsv4_cuda_out(b, comb, sizeof(float) * rows * hc * hc);
-    if (!xd || !part || !yd || !pd || !cd) return;
-    k_hc_part<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(part, xd, rows, K, wf, nm,
-                                                                                          kspan, splits, gemm_bf16);
-    if (CKL(b)) return;
-    k_hc_fin<<<rows, HC_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, splits, xd, hc, dim, wb, ws, iters, norm_eps,
-                                                     hc_eps, out_bf16, head);
-    if (CKL(b)) return;
+    float *pd = head ? NULL : (float *)dsv4_cuda_out(b, post, sizeof(float) * rows * hc);
+    float *cd = head ? NULL : (float *)dsv4_cuda_out(b, comb, sizeof(float) * rows * hc * hc);
+    if (!xd || !part || !yd || (!head && (!pd || !cd))) return;
+    if (done) {
+        k_hc_fused<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(
+            yd, pd, cd, part, done, xd, rows, hc, dim, wf, nm, kspan, splits, wb, ws, iters, norm_eps, hc_eps,
+            gemm_bf16, out_bf16, head);
+        if (CKL(b)) return;
+    } else {
+        k_hc_part<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(part, xd, rows, K, wf,
+                                                                                              nm, kspan, splits,
+                                                                                              gemm_bf16);
+        if (CKL(b)) return;
+        k_hc_fin<<<rows, HC_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, splits, xd, hc, dim, wb, ws, iters,
+                                                         norm_eps, hc_eps, out_bf16, head);
+        if (CKL(b)) return;
+    }
     if (!head) {
         dsv4_cuda_commit(b, post, pd, sizeof(float) * rows * hc);
         dsv4_cuda_commit(b, comb, cd, sizeof(float) * rows * hc * hc);
@@ -274,6 +473,30 @@ void cu_hc_head(dsv4_backend *b, float *y, const float *X, int rows, int hc, int
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_HEAD);
 }
 
+/* ----- hc_post ----- */
+/* thread (r, k, q): outputs d = 4q .. 4q+3 of stream k of row r (dq = dim / 4) */
+__global__ void k_hc_post4(float *Xout, const float *__restrict__ o, const float *__restrict__ R,
+                           const float *__restrict__ post, const float *__restrict__ comb, int rows, int hc, int dq,
+                           int state_bf16) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * hc * dq) return;
+    int q = (int)(t % dq), k = (int)((t / dq) % hc);
+    int64_t r = t / ((int64_t)hc * dq), dim = (int64_t)dq * 4;
+    const float *C = comb + r * hc * hc, *Rr = R + r * hc * dim + (int64_t)q * 4;
+    float4 ov = __ldg((const float4 *)(o + r * dim) + q);
+    float pk = __ldg(post + r * hc + k);
+    float4 v = make_float4(pk * ov.x, pk * ov.y, pk * ov.z, pk * ov.w);
+#pragma unroll 4
+    for (int j = 0; j < hc; j++) {
+        float cj = __ldg(C + j * hc + k);
+        float4 x = __ldg((const float4 *)(Rr + (int64_t)j * dim));
+        v.x += cj * x.x, v.y += cj * x.y, v.z += cj * x.z, v.w += cj * x.w;
+    }
+    if (state_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z), v.w = d_round_bf16(v.w);
+    *(float4 *)(Xout + (r * hc + k) * dim + (int64_t)q * 4) = v;
+}
+
+/* any dim: one thread per output element */
 __global__ void k_hc_post(float *Xout, const float *o, const float *R, const float *post, const float *comb, int rows,
                           int hc, int dim, int state_bf16) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -287,10 +510,8 @@ __global__ void k_hc_post(float *Xout, const float *o, const float *R, const flo
     Xout[t] = state_bf16 ? d_round_bf16(v) : v;
 }
 
-void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post, const float *comb,
-                int rows, int hc, int dim, int state_bf16) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0) return;
+static void hc_post_launch(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
+                           const float *comb, int rows, int hc, int dim, int state_bf16) {
     size_t n = (size_t)rows * hc * dim;
     float *od = (float *)dsv4_cuda_in(b, o, sizeof(float) * rows * dim);
     float *rd = (float *)dsv4_cuda_in(b, R, sizeof(float) * n);
@@ -298,8 +519,21 @@ void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, co
     float *cd = (float *)dsv4_cuda_in(b, comb, sizeof(float) * rows * hc * hc);
     float *xd = (float *)dsv4_cuda_out(b, Xout, sizeof(float) * n);
     if (!od || !rd || !pd || !cd || !xd) return;
-    k_hc_post<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim, state_bf16);
+    if (dim % 4 == 0 && (((uintptr_t)od | (uintptr_t)rd | (uintptr_t)xd) & 15) == 0) {
+        size_t nq = n / 4;
+        k_hc_post4<<<(unsigned)((nq + 127) / 128), 128, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim / 4,
+                                                                            state_bf16);
+    } else {
+        k_hc_post<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim,
+                                                                          state_bf16);
+    }
     if (CKL(b)) return;
     dsv4_cuda_commit(b, Xout, xd, sizeof(float) * n);
+}
+
+void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post, const float *comb,
+                int rows, int hc, int dim, int state_bf16) {
+    dsv4_cuda_op_begin(b);
+    if (rows > 0 && hc > 0 && dim > 0) hc_post_launch(b, Xout, o, R, post, comb, rows, hc, dim, state_bf16);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_POST);
 }

@@ -1,0 +1,271 @@
+/* tests/test_cuda_mhc: the CUDA mHC ops (src/backend/cuda/mhc.cu) against the CPU ops.
+ *
+ * hc_pre, hc_post and hc_head at rows 1 and 3 (the one-launch decode path) and 8 and 40
+ * (part + fin), hc 4 at dim 4096 (V4-Flash) and at dim 50 (element-wise tails: dim % 4 != 0),
+ * hc 2 at dim 64 (eight Sinkhorn matrices per warp, y for any hc) and hc 6 at dim 49 (the
+ * shared-memory Sinkhorn; K = 294 is not a multiple of 4: every element-wise path), each with the numerics flags off (exact) and on (reference: gemm_bf16, out_bf16,
+ * state_bf16).  Tolerances, rel = ||gpu - cpu|| / ||cpu||:
+ *   hc_pre y, post, comb and hc_head y: 1e-5 in fp32 (the mix dot products and the sum of
+ *     squares are summed in another order, and expf differs by an ulp; Sinkhorn itself is the
+ *     CPU's arithmetic); y rounded to bf16: 4e-3 (an order difference can flip one bf16 ulp);
+ *   hc_post: 1e-6 in fp32 (fma contraction only), 4e-3 rounded to bf16.
+ * Also: a second call gives the same bits (no atomics in the sums; the decode path's done
+ * counter is back to 0 after each launch), device buffers give the same bits as host ones,
+ * and a CUDA-graph capture (ops->segment) of the decode path gives the same bits as eager.
+ * Each case prints an FNV-1a hash of the GPU's output bits, so two builds of mhc.cu can be
+ * compared on the device (same inputs: the generator is seeded).
+ * DSV4_MHC_BENCH=1 adds a timing: 200 back-to-back calls at V4-Flash's shapes (hc 4, dim
+ * 4096, fn f32 [24][16384], 20 Sinkhorn iterations) on device buffers, eager (host clock
+ * around the calls and one ops->check) and inside one CUDA graph (device time between the
+ * events around the graph launch, ops->stats' graph_gpu_s); fn stays in L2 between calls.
+ * Without a device the binary prints SKIP. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CUDA_TEST_SEED 4242
+#define CUDA_TEST_NAME "test_cuda_mhc"
+#include "cuda_test_util.h"
+
+static uint32_t fnv(uint32_t h, const float *x, size_t n) {
+    const uint8_t *p = (const uint8_t *)x;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+/* the weights of one hc_pre / hc_head shape: fn [nm][hc*dim] scaled so the mixes stay O(1)
+ * (sigmoid, softmax and Sinkhorn away from saturation), base, scale; all heap, parked at exit
+ * (the backend keys device copies by host pointer) */
+typedef struct {
+    tw fn, hfn;
+    float *base, *sc;
+    dsv4_weight wb, ws, hb, hs;
+} hc_w;
+
+static hc_w make_hc(int hc, int dim) {
+    hc_w w;
+    int nm = (2 + hc) * hc;
+    int64_t K = (int64_t)hc * dim;
+    w.fn = make_w(DSV4_WF_F32, nm, K, 0);
+    w.hfn = make_w(DSV4_WF_F32, hc, K, 0);
+    float s = 4.0f / sqrtf((float)K);
+    for (int64_t i = 0; i < nm * K; i++) ((float *)w.fn.data)[i] *= s;
+    for (int64_t i = 0; i < hc * K; i++) ((float *)w.hfn.data)[i] *= s;
+    w.base = malloc(sizeof(float) * nm);
+    w.sc = malloc(sizeof(float) * 3);
+    fill(w.base, nm, 1);
+    w.sc[0] = 0.7f, w.sc[1] = 1.1f, w.sc[2] = 0.9f;
+    w.wb = (dsv4_weight){.fmt = DSV4_WF_F32, .rows = 1, .cols = nm, .data = w.base, .name = "base"};
+    w.ws = (dsv4_weight){.fmt = DSV4_WF_F32, .rows = 1, .cols = 3, .data = w.sc, .name = "scale"};
+    w.hb = (dsv4_weight){.fmt = DSV4_WF_F32, .rows = 1, .cols = hc, .data = w.base + 1, .name = "head base"};
+    w.hs = (dsv4_weight){.fmt = DSV4_WF_F32, .rows = 1, .cols = 1, .data = w.sc + 1, .name = "head scale"};
+    return w;
+}
+
+static void park_hc(hc_w *w) {
+    free_w(&w->fn);
+    free_w(&w->hfn);
+    tw small = {.data = w->base, .scale = w->sc};
+    free_w(&small);
+}
+
+static void check_case(int rows, int hc, int dim, int bf) {
+    hc_w w = make_hc(hc, dim);
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    float *X = malloc(sizeof(float) * nx), *ya = malloc(sizeof(float) * ny), *yg = malloc(sizeof(float) * ny),
+          *y2 = malloc(sizeof(float) * ny), *pa = malloc(sizeof(float) * np), *pg = malloc(sizeof(float) * np),
+          *p2 = malloc(sizeof(float) * np), *ca = malloc(sizeof(float) * nc), *cg = malloc(sizeof(float) * nc),
+          *c2 = malloc(sizeof(float) * nc), *o = malloc(sizeof(float) * ny), *Xa = malloc(sizeof(float) * nx),
+          *Xg = malloc(sizeof(float) * nx);
+    fill(X, nx, 2);
+    fill(o, ny, 1);
+    cpu.ops->hc_pre(&cpu, ya, pa, ca, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    gpu.ops->hc_pre(&gpu, yg, pg, cg, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    double ry = rel(yg, ya, ny), rp = rel(pg, pa, np), rc = rel(cg, ca, nc);
+    uint32_t h = fnv(fnv(fnv(2166136261u, yg, ny), pg, np), cg, nc);
+    CHECKF(ry <= (bf ? 4e-3 : 1e-5) && rp <= 1e-5 && rc <= 1e-5, "hc_pre rows %d hc %d dim %d bf16 %d", rows, hc,
+           dim, bf);
+    gpu.ops->hc_pre(&gpu, y2, p2, c2, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    CHECKF(!memcmp(y2, yg, sizeof(float) * ny) && !memcmp(p2, pg, sizeof(float) * np) &&
+               !memcmp(c2, cg, sizeof(float) * nc),
+           "hc_pre rows %d hc %d: a second call differs", rows, hc);
+    /* hc_post on the CPU's post/comb, so only hc_post's own arithmetic is compared */
+    cpu.ops->hc_post(&cpu, Xa, o, X, pa, ca, rows, hc, dim, bf);
+    gpu.ops->hc_post(&gpu, Xg, o, X, pa, ca, rows, hc, dim, bf);
+    CHECK(gpu_ok());
+    double rx = rel(Xg, Xa, nx);
+    uint32_t hx = fnv(2166136261u, Xg, nx);
+    CHECKF(rx <= (bf ? 4e-3 : 1e-6), "hc_post rows %d hc %d dim %d bf16 %d", rows, hc, dim, bf);
+    cpu.ops->hc_head(&cpu, ya, X, rows, hc, dim, &w.hfn.w, &w.hb, &w.hs, 1e-6f, 1e-6f, bf, bf);
+    gpu.ops->hc_head(&gpu, yg, X, rows, hc, dim, &w.hfn.w, &w.hb, &w.hs, 1e-6f, 1e-6f, bf, bf);
+    CHECK(gpu_ok());
+    double rh = rel(yg, ya, ny);
+    uint32_t hh = fnv(2166136261u, yg, ny);
+    CHECKF(rh <= (bf ? 4e-3 : 1e-5), "hc_head rows %d hc %d dim %d bf16 %d", rows, hc, dim, bf);
+    printf("  rows %2d hc %d dim %4d bf16 %d: pre y %.2e post %.2e comb %.2e | post %.2e | head %.2e"
+           "  bits %08x %08x %08x\n",
+           rows, hc, dim, bf, ry, rp, rc, rx, rh, h, hx, hh);
+    free(X), free(ya), free(yg), free(y2), free(pa), free(pg), free(p2), free(ca), free(cg), free(c2), free(o);
+    free(Xa), free(Xg);
+    park_hc(&w);
+}
+
+static void test_flash_hc4(void) {
+    NEED_GPU();
+    int rows[] = {1, 3, 8, 40};
+    for (int bf = 0; bf < 2; bf++)
+        for (int i = 0; i < 4; i++) check_case(rows[i], 4, 4096, bf);
+}
+
+static void test_small_dims(void) {
+    NEED_GPU();
+    int rows[] = {1, 3, 8, 40};
+    for (int bf = 0; bf < 2; bf++)
+        for (int i = 0; i < 4; i++) {
+            check_case(rows[i], 4, 50, bf);
+            check_case(rows[i], 2, 64, bf);
+            check_case(rows[i], 6, 49, bf);
+        }
+}
+
+/* device buffers and a captured graph give the bits of the host-pointer path */
+static void check_device_graph(int rows, int hc, int dim) {
+    hc_w w = make_hc(hc, dim);
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    float *X = malloc(sizeof(float) * nx), *yh = malloc(sizeof(float) * ny), *ph = malloc(sizeof(float) * np),
+          *ch = malloc(sizeof(float) * nc), *y = malloc(sizeof(float) * ny), *p = malloc(sizeof(float) * np),
+          *c = malloc(sizeof(float) * nc);
+    fill(X, nx, 2);
+    gpu.ops->hc_pre(&gpu, yh, ph, ch, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *yd = gpu.ops->alloc(&gpu, sizeof(float) * ny),
+          *pd = gpu.ops->alloc(&gpu, sizeof(float) * np), *cd = gpu.ops->alloc(&gpu, sizeof(float) * nc);
+    REQUIRE(xd && yd && pd && cd);
+    gpu.ops->upload(&gpu, xd, X, sizeof(float) * nx);
+    for (int pass = 0; pass < 3; pass++) { /* eager, a new graph, an updated graph */
+        if (pass) gpu.ops->segment(&gpu, 0);
+        gpu.ops->hc_pre(&gpu, yd, pd, cd, xd, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0);
+        gpu.ops->hc_pre(&gpu, yd, pd, cd, xd, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0);
+        if (pass) gpu.ops->segment(&gpu, -1);
+        gpu.ops->download(&gpu, y, yd, sizeof(float) * ny);
+        gpu.ops->download(&gpu, p, pd, sizeof(float) * np);
+        gpu.ops->download(&gpu, c, cd, sizeof(float) * nc);
+        CHECK(gpu_ok());
+        CHECKF(!memcmp(y, yh, sizeof(float) * ny) && !memcmp(p, ph, sizeof(float) * np) &&
+                   !memcmp(c, ch, sizeof(float) * nc),
+               "rows %d hc %d dim %d pass %d: device buffers differ from the host path", rows, hc, dim, pass);
+    }
+    dsv4_backend_stats st;
+    memset(&st, 0, sizeof st);
+    gpu.ops->stats(&gpu, &st);
+    printf("  device buffers + graphs rows %d hc %d dim %d: same bits (graph launches so far %ld)\n", rows, hc, dim,
+           st.graph_launches);
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, yd), gpu.ops->free(&gpu, pd), gpu.ops->free(&gpu, cd);
+    free(X), free(yh), free(ph), free(ch), free(y), free(p), free(c);
+    park_hc(&w);
+}
+
+static void test_device_and_graph(void) {
+    NEED_GPU();
+    check_device_graph(1, 4, 4096);
+    check_device_graph(3, 4, 4096);
+    check_device_graph(40, 4, 4096);
+    check_device_graph(1, 6, 96);
+}
+
+/* ----- timing (DSV4_MHC_BENCH=1) ----- */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+enum { BENCH_N = 200 };
+
+typedef struct {
+    hc_w *w;
+    float *xd, *yd, *pd, *cd, *od;
+    int rows, bf, op; /* op 0 hc_pre, 1 hc_post, 2 hc_head */
+} bench_args;
+
+static void bench_call(const bench_args *a) {
+    const int hc = 4, dim = 4096;
+    if (a->op == 0)
+        gpu.ops->hc_pre(&gpu, a->yd, a->pd, a->cd, a->xd, a->rows, hc, dim, &a->w->fn.w, &a->w->wb, &a->w->ws, 20,
+                        1e-6f, 1e-6f, a->bf, a->bf);
+    else if (a->op == 1)
+        gpu.ops->hc_post(&gpu, a->od, a->yd, a->xd, a->pd, a->cd, a->rows, hc, dim, a->bf);
+    else
+        gpu.ops->hc_head(&gpu, a->yd, a->xd, a->rows, hc, dim, &a->w->hfn.w, &a->w->hb, &a->w->hs, 1e-6f, 1e-6f,
+                         a->bf, a->bf);
+}
+
+/* us per call: eager (host clock, one check at the end) and in a graph (device time) */
+static void bench_one(const bench_args *a, double *eager_us, double *graph_us) {
+    for (int i = 0; i < 3; i++) bench_call(a); /* uploads, scratch, counters */
+    CHECK(gpu_ok());
+    double t0 = now_s();
+    for (int i = 0; i < BENCH_N; i++) bench_call(a);
+    CHECK(gpu_ok());
+    *eager_us = (now_s() - t0) / BENCH_N * 1e6;
+    *graph_us = INFINITY;
+    for (int k = 0; k < 3; k++) { /* the first instantiates; best of the rest */
+        dsv4_backend_stats s0, s1;
+        memset(&s0, 0, sizeof s0), memset(&s1, 0, sizeof s1);
+        gpu.ops->stats(&gpu, &s0);
+        gpu.ops->segment(&gpu, 1);
+        for (int i = 0; i < BENCH_N; i++) bench_call(a);
+        gpu.ops->segment(&gpu, -1);
+        CHECK(gpu_ok());
+        gpu.ops->stats(&gpu, &s1);
+        double us = (s1.graph_gpu_s - s0.graph_gpu_s) / BENCH_N * 1e6;
+        if (k > 0 && us > 0 && us < *graph_us) *graph_us = us;
+    }
+}
+
+static void test_zy_bench(void) {
+    const char *e = getenv("DSV4_MHC_BENCH");
+    if (!e || strcmp(e, "1") != 0) SKIP_TEST("timing: DSV4_MHC_BENCH=1");
+    NEED_GPU();
+    const int hc = 4, dim = 4096, R = 40;
+    hc_w w = make_hc(hc, dim);
+    size_t nx = (size_t)R * hc * dim;
+    float *X = malloc(sizeof(float) * nx);
+    fill(X, nx, 2);
+    bench_args a = {.w = &w};
+    a.xd = gpu.ops->alloc(&gpu, sizeof(float) * nx);
+    a.od = gpu.ops->alloc(&gpu, sizeof(float) * nx);
+    a.yd = gpu.ops->alloc(&gpu, sizeof(float) * R * dim);
+    a.pd = gpu.ops->alloc(&gpu, sizeof(float) * R * hc);
+    a.cd = gpu.ops->alloc(&gpu, sizeof(float) * R * hc * hc);
+    REQUIRE(a.xd && a.od && a.yd && a.pd && a.cd);
+    gpu.ops->upload(&gpu, a.xd, X, sizeof(float) * nx);
+    /* post/comb inputs of hc_post: one eager hc_pre of all rows */
+    gpu.ops->hc_pre(&gpu, a.yd, a.pd, a.cd, a.xd, R, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0);
+    CHECK(gpu_ok());
+    static const char *names[] = {"hc_pre", "hc_post", "hc_head"};
+    int rows[] = {1, 4, 8, 40};
+    for (int op = 0; op < 3; op++)
+        for (int i = 0; i < 4; i++)
+            for (int bf = 0; bf < 2; bf++) {
+                if (op > 0 && (rows[i] == 4 || rows[i] == 8)) continue;
+                a.op = op, a.rows = rows[i], a.bf = bf;
+                double eu, gu;
+                bench_one(&a, &eu, &gu);
+                printf("  BENCH %-7s rows %2d hc 4 dim 4096 bf16 %d: %.2f us/call eager, %.2f us/call in a graph\n",
+                       names[op], rows[i], bf, eu, gu);
+            }
+    gpu.ops->free(&gpu, a.xd), gpu.ops->free(&gpu, a.od), gpu.ops->free(&gpu, a.yd);
+    gpu.ops->free(&gpu, a.pd), gpu.ops->free(&gpu, a.cd);
+    free(X);
+    park_hc(&w);
+}
+
+static void test_zz_release(void) {
+    for (int i = 0; i < n_parked; i++) free(parked[i]);
+    n_parked = 0;
+}
+
+TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_zy_bench, test_zz_release)
