@@ -1,0 +1,205 @@
+/* tests/test_cuda_linear: the decode GEMVs of linear.cu (matmul, matmul_grouped at rows <= 8)
+ * against the CPU backend, on the shapes of a Flash decode step and on shapes chosen to hit
+ * the edges of a tiled streaming path (bulk-copy tiles of whole weight rows, 16-byte vector
+ * columns per thread; docs: the "lin" report, patch kept outside the tree):
+ *   test_stream_shapes: wq_b FP8 32768 x 1024, wo_b FP8 4096 x 8192, 4096 x 4096 with e8m0 and
+ *     f32 block scales, bf16 head-like and compressor rows, f32, grouped wo_a 8 x 1024 x 4096,
+ *     rows 1-4; a partial last tile (4100 / 4099 rows of K 1024), FP8 K 7168 (448 vectors: a
+ *     partial second column set) and K 16384, act_fp8, bf16 K 256 / 768 (several rows per
+ *     256-thread block, idle warps), w_bf16 on FP8 (grouped in_bf16: scaled then rounded per
+ *     weight) and out_bf16;
+ *   test_other_shapes: rows 5, 7, 8, odd shapes (element-wise path), few features, 32 KB
+ *     rows, MXFP4, split-K, a group size that is not a multiple of 8, grouped rows 7.
+ * Tolerances (rel = ||gpu - cpu||_2 / ||cpu||_2 over the output):
+ *   fp32 outputs 2e-6: summation order is the only difference allowed (a kernel that applies
+ *     an FP8 block scale to a 16-value partial instead of each weight is exact for e8m0
+ *     scales and rounds differently by ~1 ulp of the partial for f32 scales);
+ *   outputs rounded to bf16 (out_bf16, grouped in/out_bf16) 4e-3: one bf16 ulp may flip.
+ * Every output is preset to NaN so an unwritten row fails.
+ * test_timing (device buffers, 3 warm-up + 50 calls timed around one ops->check) prints us
+ * per call, GB/s of weights and the fraction of a 256 MB device copy (read + written) timed
+ * the same way, as `dsv4 opbench` counts it, for rows 1, 2, 4, 8; it checks nothing.
+ * Without a CUDA device (or in a CPU-only build) the binary prints SKIP. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CUDA_TEST_SEED 4242
+#define CUDA_TEST_NAME "test_cuda_linear"
+#include "cuda_test_util.h"
+
+static int check_mm(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, int act_fp8, int out_bf16,
+                    const char *what) {
+    tw t = make_w(fmt, O, K, sf32);
+    size_t nx = (size_t)rows * K, no = (size_t)rows * O;
+    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
+    fill(x, nx, 2);
+    cpu.ops->matmul(&cpu, a, x, rows, &t.w, act_fp8, out_bf16);
+    for (size_t i = 0; i < no; i++) g[i] = NAN;
+    gpu.ops->matmul(&gpu, g, x, rows, &t.w, act_fp8, out_bf16);
+    int ok = gpu_ok();
+    double r = rel(g, a, no), tol = out_bf16 ? 4e-3 : 2e-6;
+    printf("  %-10s %-6s%s [%6lld x %5lld] rows %d act_fp8 %d out_bf16 %d: rel %.2e (tol %.0e)\n", what,
+           dsv4_wfmt_name(fmt), sf32 ? "/f32s" : "", (long long)O, (long long)K, rows, act_fp8, out_bf16, r, tol);
+    CHECKF(ok && r <= tol, "%s %s [%lld x %lld] rows %d rel %g", what, dsv4_wfmt_name(fmt), (long long)O,
+           (long long)K, rows, r);
+    free(x), free(a), free(g);
+    free_w(&t);
+    return ok && r <= tol;
+}
+
+static void check_grouped(dsv4_wfmt fmt, int G, int64_t R, int64_t C, int rows, int in_bf16, const char *what) {
+    tw t = make_w(fmt, (int64_t)G * R, C, 0);
+    size_t nx = (size_t)rows * G * C, no = (size_t)rows * G * R;
+    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
+    fill(x, nx, 1);
+    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
+    for (size_t i = 0; i < no; i++) g[i] = NAN;
+    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
+    int ok = gpu_ok();
+    double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
+    printf("  %-10s %-6s %d x [%5lld x %5lld] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", what,
+           dsv4_wfmt_name(fmt), G, (long long)R, (long long)C, rows, in_bf16, r, tol);
+    CHECKF(ok && r <= tol, "grouped %s rel %g", dsv4_wfmt_name(fmt), r);
+    free(x), free(a), free(g);
+    free_w(&t);
+}
+
+/* decode shapes and the edges of a tiled streaming path (see the header) */
+static void test_stream_shapes(void) {
+    NEED_GPU();
+    static const int rs[] = {1, 2, 3, 4};
+    for (int i = 0; i < 4; i++) {
+        int rows = rs[i];
+        check_mm(DSV4_WF_FP8, 32768, 1024, rows, 0, 0, 0, "wq_b");
+        check_mm(DSV4_WF_FP8, 4096, 8192, rows, 0, 0, 0, "wo_b");
+        check_mm(DSV4_WF_FP8, 4096, 4096, rows, 0, 0, 0, "4096^2");
+        check_mm(DSV4_WF_FP8, 4096, 4096, rows, 1, 0, 0, "f32 scale");
+        check_mm(DSV4_WF_BF16, 8192, 4096, rows, 0, 0, 0, "head-like");
+        check_mm(DSV4_WF_BF16, 1024, 4096, rows, 0, 0, 1, "compressor");
+        check_mm(DSV4_WF_F32, 2048, 2048, rows, 0, 0, 0, "f32");
+        check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 0, "wo_a");
+    }
+    check_mm(DSV4_WF_FP8, 4100, 1024, 1, 0, 0, 0, "last tile"); /* 4100 = 512 tiles of 8 + 4 */
+    check_mm(DSV4_WF_FP8, 4099, 1024, 3, 0, 0, 0, "last tile");
+    check_mm(DSV4_WF_FP8, 2048, 7168, 1, 0, 0, 0, "K 7168");   /* 448 vectors: idle warps in column 2 */
+    check_mm(DSV4_WF_FP8, 2048, 7168, 2, 1, 0, 0, "K 7168");
+    check_mm(DSV4_WF_FP8, 2048, 16384, 1, 0, 0, 0, "FP8 16K");   /* 16 KB rows: 4 columns per thread */
+    check_mm(DSV4_WF_FP8, 8192, 1024, 1, 0, 1, 0, "act_fp8");   /* indexer wq_b with act_quant */
+    check_mm(DSV4_WF_BF16, 4096, 256, 1, 0, 0, 0, "K 256");    /* 512-byte rows: 8 row parts */
+    check_mm(DSV4_WF_BF16, 4096, 768, 2, 0, 0, 0, "K 768");    /* 96 vectors: 2 parts, 2 idle warps */
+    check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 1, 1, "wo_a bf16"); /* w_bf16 on FP8: per-weight scale */
+    check_grouped(DSV4_WF_BF16, 4, 512, 2048, 2, 1, "grp bf16");
+}
+
+/* shapes outside such a path (more rows, odd shapes, long rows, FP4) */
+static void test_other_shapes(void) {
+    NEED_GPU();
+    check_mm(DSV4_WF_FP8, 4096, 4096, 8, 0, 0, 0, "rows 8");
+    check_mm(DSV4_WF_FP8, 4096, 4096, 7, 1, 0, 0, "rows 7");
+    check_mm(DSV4_WF_BF16, 4096, 4096, 5, 0, 0, 1, "rows 5");
+    check_mm(DSV4_WF_FP8, 37, 300, 1, 0, 0, 0, "odd");
+    check_mm(DSV4_WF_BF16, 301, 1000, 7, 0, 0, 0, "odd");
+    check_mm(DSV4_WF_BF16, 64, 4096, 1, 0, 0, 0, "few rows");
+    check_mm(DSV4_WF_BF16, 512, 16384, 1, 0, 0, 0, "32K rows");
+    check_mm(DSV4_WF_FP8, 2048, 16384, 2, 0, 0, 0, "FP8 16K");
+    check_mm(DSV4_WF_MXFP4, 4096, 4096, 1, 0, 0, 0, "MXFP4");
+    check_mm(DSV4_WF_FP8, 40, 4096, 3, 0, 0, 0, "split-K");
+    check_grouped(DSV4_WF_FP8, 6, 1022, 1024, 1, 0, "grp 1022"); /* 1022 % 8: not whole tiles */
+    check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 7, 0, "wo_a r7");
+}
+
+/* ----- timing (figures only) ----- */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double wbytes(const tw *t) {
+    const dsv4_weight *w = &t->w;
+    double n = (double)w->rows * w->cols;
+    switch (w->fmt) {
+    case DSV4_WF_F32: return 4 * n;
+    case DSV4_WF_BF16: return 2 * n;
+    case DSV4_WF_FP8: return n + n / (128.0 * 128.0) * (w->scale_f32 ? 4 : 1);
+    default: return n / 2;
+    }
+}
+
+static double copy_gbs;
+
+static double time_calls(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int groups, double *gbs) {
+    enum { WARM = 3, REPS = 50 };
+    tw t = make_w(fmt, O, K, 0);
+    int64_t xc = groups > 1 ? groups * K : K;
+    float *x = malloc(sizeof(float) * rows * xc);
+    fill(x, (size_t)rows * xc, 1);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * xc), *od = gpu.ops->alloc(&gpu, sizeof(float) * rows * O);
+    double us = -1;
+    if (xd && od) {
+        gpu.ops->upload(&gpu, xd, x, sizeof(float) * rows * xc);
+        double t0 = 0;
+        for (int i = 0; i < WARM + REPS; i++) {
+            if (i == WARM) {
+                gpu_ok();
+                t0 = now_s();
+            }
+            if (groups > 1) gpu.ops->matmul_grouped(&gpu, od, xd, rows, &t.w, groups, 0, 0);
+            else gpu.ops->matmul(&gpu, od, xd, rows, &t.w, 0, 0);
+        }
+        gpu_ok();
+        us = (now_s() - t0) * 1e6 / REPS;
+        *gbs = wbytes(&t) / (us * 1e-6) / 1e9;
+    }
+    if (xd) gpu.ops->free(&gpu, xd);
+    if (od) gpu.ops->free(&gpu, od);
+    free(x);
+    free_w(&t);
+    return us;
+}
+
+static void test_timing(void) {
+    NEED_GPU();
+    enum { WARM = 3, REPS = 20 };
+    size_t cb = (size_t)256 << 20;
+    void *ca = gpu.ops->alloc(&gpu, cb), *cbuf = gpu.ops->alloc(&gpu, cb);
+    if (ca && cbuf) {
+        double t0 = 0;
+        for (int i = 0; i < WARM + REPS; i++) {
+            if (i == WARM) {
+                gpu_ok();
+                t0 = now_s();
+            }
+            gpu.ops->copy(&gpu, cbuf, ca, cb);
+        }
+        gpu_ok();
+        double us = (now_s() - t0) * 1e6 / REPS;
+        copy_gbs = 2.0 * cb / (us * 1e-6) / 1e9;
+        printf("  timing copy 256 MB: %.1f us, %.0f GB/s (read + written)\n", us, copy_gbs);
+    }
+    if (ca) gpu.ops->free(&gpu, ca);
+    if (cbuf) gpu.ops->free(&gpu, cbuf);
+    static const struct {
+        dsv4_wfmt fmt;
+        int64_t O, K;
+        int groups;
+        const char *what;
+    } sh[] = {
+        {DSV4_WF_FP8, 32768, 1024, 1, "wq_b"},       {DSV4_WF_FP8, 4096, 8192, 1, "wo_b"},
+        {DSV4_WF_FP8, 8192, 4096, 8, "wo_a grouped"}, {DSV4_WF_FP8, 1024, 4096, 1, "wq_a"},
+        {DSV4_WF_FP8, 8192, 1024, 1, "idx wq_b"},    {DSV4_WF_BF16, 1024, 4096, 1, "compressor"},
+        {DSV4_WF_BF16, 32320, 4096, 1, "head/4"},
+    };
+    static const int rs[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+        for (int j = 0; j < 4; j++) {
+            double gbs = 0, us = time_calls(sh[i].fmt, sh[i].O, sh[i].K, rs[j], sh[i].groups, &gbs);
+            printf("  timing %-12s %-5s [%5lld x %4lld] rows %d: %7.1f us, %6.0f GB/s, %5.1f %% of copy\n", sh[i].what,
+                   dsv4_wfmt_name(sh[i].fmt), (long long)sh[i].O, (long long)sh[i].K, rs[j], us, gbs,
+                   copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
+        }
+}
+
+TEST_MAIN(test_stream_shapes, test_other_shapes, test_timing)
