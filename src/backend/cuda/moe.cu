@@ -527,8 +527,9 @@ __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_down(float *y, int
     }
 }
 
-/* ----- one row: the expert GEMVs on the bulk-copy pipeline (k_moe_bulk) -----
- * A unit is a tile of 16 KB of one group's weight rows: up, nrh features = nrh rows of w1
+/* ----- up to MOE_G rows: the expert GEMVs on the bulk-copy pipeline (k_moe_bulk) -----
+ * A unit is a tile of 16 KB of one group's weight rows (all the group's slots, <= MOE_G,
+ * are computed from the staged tile, one after the other): up, nrh features = nrh rows of w1
  * then the same nrh rows of w3; down, nrh rows of w2 (nrh = 16 KB / 2 / row bytes, or
  * 16 KB / row bytes), plus their block scales.  Each block walks units blockIdx.x,
  * + gridDim.x, ... (consecutive blocks: consecutive tiles of one expert); thread 0 keeps
@@ -537,8 +538,9 @@ __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_down(float *y, int
  * i < 4 (the 1024 vectors of a tile, 4 per thread), with its 32 (FP4) or 16 (FP8) x values
  * in registers; a vector's products are summed first and multiplied by the block scale
  * once (the scale applies to all of them: only the rounding order differs from the
- * CPU's), then the rows are reduced over the cv threads by mv_reduce in a fixed order. */
-enum { MB_STAGES = 4, MB_TILE = 16384, MB_SCALE = 2048, MB_MAXG = 16 };
+ * CPU's), then each warp sums its lanes (shuffle tree) and, after the unit's one block
+ * barrier, a row's sum is the cv / 32 warp sums of its row group added in warp order. */
+enum { MB_STAGES = 4, MB_TILE = 16384, MB_SCALE = 2048, MB_MAXG = 64 };
 
 struct mb_half {
     const uint8_t *data, *scale;
@@ -548,11 +550,10 @@ struct mb_half {
 };
 struct mb_group {
     mb_half w[2];  /* up: w1, w3; down: w2 */
-    const float *x;
-    float *out;
-    float pre;
-    int cv, nrh, tiles, first;
+    int n, cv, nrh, tiles, first, q1;
     int64_t rows;
+    int slot[MOE_G], row[MOE_G];
+    float pre[MOE_G];
 };
 
 __device__ __forceinline__ mb_half mb_make(const dweight &w) {
@@ -599,22 +600,71 @@ __device__ __forceinline__ void mb_issue(uint8_t *stages, uint64_t *full, const 
     }
 }
 
+/* the 4 partial sums of thread (c, p) on the tile in stage sd/ss for x values xr */
+__device__ __forceinline__ void mb_dot(float (&acc)[4], const mb_group &G, const uint8_t *sd, const uint8_t *ss,
+                                       const float (&xr)[32], const float *lut, int c, int p, int P, int fp4) {
+    int cv = G.cv, nrh = G.nrh;
+#pragma unroll
+    for (int ii = 0; ii < 4; ii++) {
+        int tr = p + ii * P, hh = tr / nrh, r = tr - hh * nrh;
+        const mb_half &W = G.w[hh];
+        uint4 q = *(const uint4 *)(sd + ((size_t)tr * cv + c) * 16);
+        const uint32_t *qw = (const uint32_t *)&q;
+        const uint8_t *sh = ss + hh * (MB_SCALE / 2);
+        float v;
+        if (fp4) {
+            float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f; /* a: values 0..15, b: 16..31 */
+#pragma unroll
+            for (int w4 = 0; w4 < 4; w4++)
+#pragma unroll
+                for (int n = 0; n < 8; n += 2) {
+                    float p0 = lut[(qw[w4] >> (4 * n)) & 15u] * xr[8 * w4 + n];
+                    float p1 = lut[(qw[w4] >> (4 * n + 4)) & 15u] * xr[8 * w4 + n + 1];
+                    if (w4 < 2) a0 += p0, a1 += p1;
+                    else b0 += p0, b1 += p1;
+                }
+            if (W.fmt == DSV4_WF_MXFP4) {
+                v = ((a0 + a1) + (b0 + b1)) * d_e8m0_to_f32(sh[r * W.srow + c]);
+            } else {
+                float s0 = d_e4m3_to_f32(sh[r * W.srow + 2 * c]) * W.scale2;
+                float s1 = d_e4m3_to_f32(sh[r * W.srow + 2 * c + 1]) * W.scale2;
+                v = (a0 + a1) * s0 + (b0 + b1) * s1;
+            }
+        } else {
+            float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+            for (int w4 = 0; w4 < 4; w4++) {
+                float2 e0 = d_e4m3x2_to_f32x2((uint16_t)qw[w4]), e1 = d_e4m3x2_to_f32x2((uint16_t)(qw[w4] >> 16));
+                a0 += e0.x * xr[4 * w4] + e1.x * xr[4 * w4 + 2];
+                a1 += e0.y * xr[4 * w4 + 1] + e1.y * xr[4 * w4 + 3];
+            }
+            int sci = c * 16 / W.block;
+            float sc = W.scale_f32 ? ((const float *)sh)[sci] : d_e8m0_to_f32(sh[sci]);
+            v = (a0 + a1) * sc;
+        }
+        acc[ii] = v;
+    }
+}
+
+/* grid: SMs x resident blocks; dynamic shared memory: the stages, then max_groups group
+ * records (the host checks max_groups <= MB_MAXG) */
 template <int UP>
-__global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const int *n_groups, const dexpert *tab,
-                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                     int64_t dim, int act_fp8, float limit, int act_bf16) {
+__global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const int *n_groups, int max_groups,
+                                                     const dexpert *tab, const float *x, const float *xq, float *h,
+                                                     int64_t ldh, float *y, int64_t dim, int act_fp8, float limit,
+                                                     int act_bf16) {
     extern __shared__ __align__(128) uint8_t stages[];
+    mb_group *gd = (mb_group *)(stages + (size_t)MB_STAGES * (MB_TILE + MB_SCALE));
     __shared__ uint64_t full[MB_STAGES];
-    __shared__ mb_group gd[MB_MAXG];
-    __shared__ float red[8][32];
-    __shared__ float sums[2][32];
+    __shared__ float red[8][32]; /* unused by mv_reduce with one warp per group */
+    __shared__ float part[2][MOE_G][8][4];
     __shared__ float lut[16];
     __shared__ int s_ng, s_total;
     int tid = threadIdx.x, lane = tid & 31, wib = tid >> 5;
     if (tid < 16) lut[tid] = d_e2m1_to_f32(tid);
     if (tid == 32) {
         int ng = *n_groups;
-        s_ng = ng < MB_MAXG ? ng : MB_MAXG; /* the host takes this path only when max_groups <= MB_MAXG */
+        s_ng = ng < max_groups ? ng : max_groups;
     }
     if (tid < MB_STAGES) {
         d_mbar_init(&full[tid], 1);
@@ -622,30 +672,31 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
     }
     __syncthreads();
     int ng = s_ng;
-    if (tid < ng) {
-        const group &G = groups[tid];
+    for (int g = tid; g < ng; g += blockDim.x) {
+        const group &G = groups[g];
         const dexpert &E = tab[G.ex];
         mb_group d;
         if (UP) {
             d.w[0] = mb_make(E.w1);
             d.w[1] = mb_make(E.w3);
-            d.x = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
-            d.out = h + (int64_t)G.slot[0] * ldh;
-            d.pre = G.pre[0];
             d.rows = E.w1.rows;
         } else {
             d.w[0] = mb_make(E.w2);
             d.w[1] = d.w[0];
-            d.x = h + (int64_t)G.slot[0] * ldh;
-            d.out = y + (int64_t)G.slot[0] * dim;
-            d.pre = 1.0f;
             d.rows = E.w2.rows < dim ? E.w2.rows : dim;
+        }
+        d.q1 = E.q1;
+        d.n = G.n;
+        for (int j = 0; j < MOE_G; j++) {
+            d.slot[j] = G.slot[j < G.n ? j : 0];
+            d.row[j] = G.row[j < G.n ? j : 0];
+            d.pre[j] = G.pre[j < G.n ? j : 0];
         }
         d.cv = d.w[0].rowb / 16; /* 16-byte vectors per row */
         d.nrh = (UP ? MB_TILE / 2 : MB_TILE) / d.w[0].rowb;
         d.tiles = (int)((d.rows + d.nrh - 1) / d.nrh);
         d.first = 0;
-        gd[tid] = d;
+        gd[g] = d;
     }
     __syncthreads();
     if (tid == 0) {
@@ -668,75 +719,52 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
         int u = blockIdx.x + i * gridDim.x;
         while (gcur + 1 < ng && u >= gd[gcur].first + gd[gcur].tiles) gcur++;
         const mb_group &G = gd[gcur];
-        int cv = G.cv, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, nrh = G.nrh;
+        int cv = G.cv, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, nrh = G.nrh, n = G.n;
         int fp4 = G.w[0].fmt != DSV4_WF_FP8, vn = fp4 ? 32 : 16;
         int64_t o0 = (int64_t)(u - G.first) * nrh;
         int nv = (int)(G.rows - o0 < nrh ? G.rows - o0 : nrh);
-        if (G.x != xcur || cv != cvcur) { /* the x values of column vector c */
-            const float4 *xp = (const float4 *)(G.x + (int64_t)c * vn);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (j < vn / 4) {
-                    float4 v = __ldg(xp + j);
-                    xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
-                }
-            xcur = G.x;
-            cvcur = cv;
-        }
         int st = i % MB_STAGES;
         const uint8_t *sd = stages + (size_t)st * (MB_TILE + MB_SCALE), *ss = sd + MB_TILE;
         d_mbar_wait(&full[st], (uint32_t)(i / MB_STAGES) & 1u);
-        float acc[4][1];
+        for (int sl = 0; sl < n; sl++) { /* the group's slots share the staged tile */
+            const float *xs = UP ? (act_fp8 && G.q1 ? xq : x) + (int64_t)G.row[sl] * dim : h + (int64_t)G.slot[sl] * ldh;
+            if (xs != xcur || cv != cvcur) { /* the x values of column vector c */
+                const float4 *xp = (const float4 *)(xs + (int64_t)c * vn);
 #pragma unroll
-        for (int ii = 0; ii < 4; ii++) {
-            int tr = p + ii * P, hh = tr / nrh, r = tr - hh * nrh;
-            const mb_half &W = G.w[hh];
-            uint4 q = *(const uint4 *)(sd + ((size_t)tr * cv + c) * 16);
-            const uint32_t *qw = (const uint32_t *)&q;
-            const uint8_t *sh = ss + hh * (MB_SCALE / 2);
-            float v;
-            if (fp4) {
-                float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f; /* a: values 0..15, b: 16..31 */
-#pragma unroll
-                for (int w4 = 0; w4 < 4; w4++)
-#pragma unroll
-                    for (int n = 0; n < 8; n += 2) {
-                        float p0 = lut[(qw[w4] >> (4 * n)) & 15u] * xr[8 * w4 + n];
-                        float p1 = lut[(qw[w4] >> (4 * n + 4)) & 15u] * xr[8 * w4 + n + 1];
-                        if (w4 < 2) a0 += p0, a1 += p1;
-                        else b0 += p0, b1 += p1;
+                for (int j = 0; j < 8; j++)
+                    if (j < vn / 4) {
+                        float4 v = __ldg(xp + j);
+                        xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
                     }
-                if (W.fmt == DSV4_WF_MXFP4) {
-                    v = ((a0 + a1) + (b0 + b1)) * d_e8m0_to_f32(sh[r * W.srow + c]);
-                } else {
-                    float s0 = d_e4m3_to_f32(sh[r * W.srow + 2 * c]) * W.scale2;
-                    float s1 = d_e4m3_to_f32(sh[r * W.srow + 2 * c + 1]) * W.scale2;
-                    v = (a0 + a1) * s0 + (b0 + b1) * s1;
-                }
-            } else {
-                float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-                for (int w4 = 0; w4 < 4; w4++) {
-                    float2 e0 = d_e4m3x2_to_f32x2((uint16_t)qw[w4]), e1 = d_e4m3x2_to_f32x2((uint16_t)(qw[w4] >> 16));
-                    a0 += e0.x * xr[4 * w4] + e1.x * xr[4 * w4 + 2];
-                    a1 += e0.y * xr[4 * w4 + 1] + e1.y * xr[4 * w4 + 3];
-                }
-                int sci = c * 16 / W.block;
-                float sc = W.scale_f32 ? ((const float *)sh)[sci] : d_e8m0_to_f32(sh[sci]);
-                v = (a0 + a1) * sc;
+                xcur = xs;
+                cvcur = cv;
             }
-            acc[ii][0] = v;
+            float acc[4];
+            mb_dot(acc, G, sd, ss, xr, lut, c, p, P, fp4);
+            /* each warp's sums of its 4 rows land on lanes 0..3 (no block barrier) */
+            float a2[4][1] = {{acc[0]}, {acc[1]}, {acc[2]}, {acc[3]}};
+            float wsum = mv_reduce<4, 1>(a2, red, wib, 0, 1, lane);
+            if (lane < 4) part[i & 1][sl][wib][lane] = wsum;
         }
-        int kw = cv / 32, sub = wib % kw;
-        float tot = mv_reduce<4, 1>(acc, red, wib, sub, kw, lane);
-        if (sub == 0 && lane < 4) sums[i & 1][p + lane * P] = tot;
-        __syncthreads(); /* stage st is read, the sums are in */
+        __syncthreads(); /* stage st is read, the warp sums are in */
         if (tid == 0 && i + MB_STAGES < n_my) mb_issue<UP>(stages, full, gd, ng, i + MB_STAGES);
-        if (tid < nv) {
+        /* after the unit's one barrier, the thread of (row, slot) adds the cv / 32 warp sums of
+         * its row group in warp order (deterministic); part is double-buffered so unit i + 1
+         * can write while a slow thread still reads unit i's */
+        for (int e = tid; e < nv * n; e += blockDim.x) {
+            int f = e / n, sl = e - f * n, kw = cv / 32;
+            float v[2];
+#pragma unroll
+            for (int q = 0; q <= UP; q++) {
+                int tr = f + q * nrh, pp = tr % P, ii = tr / P;
+                float t = part[i & 1][sl][pp * kw][ii];
+                for (int j = 1; j < kw; j++) t += part[i & 1][sl][pp * kw + j][ii];
+                v[q] = t;
+            }
             if (UP)
-                G.out[o0 + tid] = moe_swiglu(sums[i & 1][tid], sums[i & 1][nrh + tid], limit, act_bf16, G.pre);
+                h[(int64_t)G.slot[sl] * ldh + o0 + f] = moe_swiglu(v[0], v[1], limit, act_bf16, G.pre[sl]);
             else
-                G.out[o0 + tid] = act_bf16 ? d_round_bf16(sums[i & 1][tid]) : sums[i & 1][tid];
+                y[(int64_t)G.slot[sl] * dim + o0 + f] = act_bf16 ? d_round_bf16(v[0]) : v[0];
         }
     }
 }
@@ -1013,7 +1041,7 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here */
 static int mb_setup(dsv4_backend *b) {
-    int dev = 0, nsm = 0, o1 = 0, o0 = 0, smem = MB_STAGES * (MB_TILE + MB_SCALE);
+    int dev = 0, nsm = 0, o1 = 0, o0 = 0, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
     if (CK(b, cudaGetDevice(&dev)) || CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) ||
         CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
         CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
@@ -1169,12 +1197,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     dim3 gup((unsigned)((inter_max + MOE_UP_OPW * (8 / kw_up) - 1) / (MOE_UP_OPW * (8 / kw_up))), max_groups);
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
     const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
-    int bulk = rows == 1 && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
-    int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE);
+    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
+    int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
     if (bulk)
-        k_moe_bulk<1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
-                                                               limit, act_bf16);
+        k_moe_bulk<1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max, y,
+                                                               dim, act_fp8, limit, act_bf16);
     else switch (ns) {
     case 1: k_moe_up<1><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
     case 2: k_moe_up<2><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
@@ -1202,8 +1230,8 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         }
     }
     if (bulk)
-        k_moe_bulk<0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
-                                                               limit, act_bf16);
+        k_moe_bulk<0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max, y,
+                                                               dim, act_fp8, limit, act_bf16);
     else switch (ns) {
     case 1: k_moe_down<1><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     case 2: k_moe_down<2><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
