@@ -42,6 +42,7 @@
  * Layout: x, out [rows][dim] fp32; experts' weights device-resident in stored formats.
  * Target: sm_90a.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/cuda/common.cuh"
@@ -1045,10 +1046,18 @@ static int mb_setup(dsv4_backend *b) {
     if (CK(b, cudaGetDevice(&dev)) || CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) ||
         CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
         CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
+        CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared)) ||
+        CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   cudaSharedmemCarveoutMaxShared)) ||
         CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o1, k_moe_bulk<1>, 256, smem)) ||
         CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o0, k_moe_bulk<0>, 256, smem)))
         return -1;
     int occ = o1 < o0 ? o1 : o0;
+    const char *dbg = getenv("DSV4_CUDA_MOE_DEBUG");
+    if (dbg && dbg[0] == '1')
+        fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d / %d blocks per SM, %d SMs\n",
+                MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), o1, o0, nsm);
     return occ > 0 && nsm > 0 ? nsm * occ : -1;
 }
 
