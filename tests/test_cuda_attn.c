@@ -1,20 +1,30 @@
-/* tests/test_cuda_attn: the CUDA sparse_attn against the CPU op on random inputs.
+/* tests/test_cuda_attn: the CUDA sparse_attn, indexer_scores and topk against the CPU ops on
+ * random inputs.
  *
- * Cases: V4-Flash's decode shape (64 heads x 512, window 128, up to 512 picks of 600
- * compressed rows; rows 1 and 4, picks read from device memory), rows walking every
+ * sparse_attn cases: V4-Flash's decode shape (64 heads x 512, window 128, up to 512 picks of
+ * 600 compressed rows; rows 1 and 4, picks read from device memory), rows walking every
  * compressed row (no picks), rows without compressed rows (n_comp 0, base NULL), empty
  * windows, small odd shapes (5 heads, head_dim 36 and 67, head_dim 1024), keys in host
  * memory (the staging slow path), device keys at addresses that are not 16-byte aligned
- * (the scalar kernels), and a corrupt pick or pick count on a backend of its own (skipped,
- * reported by ops->check; the output equals the CPU's without that pick).
+ * (the scalar kernels), rows 12 (host arrays staged instead of passed as a kernel
+ * parameter), a device sink, and a corrupt pick or pick count on a backend of its own
+ * (skipped, reported by ops->check; the output equals the CPU's without that pick).
  * Tolerances (rel = ||gpu - cpu||_2 / ||cpu||_2 over the output): 2e-6 in fp32 (only the
  * grouping of the dot products and of the sum over keys differs, plus nvcc's FMA
  * contraction, see docs/CUDA.md "Numerics"); 4e-3 when p and the output are rounded to
  * bf16 (an order difference in the denominator can move a p across a bf16 rounding
  * boundary: one ulp, 2^-8 relative).  Two runs of the same call must be bit-identical.
- * DSV4_ATTN_BENCH=1 adds timings at the Flash shape (rows 1 and 4): 200 back-to-back
- * calls issued eagerly (host clock), per op with a sync each (ops->profile, events), and
- * captured as one CUDA graph (events around the graph launch, ops->stats).
+ * indexer_scores: Flash's indexer (64 heads x 128) over 8192 compressed rows (32K context)
+ * and odd shapes (head_dim 36, unaligned keys, host keys, 40 rows); rel 2e-6 in fp32, 8e-3
+ * with bf16 scores (the order of a dot product can flip one bf16 ulp).  topk: ids and
+ * counts identical to the CPU's, on the indexer's scores at 8192 keys, on scores with many
+ * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0, and
+ * 40 rows; host and device outputs.
+ * DSV4_ATTN_BENCH=1 adds timings at the Flash shapes: sparse_attn at rows 1 and 4 (200
+ * back-to-back calls issued eagerly (host clock), per op with a sync each (ops->profile,
+ * events), captured as one CUDA graph (events around the graph launch, ops->stats), and its
+ * kernels alone in a graph through dsv4_cuda_attn_kernel_us: both, scores only, p.V only);
+ * indexer_scores and topk over 8192 keys in a graph, each alone and the two together.
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,6 +37,13 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "cuda_test_util.h"
 #pragma GCC diagnostic warning "-Wunused-function"
+
+/* attn.cu's test hook (not in a header: only this test calls it); weak, so this file also
+ * links against an attn.cu without it (then the kernel-only timing prints n/a) */
+int dsv4_cuda_attn_kernel_us(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                             const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                             const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                             float scale, int reps, double *us) __attribute__((weak));
 
 static void *dev_copy(const void *h, size_t n) {
     void *d = gpu.ops->alloc(&gpu, n);
@@ -45,6 +62,7 @@ typedef struct {
     const char *name;
     int rows, nh, hd, max_win, ring, nc, topk, mode, dev, skew;
     const int *n_win, *n_comp, *n_pick;
+    int dsink; /* the sink in device memory (the forward pass passes a host array) */
 } acase;
 
 typedef struct {
@@ -53,7 +71,7 @@ typedef struct {
     float *q, *ring, *comp, *sink, *a, *g;
     const float **win, **base, **wind, **based;
     int32_t *picks, *na;
-    float *q_d, *ring_d, *comp_d, *o_d, *q_d0, *ring_d0, *comp_d0;
+    float *q_d, *ring_d, *comp_d, *o_d, *q_d0, *ring_d0, *comp_d0, *sink_d;
     int32_t *p_d;
     int *np_d;
 } aset;
@@ -110,6 +128,7 @@ static int aset_make(aset *s, const acase *k) {
         for (int i = 0; i < nc && m < np; i++)
             if ((int)(urand() % (uint32_t)(nc - i)) < np - m) pr[m++] = i;
     }
+    if (k->dsink && !(s->sink_d = dev_copy(s->sink, sizeof(float) * k->nh))) return -1;
     if (k->mode == MODE_PICKS) {
         s->p_d = dev_copy(s->picks, sizeof(int32_t) * (size_t)R * k->topk);
         s->np_d = dev_copy(s->na, sizeof(int) * R);
@@ -119,7 +138,7 @@ static int aset_make(aset *s, const acase *k) {
 }
 
 static void aset_free(aset *s) {
-    void *dv[] = {s->q_d0, s->ring_d0, s->comp_d0, s->o_d, s->p_d, s->np_d};
+    void *dv[] = {s->q_d0, s->ring_d0, s->comp_d0, s->o_d, s->p_d, s->np_d, s->sink_d};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
         if (dv[i]) gpu.ops->free(&gpu, dv[i]);
     free(s->q), free(s->a), free(s->g), free(s->ring), free(s->comp), free(s->sink);
@@ -143,7 +162,7 @@ static void run_gpu(aset *s, int bf) {
     float *out = k->dev ? s->o_d : s->g;
     gpu.ops->sparse_attn(&gpu, out, k->dev ? s->q_d : s->q, k->rows, k->nh, k->hd, s->wind, k->n_win, k->max_win,
                          k->mode == MODE_NONE ? NULL : s->based, k->n_comp, pk ? s->p_d : NULL,
-                         pk ? s->np_d : NULL, pk ? k->topk : 0, s->sink, SCALE, bf, bf);
+                         pk ? s->np_d : NULL, pk ? k->topk : 0, k->dsink ? s->sink_d : s->sink, SCALE, bf, bf);
     if (k->dev) gpu.ops->download(&gpu, s->g, s->o_d, sizeof(float) * s->nq);
 }
 
@@ -174,7 +193,7 @@ static const int f_win[4] = {128, 128, 37, 1}, f_comp[4] = {600, 599, 100, 600},
 static void test_flash_picks(void) {
     NEED_GPU();
     acase k = {"flash rows 1, window 128 + 512 picks", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0,
-               f_win, f_comp, f_pick};
+               f_win, f_comp, f_pick, 0};
     check_case(&k);
     k.name = "flash rows 4, picks 512/512/100/0";
     k.rows = 4;
@@ -184,7 +203,7 @@ static void test_flash_picks(void) {
 static void test_flash_no_picks(void) {
     NEED_GPU();
     static const int w[4] = {128, 0, 64, 128}, nc[4] = {600, 600, 0, 1}, np[4] = {0, 0, 0, 0};
-    acase k = {"flash rows 4, every compressed row in order", 4, FH, FD, FW, FW, FNC, 0, MODE_ALL, 1, 0, w, nc, np};
+    acase k = {"flash rows 4, every compressed row in order", 4, FH, FD, FW, FW, FNC, 0, MODE_ALL, 1, 0, w, nc, np, 0};
     check_case(&k);
     k.name = "flash rows 4, no compressed rows (base NULL)";
     k.mode = MODE_NONE;
@@ -194,7 +213,7 @@ static void test_flash_no_picks(void) {
 /* two identical calls give identical bits (fixed summation order, no atomics in the sums) */
 static void test_flash_deterministic(void) {
     NEED_GPU();
-    acase k = {"flash rows 1", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, f_win, f_comp, f_pick};
+    acase k = {"flash rows 1", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, f_win, f_comp, f_pick, 0};
     aset s;
     REQUIRE(aset_make(&s, &k) == 0);
     float *g1 = malloc(sizeof(float) * s.nq);
@@ -216,16 +235,30 @@ static void test_odd_shapes(void) {
     static const int w3[3] = {0, 7, 20}, c3[3] = {13, 0, 300}, p3[3] = {5, 0, 17};
     static const int w1[1] = {9}, c1[1] = {40}, p1[1] = {40};
     acase cases[] = {
-        {"5 heads x 36, picks, device keys", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 0, w3, c3, p3},
-        {"5 heads x 36, picks, keys 4 bytes off 16", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 1, w3, c3, p3},
-        {"5 heads x 67, all compressed, device keys", 3, 5, 67, 20, 23, 300, 0, MODE_ALL, 1, 0, w3, c3, p3},
-        {"5 heads x 67, picks, host keys", 3, 5, 67, 20, 23, 300, 24, MODE_PICKS, 0, 0, w3, c3, p3},
-        {"17 heads x 128, all compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_ALL, 0, 0, w3, c3, p3},
-        {"17 heads x 128, no compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_NONE, 0, 0, w3, c3, p3},
-        {"3 heads x 1024, picks, device keys", 1, 3, 1024, 9, 9, 40, 64, MODE_PICKS, 1, 0, w1, c1, p1},
-        {"64 heads x 512, picks, keys 4 bytes off 16", 1, FH, FD, 9, 9, 40, 64, MODE_PICKS, 1, 1, w1, c1, p1},
+        {"5 heads x 36, picks, device keys", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 0, w3, c3, p3, 0},
+        {"5 heads x 36, picks, keys 4 bytes off 16", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 1, w3, c3, p3, 0},
+        {"5 heads x 67, all compressed, device keys", 3, 5, 67, 20, 23, 300, 0, MODE_ALL, 1, 0, w3, c3, p3, 0},
+        {"5 heads x 67, picks, host keys", 3, 5, 67, 20, 23, 300, 24, MODE_PICKS, 0, 0, w3, c3, p3, 0},
+        {"17 heads x 128, all compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_ALL, 0, 0, w3, c3, p3, 0},
+        {"17 heads x 128, no compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_NONE, 0, 0, w3, c3, p3, 0},
+        {"3 heads x 1024, picks, device keys", 1, 3, 1024, 9, 9, 40, 64, MODE_PICKS, 1, 0, w1, c1, p1, 0},
+        {"64 heads x 512, picks, keys 4 bytes off 16", 1, FH, FD, 9, 9, 40, 64, MODE_PICKS, 1, 1, w1, c1, p1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+}
+
+/* rows 12 at window 128: the host arrays exceed the kernel-parameter blob and are staged;
+ * and a sink in device memory (read in place) on the blob path */
+static void test_staged_arrays(void) {
+    NEED_GPU();
+    static const int w[12] = {128, 128, 0, 5, 128, 77, 128, 128, 1, 128, 128, 64};
+    static const int nc[12] = {200, 199, 200, 64, 0, 200, 150, 200, 200, 70, 200, 200};
+    static const int np[12] = {64, 64, 64, 64, 0, 10, 64, 1, 64, 64, 33, 64};
+    acase k = {"rows 12, 16 heads x 128, picks (arrays staged)", 12, 16, 128, 128, 128, 200, 64, MODE_PICKS, 1, 0,
+               w, nc, np, 0};
+    check_case(&k);
+    acase k2 = {"flash rows 1, device sink", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, f_win, f_comp, f_pick, 1};
+    check_case(&k2);
 }
 
 /* ----- corrupt device indices ----- */
@@ -271,6 +304,122 @@ static void test_bad_picks(void) {
     }
 }
 
+/* ----- indexer scores and top-k ----- */
+enum { IH = 64, ID = 128, IK = 8192, ITK = 512 }; /* Flash's indexer; 32K context / ratio 4 = 8192 rows */
+
+/* Row r scores its nk[r] keys (a block of its own, max_keys rows apart).  dev: keys in
+ * device memory (else host: the slow path); skew: device keys one float past 16 bytes
+ * (the general kernel).  Entries past nk[r] are never written by either op: both start 0. */
+static void check_indexer(const char *name, int rows, int nh, int hd, int max_keys, const int *nk, int dev, int skew) {
+    size_t nq = (size_t)rows * nh * hd, nkey = (size_t)rows * max_keys * hd, ns = (size_t)rows * max_keys;
+    float *q = malloc(sizeof(float) * nq), *w = malloc(sizeof(float) * rows * nh), *keys = malloc(sizeof(float) * nkey);
+    float *a = malloc(sizeof(float) * ns), *g = malloc(sizeof(float) * ns), *kd = NULL, *sd = NULL;
+    const float **kb = malloc(sizeof(float *) * rows), **kbd = malloc(sizeof(float *) * rows);
+    REQUIRE(q && w && keys && a && g && kb && kbd);
+    fill(q, nq, 1);
+    fill(w, (size_t)rows * nh, 1);
+    fill(keys, nkey, 1);
+    if (dev) {
+        kd = gpu.ops->alloc(&gpu, sizeof(float) * (nkey + 1));
+        sd = gpu.ops->alloc(&gpu, sizeof(float) * ns);
+        REQUIRE(kd && sd);
+        gpu.ops->upload(&gpu, kd + (skew ? 1 : 0), keys, sizeof(float) * nkey);
+    }
+    for (int r = 0; r < rows; r++) {
+        kb[r] = keys + (size_t)r * max_keys * hd;
+        kbd[r] = dev ? kd + (skew ? 1 : 0) + (size_t)r * max_keys * hd : kb[r];
+    }
+    for (int bf = 0; bf < 2; bf++) {
+        memset(a, 0, sizeof(float) * ns);
+        memset(g, 0, sizeof(float) * ns);
+        cpu.ops->indexer_scores(&cpu, a, q, w, rows, nh, hd, kb, nk, max_keys, bf);
+        if (dev) {
+            gpu.ops->upload(&gpu, sd, g, sizeof(float) * ns);
+            gpu.ops->indexer_scores(&gpu, sd, q, w, rows, nh, hd, kbd, nk, max_keys, bf);
+            gpu.ops->download(&gpu, g, sd, sizeof(float) * ns);
+        } else {
+            gpu.ops->indexer_scores(&gpu, g, q, w, rows, nh, hd, kbd, nk, max_keys, bf);
+        }
+        CHECK(gpu_ok());
+        double r = rel(g, a, ns), tol = bf ? 8e-3 : 2e-6;
+        printf("  indexer %-38s bf16 %d: rel %.2e (tol %.0e)\n", name, bf, r, tol);
+        CHECKF(r <= tol, "indexer %s bf16 %d: rel %.3e", name, bf, r);
+    }
+    if (kd) gpu.ops->free(&gpu, kd);
+    if (sd) gpu.ops->free(&gpu, sd);
+    free(q), free(w), free(keys), free(a), free(g), free(kb), free(kbd);
+}
+
+static void test_indexer(void) {
+    NEED_GPU();
+    static const int n1[1] = {IK}, n3[3] = {IK, 5000, 77}, o3[3] = {300, 0, 129};
+    static int n40[40];
+    for (int r = 0; r < 40; r++) n40[r] = (r * 37) % 150;
+    check_indexer("flash 64 x 128, 8192 keys, rows 1", 1, IH, ID, IK, n1, 1, 0);
+    check_indexer("flash 64 x 128, rows 3 (8192/5000/77)", 3, IH, ID, IK, n3, 1, 0);
+    check_indexer("64 x 128, keys 4 bytes off 16", 3, IH, ID, 300, o3, 1, 1);
+    check_indexer("5 x 36, device keys", 3, 5, 36, 300, o3, 1, 0);
+    check_indexer("7 x 64, host keys", 3, 7, 64, 300, o3, 0, 0);
+    check_indexer("8 x 256, rows 40 (arrays staged)", 40, 8, 256, 150, n40, 1, 0);
+}
+
+/* ids and counts must equal the CPU's exactly; dev: outputs in device memory */
+static void check_topk(const char *name, const float *score, int rows, int stride, const int *n, int k, int dev) {
+    int32_t *ia = malloc(sizeof(int32_t) * rows * k), *ig = malloc(sizeof(int32_t) * rows * k);
+    int *na = malloc(sizeof(int) * rows), *ng = malloc(sizeof(int) * rows);
+    REQUIRE(ia && ig && na && ng);
+    memset(ia, 0xff, sizeof(int32_t) * rows * k);
+    memset(ig, 0xff, sizeof(int32_t) * rows * k);
+    cpu.ops->topk(&cpu, ia, na, score, rows, stride, n, k);
+    if (dev) {
+        float *s_d = dev_copy(score, sizeof(float) * rows * stride);
+        int32_t *i_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * rows * k);
+        int *n_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
+        REQUIRE(s_d && i_d && n_d);
+        gpu.ops->topk(&gpu, i_d, n_d, s_d, rows, stride, n, k);
+        gpu.ops->download(&gpu, ig, i_d, sizeof(int32_t) * rows * k);
+        gpu.ops->download(&gpu, ng, n_d, sizeof(int) * rows);
+        gpu.ops->free(&gpu, s_d), gpu.ops->free(&gpu, i_d), gpu.ops->free(&gpu, n_d);
+    } else {
+        gpu.ops->topk(&gpu, ig, ng, score, rows, stride, n, k);
+    }
+    CHECK(gpu_ok());
+    int same = 1;
+    for (int r = 0; r < rows && same; r++) {
+        same = na[r] == ng[r];
+        for (int j = 0; j < na[r] && same; j++) same = ia[(size_t)r * k + j] == ig[(size_t)r * k + j];
+    }
+    printf("  topk %-44s %s: %s\n", name, dev ? "device out" : "host out", same ? "identical" : "DIFFERENT");
+    CHECKF(same, "topk %s", name);
+    free(ia), free(ig), free(na), free(ng);
+}
+
+static void test_topk(void) {
+    NEED_GPU();
+    enum { R = 40, S = IK };
+    float *sc = malloc(sizeof(float) * R * S);
+    REQUIRE(sc);
+    fill(sc, (size_t)R * S, 10);
+    int n1[3] = {IK, IK - 1, 4000};
+    for (int dev = 0; dev < 2; dev++) check_topk("random, 8192 keys, k 512, rows 3", sc, 3, S, n1, ITK, dev);
+    /* few distinct values: ties decided by index; -0 equals +0; -inf below everything */
+    for (size_t i = 0; i < (size_t)R * S; i++) {
+        uint32_t u = urand() % 11;
+        sc[i] = u == 9 ? -0.0f : u == 10 ? -INFINITY : (float)((int)u - 4) * 0.5f;
+    }
+    for (int dev = 0; dev < 2; dev++) check_topk("ties (9 values, -0, -inf), 8192 keys", sc, 3, S, n1, ITK, dev);
+    int n2[4] = {ITK, ITK + 1, 0, 3};
+    check_topk("ties, n = k, k + 1, 0, 3", sc, 4, S, n2, ITK, 1);
+    for (size_t i = 0; i < (size_t)S; i++) sc[i] = 1.0f;
+    check_topk("all equal, 8192 keys", sc, 1, S, n1, ITK, 1);
+    int n40[R];
+    for (int r = 0; r < R; r++) n40[r] = (r * 997) % 3000;
+    fill(sc, (size_t)R * S, 1);
+    check_topk("40 rows (counts staged), k 100", sc, R, S, n40, 100, 1);
+    check_topk("random, 988 keys, k 1", sc, 1, S, n40 + 4, 1, 0);
+    free(sc);
+}
+
 /* ----- timing (DSV4_ATTN_BENCH=1) ----- */
 static double now_s(void) {
     struct timespec t;
@@ -280,7 +429,7 @@ static double now_s(void) {
 
 static void bench_rows(int rows) {
     enum { N = 200 };
-    acase k = {"bench", rows, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, f_win, f_comp, f_pick};
+    acase k = {"bench", rows, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, f_win, f_comp, f_pick, 0};
     aset s;
     if (aset_make(&s, &k)) {
         CHECKF(0, "bench: out of memory");
@@ -325,7 +474,102 @@ static void bench_rows(int rows) {
     printf("  bench sparse_attn flash rows %d (%d calls): eager %.1f us/call, per op (sync each) %.1f us, "
            "one CUDA graph %.1f us/call\n",
            rows, N, eager, per_op, graph);
+    double kus[3] = {-1, -1, -1};
+    if (dsv4_cuda_attn_kernel_us) {
+        int rc = dsv4_cuda_attn_kernel_us(&gpu, s.o_d, s.q_d, rows, FH, FD, s.wind, k.n_win, FW, s.based, k.n_comp,
+                                          s.p_d, s.np_d, FTK, s.sink, SCALE, N, kus);
+        CHECK(rc == 0);
+        CHECK(gpu_ok());
+        printf("  bench sparse_attn flash rows %d kernels alone (%d in one graph): scores + p.V %.1f us, scores %.1f us, "
+               "p.V %.1f us\n",
+               rows, N, kus[0], kus[1], kus[2]);
+    } else {
+        printf("  bench sparse_attn flash rows %d kernels alone: n/a (no dsv4_cuda_attn_kernel_us in this build)\n",
+               rows);
+    }
     aset_free(&s);
+}
+
+/* graph time per call of f(ctx): n calls captured as one segment (the first capture
+ * instantiates, the second, timed, updates); -1 without graphs */
+static double graph_us(void (*f)(void *), void *ctx, int n) {
+    dsv4_backend_stats st;
+    if (!gpu.ops->segment || !gpu.ops->stats) return -1;
+    double g0 = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        gpu.ops->stats(&gpu, &st);
+        g0 = st.graph_gpu_s;
+        gpu.ops->segment(&gpu, 0);
+        for (int i = 0; i < n; i++) f(ctx);
+        gpu.ops->segment(&gpu, -1);
+        CHECK(gpu_ok());
+    }
+    gpu.ops->stats(&gpu, &st);
+    return st.graph_gpu_s > g0 ? (st.graph_gpu_s - g0) / n * 1e6 : -1;
+}
+
+typedef struct {
+    int rows, nk[4];
+    float *q_d, *w_d, *k_d, *s_d;
+    int32_t *p_d;
+    int *np_d;
+    const float *kb[4];
+} ibench;
+
+static void ib_indexer(void *p) {
+    ibench *c = p;
+    gpu.ops->indexer_scores(&gpu, c->s_d, c->q_d, c->w_d, c->rows, IH, ID, c->kb, c->nk, IK, 0);
+}
+static void ib_topk(void *p) {
+    ibench *c = p;
+    gpu.ops->topk(&gpu, c->p_d, c->np_d, c->s_d, c->rows, IK, c->nk, ITK);
+}
+static void ib_both(void *p) {
+    ib_indexer(p);
+    ib_topk(p);
+}
+
+static void bench_indexer(int rows) {
+    enum { N = 100 };
+    ibench c;
+    memset(&c, 0, sizeof c);
+    c.rows = rows;
+    size_t nq = (size_t)rows * IH * ID, nkey = (size_t)rows * IK * ID;
+    float *h = malloc(sizeof(float) * (nkey > nq ? nkey : nq));
+    REQUIRE(h);
+    fill(h, nkey, 1);
+    c.k_d = dev_copy(h, sizeof(float) * nkey);
+    fill(h, nq, 1);
+    c.q_d = dev_copy(h, sizeof(float) * nq);
+    c.w_d = dev_copy(h, sizeof(float) * rows * IH);
+    c.s_d = gpu.ops->alloc(&gpu, sizeof(float) * rows * IK);
+    c.p_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * rows * ITK);
+    c.np_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
+    REQUIRE(c.k_d && c.q_d && c.w_d && c.s_d && c.p_d && c.np_d);
+    for (int r = 0; r < rows; r++) c.nk[r] = IK, c.kb[r] = c.k_d + (size_t)r * IK * ID;
+    for (int i = 0; i < 3; i++) ib_both(&c);
+    CHECK(gpu_ok());
+    double per[2] = {-1, -1};
+    if (gpu.ops->profile && gpu.ops->stats) {
+        dsv4_backend_stats st;
+        gpu.ops->profile(&gpu, 1);
+        for (int i = 0; i < N; i++) ib_both(&c);
+        CHECK(gpu_ok());
+        gpu.ops->stats(&gpu, &st);
+        for (int i = 0; i < st.n_ops; i++) {
+            if (!st.op[i] || st.calls[i] <= 0) continue;
+            if (!strcmp(st.op[i], "indexer_scores")) per[0] = st.ms[i] / st.calls[i] * 1e3;
+            if (!strcmp(st.op[i], "topk")) per[1] = st.ms[i] / st.calls[i] * 1e3;
+        }
+        gpu.ops->profile(&gpu, 0);
+    }
+    double gi = graph_us(ib_indexer, &c, N), gt = graph_us(ib_topk, &c, N), gb = graph_us(ib_both, &c, N);
+    printf("  bench indexer+topk flash (64 x 128, 8192 keys, k 512) rows %d: per op (sync each) indexer %.1f us, "
+           "topk %.1f us; one CUDA graph (%d calls): indexer %.1f us, topk %.1f us, both %.1f us/call\n",
+           rows, per[0], per[1], N, gi, gt, gb);
+    void *dv[] = {c.k_d, c.q_d, c.w_d, c.s_d, c.p_d, c.np_d};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu.ops->free(&gpu, dv[i]);
+    free(h);
 }
 
 static void test_zz_bench(void) {
@@ -337,7 +581,9 @@ static void test_zz_bench(void) {
     }
     bench_rows(1);
     bench_rows(4);
+    bench_indexer(1);
+    bench_indexer(4);
 }
 
-TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_bad_picks,
-          test_zz_bench)
+TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
+          test_bad_picks, test_indexer, test_topk, test_zz_bench)

@@ -2,33 +2,38 @@
  *
  * Keys are read in place from backend (device) memory: the sequence state and the
  * fresh kv rows live there.  What travels per op is small and built by the host from
- * positions: per-row window key pointers, per-row bases of the compressed rows and
- * counts (staged through the pinned arena); the top-k picks stay on the device and
- * sparse_attn reads them there, so no op here waits for the device.  A key pointer
- * that is not device memory (op tests passing host rows) takes a slow path that
- * stages the rows first.  An index read from device memory (a pick) is checked
- * against the row's compressed-row count; a bad one is skipped and leaves a sticky
- * device flag (DSV4_DEVFLAG_PICK) that ops->check reports.
+ * positions: per-row window key pointers, per-row bases of the compressed rows, counts
+ * and the sink.  Small batches pass them as a kernel parameter (Hopper takes up to 32 KB:
+ * sparse_attn's blob up to 12 KB, the indexer's and topk's bases/counts up to 32 rows),
+ * so a decode call is only kernel nodes in a graph; larger batches stage them through the
+ * pinned arena.  The top-k picks stay on the device and sparse_attn reads them there, so
+ * no op here waits for the device.  A key pointer that is not device memory (op tests
+ * passing host rows) takes a slow path that stages the rows first.  An index read from
+ * device memory (a pick) is checked against the row's compressed-row count; a bad one is
+ * skipped and leaves a sticky device flag (DSV4_DEVFLAG_PICK) that ops->check reports.
  *
  * sparse_attn: two kernels, no host wait, fp32 throughout.  The heads of a row share its
  *   keys (<= 128 window + <= 512 picked rows of head_dim floats at V4-Flash), so a key row
  *   is brought on chip once per group of heads, not once per head.  k_attn_scores: block
  *   (16-key chunk, 16-head group, row), keys and q rows in shared memory by cp.async,
  *   warp = 2 heads x 16 keys, lanes over dims, scores (x scale) to scratch; group 0 also
- *   writes the resolved key pointers (picks checked there).  k_attn_pv: block (32 dims,
- *   8 heads, row), warp per head for the max over sink and scores and the denominator
- *   (each block recomputes its heads' sums identically), p_j = exp(s_j - max) / den (bf16
- *   if asked) per 512-key tile in shared memory, thread = 8 heads x 4 dims x keys j = kl
- *   mod 32, key lanes summed in a fixed order.  Same arithmetic as the CPU op (p exactly
- *   as it forms it, no online rescaling); only the grouping of the dot products and of
- *   the sum over keys differ.  Flash batch 1 (64 x 512, 640 keys): 160 + 128 blocks.
- * indexer_scores: one warp per (row, key), q of the row in shared memory; key j of
- *   row r is key_base[r] + j*head_dim; per head a warp dot, relu, weighted sum in head
+ *   writes the resolved key pointers (picks checked there) and each row's key count, and
+ *   block (0, 0, 0) the sink, for p.V.  k_attn_pv: block (32 dims, 8 heads, row), warp per
+ *   head for the max over sink and scores and the denominator (each block recomputes its
+ *   heads' sums identically; a row of <= 768 keys keeps its scores in registers from the
+ *   max to p), p_j = exp(s_j - max) / den (bf16 if asked) per 768-key tile in shared
+ *   memory, thread = 8 heads x 4 dims x keys j = kl mod 32, key lanes summed in a fixed
+ *   order.  Same arithmetic as the CPU op (p exactly as it forms it, no online
+ *   rescaling); only the grouping of the dot products and of the sum over keys differ.
+ *   Flash batch 1 (64 x 512, 640 keys): 160 + 128 blocks.
+ * indexer_scores: head_dim 32/64/128/256 with 16-byte aligned rows: 4 lanes per key (a
+ *   quarter of the key in registers), 64 keys per block against one copy of q in shared
+ *   memory; otherwise one warp per (row, key).  Per head a dot, relu, weighted sum in head
  *   order (score_bf16 rounds like the CPU).
- * topk: rank of each entry = #entries greater, ties to the lower index (the CPU's
- *   order); entries of rank < k are kept; a block scan writes them in ascending
- *   index order, straight into the caller's device buffers.  O(n^2 / threads) per
- *   row: fine to a few 10^4 keys.
+ * topk: one block per row, radix select (four 8-bit passes) of the k-th largest value,
+ *   then a block scan writes the entries above it and the lowest-index ties, in ascending
+ *   index order (the CPU's choice: value descending, ties to the lower index), straight
+ *   into the caller's device buffers.  O(n) per row.
  * pool: one thread per channel, softmax over the window in entry order.
  * Target: sm_90a.
  */
@@ -77,16 +82,26 @@ static int stage_host_rows(dsv4_backend *b, const float ***ptrs, int n, int widt
 #define AS_HEADS 16 /* scores: heads per block, two per warp (2 x 16 = 32 (head, key) pairs per warp) */
 #define AP_HEADS 8  /* p.V: heads per block, one per warp for the softmax statistics */
 #define AP_DIMS 32  /* p.V: output dims per block (8 threads x 4) */
-#define AP_TILE 512 /* p.V: keys per tile of p and key pointers in shared memory */
+#define AP_TILE 768 /* p.V: keys per tile of p and key pointers in shared memory (Flash: 128 + 512 fit one) */
+#define AP_SREG (AP_TILE / 32) /* p.V: scores per lane kept in registers when a row fits one tile */
 #define AP_LANES 32 /* p.V: key lanes; thread (kl, quad) sums keys j = kl mod 32 */
 #define AP_UNROLL 8 /* p.V: key loads in flight per thread */
+/* The host arrays (window pointers, compressed bases, counts, sink) travel as one kernel
+ * parameter when they fit (Hopper takes up to 32 KB of parameters): no staged copy, so a
+ * batch-1 call is two kernel nodes in a graph.  Above AB_LARGE they are staged. */
+#define AB_SMALL 2048  /* rows 1 at window 128: 1 KB of pointers + counts + 64 sinks */
+#define AB_LARGE 12288 /* up to ~10 rows at window 128 */
 static_assert(AS_HEADS == 2 * (ATTN_THREADS / 32) && 2 * AS_KEYS == 32, "scores: 32 (head, key) pairs per warp");
 static_assert(AP_HEADS == ATTN_THREADS / 32, "p.V: a warp per head");
 static_assert(AP_DIMS == 32 && AP_LANES * 8 == ATTN_THREADS, "p.V: 8 quads of dims x 32 key lanes");
 
+template <int BYTES> struct attn_blob {
+    alignas(16) unsigned char b[BYTES];
+};
+
 struct attn_args {
     const float *q;                  /* [rows*heads][head_dim] */
-    const float *const *win;         /* [rows][max_win] window key pointers */
+    const float *const *win;         /* [rows][max_win] window key pointers (staged; NULL: in the blob) */
     const int *n_win;                /* [rows] */
     const float *const *comp_base;   /* [rows] or NULL */
     const int *n_comp;               /* [rows] (with comp_base) */
@@ -95,11 +110,28 @@ struct attn_args {
     const float *sink;               /* [heads] */
     float *sc;                       /* [rows*heads][max_n] scores */
     const float **kp;                /* [rows][max_n] resolved key pointers (NULL: skipped key) */
+    int *rown;                       /* [rows] keys per row, from the scores kernel to p.V */
+    float *sinkd;                    /* [heads] the sink, copied by the scores kernel for p.V */
     float *out;                      /* [rows*heads][head_dim] */
     unsigned *flags;                 /* sticky device flags */
+    int blob;                        /* 1: win, n_win, comp_base, n_comp, sink are in the blob at: */
+    int off_win, off_nwin, off_base, off_ncomp, off_sink; /* byte offsets (< 0: none / a device sink) */
     int max_win, topk, n_heads, head_dim, max_n, prob_bf16, out_bf16;
     float scale;
 };
+
+/* points the host arrays of a at the kernel-parameter blob (its generic address) */
+template <int PB> __device__ __forceinline__ void attn_bind(attn_args &a, const attn_blob<PB> &p) {
+    if (!a.blob) return;
+    const unsigned char *b = p.b;
+    a.win = (const float *const *)(b + a.off_win);
+    a.n_win = (const int *)(b + a.off_nwin);
+    if (a.off_base >= 0) {
+        a.comp_base = (const float *const *)(b + a.off_base);
+        a.n_comp = (const int *)(b + a.off_ncomp);
+    }
+    if (a.off_sink >= 0) a.sink = (const float *)(b + a.off_sink);
+}
 
 /* keys of row r: nw window keys, then n - nw compressed ones (a count read from device
  * memory is clamped to what the scratch was sized for, and flagged) */
@@ -159,16 +191,25 @@ template <int O> __device__ __forceinline__ void attn_fold(float *v, int lane) {
  * AS_HEADS) blocks instead of once per head.  Warp w forms the 32 dot products of heads
  * 2w, 2w+1 with the 16 keys, lanes striding over dims, and one transposed butterfly (31
  * shuffles) leaves pair `lane` in lane `lane`.  Group 0 also records the resolved key
- * pointers for the p.V pass.  VEC 4: head_dim % 4 == 0 and every row 16-byte aligned. */
-template <int VEC>
-__global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a) {
+ * pointers and (chunk 0) the row's key count for the p.V pass; block (0, 0, 0) copies the
+ * sink.  VEC 4: head_dim % 4 == 0 and every row 16-byte aligned.  PB: the size of the
+ * parameter blob holding the host arrays (16 when they were staged). */
+template <int VEC, int PB>
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, const __grid_constant__ attn_blob<PB> p) {
     extern __shared__ float4 attn_sm4[];
     float *ks = (float *)attn_sm4;             /* [AS_KEYS][hd] */
-    float *qs = ks + (size_t)AS_KEYS * a.head_dim; /* [AS_HEADS][hd] */
+    float *qs = ks + (size_t)AS_KEYS * a0.head_dim; /* [AS_HEADS][hd] */
     __shared__ const float *kptr[AS_KEYS];
+    attn_args a = a0;
+    attn_bind(a, p);
     int c = blockIdx.x, g = blockIdx.y, r = blockIdx.z, hd = a.head_dim, t = threadIdx.x;
     int nw, n;
     attn_counts(a, r, nw, n);
+    if (c == 0 && g == 0) {
+        if (t == 0) a.rown[r] = n;
+        if (r == 0)
+            for (int h = t; h < a.n_heads; h += blockDim.x) a.sinkd[h] = a.sink[h];
+    }
     int j0 = c * AS_KEYS;
     if (j0 >= n) return; /* uniform over the block */
     int h0 = g * AS_HEADS, nh = min(AS_HEADS, a.n_heads - h0);
@@ -236,88 +277,128 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a) {
         a.sc[((int64_t)r * a.n_heads + h0 + hh) * a.max_n + j] = kptr[lane & 15] ? v[0] * a.scale : -INFINITY;
 }
 
+/* p.V over one tile of m keys (pointers kt, p as [key][8 heads]): thread (kl, quad) adds
+ * p_j K_j[d0 .. d0+3] for its 8 heads over keys j = kl mod AP_LANES, AP_UNROLL loads
+ * issued before the first is used */
+template <int VEC>
+__device__ __forceinline__ void attn_pv_tile(float *acc, const float *const *kt, const float4 *pt4, int m, int kl,
+                                             int d0, int hd) {
+    for (int i0 = kl; i0 < m; i0 += AP_LANES * AP_UNROLL) {
+        float4 kv[AP_UNROLL];
+#pragma unroll
+        for (int u = 0; u < AP_UNROLL; u++) {
+            int i = i0 + u * AP_LANES;
+            const float *k = i < m ? kt[i] : NULL;
+            kv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (VEC == 4) {
+                if (k && d0 < hd) kv[u] = __ldg((const float4 *)(k + d0));
+            } else if (k) {
+                if (d0 < hd) kv[u].x = __ldg(k + d0);
+                if (d0 + 1 < hd) kv[u].y = __ldg(k + d0 + 1);
+                if (d0 + 2 < hd) kv[u].z = __ldg(k + d0 + 2);
+                if (d0 + 3 < hd) kv[u].w = __ldg(k + d0 + 3);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < AP_UNROLL; u++) {
+            int i = i0 + u * AP_LANES;
+            if (i >= m) break;
+            float4 pa = pt4[i * 2], pb = pt4[i * 2 + 1];
+            float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+            for (int h = 0; h < AP_HEADS; h++) {
+                acc[h * 4 + 0] += p[h] * kv[u].x;
+                acc[h * 4 + 1] += p[h] * kv[u].y;
+                acc[h * 4 + 2] += p[h] * kv[u].z;
+                acc[h * 4 + 3] += p[h] * kv[u].w;
+            }
+        }
+    }
+}
+
 /* Softmax and p.V.  Block (dim slice of AP_DIMS, head group of AP_HEADS, row): warp w
  * finds head w's max over the sink and every score and its denominator (every block of
- * that head computes them the same way, so they agree bit for bit); then per tile of
- * AP_TILE keys p_j = exp(s_j - max) / den (bf16 if asked) goes to shared memory with the
- * key pointers, and thread (kl, quad) adds p_j K_j[4 dims] for its 8 heads over the keys
- * j = kl mod AP_LANES, its loads independent of each other.  The 32 key lanes are summed
- * in a fixed order (shuffles within the warp, then warps in order): only the grouping of
- * the sum over keys differs from the CPU's. */
+ * that head computes them the same way, so they agree bit for bit); p_j = exp(s_j - max) /
+ * den (bf16 if asked) goes to shared memory with the key pointers, and attn_pv_tile sums
+ * p_j K_j.  A row of <= AP_TILE keys (the decode case) is one tile and its scores stay in
+ * registers from the max to p (one pass over memory); longer rows take strided passes
+ * and recompute exp per tile (the same expression, so the same bits).  The 32 key lanes
+ * are summed in a fixed order (shuffles within the warp, then warps in order): only the
+ * grouping of the sum over keys differs from the CPU's. */
 template <int VEC>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a) {
     __shared__ float4 pt4[AP_TILE * AP_HEADS / 4]; /* p [key][head] */
     __shared__ const float *kt[AP_TILE];
-    __shared__ float hmax[AP_HEADS], hden[AP_HEADS];
     __shared__ float red[(ATTN_THREADS / 32) * 8 * 33]; /* [warp][quad][8 heads x 4 dims], padded */
     float *pt = (float *)pt4;
     int g = blockIdx.y, r = blockIdx.z, hd = a.head_dim, H = a.n_heads, t = threadIdx.x;
     int warp = t >> 5, lane = t & 31;
-    int nw, n;
-    attn_counts(a, r, nw, n);
+    int n = a.rown[r];
     int h0 = g * AP_HEADS, hw = h0 + warp;
     const float *sw = a.sc + ((int64_t)r * H + (hw < H ? hw : 0)) * a.max_n;
-    if (hw < H) {
-        float mx = -INFINITY;
-#pragma unroll 4
-        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sw[j]);
-        float sk = a.sink[hw];
-        mx = fmaxf(warp_max(mx), sk);
-        float den = 0.0f;
-#pragma unroll 4
-        for (int j = lane; j < n; j += 32) den += expf(sw[j] - mx);
-        den = warp_sum(den) + expf(sk - mx);
-        if (lane == 0) hmax[warp] = mx, hden[warp] = den;
-    }
+    const float *const *kpr = a.kp + (int64_t)r * a.max_n;
     int qd = t & 7, kl = t >> 3, d0 = blockIdx.x * AP_DIMS + qd * 4;
     float acc[AP_HEADS * 4];
 #pragma unroll
     for (int i = 0; i < AP_HEADS * 4; i++) acc[i] = 0.0f;
-    for (int t0 = 0; t0 < n; t0 += AP_TILE) {
-        int m = min(AP_TILE, n - t0);
-        __syncthreads(); /* the previous tile is consumed; hmax/hden are visible */
-        for (int i = t; i < m; i += blockDim.x) kt[i] = a.kp[(int64_t)r * a.max_n + t0 + i];
+    if (n <= AP_TILE) {
+        for (int i = t; i < n; i += blockDim.x) kt[i] = kpr[i];
         if (hw < H) {
-            float mx = hmax[warp], den = hden[warp];
-            for (int i = lane; i < m; i += 32) {
-                float p = expf(sw[t0 + i] - mx) / den;
-                pt[i * AP_HEADS + warp] = a.prob_bf16 ? d_round_bf16(p) : p;
+            float e[AP_SREG], mx = -INFINITY; /* lane-strided max, in j order per lane */
+#pragma unroll
+            for (int k = 0; k < AP_SREG; k++) {
+                int j = lane + 32 * k;
+                e[k] = j < n ? sw[j] : -INFINITY;
+                mx = fmaxf(mx, e[k]);
+            }
+            float sk = a.sinkd[hw];
+            mx = fmaxf(warp_max(mx), sk);
+            float den = 0.0f;
+#pragma unroll
+            for (int k = 0; k < AP_SREG; k++)
+                if (lane + 32 * k < n) {
+                    e[k] = expf(e[k] - mx);
+                    den += e[k];
+                }
+            den = warp_sum(den) + expf(sk - mx);
+#pragma unroll
+            for (int k = 0; k < AP_SREG; k++) {
+                int j = lane + 32 * k;
+                if (j < n) {
+                    float pj = e[k] / den;
+                    pt[j * AP_HEADS + warp] = a.prob_bf16 ? d_round_bf16(pj) : pj;
+                }
             }
         } else {
-            for (int i = lane; i < m; i += 32) pt[i * AP_HEADS + warp] = 0.0f;
+            for (int i = lane; i < n; i += 32) pt[i * AP_HEADS + warp] = 0.0f;
         }
         __syncthreads();
-        /* AP_UNROLL keys per step: their loads are all issued before the first is used */
-        for (int i0 = kl; i0 < m; i0 += AP_LANES * AP_UNROLL) {
-            float4 kv[AP_UNROLL];
-#pragma unroll
-            for (int u = 0; u < AP_UNROLL; u++) {
-                int i = i0 + u * AP_LANES;
-                const float *k = i < m ? kt[i] : NULL;
-                kv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (VEC == 4) {
-                    if (k && d0 < hd) kv[u] = __ldg((const float4 *)(k + d0));
-                } else if (k) {
-                    if (d0 < hd) kv[u].x = __ldg(k + d0);
-                    if (d0 + 1 < hd) kv[u].y = __ldg(k + d0 + 1);
-                    if (d0 + 2 < hd) kv[u].z = __ldg(k + d0 + 2);
-                    if (d0 + 3 < hd) kv[u].w = __ldg(k + d0 + 3);
+        attn_pv_tile<VEC>(acc, kt, pt4, n, kl, d0, hd);
+    } else {
+        float mx = -INFINITY, den = 0.0f;
+        if (hw < H) {
+#pragma unroll 4
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sw[j]);
+            float sk = a.sinkd[hw];
+            mx = fmaxf(warp_max(mx), sk);
+#pragma unroll 4
+            for (int j = lane; j < n; j += 32) den += expf(sw[j] - mx);
+            den = warp_sum(den) + expf(sk - mx);
+        }
+        for (int t0 = 0; t0 < n; t0 += AP_TILE) {
+            int m = min(AP_TILE, n - t0);
+            __syncthreads(); /* the previous tile is consumed */
+            for (int i = t; i < m; i += blockDim.x) kt[i] = kpr[t0 + i];
+            if (hw < H) {
+                for (int i = lane; i < m; i += 32) {
+                    float pj = expf(sw[t0 + i] - mx) / den;
+                    pt[i * AP_HEADS + warp] = a.prob_bf16 ? d_round_bf16(pj) : pj;
                 }
+            } else {
+                for (int i = lane; i < m; i += 32) pt[i * AP_HEADS + warp] = 0.0f;
             }
-#pragma unroll
-            for (int u = 0; u < AP_UNROLL; u++) {
-                int i = i0 + u * AP_LANES;
-                if (i >= m) break;
-                float4 pa = pt4[i * 2], pb = pt4[i * 2 + 1];
-                float p[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-                for (int h = 0; h < AP_HEADS; h++) {
-                    acc[h * 4 + 0] += p[h] * kv[u].x;
-                    acc[h * 4 + 1] += p[h] * kv[u].y;
-                    acc[h * 4 + 2] += p[h] * kv[u].z;
-                    acc[h * 4 + 3] += p[h] * kv[u].w;
-                }
-            }
+            __syncthreads();
+            attn_pv_tile<VEC>(acc, kt, pt4, m, kl, d0, hd);
         }
     }
     /* lane = (kl mod 4) * 8 + quad: the warp's 4 key lanes by two butterfly steps, then the
@@ -408,16 +489,26 @@ oom:
     return -1;
 }
 
-void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
-                    const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
-                    const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
-                    float scale, int prob_bf16, int out_bf16) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0 || n_heads <= 0) return;
+
+/* What one sparse_attn call launches: arguments, the parameter blob, geometry. */
+struct attn_plan {
+    attn_args a;
+    int vec4, pb;    /* pb: 0 = host arrays staged, 1 = blob of AB_SMALL bytes, 2 = AB_LARGE */
+    size_t smem;     /* scores: dynamic shared memory */
+    dim3 gs, gp;     /* scores, p.V grids */
+    attn_blob<AB_LARGE> blob;
+};
+
+/* Everything of the op before its launches: key lists (slow path for host keys), the host
+ * arrays as a parameter blob or staged, scratch.  0 or -1 (sticky error set). */
+static int attn_setup(dsv4_backend *b, attn_plan *P, float *out, const float *q, int rows, int n_heads, int head_dim,
+                      const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                      const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                      float scale, int prob_bf16, int out_bf16) {
     cuda_impl *c = CI(b);
     if (head_dim <= 0 || head_dim > 1024) { /* scores stage (16 keys + 16 heads) x head_dim floats: 128 KB */
         dsv4_cuda_fail(b, "sparse_attn: head_dim above 1024 is not supported", __FILE__, __LINE__, cudaSuccess);
-        return;
+        return -1;
     }
     if (!picks) topk = 0;
     /* are all keys device memory?  (the forward pass's always are) */
@@ -434,7 +525,7 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
         int ml = 0;
         if (attn_host_keys(b, rows, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks, topk, &hl,
                            &hnl, &ml))
-            return;
+            return -1;
         win = hl, n_win = hnl, max_win = ml;
         comp_base = NULL, n_comp = NULL, picks = NULL, n_picks = NULL, topk = 0;
     }
@@ -445,73 +536,185 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
         if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
     }
     int rh = rows * n_heads;
-    attn_args a;
-    memset(&a, 0, sizeof a);
+    attn_args *a = &P->a;
+    memset(a, 0, sizeof *a);
     size_t nq = (size_t)rh * head_dim;
-    a.q = (const float *)dsv4_cuda_in(b, q, sizeof(float) * nq);
-    a.win = (const float *const *)dsv4_cuda_stage(b, win, sizeof(float *) * (size_t)rows * (max_win > 0 ? max_win : 1));
-    a.n_win = (const int *)dsv4_cuda_stage(b, n_win, sizeof(int) * rows);
-    if (comp_base) {
-        a.comp_base = (const float *const *)dsv4_cuda_stage(b, comp_base, sizeof(float *) * rows);
-        a.n_comp = (const int *)dsv4_cuda_stage(b, n_comp, sizeof(int) * rows);
-    }
-    if (picks) {
-        a.picks = (const int32_t *)dsv4_cuda_in(b, picks, sizeof(int32_t) * (size_t)rows * topk);
-        a.n_picks = (const int *)dsv4_cuda_in(b, n_picks, sizeof(int) * rows);
-    }
+    a->q = (const float *)dsv4_cuda_in(b, q, sizeof(float) * nq);
     /* 16-byte vectors when every row (q, window keys, compressed bases) is 16-byte aligned */
-    int vec4 = head_dim % 4 == 0 && ((uintptr_t)a.q & 15) == 0;
-    for (int r = 0; r < rows && vec4; r++) {
+    P->vec4 = head_dim % 4 == 0 && ((uintptr_t)a->q & 15) == 0;
+    for (int r = 0; r < rows && P->vec4; r++) {
         int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r];
-        for (int j = 0; j < nw && vec4; j++) vec4 = ((uintptr_t)win[(size_t)r * max_win + j] & 15) == 0;
-        if (comp_base && comp_base[r]) vec4 = vec4 && ((uintptr_t)comp_base[r] & 15) == 0;
+        for (int j = 0; j < nw && P->vec4; j++) P->vec4 = ((uintptr_t)win[(size_t)r * max_win + j] & 15) == 0;
+        if (comp_base && comp_base[r]) P->vec4 = P->vec4 && ((uintptr_t)comp_base[r] & 15) == 0;
     }
-    free(hl); /* staged above (pageable copies are taken when cudaMemcpyAsync returns) */
-    free(hnl);
-    a.sink = (const float *)dsv4_cuda_in(b, sink, sizeof(float) * n_heads);
-    a.out = (float *)dsv4_cuda_out(b, out, sizeof(float) * nq);
-    a.sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * max_n);
-    a.kp = (const float **)dsv4_cuda_scratch(b, sizeof(float *) * (size_t)rows * max_n);
-    a.flags = dsv4_cuda_devflags(b);
-    if (!a.q || !a.win || !a.n_win || (comp_base && (!a.comp_base || !a.n_comp)) ||
-        (picks && (!a.picks || !a.n_picks)) || !a.sink || !a.out || !a.sc || !a.kp || !a.flags)
-        return;
-    a.max_win = max_win;
-    a.topk = topk;
-    a.n_heads = n_heads;
-    a.head_dim = head_dim;
-    a.max_n = max_n;
-    a.prob_bf16 = prob_bf16;
-    a.out_bf16 = out_bf16;
-    a.scale = scale;
-    size_t smem = sizeof(float) * (size_t)(AS_KEYS + AS_HEADS) * head_dim;
-    dim3 gs((unsigned)((max_n + AS_KEYS - 1) / AS_KEYS), (unsigned)((n_heads + AS_HEADS - 1) / AS_HEADS),
-            (unsigned)rows);
-    dim3 gp((unsigned)((head_dim + AP_DIMS - 1) / AP_DIMS), (unsigned)((n_heads + AP_HEADS - 1) / AP_HEADS),
-            (unsigned)rows);
-    if (vec4) {
-        if (smem > 48 * 1024 &&
-            CK(b, cudaFuncSetAttribute(k_attn_scores<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-            return;
-        k_attn_scores<4><<<gs, ATTN_THREADS, smem, c->stream>>>(a);
-        if (CKL(b)) return;
-        k_attn_pv<4><<<gp, ATTN_THREADS, 0, c->stream>>>(a);
+    /* blob layout: window pointers, compressed bases, n_win, n_comp, sink */
+    size_t nwp = (size_t)rows * (max_win > 0 ? max_win : 1);
+    size_t o_base = sizeof(float *) * nwp, o_nwin = o_base + (comp_base ? sizeof(float *) * rows : 0);
+    size_t o_ncomp = o_nwin + sizeof(int) * rows, o_sink = o_ncomp + (comp_base ? sizeof(int) * rows : 0);
+    size_t bytes = o_sink + sizeof(float) * n_heads;
+    const float *sink_d = dsv4_cuda_is_dev(b, sink) ? sink : NULL; /* a device sink is read in place */
+    if (sink_d) bytes = o_sink;
+    P->pb = bytes <= AB_SMALL ? 1 : bytes <= AB_LARGE ? 2 : 0;
+    if (P->pb) {
+        unsigned char *u = P->blob.b;
+        memcpy(u, win, sizeof(float *) * nwp);
+        if (comp_base) {
+            memcpy(u + o_base, comp_base, sizeof(float *) * rows);
+            memcpy(u + o_ncomp, n_comp, sizeof(int) * rows);
+        }
+        memcpy(u + o_nwin, n_win, sizeof(int) * rows);
+        if (!sink_d) memcpy(u + o_sink, sink, sizeof(float) * n_heads);
+        a->blob = 1;
+        a->off_win = 0;
+        a->off_base = comp_base ? (int)o_base : -1;
+        a->off_nwin = (int)o_nwin;
+        a->off_ncomp = (int)o_ncomp;
+        a->off_sink = sink_d ? -1 : (int)o_sink;
+        a->sink = sink_d; /* NULL: the blob's */
+        size_t cap = P->pb == 1 ? AB_SMALL : AB_LARGE; /* the launched prefix holds no stale bytes */
+        memset(u + bytes, 0, cap - bytes);
     } else {
-        if (smem > 48 * 1024 &&
-            CK(b, cudaFuncSetAttribute(k_attn_scores<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-            return;
-        k_attn_scores<1><<<gs, ATTN_THREADS, smem, c->stream>>>(a);
-        if (CKL(b)) return;
-        k_attn_pv<1><<<gp, ATTN_THREADS, 0, c->stream>>>(a);
+        a->win = (const float *const *)dsv4_cuda_stage(b, win, sizeof(float *) * nwp);
+        a->n_win = (const int *)dsv4_cuda_stage(b, n_win, sizeof(int) * rows);
+        if (comp_base) {
+            a->comp_base = (const float *const *)dsv4_cuda_stage(b, comp_base, sizeof(float *) * rows);
+            a->n_comp = (const int *)dsv4_cuda_stage(b, n_comp, sizeof(int) * rows);
+        }
+        a->sink = (const float *)dsv4_cuda_in(b, sink, sizeof(float) * n_heads);
     }
-    if (CKL(b)) return;
-    dsv4_cuda_commit(b, out, a.out, sizeof(float) * nq);
-    dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
+    free(hl); /* copied above (pageable copies are taken when cudaMemcpyAsync returns) */
+    free(hnl);
+    if (picks) {
+        a->picks = (const int32_t *)dsv4_cuda_in(b, picks, sizeof(int32_t) * (size_t)rows * topk);
+        a->n_picks = (const int *)dsv4_cuda_in(b, n_picks, sizeof(int) * rows);
+    }
+    a->out = (float *)dsv4_cuda_out(b, out, sizeof(float) * nq);
+    a->sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rh * max_n);
+    a->kp = (const float **)dsv4_cuda_scratch(b, sizeof(float *) * (size_t)rows * max_n);
+    a->rown = (int *)dsv4_cuda_scratch(b, sizeof(int) * rows);
+    a->sinkd = (float *)dsv4_cuda_scratch(b, sizeof(float) * n_heads);
+    a->flags = dsv4_cuda_devflags(b);
+    if (!a->q || (!P->pb && (!a->win || !a->n_win || (comp_base && (!a->comp_base || !a->n_comp)) || !a->sink)) ||
+        (picks && (!a->picks || !a->n_picks)) || !a->out || !a->sc || !a->kp || !a->rown || !a->sinkd || !a->flags)
+        return -1;
+    a->max_win = max_win;
+    a->topk = topk;
+    a->n_heads = n_heads;
+    a->head_dim = head_dim;
+    a->max_n = max_n;
+    a->prob_bf16 = prob_bf16;
+    a->out_bf16 = out_bf16;
+    a->scale = scale;
+    P->smem = sizeof(float) * (size_t)(AS_KEYS + AS_HEADS) * head_dim;
+    P->gs = dim3((unsigned)((max_n + AS_KEYS - 1) / AS_KEYS), (unsigned)((n_heads + AS_HEADS - 1) / AS_HEADS),
+                 (unsigned)rows);
+    P->gp = dim3((unsigned)((head_dim + AP_DIMS - 1) / AP_DIMS), (unsigned)((n_heads + AP_HEADS - 1) / AP_HEADS),
+                 (unsigned)rows);
+    return 0;
+}
+
+template <int VEC, int PB> static int attn_launch_scores(dsv4_backend *b, const attn_plan *P) {
+    const attn_blob<PB> *blob = (const attn_blob<PB> *)P->blob.b; /* a prefix of the plan's blob */
+    if (P->smem > 48 * 1024 &&
+        CK(b, cudaFuncSetAttribute(k_attn_scores<VEC, PB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P->smem)))
+        return -1;
+    k_attn_scores<VEC, PB><<<P->gs, ATTN_THREADS, P->smem, CI(b)->stream>>>(P->a, *blob);
+    return CKL(b);
+}
+
+/* launches the scores kernel (what & 1) and the p.V kernel (what & 2); 0 or -1 */
+static int attn_launch(dsv4_backend *b, const attn_plan *P, int what) {
+    static_assert(AB_LARGE >= AB_SMALL && AB_SMALL >= 16, "blob prefixes");
+    if (what & 1) {
+        int rc = P->vec4 ? (P->pb == 1 ? attn_launch_scores<4, AB_SMALL>(b, P)
+                            : P->pb == 2 ? attn_launch_scores<4, AB_LARGE>(b, P)
+                                         : attn_launch_scores<4, 16>(b, P))
+                         : (P->pb == 1 ? attn_launch_scores<1, AB_SMALL>(b, P)
+                            : P->pb == 2 ? attn_launch_scores<1, AB_LARGE>(b, P)
+                                         : attn_launch_scores<1, 16>(b, P));
+        if (rc) return -1;
+    }
+    if (what & 2) {
+        if (P->vec4) k_attn_pv<4><<<P->gp, ATTN_THREADS, 0, CI(b)->stream>>>(P->a);
+        else k_attn_pv<1><<<P->gp, ATTN_THREADS, 0, CI(b)->stream>>>(P->a);
+        if (CKL(b)) return -1;
+    }
+    return 0;
+}
+
+void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                    const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                    const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                    float scale, int prob_bf16, int out_bf16) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || n_heads <= 0) return;
+    attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
+    attn_plan *P = &plan;
+    if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
+                    topk, sink, scale, prob_bf16, out_bf16) &&
+        !attn_launch(b, P, 3)) {
+        dsv4_cuda_commit(b, out, P->a.out, sizeof(float) * (size_t)rows * n_heads * head_dim);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
+    }
+}
+
+/* Test hook (tests/test_cuda_attn.c, DSV4_ATTN_BENCH, which declares it): sets up one
+ * sparse_attn call with these arguments as the op does, waits, then times its kernels
+ * without the op's host work or copies: `reps` launches captured into one CUDA graph,
+ * timed by events around one launch of it (after a warm-up launch).  us[0]: scores + p.V,
+ * us[1]: scores alone, us[2]: p.V alone, microseconds per call.  0 or -1. */
+extern "C" int dsv4_cuda_attn_kernel_us(dsv4_backend *b, float *out, const float *q, int rows, int n_heads,
+                                        int head_dim, const float *const *win, const int *n_win, int max_win,
+                                        const float *const *comp_base, const int *n_comp, const int32_t *picks,
+                                        const int *n_picks, int topk, const float *sink, float scale, int reps,
+                                        double *us) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_op_begin(b);
+    attn_plan plan;
+    if (rows <= 0 || n_heads <= 0 || reps <= 0 ||
+        attn_setup(b, &plan, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
+                   topk, sink, scale, 0, 0) ||
+        dsv4_cuda_sync(b))
+        return -1;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (CK(b, cudaEventCreate(&e0)) || CK(b, cudaEventCreate(&e1))) return -1;
+    int rc = 0;
+    for (int w = 0; w < 3 && !rc; w++) { /* both first: p.V alone then reads its scores */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t x = NULL;
+        rc = CK(b, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed));
+        for (int i = 0; i < reps && !rc; i++) rc = attn_launch(b, &plan, w ? w : 3);
+        cudaError_t ec = cudaStreamEndCapture(c->stream, &g); /* always ends the capture */
+        if (!rc && ec != cudaSuccess) rc = dsv4_cuda_fail(b, "cudaStreamEndCapture", __FILE__, __LINE__, ec);
+        if (!rc) rc = CK(b, cudaGraphInstantiate(&x, g, 0));
+        float ms = 0;
+        if (!rc)
+            rc = CK(b, cudaGraphLaunch(x, c->stream)) || CK(b, cudaEventRecord(e0, c->stream)) ||
+                 CK(b, cudaGraphLaunch(x, c->stream)) || CK(b, cudaEventRecord(e1, c->stream)) ||
+                 CK(b, cudaEventSynchronize(e1)) || CK(b, cudaEventElapsedTime(&ms, e0, e1));
+        if (!rc) us[w] = 1e3 * ms / reps;
+        if (x) cudaGraphExecDestroy(x);
+        if (g) cudaGraphDestroy(g);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return rc ? -1 : 0;
 }
 
 /* ----- indexer scores ----- */
+/* Up to ROW_PARAMS rows, per-row bases and counts travel as a kernel parameter (no staged
+ * copy); more rows stage them. */
+#define ROW_PARAMS 32
+struct row_params {
+    const float *base[ROW_PARAMS];
+    int n[ROW_PARAMS];
+};
+
+/* General kernel (any head_dim, any alignment): one warp per (row, key), q of the row in
+ * shared memory; per head a warp dot, relu, weighted sum in head order. */
 __global__ void k_indexer(float *score, const float *q, const float *w, int n_heads, int head_dim,
-                          const float *const *key_base, const int *n_keys, int max_keys, int score_bf16) {
+                          const float *const *key_base, const int *n_keys, const __grid_constant__ row_params rp,
+                          int max_keys, int score_bf16) {
     extern __shared__ float qs[];
     int r = blockIdx.y;
     int64_t nq = (int64_t)n_heads * head_dim;
@@ -519,8 +722,9 @@ __global__ void k_indexer(float *score, const float *q, const float *w, int n_he
     __syncthreads();
     int lane = threadIdx.x & 31;
     int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (j >= n_keys[r] || j >= max_keys) return;
-    const float *k = key_base[r] + (int64_t)j * head_dim;
+    int nk = key_base ? n_keys[r] : rp.n[r];
+    if (j >= nk || j >= max_keys) return;
+    const float *k = (key_base ? key_base[r] : rp.base[r]) + (int64_t)j * head_dim;
     float kr[8];
     int nd = (head_dim + 31) / 32;
 #pragma unroll
@@ -541,6 +745,58 @@ __global__ void k_indexer(float *score, const float *q, const float *w, int n_he
     }
     if (lane == 0) score[(int64_t)r * max_keys + j] = s;
 }
+
+/* Decode kernel (head_dim = 16 NV, q and key rows 16-byte aligned): IX_LANES lanes per key,
+ * so a block of 256 threads scores 64 keys against one copy of q in shared memory (the
+ * general kernel copied q once per 8 keys).  Lane quarter qt keeps float4s qt, qt + 4, ...
+ * of its key in registers (the 4 lanes of a key read 64 contiguous bytes of q at a time:
+ * no bank conflict, broadcast across keys); per head: its partial dot, two butterfly
+ * shuffles (every lane of the key gets the same sum), relu, then the weighted sum in head
+ * order exactly as the general kernel. */
+#define IX_THREADS 256
+#define IX_LANES 4
+#define IX_KEYS (IX_THREADS / IX_LANES)
+template <int NV>
+__global__ void __launch_bounds__(IX_THREADS)
+    k_indexer_v(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
+                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16) {
+    extern __shared__ float4 ix_sm4[];
+    const int hd = 16 * NV;
+    float4 *qs = ix_sm4;                          /* [n_heads][hd / 4] */
+    float *ws = (float *)(ix_sm4 + n_heads * (hd / 4)); /* [n_heads] */
+    int r = blockIdx.y, t = threadIdx.x, qt = t & (IX_LANES - 1);
+    int nk = min(key_base ? n_keys[r] : rp.n[r], max_keys);
+    if ((int)blockIdx.x * IX_KEYS >= nk) return; /* uniform over the block */
+    int j = blockIdx.x * IX_KEYS + t / IX_LANES;
+    const float *kb = key_base ? key_base[r] : rp.base[r];
+    float4 kr[NV];
+    const float4 *k = (const float4 *)(kb + (int64_t)(j < nk ? j : 0) * hd) + qt;
+#pragma unroll
+    for (int v = 0; v < NV; v++) kr[v] = j < nk ? __ldg(k + 4 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 *qg = (const float4 *)(q + (int64_t)r * n_heads * hd);
+    for (int i = t; i < n_heads * (hd / 4); i += blockDim.x) qs[i] = qg[i];
+    for (int i = t; i < n_heads; i += blockDim.x) ws[i] = w[(int64_t)r * n_heads + i];
+    __syncthreads();
+    float s = 0.0f;
+#pragma unroll 4
+    for (int h = 0; h < n_heads; h++) {
+        const float4 *qh = qs + h * (hd / 4) + qt;
+        float a = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            float4 x = qh[4 * v];
+            a += x.x * kr[v].x + x.y * kr[v].y + x.z * kr[v].z + x.w * kr[v].w;
+        }
+        a += __shfl_xor_sync(0xffffffffu, a, 1);
+        a += __shfl_xor_sync(0xffffffffu, a, 2);
+        if (a < 0) a = 0;
+        float wh = ws[h];
+        if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+        else s += a * wh;
+    }
+    if (qt == 0 && j < nk) score[(int64_t)r * max_keys + j] = s;
+}
+static_assert(IX_LANES == 4, "k_indexer_v: two butterfly steps");
 
 void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
                        int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16) {
@@ -596,19 +852,49 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         }
         key_base = kb;
     }
-    const float *const *kd = (const float *const *)dsv4_cuda_stage(b, key_base, sizeof(float *) * rows);
+    row_params rp;
+    memset(&rp, 0, sizeof rp);
+    const float *const *kd = NULL;
+    const int *nd = NULL;
+    if (rows <= ROW_PARAMS) {
+        for (int r = 0; r < rows; r++) rp.base[r] = key_base[r], rp.n[r] = n_keys[r];
+    } else {
+        kd = (const float *const *)dsv4_cuda_stage(b, key_base, sizeof(float *) * rows);
+        nd = (const int *)dsv4_cuda_stage(b, n_keys, sizeof(int) * rows);
+    }
+    int nv = head_dim % 16 == 0 ? head_dim / 16 : 0, vec = nv == 2 || nv == 4 || nv == 8 || nv == 16;
+    for (int r = 0; r < rows && vec; r++) vec = ((uintptr_t)key_base[r] & 15) == 0;
     free(kb);
     float *qd = (float *)dsv4_cuda_in(b, q, sizeof(float) * rows * n_heads * head_dim);
     float *wd = (float *)dsv4_cuda_in(b, w, sizeof(float) * rows * n_heads);
-    int *nd = (int *)dsv4_cuda_stage(b, n_keys, sizeof(int) * rows);
     int dev_out = dsv4_cuda_is_dev(b, score);
     /* device scores are written in place (only j < n_keys[r]); host ones go through scratch */
     float *sd = dev_out ? score : (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rows * (max_keys > 0 ? max_keys : 1));
-    if (!kd || !qd || !wd || !nd || !sd) return;
+    if ((rows > ROW_PARAMS && (!kd || !nd)) || !qd || !wd || !sd) return;
+    vec = vec && ((uintptr_t)qd & 15) == 0;
     if (maxn > 0) {
-        if (CK(b, cudaFuncSetAttribute(k_indexer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
-        k_indexer<<<dim3((unsigned)((maxn + 7) / 8), rows), 256, smem, c->stream>>>(sd, qd, wd, n_heads, head_dim, kd,
-                                                                                    nd, max_keys, score_bf16);
+        if (vec) {
+            size_t sm = smem + sizeof(float) * n_heads;
+            dim3 grid((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows);
+#define IX_LAUNCH(NV)                                                                                                \
+    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;  \
+    k_indexer_v<NV><<<grid, IX_THREADS, sm, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16)
+            if (nv == 2) {
+                IX_LAUNCH(2);
+            } else if (nv == 4) {
+                IX_LAUNCH(4);
+            } else if (nv == 8) {
+                IX_LAUNCH(8);
+            } else {
+                IX_LAUNCH(16);
+            }
+#undef IX_LAUNCH
+        } else {
+            if (CK(b, cudaFuncSetAttribute(k_indexer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
+            k_indexer<<<dim3((unsigned)((maxn + 7) / 8), rows), 256, smem, c->stream>>>(sd, qd, wd, n_heads, head_dim,
+                                                                                        kd, nd, rp, max_keys,
+                                                                                        score_bf16);
+        }
         if (CKL(b)) return;
     }
     if (!dev_out) {
@@ -630,56 +916,116 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
 }
 
 /* ----- top-k ----- */
-__global__ void k_topk_rank(uint8_t *sel, const float *score, int stride, const int *n, int k) {
-    __shared__ float tile[256];
-    int r = blockIdx.y;
-    int nr = n[r];
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const float *s = score + (int64_t)r * stride;
-    float v = i < nr ? s[i] : 0.0f;
-    int rank = 0;
-    if (nr > k) {
-        for (int t0 = 0; t0 < nr; t0 += 256) {
-            __syncthreads();
-            if (t0 + (int)threadIdx.x < nr) tile[threadIdx.x] = s[t0 + threadIdx.x];
-            __syncthreads();
-            int m = nr - t0 < 256 ? nr - t0 : 256;
-            if (i < nr)
-                for (int t = 0; t < m; t++) {
-                    float u = tile[t];
-                    rank += (u > v) || (u == v && t0 + t < i);
-                }
-        }
-    }
-    if (i < nr) sel[(int64_t)r * stride + i] = rank < k;
+/* One block per row, radix select: scores map to order-preserving 32-bit keys (-0 as +0,
+ * NaN above +inf), four 8-bit passes (a histogram of the entries that match the bits
+ * found so far, warp-aggregated shared atomics; warp 0 finds the digit holding the k-th
+ * largest) give the k-th largest key T and how many entries equal to T to take; a block
+ * scan then writes, in ascending index order, every entry above T and the first `need`
+ * entries equal to T: the entries of the CPU's order (value descending, ties to the lower
+ * index), for any n.  Integer counts only: the result does not depend on timing. */
+#define TK_THREADS 1024
+
+__device__ __forceinline__ uint32_t tk_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu; /* NaN */
+    if ((u & 0x7fffffffu) == 0) return 0x80000000u;          /* -0 == +0 */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void k_topk_write(int32_t *idx, int *n_out, const uint8_t *sel, int stride, const int *n, int k) {
-    __shared__ int wsum[32];
-    __shared__ int base;
-    int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int nr = n[r];
-    if (threadIdx.x == 0) base = 0;
-    __syncthreads();
-    for (int t0 = 0; t0 < nr; t0 += blockDim.x) {
-        int i = t0 + threadIdx.x;
-        int f = i < nr ? sel[(int64_t)r * stride + i] : 0;
-        int x = f; /* inclusive warp scan */
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) wsum[warp] = x;
-        __syncthreads();
-        int off = 0;
-        for (int w = 0; w < warp; w++) off += wsum[w];
-        int pos = base + off + x - f;
-        if (f && pos < k) idx[(int64_t)r * k + pos] = i;
-        __syncthreads();
-        if (threadIdx.x == blockDim.x - 1) base += off + x;
-        __syncthreads();
+/* exclusive block scan of x (blockDim.x = TK_THREADS); *total = the block's sum */
+__device__ __forceinline__ int tk_scan(int x, int *wsum, int *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
     }
-    if (threadIdx.x == 0) n_out[r] = nr < k ? nr : k;
+    if (lane == 31) wsum[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int v = wsum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        wsum[lane] = v;
+    }
+    __syncthreads();
+    int off = warp ? wsum[warp - 1] : 0;
+    *total = wsum[31];
+    __syncthreads(); /* wsum is reused by the next call */
+    return off + inc - x;
+}
+
+__global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
+                                                     const int *n, const __grid_constant__ row_params rp, int k) {
+    __shared__ int hist[256], wsum[32], s_need;
+    __shared__ uint32_t s_prefix;
+    int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int nr = n ? n[r] : rp.n[r];
+    const float *s = score + (int64_t)r * stride;
+    int32_t *ir = idx + (int64_t)r * k;
+    if (nr <= k) { /* every entry, in order */
+        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
+        if (t == 0) n_out[r] = nr;
+        return;
+    }
+    uint32_t prefix = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint32_t hmask = shift == 24 ? 0u : ~0u << (shift + 8);
+        if (t < 256) hist[t] = 0;
+        __syncthreads();
+        for (int base = 0; base < nr; base += blockDim.x) { /* uniform trip count: shuffles below */
+            int i = base + t;
+            uint32_t key = i < nr ? tk_key(s[i]) : 0u;
+            int dg = (i < nr && (key & hmask) == prefix) ? (int)((key >> shift) & 255u) : 256;
+            unsigned grp = __match_any_sync(0xffffffffu, dg);
+            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+        }
+        __syncthreads();
+        if (warp == 0) { /* lane l holds digits 8l .. 8l+7; counts above it by a suffix scan */
+            int c8[8], tot = 0;
+#pragma unroll
+            for (int d = 0; d < 8; d++) tot += (c8[d] = hist[lane * 8 + d]);
+            int incl = tot;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_down_sync(0xffffffffu, incl, o);
+                if (lane + o < 32) incl += y;
+            }
+            int above = incl - tot;
+            if (above < need && need <= incl) {
+                int acc = above;
+                for (int d = 7; d >= 0; d--) {
+                    if (acc + c8[d] >= need) {
+                        s_prefix = prefix | ((uint32_t)(lane * 8 + d) << shift);
+                        s_need = need - acc;
+                        break;
+                    }
+                    acc += c8[d];
+                }
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+    }
+    /* prefix = T: take every key > T and the first `need` keys == T, in index order */
+    int gt_base = 0, eq_base = 0;
+    for (int base = 0; base < nr; base += blockDim.x) {
+        int i = base + t;
+        uint32_t key = i < nr ? tk_key(s[i]) : 0u;
+        int gt = i < nr && key > prefix, eq = i < nr && key == prefix, tot;
+        int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* <= 1024 per field: 16 bits each */
+        int eb = eq_base + (ex >> 16);
+        if (gt || (eq && eb < need)) ir[gt_base + (ex & 0xffff) + min(eb, need)] = i;
+        gt_base += tot & 0xffff;
+        eq_base += tot >> 16;
+    }
+    if (t == 0) n_out[r] = k;
 }
 
 void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride, const int *n,
@@ -687,27 +1033,25 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0) return;
     cuda_impl *c = CI(b);
-    int maxn = 0;
-    for (int r = 0; r < rows; r++) {
+    for (int r = 0; r < rows; r++)
         if (n[r] > stride) { /* a host count: the caller's bug, not a device fault */
             dsv4_cuda_fail(b, "topk: a row's count exceeds its stride", __FILE__, __LINE__, cudaSuccess);
             return;
         }
-        maxn = n[r] > maxn ? n[r] : maxn;
-    }
     const float *sd = (const float *)dsv4_cuda_in(b, score, sizeof(float) * (size_t)rows * stride);
-    int *nd = (int *)dsv4_cuda_stage(b, n, sizeof(int) * rows);
-    uint8_t *sel = (uint8_t *)dsv4_cuda_scratch(b, (size_t)rows * stride);
+    row_params rp;
+    memset(&rp, 0, sizeof rp);
+    const int *nd = NULL;
+    if (rows <= ROW_PARAMS)
+        for (int r = 0; r < rows; r++) rp.n[r] = n[r];
+    else
+        nd = (const int *)dsv4_cuda_stage(b, n, sizeof(int) * rows);
     /* device outputs (the forward pass's) are written in place: nothing comes back to the host */
     int idx_dev = dsv4_cuda_is_dev(b, idx), n_dev = dsv4_cuda_is_dev(b, n_out);
     int32_t *id = idx_dev ? idx : (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * (size_t)rows * k);
     int *no = n_dev ? n_out : (int *)dsv4_cuda_scratch(b, sizeof(int) * rows);
-    if (!sd || !nd || !sel || !id || !no) return;
-    if (maxn > 0) {
-        k_topk_rank<<<dim3((unsigned)((maxn + 255) / 256), rows), 256, 0, c->stream>>>(sel, sd, stride, nd, k);
-        if (CKL(b)) return;
-    }
-    k_topk_write<<<rows, 1024, 0, c->stream>>>(id, no, sel, stride, nd, k);
+    if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
+    k_topk<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
     if (CKL(b)) return;
     if (!idx_dev)
         for (int r = 0; r < rows && !c->failed; r++) { /* min(k, n[r]) entries, as the kernel writes */
