@@ -649,7 +649,7 @@ __device__ __forceinline__ void mb_dot(float (&acc)[4], const mb_group &G, const
 
 /* grid: SMs x resident blocks; dynamic shared memory: the stages, then max_groups group
  * records (the host checks max_groups <= MB_MAXG) */
-template <int UP>
+template <int UP, int MULTI>
 __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const int *n_groups, int max_groups,
                                                      const dexpert *tab, const float *x, const float *xq, float *h,
                                                      int64_t ldh, float *y, int64_t dim, int act_fp8, float limit,
@@ -720,15 +720,16 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
         int u = blockIdx.x + i * gridDim.x;
         while (gcur + 1 < ng && u >= gd[gcur].first + gd[gcur].tiles) gcur++;
         const mb_group &G = gd[gcur];
-        int cv = G.cv, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, nrh = G.nrh, n = G.n;
+        int cv = G.cv, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, nrh = G.nrh, n = MULTI ? G.n : 1;
         int fp4 = G.w[0].fmt != DSV4_WF_FP8, vn = fp4 ? 32 : 16;
         int64_t o0 = (int64_t)(u - G.first) * nrh;
         int nv = (int)(G.rows - o0 < nrh ? G.rows - o0 : nrh);
         int st = i % MB_STAGES;
         const uint8_t *sd = stages + (size_t)st * (MB_TILE + MB_SCALE), *ss = sd + MB_TILE;
         d_mbar_wait(&full[st], (uint32_t)(i / MB_STAGES) & 1u);
-        /* the group's slots share the staged tile; one slot (every group at batch 1) is a
-         * straight-line path: the same body under a runtime-count loop ran 2x slower (H200) */
+        /* the group's slots share the staged tile; at batch 1 (MULTI = 0) the one slot is a
+         * straight-line path: the same body under a runtime-count loop ran 2x slower (H200,
+         * opbench: 93 vs 50 us per Flash MoE call), even behind an n == 1 branch */
         auto slot = [&](int sl) {
             const float *xs = UP ? (act_fp8 && G.q1 ? xq : x) + (int64_t)G.row[sl] * dim : h + (int64_t)G.slot[sl] * ldh;
             if (xs != xcur || cv != cvcur) { /* the x values of column vector c */
@@ -749,7 +750,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
             float wsum = mv_reduce<4, 1>(a2, red, wib, 0, 1, lane);
             if (lane < 4) part[i & 1][sl][wib][lane] = wsum;
         };
-        if (n == 1) slot(0);
+        if (!MULTI) slot(0); /* the host launches MULTI = 0 for one row: every group has one slot */
         else
             for (int sl = 0; sl < n; sl++) slot(sl);
         __syncthreads(); /* stage st is read, the warp sums are in */
@@ -1047,22 +1048,24 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here */
 static int mb_setup(dsv4_backend *b) {
-    int dev = 0, nsm = 0, o1 = 0, o0 = 0, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
-    if (CK(b, cudaGetDevice(&dev)) || CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)) ||
-        CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
-        CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
-        CK(b, cudaFuncSetAttribute(k_moe_bulk<1>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared)) ||
-        CK(b, cudaFuncSetAttribute(k_moe_bulk<0>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared)) ||
-        CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o1, k_moe_bulk<1>, 256, smem)) ||
-        CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o0, k_moe_bulk<0>, 256, smem)))
+    int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
+    const void *fns[4] = {(const void *)k_moe_bulk<1, 0>, (const void *)k_moe_bulk<0, 0>,
+                          (const void *)k_moe_bulk<1, 1>, (const void *)k_moe_bulk<0, 1>};
+    if (CK(b, cudaGetDevice(&dev)) || CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev)))
         return -1;
-    int occ = o1 < o0 ? o1 : o0;
+    for (int i = 0; i < 4; i++) {
+        int o = 0;
+        if (CK(b, cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) ||
+            CK(b, cudaFuncSetAttribute(fns[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared)) ||
+            CK(b, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fns[i], 256, smem)))
+            return -1;
+        if (o < occ) occ = o;
+    }
     const char *dbg = getenv("DSV4_CUDA_MOE_DEBUG");
     if (dbg && dbg[0] == '1')
-        fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d / %d blocks per SM, %d SMs\n",
-                MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), o1, o0, nsm);
+        fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d blocks per SM, %d SMs\n",
+                MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), occ, nsm);
     return occ > 0 && nsm > 0 ? nsm * occ : -1;
 }
 
@@ -1214,9 +1217,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
-    if (bulk)
-        k_moe_bulk<1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max, y,
-                                                               dim, act_fp8, limit, act_bf16);
+    if (bulk && rows == 1)
+        k_moe_bulk<1, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
+                                                                  y, dim, act_fp8, limit, act_bf16);
+    else if (bulk)
+        k_moe_bulk<1, 1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
+                                                                  y, dim, act_fp8, limit, act_bf16);
     else switch (ns) {
     case 1: k_moe_up<1><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
     case 2: k_moe_up<2><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
@@ -1243,9 +1249,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    if (bulk)
-        k_moe_bulk<0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max, y,
-                                                               dim, act_fp8, limit, act_bf16);
+    if (bulk && rows == 1)
+        k_moe_bulk<0, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
+                                                                  y, dim, act_fp8, limit, act_bf16);
+    else if (bulk)
+        k_moe_bulk<0, 1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
+                                                                  y, dim, act_fp8, limit, act_bf16);
     else switch (ns) {
     case 1: k_moe_down<1><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     case 2: k_moe_down<2><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
