@@ -145,6 +145,19 @@ __device__ __forceinline__ void hc_part_block(float *part, const float *__restri
 }
 
 /* ----- fin ----- */
+/* the sum of the HC lanes base + i0 + t*step (t ascending, the CPU's order) of cv: all the
+ * shuffles issued before the serial adds */
+template <int HC>
+__device__ __forceinline__ float hc_lane_sum(float cv, int base, int i0, int step) {
+    float v[HC];
+#pragma unroll
+    for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + i0 + t * step) & 31);
+    float sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < HC; t++) sum += v[t];
+    return sum;
+}
+
 /* Sinkhorn for hc <= 5 (spec §2.3): sinkhorn warp wi takes rows wi*RPW .. of the group, one
  * group of HC*HC lanes per row; lanes past the groups compute on copies and write nothing */
 template <int HC>
@@ -156,22 +169,8 @@ __device__ void hc_sinkhorn_lanes(float *comb, float *post, const hc_fin_smem *s
     bool act = g < RPW && rr < nr;
     float cv = act ? sm->C[rr][e] : 1.0f; /* idle lanes: a harmless normal value */
     for (int it = 0; it < iters; it++) {
-        if (it > 0) { /* row i: sum over k ascending, as the CPU */
-            float v[HC];
-#pragma unroll
-            for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + i * HC + t) & 31);
-            float sum = 0.0f;
-#pragma unroll
-            for (int t = 0; t < HC; t++) sum += v[t];
-            cv /= sum + hc_eps;
-        }
-        float v[HC]; /* column k: sum over i ascending */
-#pragma unroll
-        for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + t * HC + k) & 31);
-        float sum = 0.0f;
-#pragma unroll
-        for (int t = 0; t < HC; t++) sum += v[t];
-        cv /= sum + hc_eps;
+        if (it > 0) cv /= hc_lane_sum<HC>(cv, base, i * HC, 1) + hc_eps; /* row i: over k ascending */
+        cv /= hc_lane_sum<HC>(cv, base, k, HC) + hc_eps;                  /* column k: over i ascending */
     }
     if (!act) return;
     comb[(r0 + rr) * E + e] = cv;
