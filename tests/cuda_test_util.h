@@ -156,5 +156,26 @@ static void free_w(tw *t) {
     }
 }
 
+/* CUDA matmul_grouped against the CPU op on random inputs: G groups of R x C weights in fmt,
+ * rows rows; in/out_bf16 as the profile's flags.  Tolerance 2e-6 relative (4e-3 with bf16
+ * rounding).  static inline: files that do not call it compile without a warning. */
+static inline void cuda_check_grouped(dsv4_wfmt fmt, int G, int64_t R, int64_t C, int rows, int in_bf16,
+                                      const char *what) {
+    tw t = make_w(fmt, (int64_t)G * R, C, 0);
+    size_t nx = (size_t)rows * G * C, no = (size_t)rows * G * R;
+    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
+    REQUIRE(x && a && g);
+    fill(x, nx, 1);
+    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
+    for (size_t i = 0; i < no; i++) g[i] = NAN;
+    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
+    int ok = gpu_ok();
+    double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
+    printf("  %-14s %-6s %d x [%5lld x %5lld] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", what,
+           dsv4_wfmt_name(fmt), G, (long long)R, (long long)C, rows, in_bf16, r, tol);
+    CHECKF(ok && r <= tol, "grouped %s %s rel %g", what, dsv4_wfmt_name(fmt), r);
+    free(x), free(a), free(g);
+    free_w(&t);
+}
 
 #endif

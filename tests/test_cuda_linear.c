@@ -49,23 +49,6 @@ static int check_mm(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, int
     return ok && r <= tol;
 }
 
-static void check_grouped(dsv4_wfmt fmt, int G, int64_t R, int64_t C, int rows, int in_bf16, const char *what) {
-    tw t = make_w(fmt, (int64_t)G * R, C, 0);
-    size_t nx = (size_t)rows * G * C, no = (size_t)rows * G * R;
-    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
-    fill(x, nx, 1);
-    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
-    for (size_t i = 0; i < no; i++) g[i] = NAN;
-    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
-    int ok = gpu_ok();
-    double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
-    printf("  %-10s %-6s %d x [%5lld x %5lld] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", what,
-           dsv4_wfmt_name(fmt), G, (long long)R, (long long)C, rows, in_bf16, r, tol);
-    CHECKF(ok && r <= tol, "grouped %s rel %g", dsv4_wfmt_name(fmt), r);
-    free(x), free(a), free(g);
-    free_w(&t);
-}
-
 /* decode shapes and the edges of a tiled streaming path (see the header) */
 static void test_stream_shapes(void) {
     NEED_GPU();
@@ -79,7 +62,7 @@ static void test_stream_shapes(void) {
         check_mm(DSV4_WF_BF16, 8192, 4096, rows, 0, 0, 0, "head-like");
         check_mm(DSV4_WF_BF16, 1024, 4096, rows, 0, 0, 1, "compressor");
         check_mm(DSV4_WF_F32, 2048, 2048, rows, 0, 0, 0, "f32");
-        check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 0, "wo_a");
+        cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 0, "wo_a");
     }
     check_mm(DSV4_WF_FP8, 4100, 1024, 1, 0, 0, 0, "last tile"); /* 4100 = 512 tiles of 8 + 4 */
     check_mm(DSV4_WF_FP8, 4099, 1024, 3, 0, 0, 0, "last tile");
@@ -89,8 +72,8 @@ static void test_stream_shapes(void) {
     check_mm(DSV4_WF_FP8, 8192, 1024, 1, 0, 1, 0, "act_fp8");   /* indexer wq_b with act_quant */
     check_mm(DSV4_WF_BF16, 4096, 256, 1, 0, 0, 0, "K 256");    /* 512-byte rows: 8 row parts */
     check_mm(DSV4_WF_BF16, 4096, 768, 2, 0, 0, 0, "K 768");    /* 96 vectors: 2 parts, 2 idle warps */
-    check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 1, 1, "wo_a bf16"); /* w_bf16 on FP8: per-weight scale */
-    check_grouped(DSV4_WF_BF16, 4, 512, 2048, 2, 1, "grp bf16");
+    cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 1, 1, "wo_a bf16"); /* w_bf16 on FP8: per-weight scale */
+    cuda_check_grouped(DSV4_WF_BF16, 4, 512, 2048, 2, 1, "grp bf16");
 }
 
 /* shapes outside such a path (more rows, odd shapes, long rows, FP4) */
@@ -106,8 +89,8 @@ static void test_other_shapes(void) {
     check_mm(DSV4_WF_FP8, 2048, 16384, 2, 0, 0, 0, "FP8 16K");
     check_mm(DSV4_WF_MXFP4, 4096, 4096, 1, 0, 0, 0, "MXFP4");
     check_mm(DSV4_WF_FP8, 40, 4096, 3, 0, 0, 0, "split-K");
-    check_grouped(DSV4_WF_FP8, 6, 1022, 1024, 1, 0, "grp 1022"); /* 1022 % 8: not whole tiles */
-    check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 7, 0, "wo_a r7");
+    cuda_check_grouped(DSV4_WF_FP8, 6, 1022, 1024, 1, 0, "grp 1022"); /* 1022 % 8: not whole tiles */
+    cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 7, 0, "wo_a r7");
 }
 
 /* ----- timing (figures only) ----- */

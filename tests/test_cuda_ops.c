@@ -580,31 +580,14 @@ static void test_device_buffers(void) {
 /* ----- kern: the shapes the decode paths of linear.cu and mhc.cu take ----- */
 /* wo_a-like grouped projections in one launch (several groups; 1, 2 and 5 rows pick
  * different kernels), and a group size that is not a multiple of 4 (element-wise path) */
-static void check_grouped(dsv4_wfmt fmt, int G, int R, int C, int rows, int in_bf16) {
-    tw t = make_w(fmt, (int64_t)G * R, C, 0);
-    size_t nx = (size_t)rows * G * C, no = (size_t)rows * G * R;
-    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
-    fill(x, nx, 1);
-    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
-    for (size_t i = 0; i < no; i++) g[i] = NAN;
-    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
-    CHECK(gpu_ok());
-    double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
-    printf("  matmul_grouped %-6s %d x [%d x %d] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", dsv4_wfmt_name(fmt), G,
-           R, C, rows, in_bf16, r, tol);
-    CHECKF(r <= tol, "matmul_grouped %s rel %g", dsv4_wfmt_name(fmt), r);
-    free(x), free(a), free(g);
-    free_w(&t);
-}
-
 static void test_kern_grouped(void) {
     NEED_GPU();
-    check_grouped(DSV4_WF_FP8, 8, 128, 2048, 1, 0); /* split-K over 2 slices */
-    check_grouped(DSV4_WF_FP8, 8, 128, 512, 2, 1);
-    check_grouped(DSV4_WF_FP8, 8, 128, 512, 5, 0);
-    check_grouped(DSV4_WF_MXFP4, 4, 64, 1024, 1, 0);
-    check_grouped(DSV4_WF_BF16, 4, 64, 256, 3, 1);
-    check_grouped(DSV4_WF_FP8, 3, 6, 128, 2, 0); /* R % 4 != 0: element-wise */
+    cuda_check_grouped(DSV4_WF_FP8, 8, 128, 2048, 1, 0, "matmul_grouped"); /* split-K over 2 slices */
+    cuda_check_grouped(DSV4_WF_FP8, 8, 128, 512, 2, 1, "matmul_grouped");
+    cuda_check_grouped(DSV4_WF_FP8, 8, 128, 512, 5, 0, "matmul_grouped");
+    cuda_check_grouped(DSV4_WF_MXFP4, 4, 64, 1024, 1, 0, "matmul_grouped");
+    cuda_check_grouped(DSV4_WF_BF16, 4, 64, 256, 3, 1, "matmul_grouped");
+    cuda_check_grouped(DSV4_WF_FP8, 3, 6, 128, 2, 0, "matmul_grouped"); /* R % 4 != 0: element-wise */
 }
 
 /* hc_pre / hc_head at V4-Flash's width (hc 4, dim 4096) for decode (1 row) and a batch
