@@ -18,7 +18,12 @@ for stage in "$@"; do
   case $stage in
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
-    grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary" ;;
+    grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary"
+    for t in test_cuda_attn test_cuda_mhc test_cuda_linear; do
+      [ -x $bin/$t ] || continue
+      timeout 300 $bin/$t >"$OUT/$t.log" 2>&1; note "$t rc=$? $(tail -1 "$OUT/$t.log")"
+      grep -E "^FAIL" "$OUT/$t.log" | head -20 >>"$summary"
+    done ;;
   gemm)
     timeout 300 $bin/test_cuda_gemm >"$OUT/gemm.log" 2>&1; note "gemm rc=$? $(tail -1 "$OUT/gemm.log")"
     grep -vE "^PASS" "$OUT/gemm.log" | head -30 >>"$summary" ;;
