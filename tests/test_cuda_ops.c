@@ -707,6 +707,7 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
 static void test_moe_wide(void) {
     NEED_GPU();
     static const int32_t e1[2] = {2, 0}, e9[18] = {0, 1, 1, 2, 3, 0, 2, 1, 0, 3, 3, 2, 1, 0, 2, 3, 0, 2};
+    static const int32_t edup[2] = {3, 3}; /* one expert twice in a row (a hash table may repeat one) */
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 0);
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 1);
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 9, e9, 1);
@@ -716,6 +717,7 @@ static void test_moe_wide(void) {
     check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 1, e1, 0); /* bf16 shared expert: the slot-group kernels */
     check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 3, e9, 0);  /* groups of 1-3 slots on the staged tiles */
     check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 8, e9, 1);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, edup, 0); /* one row: two one-slot groups of expert 3 */
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,

@@ -819,7 +819,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
                                                    float *cw, int32_t *sorted, const int32_t *e, const float *wgt,
                                                    int rows, int k, int n_routed, int has_shared, int before_w2,
                                                    const dexpert *tab, unsigned long long *wbytes,
-                                                   unsigned *flags) {
+                                                   unsigned *flags, int gmax) {
     extern __shared__ int sh[];
     int *cnt = sh, *pos = sh + n_routed, *gst = sh + 2 * n_routed;
     int nrs = rows * k, tid = threadIdx.x, nt = blockDim.x;
@@ -835,7 +835,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
                      * at a time by warp shuffles: integer sums, any order gives the same */
         int sacc = 0, gacc = 0;
         for (int x0 = 0; x0 < n_routed; x0 += 32) {
-            int x = x0 + tid, cs = x < n_routed ? cnt[x] : 0, cg = (cs + MOE_G - 1) / MOE_G, is = cs, ig = cg;
+            int x = x0 + tid, cs = x < n_routed ? cnt[x] : 0, cg = (cs + gmax - 1) / gmax, is = cs, ig = cg;
             for (int off = 1; off < 32; off <<= 1) { /* inclusive scans */
                 int us = __shfl_up_sync(0xffffffffu, is, off), ug = __shfl_up_sync(0xffffffffu, ig, off);
                 if (tid >= off) is += us, ig += ug;
@@ -866,7 +866,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
     __syncthreads(); /* pos[x] is now the end of expert x's run */
     for (int x = tid; x < n_routed; x += nt) {
         int c = cnt[x];
-        for (int q = 0; q * MOE_G < c; q++) {
+        for (int q = 0; q * gmax < c; q++) {
             int g = gst[x] + q;
             if (g >= max_groups) { /* cannot happen (the bound is exact arithmetic); never write past it */
                 atomicOr(flags, DSV4_DEVFLAG_EXPERT);
@@ -874,9 +874,9 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
             }
             group &G = groups[g];
             G.ex = x;
-            G.n = min(MOE_G, c - q * MOE_G);
+            G.n = min(gmax, c - q * gmax);
             for (int t = 0; t < G.n; t++) {
-                int sl = sorted[pos[x] - c + q * MOE_G + t];
+                int sl = sorted[pos[x] - c + q * gmax + t];
                 G.slot[t] = sl;
                 G.row[t] = sl / k;
                 G.pre[t] = before_w2 ? wgt[sl] : 1.0f;
@@ -884,7 +884,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
             atomicAdd(wbytes, tab[x].bytes);
         }
     }
-    int g0 = gst[n_routed], gs = has_shared ? (rows + MOE_G - 1) / MOE_G : 0;
+    int g0 = gst[n_routed], gs = has_shared ? (rows + gmax - 1) / gmax : 0;
     for (int q = tid; q < gs; q += nt) { /* the shared expert's groups, last */
         if (g0 + q >= max_groups) {
             atomicOr(flags, DSV4_DEVFLAG_EXPERT);
@@ -892,9 +892,9 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
         }
         group &G = groups[g0 + q];
         G.ex = n_routed;
-        G.n = min(MOE_G, rows - q * MOE_G);
+        G.n = min(gmax, rows - q * gmax);
         for (int t = 0; t < G.n; t++) {
-            int r = q * MOE_G + t;
+            int r = q * gmax + t;
             G.slot[t] = nrs + r;
             G.row[t] = r;
             G.pre[t] = 1.0f;
@@ -1195,9 +1195,16 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * dim);
     cuda_devside *ds = c->devside;
     if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return;
+    int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
+    const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
+    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
+    /* one row takes k_moe_bulk<.., MULTI = 0>, which computes one slot per group: the plan then
+     * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
+     * one) is two groups, not a dropped slot */
+    int gmax = bulk && rows == 1 ? 1 : MOE_G;
     k_moe_plan<<<1, 1024, plan_smem, c->stream>>>(gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows, k,
                                                   n_routed, shared != NULL, before_w2, t->dev, ds->wbytes,
-                                                  ds->flags);
+                                                  ds->flags, gmax);
     if (CKL(b)) return;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
@@ -1206,15 +1213,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
      * warps over the groups expected (one per distinct routed expert plus the shared ones),
      * kw = 2, 4 or 8 warps of a block split each K while every warp keeps >= 2 steps of
      * 32 16-byte vectors.  NS: a group's slots per pass, from the batch (one row: 1). */
-    int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
     int ns = rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8;
     int64_t est_groups = (n_routed < nrs ? n_routed : nrs) + (shared ? (rows + MOE_G - 1) / MOE_G : 0);
     int kw_up = moe_kw((inter_max + MOE_UP_OPW - 1) / MOE_UP_OPW * est_groups, dim / 1024);
     int kw_dn = moe_kw((dim + MOE_DOWN_OPW - 1) / MOE_DOWN_OPW * est_groups, t->inter / 1024);
     dim3 gup((unsigned)((inter_max + MOE_UP_OPW * (8 / kw_up) - 1) / (MOE_UP_OPW * (8 / kw_up))), max_groups);
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
-    const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
-    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
     if (bulk && rows == 1)
