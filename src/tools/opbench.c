@@ -109,7 +109,7 @@ static void run_op(const bench_ctx *x, const bench_op *o) {
         break;
     case OP_RMSNORM: op->rmsnorm(x->be, x->out, x->in, R, c->dim, &x->L->attn_norm, eps, bf); break;
     case OP_ROPE: op->rope(x->be, x->q, R, c->n_heads, c->head_dim, c->rope_dim, x->pos, x->freq, 0, bf); break;
-    case OP_MOE: /* the routed scale applied at the output, as the reference profile does */
+    case OP_MOE: /* the routed scale at the output (where it applies does not change the work) */
         op->moe(x->be, x->out, x->in, R, x->L->experts, c->n_routed, x->eid, x->ewt, c->n_active,
                 c->n_shared > 0 ? &x->L->shared : NULL, (float)c->swiglu_limit, nm->moe_before_w2,
                 nm->linear_act_fp8, bf, (float)c->routed_scale);

@@ -12,7 +12,7 @@ enum {
 };
 
 struct dsv4_backend;
-/* MoE calls that took the batch-1 bulk-copy path (k_moe_bulk) on this backend: lets the
+/* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
 

@@ -33,6 +33,9 @@
  *   the kw warps' sums are added in shared memory in warp order (deterministic).
  *   Weights that are not MXFP4/NVFP4 (K % 32 == 0) or FP8 (K % 16, block % 16, K % block)
  *   and unaligned x/h take the element-wise warp_dot_multi (one warp per feature).
+ *   Up to MOE_G rows with FP4/FP8 experts of suitable shapes, A and B are k_moe_bulk
+ *   instead (its section below: weight tiles streamed by the bulk-copy engine); for one row
+ *   the plan then cuts groups of one slot.
  *   A and B launch with grid.y = an upper bound of the group count computed from the
  *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
  *   exit at once.  Each layer's expert weights (device views) are one table in device
@@ -545,7 +548,6 @@ enum { MB_STAGES = 4, MB_TILE = 16384, MB_SCALE = 2048, MB_MAXG = 64 };
 
 struct mb_half {
     const uint8_t *data, *scale;
-    int64_t rows;
     int fmt, block, scale_f32, rowb, srow; /* srow: FP4 scale bytes per row; FP8 per row of blocks */
     float scale2;
 };
@@ -562,7 +564,6 @@ __device__ __forceinline__ mb_half mb_make(const dweight &w) {
     int fp4 = w.fmt == DSV4_WF_MXFP4 || w.fmt == DSV4_WF_NVFP4;
     m.data = w.data;
     m.scale = w.scale;
-    m.rows = w.rows;
     m.fmt = w.fmt;
     m.block = w.block;
     m.scale_f32 = w.scale_f32;
@@ -657,7 +658,6 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
     extern __shared__ __align__(128) uint8_t stages[];
     mb_group *gd = (mb_group *)(stages + (size_t)MB_STAGES * (MB_TILE + MB_SCALE));
     __shared__ uint64_t full[MB_STAGES];
-    __shared__ float red[8][32]; /* unused by mv_reduce with one warp per group */
     __shared__ float part[2][MOE_G][8][4];
     __shared__ float lut[16];
     __shared__ int s_ng, s_total;
@@ -747,7 +747,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
             mb_dot(acc, G, sd, ss, xr, lut, c, p, P, fp4);
             /* each warp's sums of its 4 rows land on lanes 0..3 (no block barrier) */
             float a2[4][1] = {{acc[0]}, {acc[1]}, {acc[2]}, {acc[3]}};
-            float wsum = mv_reduce<4, 1>(a2, red, wib, 0, 1, lane);
+            float wsum = mv_reduce<4, 1>(a2, nullptr, wib, 0, 1, lane); /* one warp: no shared sums */
             if (lane < 4) part[i & 1][sl][wib][lane] = wsum;
         };
         if (!MULTI) slot(0); /* the host launches MULTI = 0 for one row: every group has one slot */
@@ -948,7 +948,7 @@ struct cuda_devside {
     unsigned long long *wbytes;     /* device: routed weight bytes streamed since the last reset */
     moe_table *tab;
     int n_tab, cap_tab;
-    int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = unusable */
+    int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
     long mb_calls;                  /* moe calls that took k_moe_bulk */
 };
 
@@ -1046,7 +1046,7 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 }
 
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
- * cannot run here */
+ * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
 static int mb_setup(dsv4_backend *b) {
     int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
     const void *fns[4] = {(const void *)k_moe_bulk<1, 0>, (const void *)k_moe_bulk<0, 0>,
@@ -1062,7 +1062,8 @@ static int mb_setup(dsv4_backend *b) {
             return -1;
         if (o < occ) occ = o;
     }
-    const char *dbg = getenv("DSV4_CUDA_MOE_DEBUG");
+    const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG");
+    if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     if (dbg && dbg[0] == '1')
         fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d blocks per SM, %d SMs\n",
                 MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), occ, nsm);
@@ -1196,8 +1197,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     cuda_devside *ds = c->devside;
     if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return;
     int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
-    const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
-    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG && !(mbe && mbe[0] == '0');
+    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG;
     /* one row takes k_moe_bulk<.., MULTI = 0>, which computes one slot per group: the plan then
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
