@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long ktrace nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -77,6 +77,16 @@ for stage in "$@"; do
   f20long)
     timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1
     note "bench flash20 32K rc=$?"; grep -v uploading "$OUT/b20long.log" >>"$summary" ;;
+  ktrace)
+    # per-kernel device times inside the decode graphs (tools/device/ktrace.c, CUPTI activity
+    # records); the CSV comes back compressed and tools/device/ktrace_report.py reads it
+    m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
+    if [ -f carry/lib/ktrace.so ]; then
+      CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktrace.csv timeout 300 $bin/dsv4 bench --model $m --backend cuda \
+        --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 >"$OUT/ktrace_run.log" 2>&1
+      note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
+      xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}.csv.xz"
+    else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
   nsys)
     # kernel-level timeline of decode steps (if the image has Nsight Systems)
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2

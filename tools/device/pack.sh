@@ -6,6 +6,12 @@ set -euo pipefail
 build=$1; dir=$2
 tools/device/bundle.sh "$build" "$dir" >/dev/null
 for t in "$build"/tests/test_cuda_*; do case $t in *.d|*.o) ;; *) cp "$t" "$dir/bin/";; esac; done
+# the CUPTI kernel tracer (tools/device/ktrace.c) and its library, when the toolkit has CUPTI
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ -f "$cuda/include/cupti.h" ] && ls "$cuda"/lib*/libcupti.so >/dev/null 2>&1; then
+  cc -O2 -shared -fPIC -I"$cuda/include" tools/device/ktrace.c -L"$cuda/lib" -L"$cuda/lib64" -lcupti -o "$dir/lib/ktrace.so"
+  cp -L "$(ls "$cuda"/lib*/libcupti.so.[0-9]* | head -1)" "$dir/lib/"
+fi
 strip "$dir"/bin/* 2>/dev/null || true
 tar -cJf /tmp/pack.$$.tar.xz "$dir"
 rm -rf "$dir"; mkdir -p "$dir"; mv /tmp/pack.$$.tar.xz "$dir/pack.tar.xz"
