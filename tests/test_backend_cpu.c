@@ -412,6 +412,34 @@ static void test_route_and_moe(void) {
             CHECK_NEAR(out2[r * D + d], y[d], 1e-4); /* before/after w2 agree in fp32 */
         }
     }
+    /* one row naming one expert twice (more slots of an expert than rows: the gather buffers
+     * hold `rows` rows) counts both slots, as the scalar sum over slots does */
+    int32_t dup[K] = {4, 4};
+    float dw[K] = {0.3f, 0.5f};
+    for (int before = 0; before < 2; before++) {
+        B()->ops->moe(B(), out, x, 1, f, E, dup, dw, K, &f[E], limit, before, 0, 0, 1.0f);
+        double y[D] = {0};
+        for (int a = 0; a <= K; a++) {
+            int e = a < K ? dup[a] : E;
+            double wt = a < K ? dw[a] : 1.0, h[I];
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int d = 0; d < D; d++) {
+                    g += (double)w1[e][i * D + d] * x[d];
+                    u += (double)w3[e][i * D + d] * x[d];
+                }
+                g = fmin(g, limit);
+                u = fmax(fmin(u, limit), -limit);
+                h[i] = g / (1 + exp(-g)) * u;
+            }
+            for (int d = 0; d < D; d++) {
+                double s = 0;
+                for (int i = 0; i < I; i++) s += w2[e][d * I + i] * h[i];
+                y[d] += wt * s;
+            }
+        }
+        for (int d = 0; d < D; d++) CHECK_NEAR(out[d], y[d], 1e-4);
+    }
 }
 
 static void test_sim_modes(void) {

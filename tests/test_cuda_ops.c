@@ -660,8 +660,8 @@ static void test_errors_are_reported(void) {
 /* moe at decode shapes (dim 4096, inter 2048: the vector kernels with K split over 2 warps
  * of a block, one slot per pass for one row, 8 for 9 rows), NVFP4 routed experts, and a
  * bf16 shared expert (the element-wise path); the CPU op is the reference, rel <= 1e-5
- * as test_moe (only the summation order differs), 2e-3 with act_fp8 (below).  The ids of a row are distinct (the
- * CPU op assumes it: it gathers at most `rows` slots per expert). */
+ * as test_moe (only the summation order differs), 2e-3 with act_fp8 (below).  An id may repeat within a row
+ * (both slots count, on the CPU as on the GPU). */
 static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t *e, int act_fp8) {
     enum { D = 4096, I = 2048, NE = 4, K = 2 };
     tw parts[3 * NE + 3];

@@ -555,27 +555,30 @@ static void cpu_moe(dsv4_backend *b, float *out, const float *x, int rows, const
     float *xg = PUSH(b, (size_t)rows * dim, float), *yg = PUSH(b, (size_t)rows * dim, float);
     float *wg = PUSH(b, rows, float);
     int *rid = PUSH(b, rows, int);
-    /* visit the experts in id order; each gathers its rows so its weights stream once */
+    /* visit the experts in id order; each gathers its rows so its weights stream once.  An id
+     * repeated within a row (a hash table may hold one) counts as two slots: the buffers hold
+     * `rows` gathered rows, so a pass that fills them runs and the gather goes on. */
     int max_e = -1;
     for (int i = 0; i < rows * k; i++)
         if (e[i] > max_e) max_e = e[i];
     for (int ex = 0; ex <= max_e; ex++) {
         int nr = 0;
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < k; j++)
-                if (e[r * k + j] == ex) {
-                    rid[nr] = r;
-                    wg[nr] = wgt[r * k + j];
-                    memcpy(xg + (size_t)nr * dim, x + (size_t)r * dim, sizeof(float) * dim);
-                    nr++;
-                }
-        if (!nr) continue;
-        ffn_rows(b, yg, xg, nr, &experts[ex], limit, before_w2 ? wg : NULL, act_fp8, act_bf16);
-        for (int i = 0; i < nr; i++) {
-            float w = before_w2 ? 1.0f : wg[i];
-            float *a = acc + (size_t)rid[i] * dim;
-            const float *yy = yg + (size_t)i * dim;
-            for (int64_t d = 0; d < dim; d++) a[d] += w * yy[d];
+        for (int s = 0; s <= rows * k; s++) {
+            if (s < rows * k && e[s] == ex) {
+                rid[nr] = s / k;
+                wg[nr] = wgt[s];
+                memcpy(xg + (size_t)nr * dim, x + (size_t)(s / k) * dim, sizeof(float) * dim);
+                nr++;
+            }
+            if (!nr || (nr < rows && s < rows * k)) continue;
+            ffn_rows(b, yg, xg, nr, &experts[ex], limit, before_w2 ? wg : NULL, act_fp8, act_bf16);
+            for (int i = 0; i < nr; i++) {
+                float w = before_w2 ? 1.0f : wg[i];
+                float *a = acc + (size_t)rid[i] * dim;
+                const float *yy = yg + (size_t)i * dim;
+                for (int64_t d = 0; d < dim; d++) a[d] += w * yy[d];
+            }
+            nr = 0;
         }
     }
     if (shared) ffn_rows(b, yg, x, rows, shared, limit, NULL, act_fp8, act_bf16);
