@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Per-kernel device time per decode step from a ktrace CSV (tools/device/ktrace.c).
+
+usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--all]
+
+The trace is cut into forward passes at each launch of the marker kernel (the embedding
+lookup starts every forward pass); the last N passes are the decode steps of a
+`dsv4 bench --op-profile 0` run.  --all takes the whole trace as one step (a test binary,
+opbench).  Prints, per kernel (and per copy kind): calls per step,
+device time per step, mean time per call, and the step's span, busy time and idle gaps.
+"""
+import lzma, subprocess, sys, collections
+
+def demangle(names):
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
+        return {n: out[i] for i, n in enumerate(names)}
+    except OSError:
+        return {n: n for n in names}
+
+def short(d):
+    # keep the template arguments (they name the kernel variant), drop the parameter list
+    depth = 0
+    for i, c in enumerate(d):
+        if c == '<': depth += 1
+        elif c == '>': depth -= 1
+        elif c == '(' and depth == 0: return d[:i]
+    return d
+
+def main():
+    a = sys.argv[1:]
+    path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False
+    i = 1
+    while i < len(a):
+        if a[i] == "--steps": steps = int(a[i + 1]); i += 2
+        elif a[i] == "--marker": marker = a[i + 1]; i += 2
+        elif a[i] == "--top": top = int(a[i + 1]); i += 2
+        elif a[i] == "--timeline": timeline = True; i += 1
+        elif a[i] == "--all": whole = True; steps = 1; i += 1
+        else: sys.exit("unknown argument " + a[i])
+    op = lzma.open if path.endswith(".xz") else open
+    recs = []
+    with op(path, "rt") as f:
+        for line in f:
+            p = line.rstrip("\n").split(",", 7)
+            if len(p) < 8: continue
+            recs.append((int(p[1]), int(p[2]), p[0], p[7], p[5], p[6], int(p[3])))
+    recs.sort()
+    names = sorted({r[3] for r in recs if r[2] == "K"})
+    dm = demangle(names)
+    label = lambda r: short(dm.get(r[3], r[3])) if r[2] == "K" else r[3] + ("" if r[2] == "S" else " %sB" % r[4] if int(r[4]) < 4096 else " >=4KB")
+    starts = [0] if whole else [i for i, r in enumerate(recs) if r[2] == "K" and marker in dm.get(r[3], r[3])]
+    if len(starts) < steps: sys.exit("only %d passes start with %s" % (len(starts), marker))
+    first = starts[-steps]
+    sel = recs[first:]
+    span = sel[-1][1] - sel[0][0]
+    busy = 0; last_end = sel[0][0]
+    for r in sel:
+        s = max(r[0], last_end)
+        if r[1] > s: busy += r[1] - s
+        last_end = max(last_end, r[1])
+    tot = collections.defaultdict(lambda: [0, 0])
+    for r in sel:
+        t = tot[label(r)]; t[0] += 1; t[1] += r[1] - r[0]
+    ksum = sum(v[1] for v in tot.values())
+    print("decode steps %d: span %.3f ms/step, device busy %.3f ms/step, idle %.3f ms/step; %d records/step; sum of record times %.3f ms/step"
+          % (steps, span / steps / 1e6, busy / steps / 1e6, (span - busy) / steps / 1e6, len(sel) / steps, ksum / steps / 1e6))
+    print("%-70s %8s %10s %9s %6s" % ("kernel", "calls", "us/step", "us/call", "%"))
+    for k, (n, t) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:top]:
+        print("%-70s %8.1f %10.1f %9.2f %6.1f" % (k[:70], n / steps, t / steps / 1e3, t / n / 1e3, 100.0 * t / ksum))
+    if timeline:
+        one = recs[starts[-1]:]
+        t0 = one[0][0]
+        for r in one:
+            print("%9.1f %8.2f %-60s %s %s" % ((r[0] - t0) / 1e3, (r[1] - r[0]) / 1e3, label(r)[:60], r[4], r[5]))
+
+main()
