@@ -42,6 +42,19 @@ static void check_matmul(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int act_
     printf("  matmul %-6s [%lld x %lld] rows %2d act_fp8 %d out_bf16 %d: rel %.2e (tol %.0e)\n", dsv4_wfmt_name(fmt),
            (long long)O, (long long)K, rows, act_fp8, out_bf16, r, tol);
     CHECKF(r <= tol, "matmul %s rel %g", dsv4_wfmt_name(fmt), r);
+    if (r > tol) { /* where the wrong values are: which rows and features, first few values */
+        int64_t bad = 0, shown = 0;
+        for (int64_t i = 0; i < rows * O; i++) {
+            double d = fabs((double)g[i] - a[i]);
+            if (!(d <= 1e-2 * (fabs(a[i]) + 1e-3))) {
+                if (shown++ < 8)
+                    printf("    [row %lld, feature %lld]: gpu %.6g cpu %.6g\n", (long long)(i / O), (long long)(i % O),
+                           g[i], a[i]);
+                bad++;
+            }
+        }
+        printf("    %lld of %lld values off by more than 1%%\n", (long long)bad, (long long)(rows * O));
+    }
     free(x), free(a), free(g);
     free_w(&t);
 }
