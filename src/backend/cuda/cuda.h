@@ -15,5 +15,7 @@ struct dsv4_backend;
 /* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
+/* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
+long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 
 #endif

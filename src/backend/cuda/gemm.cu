@@ -95,39 +95,6 @@ static size_t weight_bytes(const dsv4_weight *w) {
 #define SG_BK 16
 #define SG_LD (SG_BM + 4) /* shared row length in floats: multiple of 4 for float4 reads */
 
-/* W[o][k .. k+8) dequantized; k is a multiple of 8 and the 8 values share one scale */
-template <int FMT>
-__device__ __forceinline__ void load_w8(const dweight &w, int64_t o, int64_t k, float (&v)[8]) {
-    const int64_t K = w.cols;
-    if (FMT == DSV4_WF_F32) {
-        const float4 *p = (const float4 *)((const float *)w.data + o * K + k);
-        float4 a = __ldg(p), b = __ldg(p + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else if (FMT == DSV4_WF_BF16) {
-        uint4 u = __ldg((const uint4 *)((const uint16_t *)w.data + o * K + k));
-        const uint16_t *h = (const uint16_t *)&u;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = d_bf16_to_f32(h[i]);
-    } else if (FMT == DSV4_WF_FP8) {
-        uint2 u = __ldg((const uint2 *)(w.data + o * K + k));
-        int64_t scols = (K + w.block - 1) / w.block, si = (o / w.block) * scols + k / w.block;
-        float s = w.scale_f32 ? __ldg((const float *)w.scale + si) : d_e8m0_to_f32(__ldg(w.scale + si));
-        const uint8_t *c = (const uint8_t *)&u;
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = d_e4m3_to_f32(c[i]) * s;
-    } else { /* MXFP4 / NVFP4: byte j holds element 2j (low nibble) and 2j+1 */
-        uint32_t u = __ldg((const unsigned int *)(w.data + o * (K / 2) + k / 2));
-        float s = FMT == DSV4_WF_MXFP4 ? d_e8m0_to_f32(__ldg(w.scale + o * (K / 32) + k / 32))
-                                       : d_e4m3_to_f32(__ldg(w.scale + o * (K / 16) + k / 16)) * w.scale2;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t byte = (u >> (8 * i)) & 0xffu;
-            v[2 * i] = d_e2m1_to_f32(byte & 15u) * s;
-            v[2 * i + 1] = d_e2m1_to_f32(byte >> 4) * s;
-        }
-    }
-}
-
 template <int FMT>
 __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const float *__restrict__ x, int rows,
                                                dweight w, int out_bf16, int vec_out) {
@@ -164,7 +131,7 @@ __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const
 #pragma unroll
                 for (int i = 0; i < 8; i++) xv[i] = 0.0f;
             }
-            if (w_in) load_w8<FMT>(w, n0 + lr, k0 + lk, wv);
+            if (w_in) d_load_w8<FMT>(w, n0 + lr, k0 + lk, wv);
             else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) wv[i] = 0.0f;
