@@ -1,10 +1,11 @@
 /* tests/test_cuda_mhc: the CUDA mHC ops (src/backend/cuda/mhc.cu) against the CPU ops.
  *
- * hc_pre, hc_post and hc_head at rows 1 and 3 (the one-launch decode path) and 8 and 40
+ * hc_pre, hc_post and hc_head at rows 1, 3 and 4 (the one-launch decode path) and 8 and 40
  * (part + fin), hc 4 at dim 4096 (V4-Flash) and at dim 50 (element-wise tails: dim % 4 != 0),
  * hc 2 at dim 64 (eight Sinkhorn matrices per warp, y for any hc) and hc 6 at dim 49 (the
- * shared-memory Sinkhorn; K = 294 is not a multiple of 4: every element-wise path), each with the numerics flags off (exact) and on (reference: gemm_bf16, out_bf16,
- * state_bf16).  Tolerances, rel = ||gpu - cpu|| / ||cpu||:
+ * shared-memory Sinkhorn; K = 294 is not a multiple of 4: every element-wise path) and hc 4
+ * at dim 64 (k_hc_dec in one block), each with the numerics flags off (exact) and on
+ * (reference: gemm_bf16, out_bf16, state_bf16).  Tolerances, rel = ||gpu - cpu|| / ||cpu||:
  *   hc_pre y, post, comb and hc_head y: 1e-5 in fp32 (the mix dot products and the sum of
  *     squares are summed in another order, and expf differs by an ulp; Sinkhorn itself is the
  *     CPU's arithmetic); y rounded to bf16: 4e-3 (an order difference can flip one bf16 ulp);
@@ -14,6 +15,8 @@
  * and a CUDA-graph capture (ops->segment) of the decode path gives the same bits as eager.
  * Each case prints an FNV-1a hash of the GPU's output bits, so two builds of mhc.cu can be
  * compared on the device (same inputs: the generator is seeded).
+ * Also rmsnorm (src/backend/cuda/norm.cu) at every Flash norm shape, in and out of place.
+ * DSV4_MHC_BENCH=2 runs decode-shape kernel phases for tools/device/ktrace.c (test_zy_phases).
  * DSV4_MHC_BENCH=1 adds a timing: 200 back-to-back calls at V4-Flash's shapes (hc 4, dim
  * 4096, fn f32 [24][16384], 20 Sinkhorn iterations) on device buffers, eager (host clock
  * around the calls and one ops->check) and inside one CUDA graph (device time between the
@@ -115,9 +118,9 @@ static void check_case(int rows, int hc, int dim, int bf) {
 
 static void test_flash_hc4(void) {
     NEED_GPU();
-    int rows[] = {1, 3, 8, 40};
+    int rows[] = {1, 3, 4, 8, 40};
     for (int bf = 0; bf < 2; bf++)
-        for (int i = 0; i < 4; i++) check_case(rows[i], 4, 4096, bf);
+        for (int i = 0; i < 5; i++) check_case(rows[i], 4, 4096, bf);
 }
 
 static void test_small_dims(void) {
@@ -128,6 +131,7 @@ static void test_small_dims(void) {
             check_case(rows[i], 4, 50, bf);
             check_case(rows[i], 2, 64, bf);
             check_case(rows[i], 6, 49, bf);
+            check_case(rows[i], 4, 64, bf); /* K = 256: the decode kernel in one block */
         }
 }
 
@@ -263,9 +267,143 @@ static void test_zy_bench(void) {
     park_hc(&w);
 }
 
+/* ----- rmsnorm at V4-Flash's decode shapes (src/backend/cuda/norm.cu) -----
+ * attn_norm / ffn_norm (4096), q_norm (1024), kv_norm (512) with bf16 and f32 weights, the
+ * per-head unweighted norm (64 x 512), 1 and 3 rows, out of place and in place (the
+ * forward pass normalizes y in place).  Tolerance as test_cuda_ops' norm test, 1e-6 in fp32
+ * (the sum of squares is summed in another order), up to dim 1024; 2e-6 above, because the
+ * CPU's serial fp32 sum of 4096 squares carries its own rounding error: the kernel before
+ * this version measured 1.04e-6 on the 1-row f32-weight case (H200), the 1024-thread one
+ * the same there and 1.04e-6 on 3 rows with bf16 weights.  4e-3 rounded to bf16. */
+static void check_rmsnorm(int rows, int dim, int fmt, int bf) {
+    size_t n = (size_t)rows * dim;
+    float *x = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
+    tw w;
+    memset(&w, 0, sizeof w);
+    if (fmt >= 0) w = make_w((dsv4_wfmt)fmt, 1, dim, 0);
+    const dsv4_weight *wp = fmt < 0 ? NULL : &w.w;
+    fill(x, n, 3);
+    cpu.ops->rmsnorm(&cpu, a, x, rows, dim, wp, 1e-6f, bf);
+    gpu.ops->rmsnorm(&gpu, g, x, rows, dim, wp, 1e-6f, bf);
+    CHECK(gpu_ok());
+    double r = rel(g, a, n);
+    gpu.ops->rmsnorm(&gpu, x, x, rows, dim, wp, 1e-6f, bf); /* in place */
+    CHECK(gpu_ok());
+    double ri = rel(x, a, n);
+    printf("  rmsnorm rows %d dim %4d w %-4s bf16 %d: rel %.2e, in place %.2e\n", rows, dim,
+           fmt < 0 ? "none" : fmt == DSV4_WF_BF16 ? "bf16" : "f32", bf, r, ri);
+    double tol = bf ? 4e-3 : dim > 1024 ? 2e-6 : 1e-6;
+    CHECKF(r <= tol && ri <= tol, "rmsnorm rows %d dim %d fmt %d bf16 %d", rows, dim, fmt, bf);
+    free(x), free(a), free(g);
+    if (fmt >= 0) free_w(&w);
+}
+
+static void test_rmsnorm_flash(void) {
+    NEED_GPU();
+    int dims[] = {4096, 1024, 512};
+    for (int bf = 0; bf < 2; bf++)
+        for (int rows = 1; rows <= 3; rows += 2) {
+            for (int i = 0; i < 3; i++) {
+                check_rmsnorm(rows, dims[i], DSV4_WF_BF16, bf);
+                check_rmsnorm(rows, dims[i], DSV4_WF_F32, bf);
+            }
+            check_rmsnorm(rows * 64, 64, -1, bf);
+            check_rmsnorm(rows, 2048, DSV4_WF_BF16, bf);
+            check_rmsnorm(rows, 96, DSV4_WF_BF16, bf); /* not a multiple of 128: the scalar kernel */
+        }
+}
+
+/* ----- kernel phases for ktrace (DSV4_MHC_BENCH=2) -----
+ * Decode-shape calls in phases of PH_N, each phase opened by a 36-byte device-to-device copy
+ * (the marker a trace reader cuts at; weight uploads are host-to-device, and a 4-byte one
+ * exists: hc_head's scale) after 3 unmarked warm-up calls, which a reader sorts into the
+ * phase before; "cold" phases copy 256 MB
+ * between calls so every call's weights come from DRAM, as in a decode step.  Phase names
+ * print in order.  Run under tools/device/ktrace.c to read each kernel's device time. */
+enum { PH_N = 30 };
+static float *ph_big_a, *ph_big_b, *ph_mark;
+static const size_t PH_BIG = (size_t)256 << 20;
+
+typedef struct {
+    int op, rows, dim, fmt, iters; /* op: 0 hc_pre, 1 hc_head, 2 hc_post, 3 rmsnorm, 4 rope, 5 scale */
+} ph_call;
+
+static void ph_run(const char *name, const ph_call *c, int cold, hc_w *w, tw *nw, float *xd, float *yd, float *pd,
+                   float *cd, float *od) {
+    static int64_t pos[4] = {2048, 2049, 2050, 2051};
+    static double freq[32];
+    for (int i = 0; i < 32; i++) freq[i] = pow(10000.0, -2.0 * i / 64);
+    for (int i = -3; i < PH_N; i++) {
+        if (i == 0) gpu.ops->copy(&gpu, ph_mark + 32, ph_mark, 36);
+        if (cold && i >= 0) gpu.ops->copy(&gpu, ph_big_a, ph_big_b, PH_BIG);
+        switch (c->op) {
+        case 0:
+            gpu.ops->hc_pre(&gpu, yd, pd, cd, xd, c->rows, 4, 4096, &w->fn.w, &w->wb, &w->ws, c->iters, 1e-6f, 1e-6f,
+                            0, 0);
+            break;
+        case 1: gpu.ops->hc_head(&gpu, yd, xd, c->rows, 4, 4096, &w->hfn.w, &w->hb, &w->hs, 1e-6f, 1e-6f, 0, 0); break;
+        case 2: gpu.ops->hc_post(&gpu, od, yd, xd, pd, cd, c->rows, 4, 4096, 0); break;
+        case 3: gpu.ops->rmsnorm(&gpu, yd, yd, c->rows, c->dim, c->fmt < 0 ? NULL : &nw->w, 1e-6f, 0); break;
+        case 4: gpu.ops->rope(&gpu, yd, c->rows, 64, 512, 64, pos, freq, 0, 0); break;
+        default: gpu.ops->scale(&gpu, yd, (size_t)c->dim, 1.0f, 0); break;
+        }
+    }
+    CHECK(gpu_ok());
+    printf("  PHASE %s\n", name);
+}
+
+static void test_zy_phases(void) {
+    const char *e = getenv("DSV4_MHC_BENCH");
+    if (!e || strcmp(e, "2") != 0) SKIP_TEST("kernel phases for ktrace: DSV4_MHC_BENCH=2");
+    NEED_GPU();
+    const int R = 4;
+    hc_w w = make_hc(4, 4096);
+    tw n4096 = make_w(DSV4_WF_BF16, 1, 4096, 0), n1024 = make_w(DSV4_WF_BF16, 1, 1024, 0),
+       n512 = make_w(DSV4_WF_BF16, 1, 512, 0);
+    size_t nx = (size_t)R * 4 * 4096;
+    float *X = malloc(sizeof(float) * nx);
+    fill(X, nx, 2);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *od = gpu.ops->alloc(&gpu, sizeof(float) * nx),
+          *yd = gpu.ops->alloc(&gpu, sizeof(float) * R * 64 * 512), *pd = gpu.ops->alloc(&gpu, sizeof(float) * R * 4),
+          *cd = gpu.ops->alloc(&gpu, sizeof(float) * R * 16);
+    ph_big_a = gpu.ops->alloc(&gpu, PH_BIG), ph_big_b = gpu.ops->alloc(&gpu, PH_BIG);
+    ph_mark = gpu.ops->alloc(&gpu, 256);
+    REQUIRE(xd && od && yd && pd && cd && ph_big_a && ph_big_b && ph_mark);
+    gpu.ops->upload(&gpu, xd, X, sizeof(float) * nx);
+    gpu.ops->upload(&gpu, yd, X, sizeof(float) * R * 4096);
+    struct {
+        const char *name;
+        ph_call c;
+        int cold;
+        tw *nw;
+    } ph[] = {
+        {"hc_pre rows 1 cold", {0, 1, 0, 0, 20}, 1, NULL},
+        {"hc_pre rows 1 warm", {0, 1, 0, 0, 20}, 0, NULL},
+        {"hc_pre rows 1 iters 0 cold", {0, 1, 0, 0, 0}, 1, NULL},
+        {"hc_pre rows 4 cold", {0, 4, 0, 0, 20}, 1, NULL},
+        {"hc_head rows 1 cold", {1, 1, 0, 0, 0}, 1, NULL},
+        {"hc_post rows 1 warm", {2, 1, 0, 0, 0}, 0, NULL},
+        {"rmsnorm 4096 bf16 cold", {3, 1, 4096, DSV4_WF_BF16, 0}, 1, &n4096},
+        {"rmsnorm 4096 bf16 warm", {3, 1, 4096, DSV4_WF_BF16, 0}, 0, &n4096},
+        {"rmsnorm 1024 bf16 cold", {3, 1, 1024, DSV4_WF_BF16, 0}, 1, &n1024},
+        {"rmsnorm 512 bf16 cold", {3, 1, 512, DSV4_WF_BF16, 0}, 1, &n512},
+        {"rmsnorm 64 x 64 heads", {3, 64, 64, -1, 0}, 0, NULL},
+        {"rope 64 heads", {4, 1, 0, 0, 0}, 0, NULL},
+        {"scale 1 (floor)", {5, 1, 1, 0, 0}, 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof ph / sizeof ph[0]; i++)
+        ph_run(ph[i].name, &ph[i].c, ph[i].cold, &w, ph[i].nw, xd, yd, pd, cd, od);
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, yd), gpu.ops->free(&gpu, pd);
+    gpu.ops->free(&gpu, cd), gpu.ops->free(&gpu, ph_big_a), gpu.ops->free(&gpu, ph_big_b), gpu.ops->free(&gpu, ph_mark);
+    free(X);
+    free_w(&n4096), free_w(&n1024), free_w(&n512);
+    park_hc(&w);
+}
+
 static void test_zz_release(void) {
     for (int i = 0; i < n_parked; i++) free(parked[i]);
     n_parked = 0;
 }
 
-TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_zy_bench, test_zz_release)
+TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_rmsnorm_flash, test_zy_bench, test_zy_phases,
+          test_zz_release)

@@ -19,6 +19,8 @@
  *         CPU's order, then divides: the same arithmetic as the CPU op; larger hc: one warp
  *         per row, thread j normalizes row j and thread k column k in shared memory, same
  *         order) while the other warps form y = sum_j pre_j X_j (j ascending).
+ *   Decode at hc 4 with an f32 fn (V4-Flash) takes k_hc_dec (its banner below), the
+ *   others this:
  *   Decode (one launch, k_hc_fused): every block runs part; the block that finishes last
  *   (a device counter of this backend's stream, incremented after a __threadfence and put
  *   back to 0 by that last block, so it is 0 between launches and CUDA-graph replays) runs
@@ -28,6 +30,11 @@
  *   same for both launch shapes.  Differences from the CPU op: the accumulation order of
  *   the mix dot products and the sum of squares (fp32; measured in tests/test_cuda_mhc.c,
  *   tolerance 1e-5), expf, and nvcc's fma contraction, as before this version.
+ * Measured on the H200 (tests/test_cuda_mhc DSV4_MHC_BENCH=2 under tools/device/ktrace.c,
+ *   Flash shapes, fn evicted from L2 before each call, us per kernel): rows 1: k_hc_fused
+ *   11.35, k_hc_dec 8.24 (with fn in L2: 9.45 / 7.18); rows 4: 15.85 / 11.46; hc_head
+ *   6.82 / 5.39.  Of k_hc_dec's 8.2 us, 20 Sinkhorn iterations are 1.7 (iters 0: 6.56);
+ *   the shortest kernel on the same run (k_scale of one float) took 0.74.
  * hc_post: one thread per (row, k, 4 adjacent d): post[k] o[d] + sum_j comb[j][k] R[j][d],
  *   j ascending (the scalar kernel's expression, element-wise when dim % 4 != 0).
  * Layout: X [rows][hc*dim] (stream j at j*dim), post [rows][hc], comb [rows][hc*hc].
@@ -371,6 +378,199 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
     hc_fin_rows(y, post, comb, part, splits, X, r0, nr, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head, &sm);
 }
 
+/* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
+ * One launch of K / (128 T) blocks of 384 threads (12 warps).  Block b owns columns
+ * [128 T b, 128 T (b + 1)): lane l of every warp loads its 16-byte vectors of X (the
+ * group's rows) and of fn (outputs m = warp + 12 u, u < 2) for the T tiles at once -- no
+ * shared staging, no barrier before the math -- and writes one partial per (row, m) and the
+ * row's sum of squares (warp 0).  The last block (done counter, as k_hc_fused) then loads
+ * its first round of X for y while it sums the partials (lane-strided in split order, then
+ * a warp tree), and splits: the first ceil(rows / 2) warps run softmax + Sinkhorn in lanes
+ * (16 lanes per row: the arithmetic of hc_sinkhorn_lanes<4>, the row softmax in the same
+ * lanes) and write post / comb, the other warps form pre (a named barrier among them) and
+ * y.  Same expressions as hc_fin_rows; only the split of the dot products differs. */
+enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM = (2 + HD_HC) * HD_HC,
+       HD_T = 2, /* tiles per lane: at K = 16384, 64 blocks (T = 1: 128 blocks, same time; T = 4: +0.3 us) */
+       HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */ };
+
+template <int T>
+__global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
+                                                       unsigned *done, const float *__restrict__ X, int nr, int dim,
+                                                       const float *__restrict__ fn, int nm, int splits, dweight base,
+                                                       dweight scale, int iters, float norm_eps, float hc_eps,
+                                                       int gemm_bf16, int out_bf16, int head) {
+    __shared__ float mix[HD_ROWS][HD_NM + 1], pre[HD_ROWS][HD_HC], bs[HD_NM], sc[3];
+    __shared__ int last;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
+    float2 bsv = hc_bs_load(base, scale, nm);
+    {
+        float4 wv[HD_MU][T], xv[HD_ROWS][T];
+#pragma unroll
+        for (int u = 0; u < HD_MU; u++) {
+            int m = warp + HD_WARPS * u;
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                wv[u][t] = m < nm ? __ldg((const float4 *)(fn + m * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < HD_ROWS; r++)
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                xv[r][t] = r < nr ? __ldg((const float4 *)(X + r * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
+        float ss[HD_ROWS], acc[HD_MU][HD_ROWS];
+#pragma unroll
+        for (int r = 0; r < HD_ROWS; r++) {
+            ss[r] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                float4 v = xv[r][t];
+                ss[r] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                if (gemm_bf16) xv[r][t] = make_float4(d_round_bf16(v.x), d_round_bf16(v.y), d_round_bf16(v.z),
+                                                      d_round_bf16(v.w));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < HD_MU; u++)
+#pragma unroll
+            for (int r = 0; r < HD_ROWS; r++) {
+                acc[u][r] = 0.0f;
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    float4 w = wv[u][t], x = xv[r][t];
+                    if (gemm_bf16) w = make_float4(d_round_bf16(w.x), d_round_bf16(w.y), d_round_bf16(w.z),
+                                                   d_round_bf16(w.w));
+                    acc[u][r] += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+                }
+            }
+#pragma unroll
+        for (int u = 0; u < HD_MU; u++)
+#pragma unroll
+            for (int r = 0; r < HD_ROWS; r++) acc[u][r] = warp_sum(acc[u][r]);
+#pragma unroll
+        for (int r = 0; r < HD_ROWS; r++) ss[r] = warp_sum(ss[r]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < HD_ROWS; r++) {
+                if (r >= nr) break;
+#pragma unroll
+                for (int u = 0; u < HD_MU; u++) {
+                    int m = warp + HD_WARPS * u;
+                    if (m < nm) part[((int64_t)r * (nm + 1) + m) * splits + blockIdx.x] = acc[u][r];
+                }
+                if (warp == 0) part[((int64_t)r * (nm + 1) + nm) * splits + blockIdx.x] = ss[r];
+            }
+            __threadfence(); /* this warp's partials are visible device-wide before the block counts itself */
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(done, 1u);
+        last = prev == gridDim.x - 1;
+        if (last) atomicExch(done, 0u); /* every block of this launch has counted */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int nsw = head ? 0 : (nr + 1) / 2; /* Sinkhorn warps: two 4x4 matrices per warp */
+    int dq = dim / 4, n = nr * dq, tt = (int)threadIdx.x - nsw * 32, nt = HD_THREADS - nsw * 32;
+    float4 xy[HD_YP][HD_HC]; /* y's first round of X, in flight while the partials are summed */
+    if (tt >= 0) {
+#pragma unroll
+        for (int p = 0; p < HD_YP; p++) {
+            int q = tt + p * nt;
+            if (q >= n) break;
+            int rr = q / dq;
+            const float *xr = X + rr * K + (int64_t)(q - rr * dq) * 4;
+#pragma unroll
+            for (int j = 0; j < HD_HC; j++) xy[p][j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+        }
+    }
+    int nq = nr * (nm + 1);
+    for (int q0 = warp; q0 < nq; q0 += HD_WARPS * HD_PQ) { /* pairs (row, m): splits <= 128 */
+        float v[HD_PQ][4];
+#pragma unroll
+        for (int i = 0; i < HD_PQ; i++) {
+            int q = q0 + i * HD_WARPS;
+            const float *p = part + (int64_t)(q < nq ? q : 0) * splits;
+#pragma unroll
+            for (int s = 0; s < 4; s++) v[i][s] = lane + 32 * s < splits ? __ldcg(p + lane + 32 * s) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < HD_PQ; i++) {
+            float a = ((v[i][0] + v[i][1]) + v[i][2]) + v[i][3];
+            v[i][0] = warp_sum(a);
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < HD_PQ; i++) {
+                int q = q0 + i * HD_WARPS;
+                if (q < nq) mix[q / (nm + 1)][q % (nm + 1)] = v[i][0];
+            }
+    }
+    if ((int)threadIdx.x < nm) bs[threadIdx.x] = bsv.x;
+    if (threadIdx.x < 3) sc[threadIdx.x] = bsv.y;
+    __syncthreads();
+    float width = (float)K;
+    if (warp < nsw) { /* softmax + Sinkhorn: lane e = i*4 + k of group g holds C[i][k] of row 2 warp + g */
+        constexpr int E = HD_HC * HD_HC;
+        int g = lane / E, e = lane % E, i = e / HD_HC, k = e % HD_HC, rr = warp * 2 + g, base16 = g * E;
+        bool act = rr < nr;
+        const float *mr = mix[act ? rr : 0]; /* idle lanes repeat row 0 (same path, nothing written) */
+        float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
+        if (act && e < HD_HC)
+            post[rr * HD_HC + e] =
+                2.0f * d_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mr[HD_HC + e], sn), sc[1]), bs[HD_HC + e]));
+        float cv = (mr[2 * HD_HC + e] * sn) * sc[2] + bs[2 * HD_HC + e];
+        float mx = -INFINITY, rv[HD_HC];
+#pragma unroll
+        for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
+#pragma unroll
+        for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
+        cv = expf(cv - mx);
+        cv = cv / hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
+        for (int it = 0; it < iters; it++) {
+            if (it > 0) cv /= hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
+            cv /= hc_lane_sum<HD_HC>(cv, base16, k, HD_HC) + hc_eps;                  /* column k: i ascending */
+        }
+        if (act) comb[rr * E + e] = cv;
+        return;
+    }
+    if (tt < nr * HD_HC) {
+        int rr = tt / HD_HC, j = tt - rr * HD_HC;
+        const float *mr = mix[rr];
+        float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
+        pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* the y warps only */
+    for (int q0 = tt; q0 < n; q0 += HD_YP * nt) {
+        if (q0 != tt) {
+#pragma unroll
+            for (int p = 0; p < HD_YP; p++) {
+                int q = q0 + p * nt;
+                if (q >= n) break;
+                int rr = q / dq;
+                const float *xr = X + rr * K + (int64_t)(q - rr * dq) * 4;
+#pragma unroll
+                for (int j = 0; j < HD_HC; j++) xy[p][j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < HD_YP; p++) {
+            int q = q0 + p * nt;
+            if (q >= n) break;
+            int rr = q / dq;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < HD_HC; j++) {
+                float pj = pre[rr][j];
+                v.x += pj * xy[p][j].x, v.y += pj * xy[p][j].y, v.z += pj * xy[p][j].z, v.w += pj * xy[p][j].w;
+            }
+            hc_y_store(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4, v, out_bf16);
+        }
+    }
+}
+
 /* ----- done counters -----
  * The fused kernel's counters must be 0 when it starts and survive between launches (and
  * graph replays), so they cannot live in the per-op scratch.  One slot of HC_SLOTS device
@@ -408,6 +608,7 @@ static unsigned *hc_done_counters(dsv4_backend *b) {
 }
 
 /* ----- entry points ----- */
+
 static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
                       const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                       float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, int head) {
@@ -430,12 +631,22 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
     int splits = (int)((K + kspan - 1) / kspan);
     unsigned *done = rows <= HC_FUSED_ROWS ? hc_done_counters(b) : NULL;
     float *xd = (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * K);
-    float *part = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * (nm + 1) * splits);
+    /* room for either split: k_hc_dec has up to 128 */
+    float *part = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * (nm + 1) * (splits > 128 ? splits : 128));
     float *yd = (float *)dsv4_cuda_out(b, y, sizeof(float) * rows * dim);
     float *pd = head ? NULL : (float *)dsv4_cuda_out(b, post, sizeof(float) * rows * hc);
     float *cd = head ? NULL : (float *)dsv4_cuda_out(b, comb, sizeof(float) * rows * hc * hc);
     if (!xd || !part || !yd || (!head && (!pd || !cd))) return;
-    if (done) {
+    int fast = done && hc == HD_HC && rows <= HD_ROWS && wf.fmt == DSV4_WF_F32 && dim % 4 == 0 &&
+               K % (HC_KT * HD_T) == 0 && K / (HC_KT * HD_T) <= 128 &&
+               (((uintptr_t)wf.data | (uintptr_t)xd | (uintptr_t)yd) & 15) == 0;
+    if (fast) {
+        int g = (int)(K / (HC_KT * HD_T));
+        k_hc_dec<HD_T><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, xd, rows, dim,
+                                                            (const float *)wf.data, nm, g, wb, ws, iters, norm_eps,
+                                                            hc_eps, gemm_bf16, out_bf16, head);
+        if (CKL(b)) return;
+    } else if (done) {
         k_hc_fused<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(
             yd, pd, cd, part, done, xd, rows, hc, dim, wf, nm, kspan, splits, wb, ws, iters, norm_eps, hc_eps,
             gemm_bf16, out_bf16, head);
