@@ -3,8 +3,13 @@
  * rmsnorm: one block per vector; sum of squares by a block tree (the CPU sums
  *   serially: accumulation order is the only difference), then x * rsqrt(mean + eps) * w,
  *   rounded to bf16 if asked -- the same expression.  Dims that are multiples of 128 up to
- *   4096 (every Flash norm) take k_rmsnorm_vec: dim/4 threads at most 256, the row and its
- *   weights held in registers from one round of loads; others k_rmsnorm (256 threads).
+ *   4096 (every Flash norm but the per-head 64) take k_rmsnorm_vec: dim/4 threads (at most
+ *   1024: one float4 per thread at dim 4096), the row and its weights held in registers from
+ *   one round of loads, bf16 / f32 weights as one 8- / 16-byte load per 4; others k_rmsnorm
+ *   (256 threads).  Measured on the H200 (ktrace, tests/test_cuda_mhc DSV4_MHC_BENCH=2, bf16
+ *   weights evicted from L2, 1 row): dim 4096 4.57 us with 256 threads and element-wise
+ *   weights, 3.20 with vector weights, 2.46 at 512 threads, 2.19 at 1024; dim 1024 1.97 ->
+ *   1.61, dim 512 1.85 -> 1.51 (vector weights).
  * rope: one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq like
  *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's).  Up
  *   to 32 rows (decode) the positions and frequencies go in the kernel's parameters
@@ -33,12 +38,26 @@ __global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int ha
     }
 }
 
+/* weights 4c..4c+3 as one 16-byte (f32, vw = 1) or 8-byte (bf16, vw = 2) load where the
+ * host found the data aligned, else element by element (same values either way) */
+__device__ __forceinline__ float4 d_weight4(const dweight &w, int64_t c, int vw) {
+    if (vw == 1) return __ldg((const float4 *)w.data + c);
+    if (vw == 2) {
+        uint2 u = __ldg((const uint2 *)w.data + c);
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                           __uint_as_float(u.y & 0xffff0000u));
+    }
+    return make_float4(d_weight_at(w, 0, 4 * c), d_weight_at(w, 0, 4 * c + 1), d_weight_at(w, 0, 4 * c + 2),
+                       d_weight_at(w, 0, 4 * c + 3));
+}
+
 /* dim = 4 * NV * blockDim.x: thread t holds float4s t, t + blockDim.x, ... of the row in
  * registers, with their weights loaded in the same breath (one memory round trip before
  * the block sum instead of three), then writes x * s * w from registers (in place is safe:
  * a thread writes only what it read). */
 template <int NV>
-__global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, int has_w, float eps, int out_bf16) {
+__global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, int has_w, int vw, float eps,
+                              int out_bf16) {
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     const float4 *xr = (const float4 *)(x + r * dim);
@@ -48,9 +67,7 @@ __global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, in
     for (int j = 0; j < NV; j++) {
         int i = threadIdx.x + j * blockDim.x;
         v[j] = __ldg(xr + i);
-        if (has_w)
-            wv[j] = make_float4(d_weight_at(w, 0, 4 * i), d_weight_at(w, 0, 4 * i + 1), d_weight_at(w, 0, 4 * i + 2),
-                                d_weight_at(w, 0, 4 * i + 3));
+        if (has_w) wv[j] = d_weight4(w, i, vw);
     }
 #pragma unroll
     for (int j = 0; j < NV; j++) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -75,14 +92,19 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     float *od = out == x ? xd : (float *)dsv4_cuda_out(b, out, sizeof(float) * n);
     if (!xd || !od) return;
-    /* vector path: dim a multiple of 128 up to 4096, 16-byte aligned rows */
-    int nv4 = dim / 4, th = nv4 < 256 ? nv4 : 256, nv = th ? nv4 / th : 0;
+    int vw = !w ? 0
+             : dw.fmt == DSV4_WF_F32 && ((uintptr_t)dw.data & 15) == 0 ? 1
+             : dw.fmt == DSV4_WF_BF16 && ((uintptr_t)dw.data & 7) == 0 ? 2
+                                                                        : 0;
+    /* vector path: dim a multiple of 128 up to 4096, 16-byte aligned rows; one float4 per
+     * thread up to 1024 threads */
+    int nv4 = dim / 4, th = nv4 < 1024 ? nv4 : 1024, nv = th ? nv4 / th : 0;
     int vec = dim % 128 == 0 && dim <= 4096 && nv4 % th == 0 && (nv == 1 || nv == 2 || nv == 4) &&
               ((uintptr_t)xd & 15) == 0 && ((uintptr_t)od & 15) == 0;
     if (!vec) k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
-    else if (nv == 1) k_rmsnorm_vec<1><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
-    else if (nv == 2) k_rmsnorm_vec<2><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
-    else k_rmsnorm_vec<4><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
+    else if (nv == 1) k_rmsnorm_vec<1><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
+    else if (nv == 2) k_rmsnorm_vec<2><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
+    else k_rmsnorm_vec<4><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
