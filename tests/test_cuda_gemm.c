@@ -30,6 +30,7 @@
 
 #define CUDA_TEST_SEED 777
 #define CUDA_TEST_NAME "test_cuda_gemm"
+#include "backend/cuda/cuda.h"
 #include "cuda_test_util.h"
 
 /* CPU vs CUDA matmul on one random case; returns rel (prints it) */
@@ -226,6 +227,21 @@ static void test_timing(void) {
     }
 }
 
+/* the grouped matmul (wo_a) of many rows runs on the SGEMM, group by group in grid.z:
+ * checked against the CPU op (cuda_check_grouped: 2e-6, 4e-3 with bf16 rounding of x, W and
+ * out), including partial row and feature tiles */
+static void test_grouped_sgemm(void) {
+    NEED_GPU();
+    long n0 = dsv4_cuda_sgemm_grouped_calls();
+    cuda_check_grouped(DSV4_WF_FP8, 8, 256, 512, 160, 0, "sgemm grouped");
+    cuda_check_grouped(DSV4_WF_FP8, 8, 256, 512, 130, 1, "sgemm grouped");
+    cuda_check_grouped(DSV4_WF_MXFP4, 4, 100, 256, 200, 0, "sgemm grouped");
+    cuda_check_grouped(DSV4_WF_BF16, 2, 192, 128, 129, 0, "sgemm grouped");
+    long took = dsv4_cuda_sgemm_grouped_calls() - n0;
+    printf("  grouped calls on the SGEMM: %ld of 4\n", took);
+    CHECK_EQ_INT((int)took, 4);
+}
+
 static void test_zz_release(void) {
     for (int i = 0; i < n_parked; i++) free(parked[i]);
     n_parked = 0;
@@ -239,7 +255,8 @@ static void test_zy_timing(void) {
 }
 
 #define main test_main_
-TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_nan_rows, test_fallbacks, test_zy_timing,
+TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_nan_rows, test_fallbacks, test_grouped_sgemm,
+          test_zy_timing,
           test_zz_release)
 #undef main
 

@@ -379,6 +379,9 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
                               const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
                               int out_bf16);
 void dsv4_cuda_act_quant(dsv4_backend *b, float *out_d, const float *x_d, int rows, int64_t K, int block);
+/* the grouped matmul of many rows on the SGEMM (gemm.cu): 1 when it ran, 0 when the GEMV must */
+int dsv4_cuda_gemm_grouped(dsv4_backend *b, float *od, const float *xd, int rows, const dsv4_weight *w, int groups,
+                           int in_bf16, int out_bf16);
 void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n);
 
 #endif

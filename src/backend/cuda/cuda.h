@@ -17,5 +17,7 @@ struct dsv4_backend;
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
+/* grouped matmuls (wo_a) of many rows that took the SGEMM (gemm.cu), all backends of the process */
+long dsv4_cuda_sgemm_grouped_calls(void);
 
 #endif

@@ -95,20 +95,27 @@ static size_t weight_bytes(const dsv4_weight *w) {
 #define SG_BK 16
 #define SG_LD (SG_BM + 4) /* shared row length in floats: multiple of 4 for float4 reads */
 
+/* Grouped form (wo_a; grid.z = group g): features g*gN .. g*gN + gN - 1 read x columns
+ * g*gx .. g*gx + K - 1 and write out columns g*gN ..; a plain matmul is one group with
+ * gN = N, gx = 0.  ldx / ldo: row strides of x and out.  w_bf16 rounds each dequantized
+ * weight to bf16 (the grouped op's in_bf16, as the CPU's mm does). */
 template <int FMT>
 __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const float *__restrict__ x, int rows,
-                                               dweight w, int out_bf16, int vec_out) {
+                                               dweight w, int out_bf16, int vec_out, int64_t ldx, int64_t ldo,
+                                               int64_t gN, int64_t gx, int w_bf16) {
     __shared__ __align__(16) float xs[2][SG_BK][SG_LD];
     __shared__ __align__(16) float ws[2][SG_BK][SG_LD];
     const int tid = threadIdx.x;
-    const int64_t K = w.cols, N = w.rows;
+    const int64_t K = w.cols, N = gN, gw = (int64_t)blockIdx.z * gN;
     const int m0 = blockIdx.x * SG_BM;
     const int64_t n0 = (int64_t)blockIdx.y * SG_BN;
+    x += (int64_t)blockIdx.z * gx;
+    out += gw;
 
     /* loader: thread -> (tile row lr, k offset lk) of both x and W */
     const int lr = tid >> 1, lk = (tid & 1) * 8;
     const int x_in = m0 + lr < rows, w_in = n0 + lr < N;
-    const float *xp = x + (int64_t)(x_in ? m0 + lr : 0) * K + lk;
+    const float *xp = x + (int64_t)(x_in ? m0 + lr : 0) * ldx + lk;
     float xv[8], wv[8];
 
     /* compute: thread -> rows ty*4 + {0..3}, 64 + ty*4 + {0..3}; features likewise with tx */
@@ -131,8 +138,13 @@ __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const
 #pragma unroll
                 for (int i = 0; i < 8; i++) xv[i] = 0.0f;
             }
-            if (w_in) d_load_w8<FMT>(w, n0 + lr, k0 + lk, wv);
-            else {
+            if (w_in) {
+                d_load_w8<FMT>(w, gw + n0 + lr, k0 + lk, wv);
+                if (w_bf16) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) wv[i] = d_round_bf16(wv[i]);
+                }
+            } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) wv[i] = 0.0f;
             }
@@ -166,7 +178,7 @@ __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const
     for (int i = 0; i < 8; i++) {
         int m = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
         if (m >= rows) continue;
-        float *orow = out + (int64_t)m * N;
+        float *orow = out + (int64_t)m * ldo;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int64_t n = n0 + h * 64 + tx * 4;
@@ -197,20 +209,43 @@ static int sgemm_ok(const dsv4_weight *w) {
     }
 }
 
-static void launch_sgemm(dsv4_backend *b, float *od, const float *xd, int rows, const dweight &w, int out_bf16) {
+/* groups G of gN features each (G = 1, gN = w.rows: a plain matmul); x rows of ldx floats,
+ * group g reading columns g * gx .. */
+static void launch_sgemm(dsv4_backend *b, float *od, const float *xd, int rows, const dweight &w, int out_bf16,
+                         int G, int64_t gN, int64_t ldx, int64_t gx, int w_bf16) {
     cuda_impl *c = CI(b);
-    int vec_out = w.rows % 4 == 0 && ((uintptr_t)od & 15) == 0;
-    dim3 grid((unsigned)((rows + SG_BM - 1) / SG_BM), (unsigned)((w.rows + SG_BN - 1) / SG_BN));
+    int64_t ldo = (int64_t)G * gN;
+    int vec_out = gN % 4 == 0 && ((uintptr_t)od & 15) == 0;
+    dim3 grid((unsigned)((rows + SG_BM - 1) / SG_BM), (unsigned)((gN + SG_BN - 1) / SG_BN), (unsigned)G);
+#define SG_ARGS od, xd, rows, w, out_bf16, vec_out, ldx, ldo, gN, gx, w_bf16
     switch (w.fmt) {
-    case DSV4_WF_F32: k_sgemm<DSV4_WF_F32><<<grid, 256, 0, c->stream>>>(od, xd, rows, w, out_bf16, vec_out); break;
-    case DSV4_WF_BF16: k_sgemm<DSV4_WF_BF16><<<grid, 256, 0, c->stream>>>(od, xd, rows, w, out_bf16, vec_out); break;
-    case DSV4_WF_FP8: k_sgemm<DSV4_WF_FP8><<<grid, 256, 0, c->stream>>>(od, xd, rows, w, out_bf16, vec_out); break;
-    case DSV4_WF_MXFP4:
-        k_sgemm<DSV4_WF_MXFP4><<<grid, 256, 0, c->stream>>>(od, xd, rows, w, out_bf16, vec_out);
-        break;
-    default: k_sgemm<DSV4_WF_NVFP4><<<grid, 256, 0, c->stream>>>(od, xd, rows, w, out_bf16, vec_out); break;
+    case DSV4_WF_F32: k_sgemm<DSV4_WF_F32><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
+    case DSV4_WF_BF16: k_sgemm<DSV4_WF_BF16><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
+    case DSV4_WF_FP8: k_sgemm<DSV4_WF_FP8><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
+    case DSV4_WF_MXFP4: k_sgemm<DSV4_WF_MXFP4><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
+    default: k_sgemm<DSV4_WF_NVFP4><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
     }
+#undef SG_ARGS
     CKL(b);
+}
+
+/* The grouped matmul (wo_a) of many rows on the SGEMM: out[r][g*R + j] = sum_k W[g*R + j][k]
+ * x[r][g*C + k] (x already rounded to bf16 by the caller when in_bf16; the weights are
+ * rounded here then).  Returns 1 when it ran, 0 when the GEMV path must take the call
+ * (few rows, a shape or alignment the tiles do not take). */
+static long grouped_calls; /* process-wide, for the tests */
+long dsv4_cuda_sgemm_grouped_calls(void) { return grouped_calls; }
+
+int dsv4_cuda_gemm_grouped(dsv4_backend *b, float *od, const float *xd, int rows, const dsv4_weight *w, int groups,
+                           int in_bf16, int out_bf16) {
+    int64_t R = w->rows / groups, C = w->cols;
+    if (rows < sgemm_min_rows() || !sgemm_ok(w) || R % 4 || C % 4 || ((uintptr_t)xd & 15)) return 0;
+    dweight dw;
+    if (dsv4_cuda_weight(b, w, &dw)) return 1;
+    launch_sgemm(b, od, xd, rows, dw, out_bf16, groups, R, (int64_t)groups * C, C, in_bf16);
+    grouped_calls++;
+    if (!CI(b)->failed) CI(b)->weight_bytes_read += weight_bytes(w);
+    return 1;
 }
 
 /* ===================================================================================== */
@@ -451,7 +486,7 @@ void cu_matmul_any(dsv4_backend *b, float *out, const float *x, int rows, const 
             dsv4_cuda_act_quant(b, xq, xd, rows, w->cols, 128);
             xd = xq;
         }
-        launch_sgemm(b, od, xd, rows, dw, out_bf16);
+        launch_sgemm(b, od, xd, rows, dw, out_bf16, 1, dw.rows, dw.cols, 0, 0);
     }
     if (CI(b)->failed) return;
     CI(b)->weight_bytes_read += weight_bytes(w);
