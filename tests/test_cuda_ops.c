@@ -674,16 +674,17 @@ static void test_errors_are_reported(void) {
  * of a block, one slot per pass for one row, 8 for 9 rows), NVFP4 routed experts, and a
  * bf16 shared expert (the element-wise path); the CPU op is the reference, rel <= 1e-5
  * as test_moe (only the summation order differs), 2e-3 with act_fp8 (below).  An id may repeat within a row
- * (both slots count, on the CPU as on the GPU). */
-static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t *e, int act_fp8) {
+ * (both slots count, on the CPU as on the GPU).  sf32: FP8 weights carry f32 block scales (else e8m0).
+ * One row takes k_moe_b1 (DSV4_CUDA_MOE_BULK=2: k_moe_bulk), 2..8 rows k_moe_bulk. */
+static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t *e, int act_fp8, int sf32) {
     enum { D = 4096, I = 2048, NE = 4, K = 2 };
     tw parts[3 * NE + 3];
     dsv4_ffn_w ex[NE], sh;
     for (int x = 0; x <= NE; x++) {
         dsv4_wfmt f = x < NE ? rfmt : sfmt;
-        parts[3 * x] = make_w(f, I, D, 0);
-        parts[3 * x + 1] = make_w(f, D, I, 0);
-        parts[3 * x + 2] = make_w(f, I, D, 0);
+        parts[3 * x] = make_w(f, I, D, sf32);
+        parts[3 * x + 1] = make_w(f, D, I, sf32);
+        parts[3 * x + 2] = make_w(f, I, D, sf32);
         dsv4_ffn_w fw = {.w1 = parts[3 * x].w, .w2 = parts[3 * x + 1].w, .w3 = parts[3 * x + 2].w};
         if (x < NE) ex[x] = fw;
         else sh = fw;
@@ -706,11 +707,13 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
      * the quantization (CPU op with act_fp8 off against on, these shapes and inputs) moves the
      * output by 7.1e-2 (1 row) and 6.8e-2 (9 rows): 2e-3 still fails a path that skips it. */
     double tol = act_fp8 ? 2e-3 : 1e-5;
-    printf("  moe wide %s routed, %s shared, rows %d, act_fp8 %d: rel %.2e (tol %.0e), %s kernels\n",
-           dsv4_wfmt_name(rfmt), dsv4_wfmt_name(sfmt), R, act_fp8, r, tol, bulk ? "bulk-copy" : "slot-group");
-    CHECKF(r <= tol, "moe wide rel %g", r);
-    /* up to 8 rows with FP4/FP8 experts of these shapes take k_moe_bulk unless it is switched off */
     const char *mbe = getenv("DSV4_CUDA_MOE_BULK");
+    const char *kern = !bulk ? "slot-group" : R == 1 && !(mbe && mbe[0] == '2') ? "one-row cp.async" : "bulk-copy";
+    printf("  moe wide %s routed, %s shared%s, rows %d, act_fp8 %d: rel %.2e (tol %.0e), %s kernels\n",
+           dsv4_wfmt_name(rfmt), dsv4_wfmt_name(sfmt), sf32 ? " (f32 scales)" : "", R, act_fp8, r, tol, kern);
+    CHECKF(r <= tol, "moe wide rel %g", r);
+    /* up to 8 rows with FP4/FP8 experts of these shapes take k_moe_b1 (one row) or k_moe_bulk
+     * unless switched off; the counter counts both */
     int want_bulk = R <= 8 && sfmt == DSV4_WF_FP8 && !(mbe && mbe[0] == '0');
     CHECKF(bulk == want_bulk, "moe wide: bulk path taken %ld times, expected %d", bulk, want_bulk);
     for (int i = 0; i < 3 * NE + 3; i++) free_w(&parts[i]);
@@ -721,16 +724,18 @@ static void test_moe_wide(void) {
     NEED_GPU();
     static const int32_t e1[2] = {2, 0}, e9[18] = {0, 1, 1, 2, 3, 0, 2, 1, 0, 3, 3, 2, 1, 0, 2, 3, 0, 2};
     static const int32_t edup[2] = {3, 3}; /* one expert twice in a row (a hash table may repeat one) */
-    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 0);
-    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 1);
-    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 9, e9, 1);
-    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 3, e9, 0);
-    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 0);
-    check_moe_wide(DSV4_WF_FP8, DSV4_WF_FP8, 1, e1, 0);
-    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 1, e1, 0); /* bf16 shared expert: the slot-group kernels */
-    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 3, e9, 0);  /* groups of 1-3 slots on the staged tiles */
-    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 8, e9, 1);
-    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, edup, 0); /* one row: two one-slot groups of expert 3 */
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 0, 0);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, e1, 1, 0);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 9, e9, 1, 0);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 3, e9, 0, 0);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 0, 0);
+    check_moe_wide(DSV4_WF_FP8, DSV4_WF_FP8, 1, e1, 0, 0);
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_BF16, 1, e1, 0, 0); /* bf16 shared expert: the slot-group kernels */
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 3, e9, 0, 0);  /* groups of 1-3 slots on the staged tiles */
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 8, e9, 1, 0);
+    check_moe_wide(DSV4_WF_MXFP4, DSV4_WF_FP8, 1, edup, 0, 0); /* one row: two one-slot groups of expert 3 */
+    check_moe_wide(DSV4_WF_FP8, DSV4_WF_FP8, 1, e1, 0, 1);     /* FP8 with f32 block scales */
+    check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 1, 1);   /* NVFP4 routed, f32-scaled FP8 shared, act_fp8 */
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,

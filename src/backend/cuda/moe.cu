@@ -34,8 +34,10 @@
  *   Weights that are not MXFP4/NVFP4 (K % 32 == 0) or FP8 (K % 16, block % 16, K % block)
  *   and unaligned x/h take the element-wise warp_dot_multi (one warp per feature).
  *   Up to MOE_G rows with FP4/FP8 experts of suitable shapes, A and B are k_moe_bulk
- *   instead (its section below: weight tiles streamed by the bulk-copy engine); for one row
- *   the plan then cuts groups of one slot.
+ *   instead (its section below: weight tiles streamed by the bulk-copy engine), and for one
+ *   row k_moe_b1 (per-thread cp.async pipelines, its section below); for one row the plan
+ *   then cuts groups of one slot.  DSV4_CUDA_MOE_BULK=0 turns both off (slot-group kernels),
+ *   =2 runs one row on k_moe_bulk as before k_moe_b1 (A/B runs).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
  *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
  *   exit at once.  Each layer's expert weights (device views) are one table in device
@@ -776,6 +778,216 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
     }
 }
 
+/* ----- one row: the expert GEMVs on per-thread cp.async pipelines (k_moe_b1) -----
+ * At batch 1 every group has one slot.  Block (chunk, group) = grid (x, y) computes FB
+ * consecutive features of one group (up: w1 and w3 rows, h = SwiGLU; down: w2 rows, y).
+ * Thread t owns the 16-byte column vector c = t % cv (cv = row bytes / 16) of the features
+ * p, p + P, ... (p = t / cv, P = 256 / cv), M of them (up 16, down 32): every block streams
+ * 256 x 32 vectors = 128 KB whatever the format.  Its 32 (FP4) or 16 (FP8) x values stay in
+ * registers.  The thread copies its own vectors (and the 4-byte word holding their block
+ * scales) into its own slots of B1_S shared-memory stages by cp.async, B1_V vectors per
+ * stage, and waits for them with cp.async.wait_group: no block barrier until the end, and
+ * (B1_S - 1) x B1_V x 16 bytes per thread are always in flight (96 KB per SM at 2 blocks).
+ * Per stage a warp sums its lanes' B1_V vector sums (shuffle tree) into a slot of `part`;
+ * after the block's one barrier a feature's sum is its cv / 32 warp sums added in warp order
+ * (deterministic), as in k_moe_bulk.
+ * e2m1 decode (DEC 1): the code's magnitude bits go to bits 9..11 of an f16 and its sign to
+ * bit 15, which makes the f16 the e2m1 value times 2^-14 exactly (code 1 = 0.5 a subnormal
+ * f16); two codes per f16x2, converted to f32 by cvt.  The vector's sum is multiplied by 2^14
+ * (exact) before its block scale, so the result is the one of exact values but for x values
+ * below 2^-110, whose products would underflow.  No shared-memory table: the LSU keeps to the
+ * stages.  DEC 0 reads the table instead (DSV4_CUDA_MOE_LUT=1, an A/B switch).
+ * Measured (H200, ktrace, Flash shapes, 6 MXFP4 experts + FP8 shared; one device session):
+ * inside the decode graphs (bench, 2 layers, context 2048) gate/up 45.9 us and down 23.6 us
+ * per call against 61.4 and 41.2 for k_moe_bulk<.., 0>; opbench --flush-mb 512: 44.9 / 22.5
+ * against 58.1 / 38.0, with the table 48.7 / 24.1.  That is ~1.5 TB/s for both, about 10
+ * weights per clock per SM: bound by instruction issue at 16 warps per SM (96 registers,
+ * 80 KB of stages per block), not by the bytes in flight. */
+enum { B1_S = 4, B1_V = 4, B1_MUP = 16, B1_MDN = 32 };
+#define B1_SMEM (B1_S * B1_V * 256 * 16 + B1_S * B1_V * 256 * 4 + 256 * 4)
+
+__device__ __forceinline__ void b1_cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void b1_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void b1_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* the e2m1 codes at bits [O, O + 4) of both 16-bit halves of q, times 2^-14, as f32 */
+template <int O>
+__device__ __forceinline__ float2 b1_e2m1x2(uint32_t q) {
+    uint32_t m = O <= 9 ? q << (O <= 9 ? 9 - O : 0) : q >> (O > 9 ? O - 9 : 0);
+    uint32_t s = q << (12 - O);
+    uint32_t hv = (m & 0x0E000E00u) | (s & 0x80008000u);
+    float lo, hi;
+    asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(hv));
+    return make_float2(lo, hi);
+}
+
+/* thread's sum over vector q (its scale word sw) times x values xr */
+template <int FP4, int DEC>
+__device__ __forceinline__ float b1_vec(const uint4 &q, uint32_t sw, const mb_half &W, int c, const float *xr,
+                                        const float *lut) {
+    const uint32_t *qw = (const uint32_t *)&q;
+    if (FP4) {
+        float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f; /* a: values 0..15, b: 16..31 */
+#pragma unroll
+        for (int w4 = 0; w4 < 4; w4++) {
+            float2 f[4];
+            if (DEC) {
+                f[0] = b1_e2m1x2<0>(qw[w4]);
+                f[1] = b1_e2m1x2<4>(qw[w4]);
+                f[2] = b1_e2m1x2<8>(qw[w4]);
+                f[3] = b1_e2m1x2<12>(qw[w4]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    f[j] = make_float2(lut[(qw[w4] >> (4 * j)) & 15u], lut[(qw[w4] >> (4 * j + 16)) & 15u]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) { /* f[j]: values 8 w4 + j and 8 w4 + j + 4 */
+                float p0 = f[j].x * xr[8 * w4 + j], p1 = f[j].y * xr[8 * w4 + j + 4];
+                if (w4 < 2) a0 += p0, a1 += p1;
+                else b0 += p0, b1 += p1;
+            }
+        }
+        float a = a0 + a1, b = b0 + b1;
+        if (DEC) a *= 16384.0f, b *= 16384.0f; /* 2^14: the f16 codes' scale, exact */
+        if (W.fmt == DSV4_WF_MXFP4) return (a + b) * d_e8m0_to_f32((sw >> (8 * (c & 3))) & 255u);
+        int sh = 8 * ((2 * c) & 3);
+        float s0 = d_e4m3_to_f32((sw >> sh) & 255u) * W.scale2, s1 = d_e4m3_to_f32((sw >> (sh + 8)) & 255u) * W.scale2;
+        return a * s0 + b * s1;
+    }
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < 4; w4++) {
+        float2 e0 = d_e4m3x2_to_f32x2((uint16_t)qw[w4]), e1 = d_e4m3x2_to_f32x2((uint16_t)(qw[w4] >> 16));
+        a0 += e0.x * xr[4 * w4] + e1.x * xr[4 * w4 + 2];
+        a1 += e0.y * xr[4 * w4 + 1] + e1.y * xr[4 * w4 + 3];
+    }
+    float sc = W.scale_f32 ? __uint_as_float(sw) : d_e8m0_to_f32((sw >> (8 * ((c * 16 / W.block) & 3))) & 255u);
+    return (a0 + a1) * sc;
+}
+
+/* the block's FB features from f0 of one group (weights W: up w1, w3; down w2) */
+template <int UP, int FP4, int DEC>
+__device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
+                                       float *out, float pre, float limit, int act_bf16, const float *lut) {
+    constexpr int NH = UP ? 2 : 1, U = B1_V / NH, M = UP ? B1_MUP : B1_MDN, NIT = M / U, VN = FP4 ? 32 : 16;
+    static_assert(NIT >= B1_S - 1 && B1_V % NH == 0 && 8 * M * NH <= 256, "b1 geometry: part holds 256 sums");
+    uint4 *sd = (uint4 *)sm;
+    uint32_t *ssc = (uint32_t *)(sm + B1_S * B1_V * 256 * 16);
+    float *part = (float *)(ssc + B1_S * B1_V * 256);
+    int tid = threadIdx.x, lane = tid & 31;
+    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
+    float xr[VN];
+    const float4 *xp = (const float4 *)(xs + (int64_t)c * VN);
+#pragma unroll
+    for (int j = 0; j < VN / 4; j++) {
+        float4 v = __ldg(xp + j);
+        xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
+    }
+    auto issue = [&](int it) { /* stage it % B1_S <- this thread's vectors of iteration it */
+        int st = it % B1_S;
+#pragma unroll
+        for (int j = 0; j < B1_V; j++) {
+            int u = j / NH, hh = j % NH;
+            int64_t o = f0 + p + (int64_t)P * (it * U + u);
+            if (o < rows) {
+                const mb_half &H = W[hh];
+                b1_cp16(&sd[(st * B1_V + j) * 256 + tid], H.data + o * H.rowb + (int64_t)c * 16);
+                const uint8_t *sp;
+                if (FP4) sp = H.scale + o * H.srow + (H.fmt == DSV4_WF_MXFP4 ? c : 2 * c);
+                else sp = H.scale + (o / H.block) * H.srow + (int64_t)(c * 16 / H.block) * (H.scale_f32 ? 4 : 1);
+                b1_cp4(&ssc[(st * B1_V + j) * 256 + tid], (const void *)((uintptr_t)sp & ~(uintptr_t)3));
+            }
+        }
+        b1_commit();
+    };
+#pragma unroll
+    for (int it = 0; it < B1_S - 1; it++) issue(it);
+    for (int it = 0; it < NIT; it++) {
+        if (it + B1_S - 1 < NIT) issue(it + B1_S - 1);
+        else b1_commit(); /* an empty group keeps the count of pending groups at B1_S - 1 */
+        b1_wait<B1_S - 1>();
+        int st = it % B1_S;
+        float a2[B1_V][1];
+#pragma unroll
+        for (int j = 0; j < B1_V; j++)
+            a2[j][0] = b1_vec<FP4, DEC>(sd[(st * B1_V + j) * 256 + tid], ssc[(st * B1_V + j) * 256 + tid], W[j % NH],
+                                        c, xr, lut);
+        /* rows past the weight's end hold stale stage data: their sums are never written */
+        float wsum = mv_reduce<B1_V, 1>(a2, nullptr, 0, 0, 1, lane); /* value j on lane j */
+        if (lane < B1_V) {
+            int fl = p + P * (it * U + lane / NH);
+            part[(fl * NH + lane % NH) * kw + kwi] = wsum;
+        }
+    }
+    __syncthreads();
+    int64_t nvalid = rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M;
+    for (int fl = tid; fl < nvalid; fl += blockDim.x) {
+        float v[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const float *pp = part + (fl * NH + hh) * kw;
+            float t = pp[0];
+            for (int j = 1; j < kw; j++) t += pp[j];
+            v[hh] = t;
+        }
+        if (UP) out[f0 + fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
+        else out[f0 + fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
+    }
+}
+
+/* grid (chunks, max groups); dynamic shared memory B1_SMEM; groups of one slot (rows == 1) */
+template <int UP, int DEC>
+__global__ void __launch_bounds__(256, 2) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
+                                                   const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                   int64_t dim, int act_fp8, float limit, int act_bf16) {
+    extern __shared__ __align__(128) uint8_t b1s[];
+    __shared__ float lut[16];
+    if (threadIdx.x < 16) lut[threadIdx.x] = d_e2m1_to_f32(threadIdx.x);
+    __syncthreads();
+    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
+    const group &G = groups[blockIdx.y];
+    const dexpert &E = tab[G.ex];
+    mb_half W[2];
+    int64_t rows;
+    const float *xs;
+    float *out;
+    if (UP) {
+        W[0] = mb_make(E.w1);
+        W[1] = mb_make(E.w3);
+        rows = E.w1.rows;
+        xs = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
+        out = h + (int64_t)G.slot[0] * ldh;
+    } else {
+        W[0] = W[1] = mb_make(E.w2);
+        rows = E.w2.rows < dim ? E.w2.rows : dim;
+        xs = h + (int64_t)G.slot[0] * ldh;
+        out = y + (int64_t)G.slot[0] * dim;
+    }
+    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * (UP ? B1_MUP : B1_MDN);
+    if (f0 >= rows) return; /* block-uniform: past this group's features */
+    if (W[0].fmt == DSV4_WF_FP8)
+        b1_run<UP, 0, DEC>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
+    else
+        b1_run<UP, 1, DEC>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
+}
+
+/* k_moe_b1's chunks (grid.x) for weight w of rows features */
+static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int up) {
+    int fp4 = w->fmt == DSV4_WF_MXFP4 || w->fmt == DSV4_WF_NVFP4;
+    int64_t cv = (fp4 ? w->cols / 2 : w->cols) / 16, fb = (256 / cv) * (up ? B1_MUP : B1_MDN);
+    return (unsigned)((rows + fb - 1) / fb);
+}
+
 /* 1 if weight w can take k_moe_bulk (up: a w1/w3 half, down: w2): FP4 or FP8, 32..256
  * 16-byte vectors per row (a power of two), 16-byte aligned data and scale rows, and the
  * scales of a tile within its area of the stage */
@@ -949,7 +1161,8 @@ struct cuda_devside {
     moe_table *tab;
     int n_tab, cap_tab;
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
-    long mb_calls;                  /* moe calls that took k_moe_bulk */
+    int b1;                         /* one row: 0 k_moe_bulk, 1 k_moe_b1, 2 k_moe_b1 with the e2m1 table */
+    long mb_calls;                  /* moe calls that took k_moe_bulk or k_moe_b1 */
 };
 
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
@@ -1047,7 +1260,7 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
-static int mb_setup(dsv4_backend *b) {
+static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
     const void *fns[4] = {(const void *)k_moe_bulk<1, 0>, (const void *)k_moe_bulk<0, 0>,
                           (const void *)k_moe_bulk<1, 1>, (const void *)k_moe_bulk<0, 1>};
@@ -1062,8 +1275,18 @@ static int mb_setup(dsv4_backend *b) {
             return -1;
         if (o < occ) occ = o;
     }
-    const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG");
+    const void *b1f[4] = {(const void *)k_moe_b1<1, 1>, (const void *)k_moe_b1<0, 1>, (const void *)k_moe_b1<1, 0>,
+                          (const void *)k_moe_b1<0, 0>};
+    for (int i = 0; i < 4; i++)
+        if (CK(b, cudaFuncSetAttribute(b1f[i], cudaFuncAttributeMaxDynamicSharedMemorySize, B1_SMEM)) ||
+            CK(b, cudaFuncSetAttribute(b1f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared)))
+            return -1;
+    const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG"),
+               *lut = getenv("DSV4_CUDA_MOE_LUT");
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
+    /* one row: k_moe_b1 unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
+    d->b1 = off && off[0] == '2' ? 0 : lut && lut[0] == '1' ? 2 : 1;
     if (dbg && dbg[0] == '1')
         fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d blocks per SM, %d SMs\n",
                 MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), occ, nsm);
@@ -1148,7 +1371,7 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         h[x].q1 = quantized(f->w1.fmt);
         if (x < n_routed) t->q1_any |= h[x].q1;
     }
-    if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b);
+    if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b, d);
     if (!bad && !CK(b, cudaMalloc((void **)&t->dev, sizeof *h * ((size_t)n_routed + 1))) &&
         !CK(b, cudaMemcpyAsync(t->dev, h, sizeof *h * ((size_t)n_routed + 1), cudaMemcpyHostToDevice,
                                CI(b)->stream))) { /* pageable source: taken before this returns */
@@ -1221,7 +1444,26 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
-    if (bulk && rows == 1)
+    int b1 = bulk && rows == 1 && ds->b1 > 0;
+    unsigned b1_up = 0, b1_dn = 0;
+    if (b1) { /* chunks of the routed and the shared expert's features, the larger */
+        const dsv4_weight *r2 = &experts[0].w2;
+        b1_up = b1_chunks(&experts[0].w1, t->inter, 1);
+        b1_dn = b1_chunks(r2, r2->rows < dim ? r2->rows : dim, 0);
+        if (shared) {
+            unsigned su = b1_chunks(&shared->w1, shared->w1.rows, 1),
+                     sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, 0);
+            b1_up = su > b1_up ? su : b1_up;
+            b1_dn = sd > b1_dn ? sd : b1_dn;
+        }
+    }
+    if (b1 && ds->b1 == 1)
+        k_moe_b1<1, 1><<<dim3(b1_up, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                                                                            dim, act_fp8, limit, act_bf16);
+    else if (b1)
+        k_moe_b1<1, 0><<<dim3(b1_up, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                                                                            dim, act_fp8, limit, act_bf16);
+    else if (bulk && rows == 1)
         k_moe_bulk<1, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
                                                                   y, dim, act_fp8, limit, act_bf16);
     else if (bulk)
@@ -1253,7 +1495,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    if (bulk && rows == 1)
+    if (b1 && ds->b1 == 1)
+        k_moe_b1<0, 1><<<dim3(b1_dn, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                                                                            dim, act_fp8, limit, act_bf16);
+    else if (b1)
+        k_moe_b1<0, 0><<<dim3(b1_dn, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                                                                            dim, act_fp8, limit, act_bf16);
+    else if (bulk && rows == 1)
         k_moe_bulk<0, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
                                                                   y, dim, act_fp8, limit, act_bf16);
     else if (bulk)
