@@ -16,14 +16,17 @@
  *     scales and rounds differently by ~1 ulp of the partial for f32 scales);
  *   outputs rounded to bf16 (out_bf16, grouped in/out_bf16) 4e-3: one bf16 ulp may flip.
  * Every output is preset to NaN so an unwritten row fails.
- * test_timing (device buffers, 3 warm-up + 50 calls timed around one ops->check) prints us
- * per call, GB/s of weights and the fraction of a 256 MB device copy (read + written) timed
- * the same way, as `dsv4 opbench` counts it, for rows 1, 2, 4, 8; it checks nothing.
+ * test_fresh_weights: weights never seen before, used at once (the upload must be complete
+ *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
+ * test_timing: the Flash decode shapes (wq_b, grouped wo_a, wo_b, wq_a, wkv, indexer wq_b,
+ *   bf16 compressor / gate / weights_proj-like) at rows 1, 2, 4, 8, cold (a 256 MB device
+ *   copy before each of 20 calls), device time per call from the backend's per-op events;
+ *   prints us, GB/s and the fraction of the device copy bandwidth, and checks the timed
+ *   outputs against the CPU op (2e-6).  Run it under tools/device/ktrace.c for kernel times.
  * Without a CUDA device (or in a CPU-only build) the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define CUDA_TEST_SEED 4242
 #define CUDA_TEST_NAME "test_cuda_linear"
@@ -93,13 +96,28 @@ static void test_other_shapes(void) {
     cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 7, 0, "wo_a r7");
 }
 
-/* ----- timing (figures only) ----- */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+/* A weight the backend has never seen is uploaded by the op that first uses it and must be
+ * read complete by that op's kernel (a 1 MB F32 weight at rows 5 once read wrong values in
+ * test_cuda_ops, 2 of 6 runs): fresh weights of several sizes, each used once. */
+static void test_fresh_weights(void) {
+    NEED_GPU();
+    static const int64_t os[] = {64, 256, 1024, 4096};
+    int bad = 0, runs = 0;
+    for (int rep = 0; rep < 6; rep++)
+        for (int i = 0; i < 4; i++) {
+            char what[32];
+            snprintf(what, sizeof what, "fresh %d", rep);
+            bad += !check_mm(DSV4_WF_F32, os[i], 1024, 5, 0, 0, 1, what);
+            runs++;
+        }
+    printf("  fresh weights: %d of %d calls wrong\n", bad, runs);
 }
 
+/* ----- timing (figures only) ----- */
+/* Cold: every call is preceded by a 256 MB device copy (L2 is 50-60 MB), so the weights
+ * come from DRAM as in a decode step; device time per op from the backend's event pair
+ * (ops->profile), which brackets the op's kernels.  A ktrace run (tools/device) gives the
+ * kernel times alone. */
 static double wbytes(const tw *t) {
     const dsv4_weight *w = &t->w;
     double n = (double)w->rows * w->cols;
@@ -111,78 +129,69 @@ static double wbytes(const tw *t) {
     }
 }
 
-static double copy_gbs;
-
-static double time_calls(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int groups, double *gbs) {
-    enum { WARM = 3, REPS = 50 };
-    tw t = make_w(fmt, O, K, 0);
-    int64_t xc = groups > 1 ? groups * K : K;
-    float *x = malloc(sizeof(float) * rows * xc);
-    fill(x, (size_t)rows * xc, 1);
-    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * xc), *od = gpu.ops->alloc(&gpu, sizeof(float) * rows * O);
-    double us = -1;
-    if (xd && od) {
-        gpu.ops->upload(&gpu, xd, x, sizeof(float) * rows * xc);
-        double t0 = 0;
-        for (int i = 0; i < WARM + REPS; i++) {
-            if (i == WARM) {
-                gpu_ok();
-                t0 = now_s();
-            }
-            if (groups > 1) gpu.ops->matmul_grouped(&gpu, od, xd, rows, &t.w, groups, 0, 0);
-            else gpu.ops->matmul(&gpu, od, xd, rows, &t.w, 0, 0);
-        }
-        gpu_ok();
-        us = (now_s() - t0) * 1e6 / REPS;
-        *gbs = wbytes(&t) / (us * 1e-6) / 1e9;
-    }
-    if (xd) gpu.ops->free(&gpu, xd);
-    if (od) gpu.ops->free(&gpu, od);
-    free(x);
-    free_w(&t);
-    return us;
-}
-
 static void test_timing(void) {
     NEED_GPU();
-    enum { WARM = 3, REPS = 20 };
-    size_t cb = (size_t)256 << 20;
-    void *ca = gpu.ops->alloc(&gpu, cb), *cbuf = gpu.ops->alloc(&gpu, cb);
-    if (ca && cbuf) {
-        double t0 = 0;
-        for (int i = 0; i < WARM + REPS; i++) {
-            if (i == WARM) {
-                gpu_ok();
-                t0 = now_s();
-            }
-            gpu.ops->copy(&gpu, cbuf, ca, cb);
-        }
-        gpu_ok();
-        double us = (now_s() - t0) * 1e6 / REPS;
-        copy_gbs = 2.0 * cb / (us * 1e-6) / 1e9;
-        printf("  timing copy 256 MB: %.1f us, %.0f GB/s (read + written)\n", us, copy_gbs);
-    }
-    if (ca) gpu.ops->free(&gpu, ca);
-    if (cbuf) gpu.ops->free(&gpu, cbuf);
+    enum { REPS = 20 };
+    size_t fb = (size_t)256 << 20;
+    void *fa = gpu.ops->alloc(&gpu, fb), *fc = gpu.ops->alloc(&gpu, fb);
+    REQUIRE(fa && fc);
+    double copy_gbs = gpu.ops->copy_bandwidth ? gpu.ops->copy_bandwidth(&gpu, fb) : 0;
+    printf("  timing: device copy %.0f GB/s (read + written)\n", copy_gbs);
     static const struct {
         dsv4_wfmt fmt;
         int64_t O, K;
         int groups;
         const char *what;
     } sh[] = {
-        {DSV4_WF_FP8, 32768, 1024, 1, "wq_b"},       {DSV4_WF_FP8, 4096, 8192, 1, "wo_b"},
-        {DSV4_WF_FP8, 8192, 4096, 8, "wo_a grouped"}, {DSV4_WF_FP8, 1024, 4096, 1, "wq_a"},
-        {DSV4_WF_FP8, 8192, 1024, 1, "idx wq_b"},    {DSV4_WF_BF16, 1024, 4096, 1, "compressor"},
-        {DSV4_WF_BF16, 32320, 4096, 1, "head/4"},
+        {DSV4_WF_FP8, 32768, 1024, 1, "wq_b"},    {DSV4_WF_FP8, 8192, 4096, 8, "wo_a grouped"},
+        {DSV4_WF_FP8, 4096, 8192, 1, "wo_b"},     {DSV4_WF_FP8, 1024, 4096, 1, "wq_a"},
+        {DSV4_WF_FP8, 512, 4096, 1, "wkv"},       {DSV4_WF_FP8, 8192, 1024, 1, "idx wq_b"},
+        {DSV4_WF_BF16, 1024, 4096, 1, "compressor"}, {DSV4_WF_BF16, 256, 4096, 1, "gate"},
+        {DSV4_WF_BF16, 64, 4096, 1, "weights_proj"},
     };
     static const int rs[] = {1, 2, 4, 8};
-    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        tw t = make_w(sh[i].fmt, sh[i].O, sh[i].K, 0);
+        int64_t xc = sh[i].groups > 1 ? sh[i].K * sh[i].groups : sh[i].K;
         for (int j = 0; j < 4; j++) {
-            double gbs = 0, us = time_calls(sh[i].fmt, sh[i].O, sh[i].K, rs[j], sh[i].groups, &gbs);
-            printf("  timing %-12s %-5s [%5lld x %4lld] rows %d: %7.1f us, %6.0f GB/s, %5.1f %% of copy\n", sh[i].what,
-                   dsv4_wfmt_name(sh[i].fmt), (long long)sh[i].O, (long long)sh[i].K, rs[j], us, gbs,
-                   copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
+            int rows = rs[j];
+            float *x = malloc(sizeof(float) * rows * xc), *a = malloc(sizeof(float) * rows * sh[i].O),
+                  *g = malloc(sizeof(float) * rows * sh[i].O);
+            float *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * xc),
+                  *od = gpu.ops->alloc(&gpu, sizeof(float) * rows * sh[i].O);
+            REQUIRE(x && a && g && xd && od);
+            fill(x, (size_t)rows * xc, 1);
+            gpu.ops->upload(&gpu, xd, x, sizeof(float) * rows * xc);
+            gpu.ops->profile(&gpu, 1);
+            for (int k = 0; k < REPS; k++) {
+                gpu.ops->copy(&gpu, fc, fa, fb);
+                if (sh[i].groups > 1) gpu.ops->matmul_grouped(&gpu, od, xd, rows, &t.w, sh[i].groups, 0, 0);
+                else gpu.ops->matmul(&gpu, od, xd, rows, &t.w, 0, 0);
+            }
+            dsv4_backend_stats st;
+            gpu.ops->stats(&gpu, &st);
+            gpu.ops->profile(&gpu, 0);
+            int ok = gpu_ok();
+            /* the timed calls are checked against the CPU op too (2e-6, as above) */
+            gpu.ops->download(&gpu, g, od, sizeof(float) * rows * sh[i].O);
+            if (sh[i].groups > 1) cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, sh[i].groups, 0, 0);
+            else cpu.ops->matmul(&cpu, a, x, rows, &t.w, 0, 0);
+            double r = rel(g, a, (size_t)rows * sh[i].O);
+            int op = sh[i].groups > 1 ? 2 : 1; /* DSV4_CUDA_OP_MATMUL_GROUPED : _MATMUL */
+            double us = st.calls[op] ? 1e3 * st.ms[op] / st.calls[op] : -1, gbs = wbytes(&t) / (us * 1e3);
+            printf("  timing %-12s %-5s [%5lld x %4lld] rows %d: %6.2f us cold, %5.0f GB/s, %5.1f %% of copy, "
+                   "rel %.1e\n",
+                   sh[i].what, dsv4_wfmt_name(sh[i].fmt), (long long)sh[i].O, (long long)sh[i].K, rows, us, gbs,
+                   copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0, r);
+            CHECKF(ok && r <= 2e-6, "timed %s rows %d rel %g", sh[i].what, rows, r);
+            gpu.ops->free(&gpu, xd);
+            gpu.ops->free(&gpu, od);
+            free(x), free(a), free(g);
         }
+        free_w(&t);
+    }
+    gpu.ops->free(&gpu, fa);
+    gpu.ops->free(&gpu, fc);
 }
 
-TEST_MAIN(test_stream_shapes, test_other_shapes, test_timing)
+TEST_MAIN(test_stream_shapes, test_other_shapes, test_fresh_weights, test_timing)
