@@ -580,11 +580,17 @@ static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
     } else if (CK(b, cudaMalloc((void **)&base, need ? need : 1))) {
         return -1;
     }
-    if (db && CK(b, cudaMemcpy(base, w->data, db, cudaMemcpyHostToDevice))) return -1;
+    /* On c->stream, not the legacy default stream: a cudaMemcpy from pageable memory may
+     * return before its last DMA chunk lands, and c->stream (non-blocking) does not wait for
+     * the legacy stream, so a kernel could read the tail of a fresh weight before it arrived
+     * (seen on the H200: test_matmul read zeros for the last ~90 KB of a 1 MB weight, 1 run
+     * in 5).  cudaMemcpyAsync stages pageable memory before it returns, so the host buffer may
+     * change afterwards; stream order makes every later op see the bytes. */
+    if (db && CK(b, cudaMemcpyAsync(base, w->data, db, cudaMemcpyHostToDevice, c->stream))) return -1;
     uint8_t *sc = NULL;
     if (sb) {
         sc = base + al256(db);
-        if (CK(b, cudaMemcpy(sc, w->scale, sb, cudaMemcpyHostToDevice))) return -1;
+        if (CK(b, cudaMemcpyAsync(sc, w->scale, sb, cudaMemcpyHostToDevice, c->stream))) return -1;
     }
     if (map_insert(c, w->data, base, sc)) return dsv4_cuda_fail(b, "weight map: out of host memory", __FILE__,
                                                                 __LINE__, cudaSuccess), -1;
@@ -710,7 +716,9 @@ static void *cu_alloc(dsv4_backend *b, size_t bytes) {
         cudaGetLastError(); /* an allocation failure is reported by the caller, not sticky */
         return NULL;
     }
-    if (cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
+    /* zeroed on c->stream: the legacy stream's cudaMemset is not ordered with it */
+    if (cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream) != cudaSuccess) {
+        cudaGetLastError();
         cudaFree(p);
         return NULL;
     }
