@@ -50,7 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/moe.cuh"
 
 extern "C" {
 #include "model/weights.h"
@@ -145,11 +145,7 @@ struct group {
 };
 
 /* one expert as the kernels see it */
-struct dexpert {
-    dweight w1, w3, w2;
-    unsigned long long bytes; /* w1 + w2 + w3 as stored (weight-byte counter) */
-    int q1;                   /* w1 is quantized: act_fp8 quantizes x for it */
-};
+/* struct dexpert (one expert as the kernels see it): moe.cuh */
 
 /* warp dots of weight row o with n (<= MOE_G) vectors xs[i]; every lane gets the sums */
 __device__ __forceinline__ void warp_dot_multi(const dweight &w, int64_t o, const float *const *xs, int n,
@@ -1394,13 +1390,34 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     cuda_impl *c = CI(b);
     moe_table *t = expert_table(b, experts, n_routed, shared);
     if (!t) return;
+    int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
+    int gmin = dsv4_cuda_moe_gemm_min_rows();
+    if (gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(experts, n_routed, shared)) {
+        /* many rows (prefill): the gathered GEMMs of moe_gemm.cu */
+        int64_t gdim = experts[0].w1.cols;
+        const int32_t *ed = (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * rows * k);
+        const float *wd = (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * rows * k);
+        float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * gdim);
+        float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * gdim) : xd;
+        float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * gdim);
+        cuda_devside *ds = c->devside;
+        if (!ed || !wd || !xd || !xq || !od || !ds) return;
+        if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, gdim, 128);
+        if (dsv4_cuda_moe_gemm(b, od, xd, xq, rows, experts, n_routed, shared, t->dev, ed, wd, k, limit, before_w2,
+                               act_fp8, act_bf16, out_scale, ds->wbytes, ds->flags, DSV4_DEVFLAG_EXPERT)) {
+            if (c->failed) return;
+            dsv4_cuda_commit(b, out, od, sizeof(float) * rows * gdim);
+            dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
+            return;
+        }
+        /* not taken (an unaligned x): the kernels below, which stage and quantize again */
+    }
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
     int64_t dim = shared ? shared->w1.cols : t->dim;
     int64_t inter_max = t->inter;
     if (shared && shared->w1.rows > inter_max) inter_max = shared->w1.rows;
     /* an upper bound of the group count from shapes alone (the plan writes the real one) */
     int max_groups = S / MOE_G + (n_routed < nrs ? n_routed : nrs) + 2;
-    int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
     size_t plan_smem = sizeof(int) * (3 * (size_t)n_routed + 1);
     if (plan_smem > 48 * 1024 &&
         CK(b, cudaFuncSetAttribute(k_moe_plan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)plan_smem)))

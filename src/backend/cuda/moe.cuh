@@ -24,6 +24,9 @@ int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float 
                        int act_bf16, float out_scale, unsigned long long *wbytes, unsigned *flags,
                        unsigned bad_flag);
 
+/* 1 if the experts' formats and shapes suit dsv4_cuda_moe_gemm (host-side check) */
+int dsv4_cuda_moe_gemm_takes(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared);
+
 /* rows from which cu_moe takes dsv4_cuda_moe_gemm (DSV4_CUDA_MOE_GEMM_MIN_ROWS overrides;
  * 0 there switches the path off) */
 int dsv4_cuda_moe_gemm_min_rows(void);

@@ -391,6 +391,18 @@ static void mg_run(dsv4_backend *b, int fmt, int up, dim3 grid, float *H, int64_
     }
 }
 
+int dsv4_cuda_moe_gemm_takes(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared) {
+    if (n_routed <= 0) return 0;
+    const dsv4_ffn_w *f0 = &experts[0];
+    int64_t dim = f0->w1.cols;
+    if (!ffn_ok(f0, dim) || (shared && !ffn_ok(shared, dim))) return 0;
+    for (int i = 1; i < n_routed; i++)
+        if (!same_shape(&experts[i].w1, &f0->w1) || !same_shape(&experts[i].w3, &f0->w3) ||
+            !same_shape(&experts[i].w2, &f0->w2))
+            return 0;
+    return 1;
+}
+
 int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float *xq, int rows,
                        const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared, const dexpert *tab,
                        const int32_t *e, const float *wgt, int k, float limit, int before_w2, int act_fp8,
@@ -399,11 +411,7 @@ int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float 
     if (rows <= 0 || k <= 0 || n_routed <= 0) return 0;
     const dsv4_ffn_w *f0 = &experts[0];
     int64_t dim = f0->w1.cols, inter = f0->w1.rows;
-    if (!ffn_ok(f0, dim) || (shared && !ffn_ok(shared, dim)) || ((uintptr_t)x | (uintptr_t)xq) & 15) return 0;
-    for (int i = 1; i < n_routed; i++)
-        if (!same_shape(&experts[i].w1, &f0->w1) || !same_shape(&experts[i].w3, &f0->w3) ||
-            !same_shape(&experts[i].w2, &f0->w2))
-            return 0;
+    if (!dsv4_cuda_moe_gemm_takes(experts, n_routed, shared) || ((uintptr_t)x | (uintptr_t)xq) & 15) return 0;
     cuda_impl *c = CI(b);
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
     int64_t si = shared ? shared->w1.rows : 0, ldh = inter > si ? inter : si;
