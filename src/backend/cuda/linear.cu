@@ -645,7 +645,13 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
         dsv4_cuda_round_bf16(b, xb, xin);
         xd = xb;
     }
-    /* one launch over every group: feature g*R + j reads x columns g*C .. g*C + C - 1 */
+    /* many rows (prefill): the SGEMM, group by group (gemm.cu); else one GEMV launch over every
+     * group: feature g*R + j reads x columns g*C .. g*C + C - 1 */
+    if (dsv4_cuda_gemm_grouped(b, od, xd, rows, w, groups, in_bf16, out_bf16)) {
+        dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
+        return;
+    }
     dsv4_cuda_linear_grouped(b, od, w->rows, xd, groups * C, rows, dw, 0, w->rows, R, C, in_bf16, out_bf16);
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
