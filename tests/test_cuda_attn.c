@@ -14,17 +14,20 @@
  * contraction, see docs/CUDA.md "Numerics"); 4e-3 when p and the output are rounded to
  * bf16 (an order difference in the denominator can move a p across a bf16 rounding
  * boundary: one ulp, 2^-8 relative).  Two runs of the same call must be bit-identical.
- * indexer_scores: Flash's indexer (64 heads x 128) over 8192 compressed rows (32K context)
- * and odd shapes (head_dim 36, unaligned keys, host keys, 40 rows); rel 2e-6 in fp32, 8e-3
+ * indexer_scores: Flash's indexer (64 heads x 128) over 8192 compressed rows (32K context),
+ * 516 and 2052 (2K, 8K: the split kernel, 4 and 16 keys per block), 48 heads over 9 and 1
+ * keys, and odd shapes (head_dim 36, unaligned keys, host keys, 40 rows); rel 2e-6 in fp32, 8e-3
  * with bf16 scores (the order of a dot product can flip one bf16 ulp).  topk: ids and
  * counts identical to the CPU's, on the indexer's scores at 8192 keys, on scores with many
- * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0, and
- * 40 rows; host and device outputs.
+ * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0,
+ * 40 rows, 516 and 2052 entries (random and 3 values), 9000 entries (above the register
+ * kernel's 8192: the general one); host and device outputs.
  * DSV4_ATTN_BENCH=1 adds timings at the Flash shapes: sparse_attn at rows 1 and 4 (200
  * back-to-back calls issued eagerly (host clock), per op with a sync each (ops->profile,
  * events), captured as one CUDA graph (events around the graph launch, ops->stats), and its
  * kernels alone in a graph through dsv4_cuda_attn_kernel_us: both, scores only, p.V only);
- * indexer_scores and topk over 8192 keys in a graph, each alone and the two together.
+ * indexer_scores and topk over 8192 keys (rows 1 and 4), 516 and 2052 keys (rows 1) in a
+ * graph, each alone and the two together.
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -357,6 +360,10 @@ static void test_indexer(void) {
     for (int r = 0; r < 40; r++) n40[r] = (r * 37) % 150;
     check_indexer("flash 64 x 128, 8192 keys, rows 1", 1, IH, ID, IK, n1, 1, 0);
     check_indexer("flash 64 x 128, rows 3 (8192/5000/77)", 3, IH, ID, IK, n3, 1, 0);
+    static const int n516[1] = {516}, n2052[1] = {2052}, n9[2] = {9, 1};
+    check_indexer("flash 64 x 128, 516 keys (4 per block)", 1, IH, ID, 600, n516, 1, 0);
+    check_indexer("flash 64 x 128, 2052 keys (16 per block)", 1, IH, ID, 2100, n2052, 1, 0);
+    check_indexer("48 x 128, rows 2 (9/1 keys)", 2, 48, ID, 16, n9, 1, 0);
     check_indexer("64 x 128, keys 4 bytes off 16", 3, IH, ID, 300, o3, 1, 1);
     check_indexer("5 x 36, device keys", 3, 5, 36, 300, o3, 1, 0);
     check_indexer("7 x 64, host keys", 3, 7, 64, 300, o3, 0, 0);
@@ -417,6 +424,12 @@ static void test_topk(void) {
     fill(sc, (size_t)R * S, 1);
     check_topk("40 rows (counts staged), k 100", sc, R, S, n40, 100, 1);
     check_topk("random, 988 keys, k 1", sc, 1, S, n40 + 4, 1, 0);
+    /* decode shapes (2K, 8K context) and a row above 8192 entries (the general kernel) */
+    int n516[2] = {516, 2052}, n9000[1] = {9000};
+    check_topk("random, 516 and 2052 keys, k 512", sc, 2, 2100, n516, ITK, 1);
+    check_topk("random, 9000 keys, k 512", sc, 1, 9000, n9000, ITK, 1);
+    for (size_t i = 0; i < 2 * 2100; i++) sc[i] = (float)(urand() % 3) - 1.0f; /* ties across the cut */
+    check_topk("3 values, 516 and 2052 keys, k 512", sc, 2, 2100, n516, ITK, 1);
     free(sc);
 }
 
@@ -529,7 +542,7 @@ static void ib_both(void *p) {
     ib_topk(p);
 }
 
-static void bench_indexer(int rows) {
+static void bench_indexer(int rows, int nk) {
     enum { N = 100 };
     ibench c;
     memset(&c, 0, sizeof c);
@@ -546,7 +559,7 @@ static void bench_indexer(int rows) {
     c.p_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * rows * ITK);
     c.np_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
     REQUIRE(c.k_d && c.q_d && c.w_d && c.s_d && c.p_d && c.np_d);
-    for (int r = 0; r < rows; r++) c.nk[r] = IK, c.kb[r] = c.k_d + (size_t)r * IK * ID;
+    for (int r = 0; r < rows; r++) c.nk[r] = nk, c.kb[r] = c.k_d + (size_t)r * IK * ID;
     for (int i = 0; i < 3; i++) ib_both(&c);
     CHECK(gpu_ok());
     double per[2] = {-1, -1};
@@ -564,9 +577,9 @@ static void bench_indexer(int rows) {
         gpu.ops->profile(&gpu, 0);
     }
     double gi = graph_us(ib_indexer, &c, N), gt = graph_us(ib_topk, &c, N), gb = graph_us(ib_both, &c, N);
-    printf("  bench indexer+topk flash (64 x 128, 8192 keys, k 512) rows %d: per op (sync each) indexer %.1f us, "
+    printf("  bench indexer+topk flash (64 x 128, %d keys, k 512) rows %d: per op (sync each) indexer %.1f us, "
            "topk %.1f us; one CUDA graph (%d calls): indexer %.1f us, topk %.1f us, both %.1f us/call\n",
-           rows, per[0], per[1], N, gi, gt, gb);
+           nk, rows, per[0], per[1], N, gi, gt, gb);
     void *dv[] = {c.k_d, c.q_d, c.w_d, c.s_d, c.p_d, c.np_d};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu.ops->free(&gpu, dv[i]);
     free(h);
@@ -581,8 +594,10 @@ static void test_zz_bench(void) {
     }
     bench_rows(1);
     bench_rows(4);
-    bench_indexer(1);
-    bench_indexer(4);
+    bench_indexer(1, IK);
+    bench_indexer(4, IK);
+    bench_indexer(1, 516); /* 2K context: 516 compressed rows, k 512 */
+    bench_indexer(1, 2052); /* 8K context */
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,

@@ -27,13 +27,18 @@
  *   rescaling); only the grouping of the dot products and of the sum over keys differ.
  *   Flash batch 1 (64 x 512, 640 keys): 160 + 128 blocks.
  * indexer_scores: head_dim 32/64/128/256 with 16-byte aligned rows: 4 lanes per key (a
- *   quarter of the key in registers), 64 keys per block against one copy of q in shared
- *   memory; otherwise one warp per (row, key).  Per head a dot, relu, weighted sum in head
- *   order (score_bf16 rounds like the CPU).
- * topk: one block per row, radix select (four 8-bit passes) of the k-th largest value,
- *   then a block scan writes the entries above it and the lowest-index ties, in ascending
- *   index order (the CPU's choice: value descending, ties to the lower index), straight
- *   into the caller's device buffers.  O(n) per row.
+ *   quarter of the key in registers) against one copy of q in shared memory; when a block
+ *   of 64 keys would leave fewer than 128 blocks (decode below ~32K context: 516 keys at
+ *   2K make 9 blocks) a block takes 4..32 keys and splits the heads among its threads
+ *   (k_indexer_s), the relu'd dots meeting in shared memory for the weighted sum in head
+ *   order; other head_dims or alignments: one warp per (row, key).  Per head a dot, relu,
+ *   weighted sum in head order (score_bf16 rounds like the CPU).
+ * topk: one block per row, radix select (up to four 8-bit passes) of the k-th largest
+ *   value, then a block scan writes the entries above it and the lowest-index ties, in
+ *   ascending index order (the CPU's choice: value descending, ties to the lower index),
+ *   straight into the caller's device buffers.  O(n) per row.  Rows of <= 8192 entries
+ *   keep their keys in registers and stop the passes once the digit holding the k-th
+ *   largest is taken whole (k_topk_r).
  * pool: one thread per channel, softmax over the window in entry order.
  * Target: sm_90a.
  */
@@ -798,6 +803,81 @@ __global__ void __launch_bounds__(IX_THREADS)
 }
 static_assert(IX_LANES == 4, "k_indexer_v: two butterfly steps");
 
+/* Decode kernel with keys spread over the grid (head_dim = 16 NV, q and key rows 16-byte
+ * aligned): a block of IX_THREADS scores kb keys (4..64, a power of two chosen by the
+ * host so that a batch-1 row of a few hundred keys still fills >= 128 blocks); the
+ * IX_THREADS / (IX_LANES kb) = hg head groups of a key split its heads (head hg + hg_n i).
+ * q of the row is copied into shared memory by cp.async (every 16-byte copy in flight at
+ * once).  Lane quarter qt keeps float4s qt, qt + 4, ... of its key in registers; per head
+ * its partial dot and two butterfly shuffles, relu; with one head group the thread sums
+ * in head order itself, otherwise each relu'd dot goes to shared memory [key][head] and
+ * one thread per key sums them in head order: the CPU's order of the weighted sum (and
+ * its bf16 roundings) is kept whatever the split.  The host launches it for kb <= 32
+ * (at kb = 64, one head group, k_indexer_v measured faster). */
+template <int NV>
+__global__ void __launch_bounds__(IX_THREADS)
+    k_indexer_s(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
+                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16, int kb) {
+    extern __shared__ float4 ix_sm4[];
+    const int hd = 16 * NV;
+    float4 *qs = ix_sm4;                                /* [n_heads][hd / 4] */
+    float *ws = (float *)(ix_sm4 + n_heads * (hd / 4)); /* [n_heads] */
+    float *dots = ws + n_heads;                         /* [kb][n_heads + 1] when hg_n > 1 */
+    int r = blockIdx.y, t = threadIdx.x, qt = t & (IX_LANES - 1);
+    int nk = min(key_base ? n_keys[r] : rp.n[r], max_keys);
+    if ((int)blockIdx.x * kb >= nk) return; /* uniform over the block */
+    int kk = (t / IX_LANES) & (kb - 1), hg = t / (IX_LANES * kb), hg_n = IX_THREADS / (IX_LANES * kb);
+    int j = blockIdx.x * kb + kk;
+    const float4 *qg = (const float4 *)(q + (int64_t)r * n_heads * hd);
+    for (int i = t; i < n_heads * (hd / 4); i += IX_THREADS) attn_cp16(qs + i, qg + i);
+    for (int i = t; i < n_heads; i += IX_THREADS) ws[i] = w[(int64_t)r * n_heads + i];
+    const float *kbase = key_base ? key_base[r] : rp.base[r];
+    float4 kr[NV];
+    const float4 *k = (const float4 *)(kbase + (int64_t)(j < nk ? j : 0) * hd) + qt;
+#pragma unroll
+    for (int v = 0; v < NV; v++) kr[v] = j < nk ? __ldg(k + 4 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    attn_cp_wait();
+    __syncthreads();
+    /* the 4 lanes of a key (head groups of one warp may run different head counts) */
+    unsigned gmask = 0xfu << (t & 28);
+    float s = 0.0f;
+#pragma unroll 4
+    for (int h = hg; h < n_heads; h += hg_n) {
+        const float4 *qh = qs + h * (hd / 4) + qt;
+        float a = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            float4 x = qh[4 * v];
+            a += x.x * kr[v].x + x.y * kr[v].y + x.z * kr[v].z + x.w * kr[v].w;
+        }
+        a += __shfl_xor_sync(gmask, a, 1);
+        a += __shfl_xor_sync(gmask, a, 2);
+        if (a < 0) a = 0;
+        if (hg_n > 1) {
+            if (qt == 0) dots[kk * (n_heads + 1) + h] = a;
+        } else {
+            float wh = ws[h];
+            if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+            else s += a * wh;
+        }
+    }
+    if (hg_n > 1) {
+        __syncthreads();
+        if (t >= kb) return;
+        j = blockIdx.x * kb + t;
+        const float *dk = dots + t * (n_heads + 1);
+#pragma unroll 8
+        for (int h = 0; h < n_heads; h++) {
+            float a = dk[h], wh = ws[h];
+            if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+            else s += a * wh;
+        }
+        if (j < nk) score[(int64_t)r * max_keys + j] = s;
+    } else if (qt == 0 && j < nk) {
+        score[(int64_t)r * max_keys + j] = s;
+    }
+}
+
 void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
                        int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16) {
     dsv4_cuda_op_begin(b);
@@ -873,12 +953,34 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
     if ((rows > ROW_PARAMS && (!kd || !nd)) || !qd || !wd || !sd) return;
     vec = vec && ((uintptr_t)qd & 15) == 0;
     if (maxn > 0) {
-        if (vec) {
-            size_t sm = smem + sizeof(float) * n_heads;
+        /* keys per block: the largest power of two in 4..64 that still gives >= 128 blocks;
+         * below 64 the split kernel (at 64 k_indexer_v measured faster: 13.0 against 15.9 us
+         * at 8192 keys, H200) */
+        int kb = 64;
+        while (kb > 4 && (long)((maxn + kb - 1) / kb) * rows < 128) kb /= 2;
+        size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1);
+        if (sm > 220 * 1024) kb = 64; /* no room for the dots */
+        if (vec && kb < 64) {
+            dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
+#define IX_LAUNCH(NV)                                                                                                \
+    if (CK(b, cudaFuncSetAttribute(k_indexer_s<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;  \
+    k_indexer_s<NV><<<grid, IX_THREADS, sm, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, kb)
+            if (nv == 2) {
+                IX_LAUNCH(2);
+            } else if (nv == 4) {
+                IX_LAUNCH(4);
+            } else if (nv == 8) {
+                IX_LAUNCH(8);
+            } else {
+                IX_LAUNCH(16);
+            }
+#undef IX_LAUNCH
+        } else if (vec) {
+            size_t smv = smem + sizeof(float) * n_heads;
             dim3 grid((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows);
 #define IX_LAUNCH(NV)                                                                                                \
-    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;  \
-    k_indexer_v<NV><<<grid, IX_THREADS, sm, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16)
+    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return; \
+    k_indexer_v<NV><<<grid, IX_THREADS, smv, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16)
             if (nv == 2) {
                 IX_LAUNCH(2);
             } else if (nv == 4) {
@@ -1028,6 +1130,96 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
     if (t == 0) n_out[r] = k;
 }
 
+/* Rows of n <= TK_THREADS TK_PER (the decode case: a few hundred to 8192 candidates): the
+ * same selection with each thread's keys (entries t + TK_THREADS u) read once into
+ * registers, and the radix passes stop as soon as the digit holding the k-th largest is
+ * taken whole (its count equals what is still needed): then every entry whose determined
+ * bits are above the prefix and every one equal to it is taken, the same set as after all
+ * four passes.  Output as k_topk (ascending index order). */
+#define TK_PER 8
+__global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out, const float *score, int stride,
+                                                       const int *n, const __grid_constant__ row_params rp, int k) {
+    __shared__ int hist[256], wsum[32], s_need, s_done;
+    __shared__ uint32_t s_prefix;
+    int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int nr = n ? n[r] : rp.n[r];
+    const float *s = score + (int64_t)r * stride;
+    int32_t *ir = idx + (int64_t)r * k;
+    if (nr <= k) { /* every entry, in order */
+        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
+        if (t == 0) n_out[r] = nr;
+        return;
+    }
+    int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* <= TK_PER, uniform */
+    uint32_t key[TK_PER];
+#pragma unroll
+    for (int u = 0; u < TK_PER; u++) {
+        int i = u * TK_THREADS + t;
+        key[u] = u < nu && i < nr ? tk_key(s[i]) : 0u;
+    }
+    uint32_t prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (t < 256) hist[t] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < TK_PER; u++) {
+            if (u >= nu) break; /* uniform */
+            int i = u * TK_THREADS + t;
+            int dg = (i < nr && (key[u] & mask) == prefix) ? (int)((key[u] >> shift) & 255u) : 256;
+            unsigned grp = __match_any_sync(0xffffffffu, dg);
+            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+        }
+        __syncthreads();
+        if (warp == 0) { /* lane l holds digits 8l .. 8l+7; counts above it by a suffix scan */
+            int c8[8], tot = 0;
+#pragma unroll
+            for (int d = 0; d < 8; d++) tot += (c8[d] = hist[lane * 8 + d]);
+            int incl = tot;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_down_sync(0xffffffffu, incl, o);
+                if (lane + o < 32) incl += y;
+            }
+            int above = incl - tot;
+            if (above < need && need <= incl) {
+                int acc = above;
+                for (int d = 7; d >= 0; d--) {
+                    if (acc + c8[d] >= need) {
+                        s_prefix = prefix | ((uint32_t)(lane * 8 + d) << shift);
+                        s_need = need - acc;
+                        s_done = acc + c8[d] == need; /* the digit's entries are all taken (written
+                                                       * here only: read after the next barrier) */
+                        break;
+                    }
+                    acc += c8[d];
+                }
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        mask |= 255u << shift;
+        if (s_done) break; /* uniform */
+    }
+    /* take every key whose determined bits are above the prefix and the first `need` equal
+     * to it, in index order (after an early stop all of the equal ones: need = their count) */
+    int gt_base = 0, eq_base = 0;
+#pragma unroll
+    for (int u = 0; u < TK_PER; u++) {
+        if (u >= nu) break;
+        int i = u * TK_THREADS + t;
+        uint32_t km = key[u] & mask;
+        int gt = i < nr && km > prefix, eq = i < nr && km == prefix, tot;
+        int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* <= 1024 per field: 16 bits each */
+        int eb = eq_base + (ex >> 16);
+        if (gt || (eq && eb < need)) ir[gt_base + (ex & 0xffff) + min(eb, need)] = i;
+        gt_base += tot & 0xffff;
+        eq_base += tot >> 16;
+    }
+    if (t == 0) n_out[r] = k;
+}
+
 void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride, const int *n,
              int k) {
     dsv4_cuda_op_begin(b);
@@ -1051,7 +1243,12 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     int32_t *id = idx_dev ? idx : (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * (size_t)rows * k);
     int *no = n_dev ? n_out : (int *)dsv4_cuda_scratch(b, sizeof(int) * rows);
     if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
-    k_topk<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
+    int maxn = 0;
+    for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
+    if (maxn <= TK_THREADS * TK_PER)
+        k_topk_r<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
+    else
+        k_topk<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
     if (CKL(b)) return;
     if (!idx_dev)
         for (int r = 0; r < rows && !c->failed; r++) { /* min(k, n[r]) entries, as the kernel writes */
