@@ -400,6 +400,66 @@ static void test_pool(void) {
 }
 
 /* ----- router and experts ----- */
+/* A second CUDA backend on the block kernels of before the small ones (DSV4_CUDA_ROUTE_SMALL=0,
+ * read when a backend first routes or plans): the warp router, the one-warp plan and the
+ * prefetching combine must give the same bits.  `gpu` is made to read the switch first. */
+static int old_kernels(dsv4_backend *g2) {
+    dsv4_err err;
+    float lg[8] = {0}, w[1];
+    int32_t e[1];
+    gpu.ops->route(&gpu, e, w, lg, 1, 8, 1, NULL, NULL, 1.0f);
+    const char *prev = getenv("DSV4_CUDA_ROUTE_SMALL");
+    setenv("DSV4_CUDA_ROUTE_SMALL", "0", 1);
+    int rc = dsv4_backend_cuda_init(g2, 0, &err);
+    if (!rc) g2->ops->route(g2, e, w, lg, 1, 8, 1, NULL, NULL, 1.0f);
+    if (prev) setenv("DSV4_CUDA_ROUTE_SMALL", prev, 1);
+    else unsetenv("DSV4_CUDA_ROUTE_SMALL");
+    if (rc) fprintf(stderr, "  second backend: %s\n", err.msg);
+    return rc;
+}
+
+/* route on the CPU, the GPU and the old kernels: ids identical everywhere, GPU weights the old
+ * kernels' bits and rel <= 1e-6 to the CPU's.  ties: logits and bias on a coarse grid (many
+ * equal scores: the lower id must win).  bad: hash ids outside [0, nr) (GPU only: the CPU
+ * would read past its scores) */
+static void check_route(dsv4_backend *g2, int R, int NR, int K, int hash, int ties, int bad) {
+    float *lg = malloc(sizeof(float) * R * NR), *bias = malloc(sizeof(float) * NR), *wa = malloc(sizeof(float) * R * K),
+          *wg = malloc(sizeof(float) * R * K), *wo = malloc(sizeof(float) * R * K);
+    int32_t *ea = malloc(sizeof(int32_t) * R * K), *eg = malloc(sizeof(int32_t) * R * K),
+            *eo = malloc(sizeof(int32_t) * R * K), *hid = malloc(sizeof(int32_t) * R * K);
+    REQUIRE(lg && bias && wa && wg && wo && ea && eg && eo && hid);
+    fill(lg, (size_t)R * NR, 4);
+    fill(bias, NR, 0.5f);
+    if (ties) {
+        for (int i = 0; i < R * NR; i++) lg[i] = roundf(lg[i]);
+        for (int i = 0; i < NR; i++) bias[i] = roundf(bias[i] * 2) * 0.25f;
+    }
+    for (int i = 0; i < R * K; i++) hid[i] = (int32_t)(urand() % NR);
+    if (bad) hid[0] = -1, hid[R * K - 1] = NR + 3;
+    const float *bp = hash ? NULL : bias;
+    const int32_t *hp = hash ? hid : NULL;
+    gpu.ops->route(&gpu, eg, wg, lg, R, NR, K, bp, hp, 1.5f);
+    g2->ops->route(g2, eo, wo, lg, R, NR, K, bp, hp, 1.5f);
+    dsv4_err err;
+    CHECK(gpu_ok());
+    CHECK(g2->ops->check(g2, &err) == 0);
+    int same_old = !memcmp(eg, eo, sizeof(int32_t) * R * K) && !memcmp(wg, wo, sizeof(float) * R * K);
+    int same_cpu = 1;
+    double r = 0;
+    if (!bad) {
+        cpu.ops->route(&cpu, ea, wa, lg, R, NR, K, bp, hp, 1.5f);
+        same_cpu = !memcmp(ea, eg, sizeof(int32_t) * R * K);
+        r = rel(wg, wa, (size_t)R * K);
+    }
+    printf("  route rows %2d of %3d experts, k %2d, %s%s%s: ids vs cpu %s, weights rel %.2e, vs old kernels %s\n", R,
+           NR, K, hash ? "hash" : "top-k", ties ? ", ties" : "", bad ? ", bad ids" : "", same_cpu ? "same" : "DIFFER",
+           r, same_old ? "same bits" : "DIFFER");
+    CHECK(same_cpu);
+    CHECK(r <= 1e-6);
+    CHECK(same_old);
+    free(lg), free(bias), free(wa), free(wg), free(wo), free(ea), free(eg), free(eo), free(hid);
+}
+
 static void test_route(void) {
     NEED_GPU();
     enum { R = 4, NR = 64, K = 6 };
@@ -408,15 +468,26 @@ static void test_route(void) {
     fill(lg, R * NR, 4);
     fill(bias, NR, 0.1f);
     for (int i = 0; i < R * K; i++) hash[i] = (i * 11) % NR;
-    for (int h = 0; h < 2; h++) {
-        cpu.ops->route(&cpu, ea, wa, lg, R, NR, K, h ? NULL : bias, h ? hash : NULL, 1.5f);
-        gpu.ops->route(&gpu, eg, wg, lg, R, NR, K, h ? NULL : bias, h ? hash : NULL, 1.5f);
+    for (int h = 0; h < 3; h++) {
+        if (h == 2) /* the same bias array with other values: the device copy must follow */
+            for (int i = 0; i < NR; i++) bias[i] = -bias[i] + 0.05f * (float)(i % 7);
+        cpu.ops->route(&cpu, ea, wa, lg, R, NR, K, h == 1 ? NULL : bias, h == 1 ? hash : NULL, 1.5f);
+        gpu.ops->route(&gpu, eg, wg, lg, R, NR, K, h == 1 ? NULL : bias, h == 1 ? hash : NULL, 1.5f);
         CHECK(gpu_ok());
         CHECK(memcmp(ea, eg, sizeof ea) == 0);
         double r = rel(wg, wa, R * K);
-        printf("  route hash %d: experts %s, weights rel %.2e\n", h, memcmp(ea, eg, sizeof ea) ? "DIFFER" : "same", r);
+        printf("  route %s: experts %s, weights rel %.2e\n", h == 0 ? "top-k" : h == 1 ? "hash" : "top-k, bias changed",
+               memcmp(ea, eg, sizeof ea) ? "DIFFER" : "same", r);
         CHECK(r <= 1e-6);
     }
+    dsv4_backend g2;
+    REQUIRE(old_kernels(&g2) == 0);
+    static const int shapes[][3] = {{1, 256, 6}, {4, 64, 6},  {40, 256, 6}, {3, 384, 8},
+                                    {2, 8, 8},   {5, 16, 1},  {1, 64, 32},  {1, 600, 6}}; /* 600: block kernel */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int v = 0; v < 3; v++) check_route(&g2, shapes[i][0], shapes[i][1], shapes[i][2], v == 2, v == 1, 0);
+    check_route(&g2, 3, 256, 6, 1, 0, 1);
+    dsv4_backend_cuda_free(&g2);
 }
 
 /* the experts of test_moe: NE MXFP4 routed experts and an FP8 shared one */
@@ -463,6 +534,45 @@ static void test_moe(void) {
     double r = rel(g, a, R * D);
     printf("  moe without shared expert: rel %.2e (tol 1e-05)\n", r);
     CHECK(r <= 1e-5);
+    /* the one-warp plan (rows * k <= 32) and the prefetching combine against the block kernels:
+     * the same bits (same groups, order and weights), and the CPU within 1e-5 */
+    dsv4_backend g2;
+    REQUIRE(old_kernels(&g2) == 0);
+    enum { RM = 10, KM = 10 };
+    static const struct {
+        int rows, k;
+    } cs[] = {{1, 6}, {3, 2}, {4, 8}, {10, 3}, {3, 10}, {5, 8}}; /* 32 slots: warp plan; 40: block plan */
+    float *xm = malloc(sizeof(float) * RM * D), *am = malloc(sizeof(float) * RM * D),
+          *gm = malloc(sizeof(float) * RM * D), *om = malloc(sizeof(float) * RM * D), wm[RM * KM];
+    int32_t em[RM * KM];
+    REQUIRE(xm && am && gm && om);
+    fill(xm, (size_t)RM * D, 1);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int rr = cs[c].rows, kk = cs[c].k;
+        for (int i = 0; i < rr * kk; i++) {
+            /* rows of 10 x 3: expert 2 in every row (two groups of it: 8 + 2 slots); k 10 > 8
+             * experts: repeated ids in a row; else random, repeats allowed */
+            em[i] = kk == 3 && i % 3 == 1 ? 2 : (int32_t)(urand() % MOE_NE);
+            wm[i] = 0.1f + 0.8f * (float)(urand() % 1000) / 1000.0f;
+        }
+        for (int v = 0; v < 4; v++) {
+            int before = v & 1, bf = v >> 1;
+            cpu.ops->moe(&cpu, am, xm, rr, moe_ex, MOE_NE, em, wm, kk, &moe_sh, 10.0f, before, 0, bf, 1.5f);
+            gpu.ops->moe(&gpu, gm, xm, rr, moe_ex, MOE_NE, em, wm, kk, &moe_sh, 10.0f, before, 0, bf, 1.5f);
+            g2.ops->moe(&g2, om, xm, rr, moe_ex, MOE_NE, em, wm, kk, &moe_sh, 10.0f, before, 0, bf, 1.5f);
+            dsv4_err err;
+            CHECK(gpu_ok());
+            CHECK(g2.ops->check(&g2, &err) == 0);
+            double rm = rel(gm, am, (size_t)rr * D), tol = bf ? 8e-3 : 1e-5;
+            int same = !memcmp(gm, om, sizeof(float) * rr * D);
+            printf("  moe rows %2d, k %2d, before_w2 %d, act_bf16 %d: rel %.2e (tol %.0e), vs old kernels %s\n", rr, kk,
+                   before, bf, rm, tol, same ? "same bits" : "DIFFER");
+            CHECK(rm <= tol);
+            CHECK(same);
+        }
+    }
+    free(xm), free(am), free(gm), free(om);
+    dsv4_backend_cuda_free(&g2);
 }
 
 /* route -> moe with the ids and weights in device memory only (the host never reads them):
@@ -519,6 +629,8 @@ static void test_route_moe_device(void) {
     NEED_GPU();
     make_experts();
     check_route_moe(1, 0);
+    check_route_moe(8, 0); /* 24 slots: the one-warp plan, several slots per expert */
+    check_route_moe(8, 1);
     check_route_moe(40, 0);
     check_route_moe(40, 1);
 }

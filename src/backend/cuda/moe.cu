@@ -5,7 +5,11 @@
  *   argmax rounds pick the k largest of score+bias in descending order (ties to the
  *   lower id: the CPU's sort order), or the tid2eid row is taken; thread 0 normalises
  *   in pick order like the CPU.  Experts and weights are written to the caller's
- *   device buffers: the host never reads them.
+ *   device buffers: the host never reads them.  Biased top-k with k <= 32 and
+ *   n_routed <= 512 runs k_route_w instead (one warp per row, picks by warp reductions,
+ *   the same bits); the bias is a device copy kept per host array (route_bias), not an
+ *   upload per call.  DSV4_CUDA_ROUTE_SMALL=0 turns off the warp router, the bias copies,
+ *   the one-warp plan and the prefetching combine (A/B runs).
  * moe: the routed experts of every row and the shared expert run as "slots" (routed
  *   r*k+j, shared rows*k + r), all in one launch per stage:
  *   P) plan: one block reads the expert ids from device memory, counting-sorts the
@@ -14,12 +18,14 @@
  *      groups, their count, each row's combine order (its experts by increasing id, the
  *      CPU's summation order) and weights, and adds each routed group's weight bytes to
  *      the device counter that `dsv4 bench` reads.  An id outside [0, n_routed) is
- *      skipped and sets DSV4_DEVFLAG_EXPERT (reported by ops->check).
+ *      skipped and sets DSV4_DEVFLAG_EXPERT (reported by ops->check).  Up to 32 slots
+ *      (decode) one warp plans instead (k_moe_plan_w: the same outputs, no barrier).
  *   A) gate+up: a warp takes 2 inter features of a group (4 weight rows: w1 and w3),
  *      clamped SwiGLU, the routing weight when it applies before w2, bf16/fp8 as the
  *      profile says;  B) down: a warp takes 4 output features of a group (4 rows of w2);
  *      C) combine: per row, the routed outputs in the plan's order, times out_scale,
- *      plus the shared expert.
+ *      plus the shared expert (k_moe_combine_u loads the first 8 order/weight pairs, then
+ *      their outputs, before the sum: no chain of dependent loads).
  *   A and B stream each weight row once per group with linear.cu's techniques: blocks of
  *   8 warps where kw (1, 2, 4, 8) warps split one feature set's K (kw doubles while the
  *   launch has < ~8K warps over the expected groups and each warp keeps >= 2 steps); a
@@ -114,18 +120,109 @@ __global__ void k_route(int32_t *experts, float *weights, const float *logits, i
         weights[(int64_t)r * k + j] = ((unsigned)er[j] < (unsigned)n_routed ? s[er[j]] : 0.0f) / (sum + 1e-20f) * scale;
 }
 
+/* The biased top-k router for k <= 32 picks and n_routed <= 32 * NPL experts (hash rows keep
+ * k_route: their one-warp variant measured 2.49 against 2.09 us per Flash call on the H200,
+ * ktrace in the decode graphs): one warp per row, no block barrier.  Lane l keeps experts l,
+ * l + 32, ... (NPL of them) in registers: their scores and an order key of score+bias; a pick round is two warp reductions (the largest key, then the
+ * lowest id holding it) and a rescan of the winning lane's NPL keys.  The key orders numbers
+ * as floats do (-0 ties with +0, as the block kernel's compare), so the picks are the block
+ * kernel's: the k largest in descending order, ties to the lower id; a NaN ranks below every
+ * number (the block kernel's NaN order depends on its reduction tree; the CPU's on qsort).
+ * Lane j keeps pick j and its score; every lane adds the k scores in pick order, the block
+ * kernel's sum, so the weights are the same bits. */
+#define ROUTE_WARPS 4
+#define ROUTE_NONE 0xffffffffu
+
+__device__ __forceinline__ unsigned route_key(float v) {
+    if (v != v) return 0u;   /* NaN: below -inf (whose key is 0x007fffff) */
+    if (v == 0.0f) v = 0.0f; /* -0 -> +0 */
+    unsigned u = __float_as_uint(v);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(32 * ROUTE_WARPS)
+    k_route_w(int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k, const float *bias,
+              float scale) {
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const float *lr = logits + r * n_routed;
+    float lv[NPL], bv[NPL], s[NPL];
+    unsigned key[NPL], live = 0;
+#pragma unroll
+    for (int m = 0; m < NPL; m++) { /* all loads first */
+        int e = lane + 32 * m;
+        lv[m] = e < n_routed ? lr[e] : 0.0f;
+        bv[m] = bias && e < n_routed ? bias[e] : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < NPL; m++) {
+        s[m] = d_sqrt_softplus(lv[m]);
+        key[m] = route_key(s[m] + (bias ? bv[m] : 0.0f)); /* the block kernel's score+bias */
+        if (lane + 32 * m < n_routed) live |= 1u << m;
+    }
+    unsigned my_id = ROUTE_NONE;
+    float my_s = 0.0f;
+    unsigned bk = 0, bi = ROUTE_NONE; /* this lane's best live (key, id) and its score */
+    float bs = 0.0f;
+#pragma unroll
+    for (int m = 0; m < NPL; m++)
+        if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
+    for (int j = 0; j < k; j++) {
+        unsigned mk = __reduce_max_sync(0xffffffffu, bi == ROUTE_NONE ? 0u : bk);
+        unsigned w = __reduce_min_sync(0xffffffffu, bi != ROUTE_NONE && bk == mk ? bi : ROUTE_NONE);
+        float ps = __shfl_sync(0xffffffffu, bs, (int)(w & 31));
+        if (lane == j) my_id = w, my_s = w == ROUTE_NONE ? 0.0f : ps;
+        if (w != ROUTE_NONE && (int)(w & 31) == lane) { /* the winner drops it and rescans */
+            live &= ~(1u << (w >> 5));
+            bk = 0, bi = ROUTE_NONE, bs = 0.0f;
+#pragma unroll
+            for (int m = 0; m < NPL; m++)
+                if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
+        }
+    }
+    float sum = 0.0f; /* pick order, as the block kernel's thread 0 */
+    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, my_s, j);
+    if (lane < k) {
+        experts[r * k + lane] = (int32_t)my_id;
+        weights[r * k + lane] = my_s / (sum + 1e-20f) * scale;
+    }
+}
+
+/* device-side state (its section below): the small-kernel switch and the router's bias copies */
+struct cuda_devside;
+static cuda_devside *devside(dsv4_backend *b);
+static const float *route_bias(dsv4_backend *b, cuda_devside *d, const float *bias, int n);
+static int small_kernels(const cuda_devside *d);
+
 void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k,
               const float *bias, const int32_t *hash_ids, float scale) {
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0) return;
+    cuda_devside *d = devside(b);
+    if (!d) return;
+    /* the bias lives as long as the model: a device copy kept per host array (checked against
+     * the host values on every call) instead of a 1 KB upload per call; looked up first, as a
+     * new copy ends a graph capture */
+    int small = small_kernels(d);
+    const float *bd = NULL;
+    if (bias) bd = small ? route_bias(b, d, bias, n_routed)
+                         : (const float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed);
     float *ld = (float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
-    float *bd = bias ? (float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed) : NULL;
     int32_t *hd = hash_ids ? (int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
     /* device outputs (the forward pass's) are written in place; host ones come back at op end */
     int32_t *ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
     float *wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
     if (!ld || (bias && !bd) || (hash_ids && !hd) || !ed || !wd) return;
-    k_route<<<rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
+    int npl = (n_routed + 31) / 32, warp = small && !hash_ids && k <= 32;
+    unsigned nb = (unsigned)((rows + ROUTE_WARPS - 1) / ROUTE_WARPS);
+    if (warp && npl <= 8)
+        k_route_w<8><<<nb, 32 * ROUTE_WARPS, 0, CI(b)->stream>>>(ed, wd, ld, rows, n_routed, k, bd, scale);
+    else if (warp && npl <= 16)
+        k_route_w<16><<<nb, 32 * ROUTE_WARPS, 0, CI(b)->stream>>>(ed, wd, ld, rows, n_routed, k, bd, scale);
+    else
+        k_route<<<rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, experts, ed, sizeof(int32_t) * rows * k);
     dsv4_cuda_commit(b, weights, wd, sizeof(float) * rows * k);
@@ -1126,6 +1223,103 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
     }
 }
 
+/* k_moe_combine for k <= 8 picks per row (the first 8 of a larger k): every order / cw entry
+ * loaded first, then every y value, then the same sum in the same order (a chain of 2k
+ * dependent loads in k_moe_combine; an invalid slot reads slot 0 and adds nothing) */
+__global__ void k_moe_combine_u(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
+                                const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (int64_t)rows * dim) return;
+    int64_t r = t / dim, d = t % dim;
+    int sl[8];
+    float c[8], v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        sl[i] = i < k ? order[r * k + i] : -1;
+        c[i] = i < k ? cw[r * k + i] : 0.0f;
+    }
+    float ys = has_shared ? y[(int64_t)(n_routed_slots + r) * dim + d] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = y[(int64_t)(sl[i] > 0 ? sl[i] : 0) * dim + d];
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (sl[i] >= 0) acc += c[i] * v[i];
+    for (int i = 8; i < k; i++) {
+        int s2 = order[r * k + i];
+        if (s2 >= 0) acc += cw[r * k + i] * y[(int64_t)s2 * dim + d];
+    }
+    float o = acc * out_scale + ys;
+    out[t] = act_bf16 ? d_round_bf16(o) : o;
+}
+
+/* k_moe_plan for rows * k <= 32 slots: one warp, lane i = slot i, no barrier and no shared
+ * memory.  The same outputs: an expert's slots in slot order cut into groups of gmax (a
+ * slot's rank among its expert's slots by __match_any_sync), the routed groups by
+ * increasing expert id (a group's index: the groups of smaller ids, summed over the warp),
+ * the shared expert's groups last, one weight-byte count per group; each row's combine
+ * order (its slots by (id, slot): the block kernel's stable insertion sort) and weights. */
+__global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups, int max_groups, int32_t *order,
+                                                  float *cw, const int32_t *e, const float *wgt, int rows, int k,
+                                                  int n_routed, int has_shared, int before_w2, const dexpert *tab,
+                                                  unsigned long long *wbytes, unsigned *flags, int gmax) {
+    int i = threadIdx.x, nrs = rows * k, in = i < nrs;
+    int x = in ? e[i] : 0;
+    float w = in ? wgt[i] : 0.0f;
+    int ok = in && (unsigned)x < (unsigned)n_routed;
+    if (in && !ok) atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+    unsigned same = __match_any_sync(0xffffffffu, ok ? x : -1); /* ids are >= 0 */
+    int c = __popc(same), rank = __popc(same & ((1u << i) - 1u));
+    int ng = ok && rank == 0 ? (c + gmax - 1) / gmax : 0; /* groups of this expert (its first slot) */
+    int before = 0, pos = 0, rb = in ? i / k * k : 0;
+    for (int j = 0; j < nrs; j++) { /* groups of smaller ids */
+        int xj = __shfl_sync(0xffffffffu, x, j), nj = __shfl_sync(0xffffffffu, ng, j);
+        if (xj < x) before += nj;
+    }
+    for (int j = 0; j < k; j++) { /* place in the row's combine order */
+        int xj = __shfl_sync(0xffffffffu, x, rb + j);
+        if (xj < x || (xj == x && rb + j < i)) pos++;
+    }
+    int g0 = (int)__reduce_add_sync(0xffffffffu, (unsigned)ng);
+    if (ok) {
+        int q = rank / gmax, t = rank % gmax, g = before + q;
+        if (g >= max_groups) { /* cannot happen (the bound is exact arithmetic); never write past it */
+            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+        } else {
+            group &G = groups[g];
+            if (t == 0) {
+                G.ex = x;
+                G.n = min(gmax, c - q * gmax);
+                atomicAdd(wbytes, tab[x].bytes);
+            }
+            G.slot[t] = i;
+            G.row[t] = i / k;
+            G.pre[t] = before_w2 ? w : 1.0f;
+        }
+    }
+    if (in) {
+        order[rb + pos] = ok ? i : -1;
+        cw[rb + pos] = before_w2 ? 1.0f : w;
+    }
+    int gs = has_shared ? (rows + gmax - 1) / gmax : 0;
+    for (int q = i; q < gs; q += 32) { /* the shared expert's groups, last */
+        if (g0 + q >= max_groups) {
+            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+            break;
+        }
+        group &G = groups[g0 + q];
+        G.ex = n_routed;
+        G.n = min(gmax, rows - q * gmax);
+        for (int t = 0; t < G.n; t++) {
+            int r = q * gmax + t;
+            G.slot[t] = nrs + r;
+            G.row[t] = r;
+            G.pre[t] = 1.0f;
+        }
+    }
+    if (i == 0) *n_groups = min(g0 + gs, max_groups);
+}
+
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
  * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
 static int moe_kw(int64_t warps, int64_t steps) {
@@ -1159,7 +1353,17 @@ struct cuda_devside {
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
     int b1;                         /* one row: 0 k_moe_bulk, 1 k_moe_b1, 2 k_moe_b1 with the e2m1 table */
     long mb_calls;                  /* moe calls that took k_moe_bulk or k_moe_b1 */
+    int small;                      /* 1: the warp router, one-warp plan and prefetching combine
+                                     * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
+    struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
+        const float *host;
+        int n;
+        float *shadow;              /* host copy of what dev holds (a changed array is re-sent) */
+        float *dev;
+    } *bias;
+    int n_bias, cap_bias;
 };
+#define ROUTE_BIAS_MAX 512          /* distinct arrays kept; more are staged per call */
 
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -1183,8 +1387,57 @@ static cuda_devside *devside(dsv4_backend *b) {
     }
     d->flags = (unsigned *)p;
     d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
+    const char *rs = getenv("DSV4_CUDA_ROUTE_SMALL");
+    d->small = !(rs && rs[0] == '0');
     c->devside = d;
     return d;
+}
+
+static int small_kernels(const cuda_devside *d) { return d->small; }
+
+/* The device copy of the router's bias array `bias` (n floats, host): made on first use and
+ * re-sent when the host values changed (a freed array whose address was reused); the copy in
+ * stream order after every kernel already issued, so no kernel sees the new values early.
+ * NULL on failure (sticky error set). */
+static const float *route_bias(dsv4_backend *b, cuda_devside *d, const float *bias, int n) {
+    size_t bytes = sizeof(float) * (size_t)n;
+    struct cuda_devside::bias_copy *bc = NULL;
+    for (int i = 0; i < d->n_bias && !bc; i++)
+        if (d->bias[i].host == bias && d->bias[i].n == n) bc = &d->bias[i];
+    if (bc && !memcmp(bc->shadow, bias, bytes)) return bc->dev; /* every call after the first */
+    if (!bc && d->n_bias == ROUTE_BIAS_MAX) return (const float *)dsv4_cuda_stage(b, bias, bytes);
+    dsv4_cuda_seg_end(b); /* an allocation and a copy from pageable memory: not capturable */
+    if (!bc) {
+        if (d->n_bias == d->cap_bias) {
+            int cap = d->cap_bias ? 2 * d->cap_bias : 64;
+            struct cuda_devside::bias_copy *nb =
+                (struct cuda_devside::bias_copy *)realloc(d->bias, sizeof *nb * (size_t)cap);
+            if (!nb) {
+                dsv4_cuda_fail(b, "route: out of host memory", __FILE__, __LINE__, cudaSuccess);
+                return NULL;
+            }
+            d->bias = nb;
+            d->cap_bias = cap;
+        }
+        float *sh = (float *)malloc(bytes ? bytes : 1), *dv = NULL;
+        if (!sh) {
+            dsv4_cuda_fail(b, "route: out of host memory", __FILE__, __LINE__, cudaSuccess);
+            return NULL;
+        }
+        if (CK(b, cudaMalloc((void **)&dv, bytes ? bytes : 1))) {
+            free(sh);
+            return NULL;
+        }
+        bc = &d->bias[d->n_bias++];
+        bc->host = bias;
+        bc->n = n;
+        bc->shadow = sh;
+        bc->dev = dv;
+    }
+    memcpy(bc->shadow, bias, bytes);
+    /* pageable source: taken before this returns, so the shadow may change later */
+    if (CK(b, cudaMemcpyAsync(bc->dev, bc->shadow, bytes, cudaMemcpyHostToDevice, CI(b)->stream))) return NULL;
+    return bc->dev;
 }
 
 unsigned *dsv4_cuda_devflags(dsv4_backend *b) {
@@ -1229,6 +1482,11 @@ void dsv4_cuda_devside_free(dsv4_backend *b) {
         free(d->tab[i].ids);
     }
     free(d->tab);
+    for (int i = 0; i < d->n_bias; i++) {
+        cudaFree(d->bias[i].dev);
+        free(d->bias[i].shadow);
+    }
+    free(d->bias);
     cudaFree(d->flags);
     free(d);
     c->devside = NULL;
@@ -1442,9 +1700,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bulk && rows == 1 ? 1 : MOE_G;
-    k_moe_plan<<<1, 1024, plan_smem, c->stream>>>(gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows, k,
-                                                  n_routed, shared != NULL, before_w2, t->dev, ds->wbytes,
-                                                  ds->flags, gmax);
+    if (ds->small && nrs <= 32) /* decode: one warp */
+        k_moe_plan_w<<<1, 32, 0, c->stream>>>(gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
+                                              shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+    else
+        k_moe_plan<<<1, 1024, plan_smem, c->stream>>>(gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows, k,
+                                                      n_routed, shared != NULL, before_w2, t->dev, ds->wbytes,
+                                                      ds->flags, gmax);
     if (CKL(b)) return;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
@@ -1531,8 +1793,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     default: k_moe_down<8><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     }
     if (CKL(b)) return;
-    k_moe_combine<<<(unsigned)((rows * dim + 255) / 256), 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs,
-                                                                               shared != NULL, out_scale, act_bf16);
+    unsigned ncb = (unsigned)((rows * dim + 255) / 256);
+    if (ds->small)
+        k_moe_combine_u<<<ncb, 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale,
+                                                    act_bf16);
+    else
+        k_moe_combine<<<ncb, 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale,
+                                                  act_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
