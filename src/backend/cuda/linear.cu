@@ -287,7 +287,13 @@ __device__ __forceinline__ void gemv_load(uint4 (&v)[RPP][CPT], float (&s0)[RPP]
  * wq_a 5.0 (5.5), wkv 4.2 (4.6), bf16 [1024 x 4096] 5.3 (5.8); a plain 16-byte read of the
  * 33.6 MB took 12.1 us.  Variants that were slower: RPP 8 and 16 (registers: 118-254 at NR
  * 1-2, fewer blocks per SM), the next pass's loads issued before this pass's math (1-2
- * blocks per SM left), a persistent grid. */
+ * blocks per SM left), a persistent grid.  Also slower (H200, ktrace, cold, 2026-12-01): the
+ * same passes on a persistent grid with per-thread cp.async stages in shared memory (each
+ * thread copies its own vectors and scale words, S - 1 passes in flight, cp.async.wait_group,
+ * no barrier per stage; same bits): wq_b rows 1 27.8 / 27.9 / 24.6 us at S = 4 / 3 / 2 stages
+ * (2 / 3 / 4 blocks per SM) against 18.3 here, wo_a 29.2 / 29.6 / 25.9 (19.4), wo_b 29.6 /
+ * 29.9 / 28.9 (21.7).  Fewer resident warps (16-32 per SM against 40 here: 48 registers, 5
+ * blocks) lost more than the overlapped loads gained; not analysed further. */
 template <int NR, int FMT, int CPT, int RPP>
 __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                               int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
