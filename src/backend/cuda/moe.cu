@@ -880,7 +880,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
  * registers.  The thread copies its own vectors (and the 4-byte word holding their block
  * scales) into its own slots of B1_S shared-memory stages by cp.async, B1_V vectors per
  * stage, and waits for them with cp.async.wait_group: no block barrier until the end, and
- * (B1_S - 1) x B1_V x 16 bytes per thread are always in flight (96 KB per SM at 2 blocks).
+ * (B1_S - 1) x B1_V x 16 bytes per thread are always in flight (96 KB per SM in both geometries).
  * Per stage a warp sums its lanes' B1_V vector sums (shuffle tree) into a slot of `part`;
  * after the block's one barrier a feature's sum is its cv / 32 warp sums added in warp order
  * (deterministic), as in k_moe_bulk.
@@ -896,8 +896,9 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
  * against 58.1 / 38.0, with the table 48.7 / 24.1.  That is ~1.5 TB/s for both, about 10
  * weights per clock per SM: bound by instruction issue at 16 warps per SM (96 registers,
  * 80 KB of stages per block), not by the bytes in flight. */
-enum { B1_S = 4, B1_V = 4, B1_MUP = 16, B1_MDN = 32 };
-#define B1_SMEM (B1_S * B1_V * 256 * 16 + B1_S * B1_V * 256 * 4 + 256 * 4)
+enum { B1_MUP = 16 };
+/* shared memory of S stages of V vectors (16 bytes + a 4-byte scale word) per thread, + part */
+#define B1_SMEM(S, V) ((S) * (V) * 256 * 16 + (S) * (V) * 256 * 4 + 256 * 4)
 
 __device__ __forceinline__ void b1_cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
@@ -969,10 +970,10 @@ __device__ __forceinline__ float b1_vec(const uint4 &q, uint32_t sw, const mb_ha
 }
 
 /* the block's FB features from f0 of one group (weights W: up w1, w3; down w2) */
-template <int UP, int FP4, int DEC>
+template <int UP, int FP4, int DEC, int B1_S, int B1_V, int M>
 __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
                                        float *out, float pre, float limit, int act_bf16, const float *lut) {
-    constexpr int NH = UP ? 2 : 1, U = B1_V / NH, M = UP ? B1_MUP : B1_MDN, NIT = M / U, VN = FP4 ? 32 : 16;
+    constexpr int NH = UP ? 2 : 1, U = B1_V / NH, NIT = M / U, VN = FP4 ? 32 : 16;
     static_assert(NIT >= B1_S - 1 && B1_V % NH == 0 && 8 * M * NH <= 256, "b1 geometry: part holds 256 sums");
     uint4 *sd = (uint4 *)sm;
     uint32_t *ssc = (uint32_t *)(sm + B1_S * B1_V * 256 * 16);
@@ -1038,9 +1039,10 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
     }
 }
 
-/* grid (chunks, max groups); dynamic shared memory B1_SMEM; groups of one slot (rows == 1) */
-template <int UP, int DEC>
-__global__ void __launch_bounds__(256, 2) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
+/* grid (chunks, max groups); dynamic shared memory B1_SMEM(S, V); groups of one slot (rows == 1);
+ * M features per thread (up: B1_MUP), MINB resident blocks per SM (the register budget) */
+template <int UP, int DEC, int S, int V, int M, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                    int64_t dim, int act_fp8, float limit, int act_bf16) {
     extern __shared__ __align__(128) uint8_t b1s[];
@@ -1066,20 +1068,43 @@ __global__ void __launch_bounds__(256, 2) k_moe_b1(const group *groups, const in
         xs = h + (int64_t)G.slot[0] * ldh;
         out = y + (int64_t)G.slot[0] * dim;
     }
-    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * (UP ? B1_MUP : B1_MDN);
+    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
     if (f0 >= rows) return; /* block-uniform: past this group's features */
     if (W[0].fmt == DSV4_WF_FP8)
-        b1_run<UP, 0, DEC>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
+        b1_run<UP, 0, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
     else
-        b1_run<UP, 1, DEC>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
+        b1_run<UP, 1, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
 }
 
-/* k_moe_b1's chunks (grid.x) for weight w of rows features */
-static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int up) {
+/* k_moe_b1's chunks (grid.x) for weight w of rows features, m features per thread */
+static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int m) {
     int fp4 = w->fmt == DSV4_WF_MXFP4 || w->fmt == DSV4_WF_NVFP4;
-    int64_t cv = (fp4 ? w->cols / 2 : w->cols) / 16, fb = (256 / cv) * (up ? B1_MUP : B1_MDN);
+    int64_t cv = (fp4 ? w->cols / 2 : w->cols) / 16, fb = (256 / cv) * m;
     return (unsigned)((rows + fb - 1) / fb);
 }
+
+/* The k_moe_b1 geometries, per kernel: stages S of V vectors per thread, features per thread
+ * M (up: B1_MUP), resident blocks per SM MINB (the register budget).  Geometry 0 is the
+ * default; DSV4_CUDA_MOE_B1G=1 runs gate/up as before (S 4, V 4, 2 blocks: A/B runs);
+ * DSV4_CUDA_MOE_LUT=1 takes the table decode on geometry 1.  Measured (H200, ktrace, opbench
+ * --flush-mb 512 on flash layer 0, 46 calls each, one device session): gate/up median 44.0 us
+ * with S 4, V 2, 4 blocks (32 warps, 64 registers, no spills) against 45.3 (2 blocks, 96
+ * registers) and 44.1 / 46.3 / 47.2 with 3 blocks (S 3 V 4 / S 4 V 2 / S 5 V 2); down 23.5 us
+ * as it was (S 4, V 4, M 32, 2 blocks) against 24.4 at 4 blocks and 25.6-29.2 with M 16 (twice
+ * the blocks).  More warps per SM barely help: the kernel is not bound by latency hiding. */
+struct b1_geom {
+    const void *up, *dn; /* k_moe_b1<1, ..>, k_moe_b1<0, ..> */
+    int smem_up, smem_dn, mdn;
+};
+#define B1_GEOM(DEC, SU, VU, BU, SD, VD, MDN, BD)                                                                      \
+    {(const void *)k_moe_b1<1, DEC, SU, VU, B1_MUP, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,              \
+     B1_SMEM(SU, VU), B1_SMEM(SD, VD), MDN}
+static const b1_geom b1_geoms[] = {
+    B1_GEOM(1, 4, 2, 4, 4, 4, 32, 2),
+    B1_GEOM(1, 4, 4, 2, 4, 4, 32, 2),
+    B1_GEOM(0, 4, 4, 2, 4, 4, 32, 2),
+};
+enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = B1_NGEOM - 1 };
 
 /* 1 if weight w can take k_moe_bulk (up: a w1/w3 half, down: w2): FP4 or FP8, 32..256
  * 16-byte vectors per row (a power of two), 16-byte aligned data and scale rows, and the
@@ -1529,18 +1554,21 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
             return -1;
         if (o < occ) occ = o;
     }
-    const void *b1f[4] = {(const void *)k_moe_b1<1, 1>, (const void *)k_moe_b1<0, 1>, (const void *)k_moe_b1<1, 0>,
-                          (const void *)k_moe_b1<0, 0>};
-    for (int i = 0; i < 4; i++)
-        if (CK(b, cudaFuncSetAttribute(b1f[i], cudaFuncAttributeMaxDynamicSharedMemorySize, B1_SMEM)) ||
-            CK(b, cudaFuncSetAttribute(b1f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+    for (int i = 0; i < 2 * B1_NGEOM; i++) {
+        const b1_geom &g = b1_geoms[i / 2];
+        if (CK(b, cudaFuncSetAttribute(i & 1 ? g.dn : g.up, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       i & 1 ? g.smem_dn : g.smem_up)) ||
+            CK(b, cudaFuncSetAttribute(i & 1 ? g.dn : g.up, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared)))
             return -1;
+    }
     const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG"),
-               *lut = getenv("DSV4_CUDA_MOE_LUT");
+               *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G");
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
-    /* one row: k_moe_b1 unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
-    d->b1 = off && off[0] == '2' ? 0 : lut && lut[0] == '1' ? 2 : 1;
+    /* one row: k_moe_b1 (1 + its geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
+    int gi = geom ? atoi(geom) : 0;
+    if (gi < 0 || gi >= B1_NGEOM) gi = 0;
+    d->b1 = off && off[0] == '2' ? 0 : 1 + (lut && lut[0] == '1' ? (int)B1_LUT : gi);
     if (dbg && dbg[0] == '1')
         fprintf(stderr, "cuda moe: k_moe_bulk %d + %d x %zu B shared, %d blocks per SM, %d SMs\n",
                 MB_STAGES * (MB_TILE + MB_SCALE), (int)MB_MAXG, sizeof(mb_group), occ, nsm);
@@ -1724,24 +1752,27 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
     int b1 = bulk && rows == 1 && ds->b1 > 0;
+    const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
     unsigned b1_up = 0, b1_dn = 0;
     if (b1) { /* chunks of the routed and the shared expert's features, the larger */
         const dsv4_weight *r2 = &experts[0].w2;
-        b1_up = b1_chunks(&experts[0].w1, t->inter, 1);
-        b1_dn = b1_chunks(r2, r2->rows < dim ? r2->rows : dim, 0);
+        b1_up = b1_chunks(&experts[0].w1, t->inter, B1_MUP);
+        b1_dn = b1_chunks(r2, r2->rows < dim ? r2->rows : dim, bg->mdn);
         if (shared) {
-            unsigned su = b1_chunks(&shared->w1, shared->w1.rows, 1),
-                     sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, 0);
+            unsigned su = b1_chunks(&shared->w1, shared->w1.rows, B1_MUP),
+                     sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, bg->mdn);
             b1_up = su > b1_up ? su : b1_up;
             b1_dn = sd > b1_dn ? sd : b1_dn;
         }
     }
-    if (b1 && ds->b1 == 1)
-        k_moe_b1<1, 1><<<dim3(b1_up, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                                                                            dim, act_fp8, limit, act_bf16);
-    else if (b1)
-        k_moe_b1<1, 0><<<dim3(b1_up, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                                                                            dim, act_fp8, limit, act_bf16);
+    /* k_moe_b1's arguments, in its parameter order and types */
+    const group *b1g = gd;
+    const int *b1n = ngd;
+    const dexpert *b1t = t->dev;
+    const float *b1x = xd, *b1xq = xq;
+    void *b1a[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16};
+    if (b1)
+        CK(b, cudaLaunchKernel(bg->up, dim3(b1_up, max_groups), dim3(256), b1a, (size_t)bg->smem_up, c->stream));
     else if (bulk && rows == 1)
         k_moe_bulk<1, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
                                                                   y, dim, act_fp8, limit, act_bf16);
@@ -1774,12 +1805,8 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    if (b1 && ds->b1 == 1)
-        k_moe_b1<0, 1><<<dim3(b1_dn, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                                                                            dim, act_fp8, limit, act_bf16);
-    else if (b1)
-        k_moe_b1<0, 0><<<dim3(b1_dn, max_groups), 256, B1_SMEM, c->stream>>>(gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                                                                            dim, act_fp8, limit, act_bf16);
+    if (b1)
+        CK(b, cudaLaunchKernel(bg->dn, dim3(b1_dn, max_groups), dim3(256), b1a, (size_t)bg->smem_dn, c->stream));
     else if (bulk && rows == 1)
         k_moe_bulk<0, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
                                                                   y, dim, act_fp8, limit, act_bf16);
