@@ -338,6 +338,29 @@ static void test_indexer_topk_pool(void) {
     }
 }
 
+/* y += wt * w2 . SwiGLU(w1 . x, w3 . x) with both clamps, in double: the scalar reference of one
+ * expert slot for test_route_and_moe (D = 16 inputs, I = 8 hidden) */
+static void ref_ffn_add(double *y, const float *x, const float *w1, const float *w3, const float *w2, double wt,
+                        float limit) {
+    enum { D = 16, I = 8 };
+    double h[I];
+    for (int i = 0; i < I; i++) {
+        double g = 0, u = 0;
+        for (int d = 0; d < D; d++) {
+            g += (double)w1[i * D + d] * x[d];
+            u += (double)w3[i * D + d] * x[d];
+        }
+        g = fmin(g, limit);
+        u = fmax(fmin(u, limit), -limit);
+        h[i] = g / (1 + exp(-g)) * u;
+    }
+    for (int d = 0; d < D; d++) {
+        double s = 0;
+        for (int i = 0; i < I; i++) s += w2[d * I + i] * h[i];
+        y[d] += wt * s;
+    }
+}
+
 static void test_route_and_moe(void) {
     enum { R = 3, E = 6, K = 2, D = 16, I = 8 };
     float logits[R * E], bias[E], wts[R * K];
@@ -388,25 +411,9 @@ static void test_route_and_moe(void) {
     B()->ops->moe(B(), out2, x, R, f, E, ex, wts, K, &f[E], limit, 1, 0, 0, 1.0f);
     for (int r = 0; r < R; r++) {
         double y[D] = {0};
-        for (int a = 0; a <= K; a++) {
-            int e = a < K ? ex[r * K + a] : E;
-            double wt = a < K ? wts[r * K + a] : 1.0, h[I];
-            for (int i = 0; i < I; i++) {
-                double g = 0, u = 0;
-                for (int d = 0; d < D; d++) {
-                    g += (double)w1[e][i * D + d] * x[r * D + d];
-                    u += (double)w3[e][i * D + d] * x[r * D + d];
-                }
-                g = fmin(g, limit);
-                u = fmax(fmin(u, limit), -limit);
-                h[i] = g / (1 + exp(-g)) * u;
-            }
-            for (int d = 0; d < D; d++) {
-                double s = 0;
-                for (int i = 0; i < I; i++) s += w2[e][d * I + i] * h[i];
-                y[d] += wt * s;
-            }
-        }
+        for (int a = 0; a <= K; a++)
+            ref_ffn_add(y, x + r * D, w1[a < K ? ex[r * K + a] : E], w3[a < K ? ex[r * K + a] : E],
+                        w2[a < K ? ex[r * K + a] : E], a < K ? wts[r * K + a] : 1.0, limit);
         for (int d = 0; d < D; d++) {
             CHECK_NEAR(out[r * D + d], y[d], 1e-4);
             CHECK_NEAR(out2[r * D + d], y[d], 1e-4); /* before/after w2 agree in fp32 */
@@ -419,25 +426,9 @@ static void test_route_and_moe(void) {
     for (int before = 0; before < 2; before++) {
         B()->ops->moe(B(), out, x, 1, f, E, dup, dw, K, &f[E], limit, before, 0, 0, 1.0f);
         double y[D] = {0};
-        for (int a = 0; a <= K; a++) {
-            int e = a < K ? dup[a] : E;
-            double wt = a < K ? dw[a] : 1.0, h[I];
-            for (int i = 0; i < I; i++) {
-                double g = 0, u = 0;
-                for (int d = 0; d < D; d++) {
-                    g += (double)w1[e][i * D + d] * x[d];
-                    u += (double)w3[e][i * D + d] * x[d];
-                }
-                g = fmin(g, limit);
-                u = fmax(fmin(u, limit), -limit);
-                h[i] = g / (1 + exp(-g)) * u;
-            }
-            for (int d = 0; d < D; d++) {
-                double s = 0;
-                for (int i = 0; i < I; i++) s += w2[e][d * I + i] * h[i];
-                y[d] += wt * s;
-            }
-        }
+        for (int a = 0; a <= K; a++)
+            ref_ffn_add(y, x, w1[a < K ? dup[a] : E], w3[a < K ? dup[a] : E], w2[a < K ? dup[a] : E],
+                        a < K ? dw[a] : 1.0, limit);
         for (int d = 0; d < D; d++) CHECK_NEAR(out[d], y[d], 1e-4);
     }
 }

@@ -1061,6 +1061,37 @@ __device__ __forceinline__ int tk_scan(int x, int *wsum, int *total) {
     return off + inc - x;
 }
 
+/* Warp 0 of a top-k block, after a radix pass's histogram: the digit (255 down) that holds the
+ * need-th largest remaining entry.  Lane l holds digits 8l .. 8l+7 and the count above them by a
+ * suffix scan; the lane whose digits contain it writes *s_prefix = prefix | digit << shift,
+ * *s_need = what is still needed inside that digit and, when s_done is given, whether the
+ * digit's entries are exactly that many. */
+__device__ __forceinline__ void tk_pick_digit(const int *hist, int lane, int need, uint32_t prefix, int shift,
+                                              uint32_t *s_prefix, int *s_need, int *s_done) {
+    int c8[8], tot = 0;
+#pragma unroll
+    for (int d = 0; d < 8; d++) tot += (c8[d] = hist[lane * 8 + d]);
+    int incl = tot;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_down_sync(0xffffffffu, incl, o);
+        if (lane + o < 32) incl += y;
+    }
+    int above = incl - tot;
+    if (above < need && need <= incl) {
+        int acc = above;
+        for (int d = 7; d >= 0; d--) {
+            if (acc + c8[d] >= need) {
+                *s_prefix = prefix | ((uint32_t)(lane * 8 + d) << shift);
+                *s_need = need - acc;
+                if (s_done) *s_done = acc + c8[d] == need;
+                break;
+            }
+            acc += c8[d];
+        }
+    }
+}
+
 __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
                                                      const int *n, const __grid_constant__ row_params rp, int k) {
     __shared__ int hist[256], wsum[32], s_need;
@@ -1088,29 +1119,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
             if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
         }
         __syncthreads();
-        if (warp == 0) { /* lane l holds digits 8l .. 8l+7; counts above it by a suffix scan */
-            int c8[8], tot = 0;
-#pragma unroll
-            for (int d = 0; d < 8; d++) tot += (c8[d] = hist[lane * 8 + d]);
-            int incl = tot;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                int y = __shfl_down_sync(0xffffffffu, incl, o);
-                if (lane + o < 32) incl += y;
-            }
-            int above = incl - tot;
-            if (above < need && need <= incl) {
-                int acc = above;
-                for (int d = 7; d >= 0; d--) {
-                    if (acc + c8[d] >= need) {
-                        s_prefix = prefix | ((uint32_t)(lane * 8 + d) << shift);
-                        s_need = need - acc;
-                        break;
-                    }
-                    acc += c8[d];
-                }
-            }
-        }
+        if (warp == 0) tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, NULL);
         __syncthreads();
         prefix = s_prefix;
         need = s_need;
@@ -1171,31 +1180,8 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
             if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
         }
         __syncthreads();
-        if (warp == 0) { /* lane l holds digits 8l .. 8l+7; counts above it by a suffix scan */
-            int c8[8], tot = 0;
-#pragma unroll
-            for (int d = 0; d < 8; d++) tot += (c8[d] = hist[lane * 8 + d]);
-            int incl = tot;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                int y = __shfl_down_sync(0xffffffffu, incl, o);
-                if (lane + o < 32) incl += y;
-            }
-            int above = incl - tot;
-            if (above < need && need <= incl) {
-                int acc = above;
-                for (int d = 7; d >= 0; d--) {
-                    if (acc + c8[d] >= need) {
-                        s_prefix = prefix | ((uint32_t)(lane * 8 + d) << shift);
-                        s_need = need - acc;
-                        s_done = acc + c8[d] == need; /* the digit's entries are all taken (written
-                                                       * here only: read after the next barrier) */
-                        break;
-                    }
-                    acc += c8[d];
-                }
-            }
-        }
+        if (warp == 0) /* s_done: the digit's entries are all taken (read after the next barrier) */
+            tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, &s_done);
         __syncthreads();
         prefix = s_prefix;
         need = s_need;

@@ -1143,6 +1143,30 @@ __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows,
     out[t] = act_bf16 ? d_round_bf16(v) : v;
 }
 
+/* The plan's last part: the shared expert's gs groups of <= gmax rows after the g0 routed ones
+ * (slots rows*k + r, weight 1), taken by threads first, first + stride, ...; the thread with
+ * first == 0 writes the group count.  Past max_groups: the device flag, as for a bad id. */
+__device__ __forceinline__ void plan_shared_groups(group *groups, int *n_groups, int g0, int gs, int first, int stride,
+                                                   int max_groups, int gmax, int rows, int nrs, int n_routed,
+                                                   unsigned *flags) {
+    for (int q = first; q < gs; q += stride) {
+        if (g0 + q >= max_groups) {
+            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
+            break;
+        }
+        group &G = groups[g0 + q];
+        G.ex = n_routed;
+        G.n = min(gmax, rows - q * gmax);
+        for (int t = 0; t < G.n; t++) {
+            int r = q * gmax + t;
+            G.slot[t] = nrs + r;
+            G.row[t] = r;
+            G.pre[t] = 1.0f;
+        }
+    }
+    if (first == 0) *n_groups = min(g0 + gs, max_groups);
+}
+
 /* The slot plan, on the device (one block).  Shared memory: cnt, pos, gstart [n_routed
  * (+1)].  sorted: scratch [rows*k].  Writes groups[0 .. *n_groups), order and cw. */
 __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups, int max_groups, int32_t *order,
@@ -1214,23 +1238,9 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
             atomicAdd(wbytes, tab[x].bytes);
         }
     }
-    int g0 = gst[n_routed], gs = has_shared ? (rows + gmax - 1) / gmax : 0;
-    for (int q = tid; q < gs; q += nt) { /* the shared expert's groups, last */
-        if (g0 + q >= max_groups) {
-            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
-            break;
-        }
-        group &G = groups[g0 + q];
-        G.ex = n_routed;
-        G.n = min(gmax, rows - q * gmax);
-        for (int t = 0; t < G.n; t++) {
-            int r = q * gmax + t;
-            G.slot[t] = nrs + r;
-            G.row[t] = r;
-            G.pre[t] = 1.0f;
-        }
-    }
-    if (tid == 0) *n_groups = min(g0 + gs, max_groups);
+    int g0 = gst[n_routed];
+    plan_shared_groups(groups, n_groups, g0, has_shared ? (rows + gmax - 1) / gmax : 0, tid, nt, max_groups, gmax,
+                       rows, nrs, n_routed, flags);
     for (int r = tid; r < rows; r += nt) { /* each row's experts by increasing id, stable in pick order */
         int32_t *o = order + (int64_t)r * k;
         for (int i = 0; i < k; i++) o[i] = r * k + i;
@@ -1326,23 +1336,8 @@ __global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups,
         order[rb + pos] = ok ? i : -1;
         cw[rb + pos] = before_w2 ? 1.0f : w;
     }
-    int gs = has_shared ? (rows + gmax - 1) / gmax : 0;
-    for (int q = i; q < gs; q += 32) { /* the shared expert's groups, last */
-        if (g0 + q >= max_groups) {
-            atomicOr(flags, DSV4_DEVFLAG_EXPERT);
-            break;
-        }
-        group &G = groups[g0 + q];
-        G.ex = n_routed;
-        G.n = min(gmax, rows - q * gmax);
-        for (int t = 0; t < G.n; t++) {
-            int r = q * gmax + t;
-            G.slot[t] = nrs + r;
-            G.row[t] = r;
-            G.pre[t] = 1.0f;
-        }
-    }
-    if (i == 0) *n_groups = min(g0 + gs, max_groups);
+    plan_shared_groups(groups, n_groups, g0, has_shared ? (rows + gmax - 1) / gmax : 0, i, 32, max_groups, gmax,
+                       rows, nrs, n_routed, flags);
 }
 
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
@@ -1668,6 +1663,18 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
     return NULL;
 }
 
+void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t dim, int rows, int k,
+                           const int32_t *order, const float *cw, int nrs, int has_shared, float out_scale,
+                           int act_bf16, int unrolled) {
+    unsigned ncb = (unsigned)(((int64_t)rows * dim + 255) / 256);
+    if (unrolled)
+        k_moe_combine_u<<<ncb, 256, 0, CI(b)->stream>>>(out, y, dim, rows, k, order, cw, nrs, has_shared, out_scale,
+                                                        act_bf16);
+    else
+        k_moe_combine<<<ncb, 256, 0, CI(b)->stream>>>(out, y, dim, rows, k, order, cw, nrs, has_shared, out_scale,
+                                                      act_bf16);
+}
+
 void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
             const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
             int act_fp8, int act_bf16, float out_scale) {
@@ -1820,13 +1827,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     default: k_moe_down<8><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
     }
     if (CKL(b)) return;
-    unsigned ncb = (unsigned)((rows * dim + 255) / 256);
-    if (ds->small)
-        k_moe_combine_u<<<ncb, 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale,
-                                                    act_bf16);
-    else
-        k_moe_combine<<<ncb, 256, 0, c->stream>>>(od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale,
-                                                  act_bf16);
+    dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16, ds->small);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);

@@ -24,6 +24,13 @@ int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float 
                        int act_bf16, float out_scale, unsigned long long *wbytes, unsigned *flags,
                        unsigned bad_flag);
 
+/* out[r] = (sum over i < k of cw[r*k+i] y[order[r*k+i]], order -1 skipped, in that order) x
+ * out_scale + y[nrs + r] when has_shared; bf16-rounded when act_bf16.  unrolled: the kernel
+ * that loads the first 8 pairs before the sum (same result); launched on the backend's stream */
+void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t dim, int rows, int k,
+                           const int32_t *order, const float *cw, int nrs, int has_shared, float out_scale,
+                           int act_bf16, int unrolled);
+
 /* 1 if the experts' formats and shapes suit dsv4_cuda_moe_gemm (host-side check) */
 int dsv4_cuda_moe_gemm_takes(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w *shared);
 

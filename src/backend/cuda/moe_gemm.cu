@@ -19,8 +19,9 @@
  *                where the profile rounds) into H [position][inter].
  *   (act_fp8)    h quantized per row by dsv4_cuda_act_quant, as moe.cu does.
  *   k_mg_down    tile x 128 output features: Y = H W2^T (bf16 where the profile rounds).
- *   k_mg_combine out[r] = (sum of w_j Y[slot j] over row r's experts in id order) x out_scale
- *                + Y[shared row r]; bf16 where the profile rounds.
+ *   combine      moe.cu's (dsv4_cuda_moe_combine): out[r] = (sum of w_j Y[position of slot j]
+ *                over row r's experts in id order) x out_scale + Y[shared row r]; bf16 where
+ *                the profile rounds.
  *
  * The shared expert is one more expert whose tiles take every row (launched separately: the
  * kernels are templated on the weight format, and the shared expert's may differ from the
@@ -336,20 +337,6 @@ __global__ void __launch_bounds__(1024) k_mg_plan(mg_tile *tiles, int *n_tiles, 
     }
 }
 
-__global__ void k_mg_combine(float *out, const float *Y, int64_t dim, int rows, int k, const int32_t *ord,
-                             const float *cw, int nrs, int has_shared, float out_scale, int act_bf16) {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (int64_t)rows * dim) return;
-    int64_t r = t / dim, d = t % dim;
-    float acc = 0.0f;
-    for (int i = 0; i < k; i++) {
-        int p = ord[r * k + i];
-        if (p >= 0) acc += cw[r * k + i] * Y[(int64_t)p * dim + d];
-    }
-    float v = acc * out_scale + (has_shared ? Y[(int64_t)(nrs + r) * dim + d] : 0.0f);
-    out[t] = act_bf16 ? d_round_bf16(v) : v;
-}
-
 static int mg_quantized(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
 
 /* a weight the GEMM core takes: K a multiple of 16 and of the format's scale group */
@@ -503,9 +490,7 @@ int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float 
         mg_run(b, tm, shared->w2.fmt, 0, dim3((unsigned)nsh, (unsigned)((dim + 127) / 128)), A, NULL, max_rt);
         if (CKL(b)) return 1;
     }
-    k_mg_combine<<<(unsigned)(((int64_t)rows * dim + 255) / 256), 256, 0, c->stream>>>(out, Y, dim, rows, k, ord, cw,
-                                                                                       nrs, shared != NULL, out_scale,
-                                                                                       act_bf16);
+    dsv4_cuda_moe_combine(b, out, Y, dim, rows, k, ord, cw, nrs, shared != NULL, out_scale, act_bf16, 1);
     CKL(b);
     return 1;
 }
