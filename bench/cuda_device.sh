@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long ktrace nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long ktrace ncu nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -87,6 +87,18 @@ for stage in "$@"; do
       note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
       xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}.csv.xz"
     else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
+  ncu)
+    # hardware counters of the decode kernels (Nsight Compute; works on the Firecracker machines):
+    # duration, executed warp instructions, issue-slot use and DRAM throughput per kernel node
+    m=/dev/shm/flash2
+    [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
+    if command -v ncu >/dev/null 2>&1; then
+      timeout 300 ncu --clock-control none --graph-profiling node -k regex:"${NCU_KERNELS:-k_gemv|k_moe_b1|k_hc_dec}" -c ${NCU_COUNT:-24} \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy \
+        $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 >"$OUT/ncu.log" 2>&1
+      note "ncu rc=$? on $m"
+      awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^ +(void )?/,"",k); sub(/\(.*/,"",k)} /Duration|Executed Instructions  |DRAM Throughput|Issue Slots Busy/ {printf "%s | %s %s\n", k, $1" "$2, $NF}' "$OUT/ncu.log" | head -120 >>"$summary"
+    else note "ncu: not installed"; fi ;;
   nsys)
     # kernel-level timeline of decode steps (if the image has Nsight Systems)
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
