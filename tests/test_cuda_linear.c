@@ -8,6 +8,8 @@
  *     partial second column set) and K 16384, act_fp8, bf16 K 256 / 768 (several rows per
  *     256-thread block, idle warps), w_bf16 on FP8 (grouped in_bf16: scaled then rounded per
  *     weight) and out_bf16;
+ *   test_gemv8: the FP8 GEMV of one row (k_gemv8) on each geometry it picks, e8m0 and f32
+ *     scales, out_bf16, w_bf16, act_fp8, row counts not a multiple of its rows per pass;
  *   test_other_shapes: rows 5, 7, 8, odd shapes (element-wise path), few features, 32 KB
  *     rows, MXFP4, split-K, a group size that is not a multiple of 8, grouped rows 7.
  * Tolerances (rel = ||gpu - cpu||_2 / ||cpu||_2 over the output):
@@ -77,6 +79,37 @@ static void test_stream_shapes(void) {
     check_mm(DSV4_WF_BF16, 4096, 768, 2, 0, 0, 0, "K 768");    /* 96 vectors: 2 parts, 2 idle warps */
     cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, 1, 1, "wo_a bf16"); /* w_bf16 on FP8: per-weight scale */
     cuda_check_grouped(DSV4_WF_BF16, 4, 512, 2048, 2, 1, "grp bf16");
+}
+
+/* k_gemv8 (FP8 at one row): each CPT x RPP x row-part geometry its launcher picks (the label
+ * gives it, tN: N threads per row, else 32; docs in linear.cu), e8m0 scales (factored out of
+ * a vector's partial sum) and f32 scales (per weight) on every shape, out_bf16, w_bf16
+ * (grouped in_bf16), act_fp8 and row counts that are not a multiple of RPP (last rows
+ * clamped).  The same shapes at two rows (k_gemv). */
+static void test_gemv8(void) {
+    NEED_GPU();
+    static const struct {
+        int64_t O, K;
+        const char *what;
+    } sh[] = {
+        {16384, 512, "c1 r4"},       {8000, 512, "c1 r2"},        {4096, 512, "c1 r1"},
+        {8000, 1024, "c2 r2"},       {4096, 1024, "c2 r1"},       {8192, 2048, "c4 r2"},
+        {4096, 2048, "c4 r1"},       {4096, 4096, "c4 r2 t64"},   {1024, 4096, "c2 r1 t128"},
+        {512, 4096, "c1 r1 t256"},   {4096, 8192, "c4 r2 t128"},  {2048, 16384, "c4 r2 t256"},
+        {4097, 1024, "4097 rows"},   {4098, 1024, "4098 rows"},   {96, 1024, "96 rows"},
+    };
+    for (int rows = 1; rows <= 2; rows++)
+        for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
+            for (int sf32 = 0; sf32 <= 1; sf32++)
+                check_mm(DSV4_WF_FP8, sh[i].O, sh[i].K, rows, sf32, 0, 0, sh[i].what);
+    for (int rows = 1; rows <= 2; rows++) {
+        check_mm(DSV4_WF_FP8, 32768, 1024, rows, 0, 0, 1, "out_bf16");
+        check_mm(DSV4_WF_FP8, 4096, 4096, rows, 1, 0, 1, "out_bf16");
+        check_mm(DSV4_WF_FP8, 8192, 1024, rows, 0, 1, 0, "act_fp8");
+        cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 1, "wo_a bf16");
+        cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 1024, rows, 0, "grp K 1024");
+        cuda_check_grouped(DSV4_WF_FP8, 6, 1022, 1024, rows, 1, "grp 1022 bf16");
+    }
 }
 
 /* shapes outside such a path (more rows, odd shapes, long rows, FP4) */
@@ -194,4 +227,4 @@ static void test_timing(void) {
     gpu.ops->free(&gpu, fc);
 }
 
-TEST_MAIN(test_stream_shapes, test_other_shapes, test_fresh_weights, test_timing)
+TEST_MAIN(test_stream_shapes, test_gemv8, test_other_shapes, test_fresh_weights, test_timing)

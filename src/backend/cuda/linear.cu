@@ -18,6 +18,8 @@
  * k_gemv (below) takes batches of 1-2 rows whose weight rows are 32..1024 16-byte vectors
  *   (every Flash decode projection): a thread always reads the same columns of RPP rows a
  *   pass, sums leave by a warp reduce-scatter; 18-25 % faster than k_linear there.
+ * k_gemv8 (below) takes FP8 at one row instead: the e8m0 block scale applied once per
+ *   16-product partial, the scale mode a template parameter (12.6 us against 18.1 on wq_b).
  * Accumulation order differs from the CPU's (lane-strided partial sums of 4 products,
  * then a warp tree): that is the only difference; the flags (w_bf16, out_bf16) round
  * exactly where the CPU does (each dequantized weight; each output).
@@ -484,6 +486,199 @@ static int gemv_launch(const lin_args &a, int nsm, cudaStream_t st) {
     return 1;
 }
 
+/* ----- k_gemv8: the FP8 decode GEMV of one row ----- */
+
+/* k_gemv8<NR, SCL, CPT, RPP>: out[r][o] = sum_k W[o0+o][k] x[r][g(o)*xg + k] for FP8 (e4m3)
+ * weights with power-of-two block scales of >= 16 columns, rows == NR (the launcher: 1; 2
+ * compiles and passed the tests, see below); the same contract as k_linear.  Geometry as
+ * k_gemv: a row of W is CV = K / 16 16-byte vectors, tpr = CV / CPT threads (32..256) cover
+ * one row, thread c always the columns c, c + tpr, ...; 256 / tpr row slots per block, RPP
+ * consecutive rows per slot and pass.  The launcher
+ * prefers tpr = 32 (a warp per row: no shared memory, no barrier) with CPT <= 4, and
+ * RPP * CPT = 8 vectors (128 bytes) of loads in flight per thread.
+ * Compiled for 3 blocks per SM (<= 80 registers): no spills at these CPT x RPP (ptxas -v,
+ * CUDA 13); CPT 8 spilled (the compiler hoists every x load of the pass).
+ * What k_gemv spent per weight (11 warp instructions; 62 % issue-busy, 39 % DRAM on wq_b) and
+ * what this kernel does instead:
+ *   - the block scale multiplied into every weight: with SCL 0 (e8m0 scales, no w_bf16) each
+ *     thread sums a vector's 16 products x * w first (an fma chain) and multiplies the partial
+ *     by the block scale once.  e8m0 is a power of two, so (w * s) * x = (w * x) * s and the
+ *     partial sum's roundings scale with it: the same values as scaling every weight, barring
+ *     under/overflow of the scaled terms.  f32 scales (SCL 1) keep the per-weight multiply
+ *     (not a power of two: factoring would round differently), as does w_bf16 (SCL 2: the
+ *     scaled weight rounded to bf16, as the CPU does);
+ *   - w_bf16 / scale_f32 runtime branches per 4 weights: SCL is a template parameter;
+ *   - 64-bit divisions for the scale row and the group: shifts (block a power of two) and
+ *     one 32-bit division per pass (grouped only);
+ *   - one scale load per (row, vector): rows of one pass share their scale row (o0 % RPP ==
+ *     0 and RPP <= 16 <= block), so a pass loads CPT scales.
+ * Inner loop per weight: 1/2 cvt e4m3x2 -> f16x2, 1 f16 -> f32, 1 fma (SCL 0).
+ * Sums: warp reduce-scatter, then (tpr > 32) shared memory in warp order, as k_gemv.
+ * Measured (H200, ncu --clock-control none, decode graphs of the 2-layer Flash synth, batch 1,
+ * 2026-12-01 18:00Z; k_gemv in the same run): wq_b [32768 x 1024] 12.74 / 12.54 us (18.05 /
+ * 18.05), 4.71 M warp instructions = 4.5 per weight (11.64 M), DRAM 56 % (39 %); wo_b
+ * [4096 x 8192] 16.90 / 16.70 (21.92 / 21.12); grouped wo_a 17.15 / 17.41 (18.98 / 18.66);
+ * wkv 4.74 / 4.64 (4.86 / 5.12); wq_a [1024 x 4096] 5.82 / 5.95 (5.66 / 5.63: slower).
+ * Still latency-bound (31 % occupancy at 80 registers, half the stalls on L1TEX), and at
+ * CPT 4 and RPP <= 2 a thread reads more bytes of x (from L1) than of weights.  Two rows
+ * stay on k_gemv: NR 2 passed the tests in that run but timed slower in test_cuda_linear's
+ * cold timing (wo_a 45.9 us against 25.2, wo_b 43.8 / 33.0, wq_b 27.2 / 24.3), so the
+ * launcher takes one row only and NR 2 is not instantiated.  DSV4_CUDA_GEMV_OLD=1 (read
+ * once) takes k_gemv for one row too (A/B). */
+template <int NR, int SCL, int CPT, int RPP>
+__global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
+                                               const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
+                                               int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
+                                               int64_t xg, int out_bf16, int tpr_log2, int npass) {
+    constexpr int N = RPP * NR;
+    __shared__ float red[2][8][N];
+    const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
+    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, slot = t >> tpr_log2, c = t & (tpr - 1);
+    const int scols = K >> blk_log2;
+    int kcol[CPT], scol[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
+    int buf = 0;
+    for (int p = blockIdx.x; p < npass; p += gridDim.x) {
+        const int64_t rb = ((int64_t)p * slots + slot) * RPP; /* this slot's first row */
+        uint4 v[RPP][CPT];
+#pragma unroll
+        for (int j = 0; j < RPP; j++) { /* rows past the end re-read the last row (never written) */
+            const uint8_t *rp = wd + (o0 + (rb + j < no ? rb + j : no - 1)) * (int64_t)K;
+#pragma unroll
+            for (int i = 0; i < CPT; i++) v[j][i] = d_ld_stream16(rp + kcol[i]);
+        }
+        float s[CPT]; /* the pass's rows share one scale row */
+        const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+            s[i] = SCL != 0 && sf32 ? __ldg((const float *)ws + srow + scol[i])
+                                    : d_e8m0_to_f32(__ldg(ws + srow + scol[i]));
+        const float *xw = x + (xg && rb < no ? (int64_t)((uint32_t)rb / (uint32_t)gR) * xg : 0);
+        float acc[N];
+#pragma unroll
+        for (int n = 0; n < N; n++) acc[n] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            float xv[NR][16];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float4 f = __ldg((const float4 *)(xw + (int64_t)r * ldx + kcol[i] + 4 * q));
+                    xv[r][4 * q] = f.x, xv[r][4 * q + 1] = f.y, xv[r][4 * q + 2] = f.z, xv[r][4 * q + 3] = f.w;
+                }
+#pragma unroll
+            for (int j = 0; j < RPP; j++) {
+                const uint32_t u[4] = {v[j][i].x, v[j][i].y, v[j][i].z, v[j][i].w};
+                float wf[16];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float2 d = d_e4m3x2_to_f32x2((uint16_t)(u[e >> 1] >> (16 * (e & 1))));
+                    wf[2 * e] = d.x, wf[2 * e + 1] = d.y;
+                }
+                if (SCL != 0) /* the decoded weight as the CPU forms it: e4m3 * scale (bf16-rounded) */
+#pragma unroll
+                    for (int e = 0; e < 16; e++) wf[e] = SCL == 2 ? d_round_bf16(wf[e] * s[i]) : wf[e] * s[i];
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    float part = wf[0] * xv[r][0];
+#pragma unroll
+                    for (int e = 1; e < 16; e++) part = fmaf(wf[e], xv[r][e], part);
+                    /* SCL 0: part * 2^k is exact (header), one rounding in the add */
+                    acc[j * NR + r] = SCL == 0 ? fmaf(part, s[i], acc[j * NR + r]) : acc[j * NR + r] + part;
+                }
+            }
+        }
+        float sum = warp_reduce_scatter<N>(acc, lane);
+        const int per = 32 / N;
+        int sl = slot, id = lane / per, wr = lane % per == 0;
+        if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
+            if (wr) red[buf][wib][id] = sum;
+            __syncthreads();
+            wr = t < slots * N;
+            if (wr) {
+                sl = t / N, id = t % N;
+                sum = red[buf][sl * nw][id];
+                for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
+            }
+            buf ^= 1;
+        }
+        const int64_t o = ((int64_t)p * slots + sl) * RPP + id / NR;
+        const int r = id % NR;
+        if (wr && o < no) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum) : sum;
+    }
+}
+
+/* DSV4_CUDA_GEMV_OLD=1: k_gemv instead of k_gemv8 (A/B), read once */
+static int gemv8_off(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *o = getenv("DSV4_CUDA_GEMV_OLD");
+        v = o && o[0] == '1';
+    }
+    return v;
+}
+
+struct gemv8_geom {
+    int tpr_log2, npass, blk_log2, sf32;
+};
+
+template <int NR, int SCL, int CPT, int RPP>
+static void gemv8_go(const lin_args &a, const gemv8_geom &g, cudaStream_t st) {
+    k_gemv8<NR, SCL, CPT, RPP><<<g.npass, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.w.data, a.w.scale, (int)a.w.cols,
+                                                       g.sf32, g.blk_log2, a.o0, a.no, a.gR, a.xg, a.out_bf16,
+                                                       g.tpr_log2, g.npass);
+}
+
+template <int SCL>
+static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, cudaStream_t st) {
+    switch (cpt * 8 + rpp) { /* CPT * RPP <= 8 */
+    case 8 + 1: gemv8_go<1, SCL, 1, 1>(a, g, st); break;
+    case 8 + 2: gemv8_go<1, SCL, 1, 2>(a, g, st); break;
+    case 8 + 4: gemv8_go<1, SCL, 1, 4>(a, g, st); break;
+    case 16 + 1: gemv8_go<1, SCL, 2, 1>(a, g, st); break;
+    case 16 + 2: gemv8_go<1, SCL, 2, 2>(a, g, st); break;
+    case 16 + 4: gemv8_go<1, SCL, 2, 4>(a, g, st); break;
+    case 32 + 1: gemv8_go<1, SCL, 4, 1>(a, g, st); break;
+    default: gemv8_go<1, SCL, 4, 2>(a, g, st); break;
+    }
+}
+
+/* k_gemv8 takes FP8 at one row when K / 16 is a power of two in 32..1024 and the block a
+ * power of two >= 16 (0: not taken).  tpr: 32, doubled while CPT > 4; RPP = 8 / CPT (<= 4),
+ * cut to divide the group size and o0; then, while that leaves fewer than two passes per SM
+ * (small weights: wq_a, wkv, indexer wq_b), RPP is halved and then tpr doubled (more
+ * blocks, less serial math per thread). */
+static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
+    const dweight &w = a.w;
+    if (w.fmt != DSV4_WF_FP8 || a.rows != 1 || nsm <= 0 || gemv8_off()) return 0;
+    int64_t K = w.cols, cv = K / 16;
+    if (K % 16 || cv < 32 || cv > 1024 || (cv & (cv - 1))) return 0;
+    if (w.block < 16 || (w.block & (w.block - 1)) || K % w.block || a.no >= ((int64_t)1 << 31) ||
+        a.gR >= ((int64_t)1 << 31))
+        return 0;
+    int tpr = 32;
+    while (cv / tpr > 4) tpr *= 2;
+    if (tpr > 256) return 0;
+    int cpt = (int)(cv / tpr), rpp = 8 / cpt > 4 ? 4 : 8 / cpt;
+    while (rpp > 1 && (a.gR % rpp || a.o0 % rpp)) rpp /= 2;
+    for (;;) {
+        int64_t per = (int64_t)(256 / tpr) * rpp;
+        if ((a.no + per - 1) / per >= 2 * (int64_t)nsm) break;
+        if (rpp > 1) rpp /= 2;
+        else if (tpr < 256 && cpt > 1) tpr *= 2, cpt /= 2;
+        else break;
+    }
+    int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per;
+    if (np > (1 << 30)) return 0;
+    gemv8_geom g = {ilog2(tpr), (int)np, ilog2(w.block), w.scale_f32};
+    if (a.w_bf16) gemv8_cr<2>(a, cpt, rpp, g, st);
+    else if (w.scale_f32) gemv8_cr<1>(a, cpt, rpp, g, st);
+    else gemv8_cr<0>(a, cpt, rpp, g, st);
+    return 1;
+}
+
 void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
                               const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
                               int out_bf16) {
@@ -535,7 +730,7 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
             else
                 k_linear_any<8><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
                                                              out_bf16);
-        } else if (nr <= 2 && gemv_launch(a, nsm, c->stream)) {
+        } else if (nr <= 2 && (gemv8_launch(a, nsm, c->stream) || gemv_launch(a, nsm, c->stream))) {
             if (CKL(b)) return;
             c->weight_bytes_read += wbytes_rows(w, no);
             continue;
