@@ -15,7 +15,9 @@
  * and a CUDA-graph capture (ops->segment) of the decode path gives the same bits as eager.
  * Each case prints an FNV-1a hash of the GPU's output bits, so two builds of mhc.cu can be
  * compared on the device (same inputs: the generator is seeded).
- * Also rmsnorm (src/backend/cuda/norm.cu) at every Flash norm shape, in and out of place.
+ * Also rmsnorm (src/backend/cuda/norm.cu) at every Flash norm shape, in and out of place, and
+ * hc_pre_norm (y normed inside hc_pre's kernels), which must give the bits of hc_pre then
+ * rmsnorm on every path (k_hc_dec, k_hc_fused, part + fin, and the two ops where it cannot).
  * DSV4_MHC_BENCH=2 runs decode-shape kernel phases for tools/device/ktrace.c (test_zy_phases).
  * DSV4_MHC_BENCH=1 adds a timing: 200 back-to-back calls at V4-Flash's shapes (hc 4, dim
  * 4096, fn f32 [24][16384], 20 Sinkhorn iterations) on device buffers, eager (host clock
@@ -313,6 +315,69 @@ static void test_rmsnorm_flash(void) {
         }
 }
 
+/* hc_pre_norm (y normed inside hc_pre's kernel) against hc_pre then rmsnorm on the GPU:
+ * the same bits for y, post and comb, on host and device buffers; y within hc_pre's
+ * tolerance of the CPU's pair (1e-5 fp32, 4e-3 rounded to bf16).  wfmt < 0: unweighted. */
+static void check_pre_norm(int rows, int hc, int dim, int wfmt, int bf) {
+    hc_w w = make_hc(hc, dim);
+    tw nw;
+    memset(&nw, 0, sizeof nw);
+    if (wfmt >= 0) nw = make_w((dsv4_wfmt)wfmt, 1, dim, 0);
+    const dsv4_weight *np_ = wfmt >= 0 ? &nw.w : NULL;
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    size_t nout = ny + np + nc;
+    float *X = malloc(sizeof(float) * nx), *ref = malloc(sizeof(float) * nout), *a = malloc(sizeof(float) * nout),
+          *b = malloc(sizeof(float) * nout), *c = malloc(sizeof(float) * nout);
+    fill(X, nx, 2);
+    /* y, post, comb of each run side by side in one buffer */
+    cpu.ops->hc_pre_norm(&cpu, ref, ref + ny, ref + ny + np, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f,
+                         1e-6f, bf, bf, np_, 1e-6f);
+    gpu.ops->hc_pre(&gpu, a, a + ny, a + ny + np, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    gpu.ops->rmsnorm(&gpu, a, a, rows, dim, np_, 1e-6f, bf);
+    gpu.ops->hc_pre_norm(&gpu, b, b + ny, b + ny + np, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf,
+                         bf, np_, 1e-6f);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *od = gpu.ops->alloc(&gpu, sizeof(float) * nout);
+    REQUIRE(xd && od);
+    gpu.ops->upload(&gpu, xd, X, sizeof(float) * nx);
+    gpu.ops->hc_pre_norm(&gpu, od, od + ny, od + ny + np, xd, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f,
+                         bf, bf, np_, 1e-6f);
+    gpu.ops->download(&gpu, c, od, sizeof(float) * nout);
+    CHECK(gpu_ok());
+    double r = rel(b, ref, ny);
+    int same = !memcmp(a, b, sizeof(float) * nout), same_d = !memcmp(a, c, sizeof(float) * nout);
+    printf("  hc_pre_norm rows %2d hc %d dim %4d w %2d bf16 %d: y rel %.2e, fused %s, device %s\n", rows, hc, dim,
+           wfmt, bf, r, same ? "same bits" : "DIFFERS", same_d ? "same bits" : "DIFFERS");
+    CHECKF(same && same_d && r <= (bf ? 4e-3 : 1e-5), "hc_pre_norm rows %d hc %d dim %d w %d bf16 %d", rows, hc, dim,
+           wfmt, bf);
+    if (!same)
+        for (size_t i = 0, shown = 0; i < nout && shown < 4; i++)
+            if (memcmp(a + i, b + i, sizeof(float)))
+                printf("    [%zu] two ops %.9g fused %.9g\n", i, a[i], b[i]), shown++;
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, od);
+    free(X), free(ref), free(a), free(b), free(c);
+    if (wfmt >= 0) free_w(&nw);
+    park_hc(&w);
+}
+
+static void test_pre_norm_fused(void) {
+    NEED_GPU();
+    for (int bf = 0; bf < 2; bf++) {
+        int rows[] = {1, 2, 3, 4, 8, 40}; /* k_hc_dec (4: y in several rounds), part + fin */
+        for (int i = 0; i < 6; i++) check_pre_norm(rows[i], 4, 4096, DSV4_WF_BF16, bf);
+        check_pre_norm(1, 4, 4096, DSV4_WF_F32, bf);
+        check_pre_norm(3, 4, 4096, -1, bf);
+        check_pre_norm(2, 4, 4096, DSV4_WF_FP8, bf); /* no vector weight loads: element-wise */
+        check_pre_norm(1, 4, 512, DSV4_WF_BF16, bf);  /* k_hc_dec, 4 runs of 32 float4s */
+        check_pre_norm(5, 4, 512, DSV4_WF_BF16, bf);
+        check_pre_norm(1, 2, 256, DSV4_WF_BF16, bf);  /* k_hc_fused */
+        check_pre_norm(3, 2, 256, -1, bf);
+        check_pre_norm(2, 6, 128, DSV4_WF_F32, bf);   /* shared-memory Sinkhorn */
+        check_pre_norm(9, 6, 128, DSV4_WF_BF16, bf);
+        check_pre_norm(2, 4, 64, DSV4_WF_BF16, bf);   /* dim % 128 != 0: hc_pre, then rmsnorm */
+        check_pre_norm(40, 4, 8192, DSV4_WF_BF16, bf); /* dim > 4096: likewise */
+    }
+}
+
 /* ----- kernel phases for ktrace (DSV4_MHC_BENCH=2) -----
  * Decode-shape calls in phases of PH_N, each phase opened by a 36-byte device-to-device copy
  * (the marker a trace reader cuts at; weight uploads are host-to-device, and a 4-byte one
@@ -405,5 +470,5 @@ static void test_zz_release(void) {
     n_parked = 0;
 }
 
-TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_rmsnorm_flash, test_zy_bench, test_zy_phases,
-          test_zz_release)
+TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_rmsnorm_flash, test_pre_norm_fused,
+          test_zy_bench, test_zy_phases, test_zz_release)

@@ -10,6 +10,7 @@
  *   sparse_attn keeps 2e-6 (fp32) when its keys are split over blocks (rows x heads below
  *     twice the SM count): the split only regroups the sum of p_j K_j into per-slice partial
  *     sums added in slice order, an error of a few fp32 ulps of the output, like a warp tree.
+ * norm_rope (rmsnorm + RoPE in one kernel) must give the bits of rmsnorm then rope.
  * The sync-free paths are exercised with device buffers: indexer -> topk -> sparse_attn with
  * the picks never leaving the device (1, 3 and 40 rows), route -> moe likewise (1 and 40
  * rows, repeated experts, the shared expert, hash routing), the weight-byte counter of
@@ -142,6 +143,61 @@ static void test_norm_rope_scale(void) {
     CHECK(gpu_ok());
     CHECK(memcmp(a, g, sizeof a) == 0);
     free_w(&w);
+}
+
+/* norm_rope (one kernel) against rmsnorm then rope on the GPU: the same bits, on device
+ * buffers (the fused kernel) and host ones (the two ops); against the CPU's pair within
+ * rmsnorm's and rope's tolerances (2e-6 fp32, 4e-3 rounded to bf16).  wfmt < 0: unweighted. */
+static void check_norm_rope(int rows, int nh, int hd, int rd, int wfmt, int bf) {
+    size_t n = (size_t)rows * nh * hd;
+    float *x = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n), *g1 = malloc(sizeof(float) * n),
+          *g2 = malloc(sizeof(float) * n), *g3 = malloc(sizeof(float) * n);
+    tw w;
+    memset(&w, 0, sizeof w);
+    if (wfmt >= 0) w = make_w((dsv4_wfmt)wfmt, 1, hd, 0);
+    const dsv4_weight *wp = wfmt >= 0 ? &w.w : NULL;
+    int64_t *pos = malloc(sizeof(int64_t) * rows);
+    for (int r = 0; r < rows; r++) pos[r] = r == 1 ? 1000000 : 3 * r + 2040; /* one angle on trig's slow path */
+    double freq[64];
+    for (int i = 0; i < rd / 2; i++) freq[i] = 1.0 / pow(10000.0, 2.0 * i / rd);
+    fill(x, n, 3);
+    memcpy(a, x, sizeof(float) * n);
+    cpu.ops->norm_rope(&cpu, a, rows, nh, hd, wp, 1e-6f, rd, pos, freq, bf);
+    float *d = gpu.ops->alloc(&gpu, sizeof(float) * n);
+    REQUIRE(d);
+    gpu.ops->upload(&gpu, d, x, sizeof(float) * n);
+    gpu.ops->rmsnorm(&gpu, d, d, rows * nh, hd, wp, 1e-6f, bf);
+    gpu.ops->rope(&gpu, d, rows, nh, hd, rd, pos, freq, 0, bf);
+    gpu.ops->download(&gpu, g1, d, sizeof(float) * n);
+    gpu.ops->upload(&gpu, d, x, sizeof(float) * n);
+    gpu.ops->norm_rope(&gpu, d, rows, nh, hd, wp, 1e-6f, rd, pos, freq, bf);
+    gpu.ops->download(&gpu, g2, d, sizeof(float) * n);
+    memcpy(g3, x, sizeof(float) * n);
+    gpu.ops->norm_rope(&gpu, g3, rows, nh, hd, wp, 1e-6f, rd, pos, freq, bf); /* host buffer */
+    CHECK(gpu_ok());
+    double r = rel(g2, a, n);
+    int same = !memcmp(g1, g2, sizeof(float) * n), same_h = !memcmp(g1, g3, sizeof(float) * n);
+    printf("  norm_rope rows %2d heads %2d dim %3d rope %2d w %2d bf16 %d: rel %.2e, fused %s, host %s\n", rows, nh,
+           hd, rd, wfmt, bf, r, same ? "same bits" : "DIFFERS", same_h ? "same bits" : "DIFFERS");
+    CHECKF(same && same_h && r <= (bf ? 4e-3 : 2e-6), "norm_rope rows %d heads %d dim %d", rows, nh, hd);
+    gpu.ops->free(&gpu, d);
+    free(x), free(a), free(g1), free(g2), free(g3), free(pos);
+    if (wfmt >= 0) free_w(&w);
+}
+
+static void test_norm_rope_fused(void) {
+    NEED_GPU();
+    for (int bf = 0; bf < 2; bf++) {
+        check_norm_rope(1, 64, 512, 64, -1, bf);          /* q at decode: per-head, unweighted */
+        check_norm_rope(3, 64, 512, 64, -1, bf);
+        check_norm_rope(1, 1, 512, 64, DSV4_WF_BF16, bf); /* kv, compressor rows */
+        check_norm_rope(4, 1, 128, 64, DSV4_WF_BF16, bf); /* indexer compressor rows */
+        check_norm_rope(2, 2, 256, 32, DSV4_WF_F32, bf);
+        check_norm_rope(40, 8, 512, 64, -1, bf);          /* > 32 rows: positions staged */
+        check_norm_rope(40, 1, 512, 64, DSV4_WF_BF16, bf);
+        check_norm_rope(3, 4, 64, 32, -1, bf);            /* head_dim 64: the two ops */
+        check_norm_rope(2, 2, 512, 62, DSV4_WF_BF16, bf); /* rope_dim % 4 != 0: the two ops */
+    }
 }
 
 static void test_sim_exact(void) {
@@ -850,7 +906,7 @@ static void test_moe_wide(void) {
     check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 1, 1);   /* NVFP4 routed, f32-scaled FP8 shared, act_fp8 */
 }
 
-TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_sim_exact, test_mhc,
-          test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
+TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
+          test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
           test_device_buffers, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)

@@ -136,7 +136,7 @@ typedef struct dsv4_backend_ops {
                 const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
                 int act_fp8, int act_bf16, float out_scale);
 
-    /* ----- optional (NULL where a backend has nothing to do; the CPU backend sets none) ----- */
+    /* ----- optional (NULL where a backend has nothing to do; the CPU backend sets none of these) ----- */
     /* Copies every weight of the model to the backend's memory once, in its stored format;
      * fails up front (bytes required vs available) if it does not fit. */
     int (*load_weights)(dsv4_backend *b, const dsv4_model_w *w, dsv4_err *err);
@@ -152,6 +152,19 @@ typedef struct dsv4_backend_ops {
      * may record the ops of one segment and replay them as one unit (CUDA graphs).  Results
      * must not depend on it. */
     void (*segment)(dsv4_backend *b, int key);
+
+    /* ----- fused pairs (optional: NULL = the forward pass calls the two ops) -----
+     * Each gives, bit for bit, what the two ops it replaces give on the same backend (the CPU
+     * backend calls them); a device backend saves a launch and a round trip through memory. */
+    /* rmsnorm(x, x, rows * n_heads, head_dim, w, eps, out_bf16), then
+     * rope(x, rows, n_heads, head_dim, rope_dim, pos, freq, 0, out_bf16). */
+    void (*norm_rope)(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, const dsv4_weight *w,
+                      float eps, int rope_dim, const int64_t *pos, const double *freq, int out_bf16);
+    /* hc_pre(...), then rmsnorm(y, y, rows, dim, y_norm, y_eps, out_bf16). */
+    void (*hc_pre_norm)(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc,
+                        int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                        float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
+                        float y_eps);
 } dsv4_backend_ops;
 
 /* What a backend reports about itself (ops->stats). */

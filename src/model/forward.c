@@ -371,6 +371,39 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
     }
 }
 
+/* ----- fused pairs -----
+ * rmsnorm then RoPE, and hc_pre then rmsnorm of y, as one backend op where the backend has
+ * it (the same bits as the two ops: backend.h), else the two ops. */
+static void norm_rope(dsv4_model *m, float *x, int rows, int n_heads, int head_dim, const dsv4_weight *w, float eps,
+                      int rope_dim, const int64_t *pos, const double *freq, int bf) {
+    const dsv4_backend_ops *op = OPS(m);
+    if (op->norm_rope) {
+        op->norm_rope(B_(m), x, rows, n_heads, head_dim, w, eps, rope_dim, pos, freq, bf);
+        return;
+    }
+    op->rmsnorm(B_(m), x, x, rows * n_heads, head_dim, w, eps, bf);
+    op->rope(B_(m), x, rows, n_heads, head_dim, rope_dim, pos, freq, 0, bf);
+}
+
+/* hc_pre into m->y, post, comb, the trace of y as hc_pre left it (`tag`), then y normed
+ * by y_norm; with a layer-diff trace the two ops run apart, so the trace sees y unnormed */
+static void hc_pre_norm(dsv4_model *m, const float *X, int rows, const dsv4_weight *fn, const dsv4_weight *base,
+                        const dsv4_weight *scale, const dsv4_weight *y_norm, const char *tag, int layer) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_backend_ops *op = OPS(m);
+    int hc = c->hc_mult, D = c->dim, bf = m->num.act_bf16;
+    float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
+    if (op->hc_pre_norm && !m->op_trace) {
+        op->hc_pre_norm(B_(m), m->y, m->post, m->comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps,
+                        heps, m->num.mhc_gemm_bf16, bf, y_norm, eps);
+        return;
+    }
+    op->hc_pre(B_(m), m->y, m->post, m->comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps, heps,
+               m->num.mhc_gemm_bf16, bf);
+    op_trace(m, tag, layer, rows, D, m->y, NULL, NULL, m->pos);
+    op->rmsnorm(B_(m), m->y, m->y, rows, D, y_norm, eps, bf);
+}
+
 /* Runs one compressor over the rows of the sub-batch: projections for all rows, the
  * position biases (ape) added on the backend, then the recurrence per segment as
  * backend copies into the state buffers (one copy per run of positions inside a
@@ -410,8 +443,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
         if (!ne) continue;
         float *rw = cs->rows + (size_t)first * d;
         if (nm->act_bf16) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
-        OPS(m)->rmsnorm(B_(m), rw, rw, ne, d, &cw->norm, (float)c->norm_eps, nm->act_bf16);
-        OPS(m)->rope(B_(m), rw, ne, 1, d, c->rope_dim, m->cpos, m->freq_comp, 0, nm->act_bf16);
+        norm_rope(m, rw, ne, 1, d, &cw->norm, (float)c->norm_eps, c->rope_dim, m->cpos, m->freq_comp, nm->act_bf16);
         if (!is_idx) {
             if (nm->kv_sim_fp8) OPS(m)->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
         } else {
@@ -434,23 +466,19 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     int hc = c->hc_mult, D = c->dim, hd = c->head_dim, nh = c->n_heads, rd = c->rope_dim, W = c->window;
     int ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8;
     const double *freq = ratio ? m->freq_comp : m->freq_main;
-    float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
+    float eps = (float)c->norm_eps;
     double lt = fwd_now(), ln_;
 #define LAY_LAP(i) (ln_ = fwd_now(), m->lay_t[i] += ln_ - lt, lt = ln_)
 
     /* ----- attention ----- */
-    op->hc_pre(b, m->y, m->post, m->comb, m->X, rows, hc, D, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale,
-               c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
-    op_trace(m, "attn.hc_pre", layer, rows, D, m->y, NULL, NULL, m->pos);
-    op->rmsnorm(b, m->y, m->y, rows, D, &L->attn_norm, eps, bf);
+    hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, "attn.hc_pre",
+                layer);
     op->matmul(b, m->qa, m->y, rows, &L->wq_a, a8, bf);
     op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
     op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
-    op->rmsnorm(b, m->q, m->q, rows * nh, hd, NULL, eps, bf); /* per-head unweighted RMS */
-    op->rope(b, m->q, rows, nh, hd, rd, m->pos, freq, 0, bf);
+    norm_rope(m, m->q, rows, nh, hd, NULL, eps, rd, m->pos, freq, bf); /* per-head unweighted RMS */
     op->matmul(b, m->kvc, m->y, rows, &L->wkv, a8, bf);
-    op->rmsnorm(b, m->kvc, m->kvc, rows, hd, &L->kv_norm, eps, bf);
-    op->rope(b, m->kvc, rows, 1, hd, rd, m->pos, freq, 0, bf);
+    norm_rope(m, m->kvc, rows, 1, hd, &L->kv_norm, eps, rd, m->pos, freq, bf);
     if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
     op_trace(m, "attn.q", layer, rows, nh * hd, m->q, NULL, NULL, m->pos);
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
@@ -539,10 +567,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
 
     LAY_LAP(4);
     /* ----- MoE (spec §2.6) ----- */
-    op->hc_pre(b, m->y, m->post, m->comb, m->Xb, rows, hc, D, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
-               c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);
-    op_trace(m, "ffn.hc_pre", layer, rows, D, m->y, NULL, NULL, m->pos);
-    op->rmsnorm(b, m->y, m->y, rows, D, &L->ffn_norm, eps, bf);
+    hc_pre_norm(m, m->Xb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale, &L->ffn_norm, "ffn.hc_pre", layer);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;

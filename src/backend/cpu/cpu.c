@@ -215,6 +215,13 @@ static void cpu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_
     }
 }
 
+/* the fused pairs: the two ops, so they are equal by construction */
+static void cpu_norm_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, const dsv4_weight *w,
+                          float eps, int rope_dim, const int64_t *pos, const double *freq, int out_bf16) {
+    cpu_rmsnorm(b, x, x, rows * n_heads, head_dim, w, eps, out_bf16);
+    cpu_rope(b, x, rows, n_heads, head_dim, rope_dim, pos, freq, 0, out_bf16);
+}
+
 static void cpu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
     (void)b;
     for (size_t i = 0; i < n; i++) x[i] = out_bf16 ? bf(x[i] * s) : x[i] * s;
@@ -312,6 +319,14 @@ static void cpu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, cons
         }
     }
     POP(b, m);
+}
+
+static void cpu_hc_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc,
+                            int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale,
+                            int iters, float norm_eps, float hc_eps, int gemm_bf16, int out_bf16,
+                            const dsv4_weight *y_norm, float y_eps) {
+    cpu_hc_pre(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16);
+    cpu_rmsnorm(b, y, y, rows, dim, y_norm, y_eps, out_bf16);
 }
 
 static void cpu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
@@ -616,6 +631,8 @@ static const dsv4_backend_ops CPU_OPS = {
     .pool = cpu_pool,
     .route = cpu_route,
     .moe = cpu_moe,
+    .norm_rope = cpu_norm_rope,
+    .hc_pre_norm = cpu_hc_pre_norm,
 };
 
 int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err) {

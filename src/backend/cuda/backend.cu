@@ -32,6 +32,10 @@ void cu_scale(dsv4_backend *, float *, size_t, float, int);
 void cu_sim(dsv4_backend *, float *, int, int, int, int, int);
 void cu_hc_pre(dsv4_backend *, float *, float *, float *, const float *, int, int, int, const dsv4_weight *,
                const dsv4_weight *, const dsv4_weight *, int, float, float, int, int);
+void cu_hc_pre_norm(dsv4_backend *, float *, float *, float *, const float *, int, int, int, const dsv4_weight *,
+                    const dsv4_weight *, const dsv4_weight *, int, float, float, int, int, const dsv4_weight *, float);
+void cu_norm_rope(dsv4_backend *, float *, int, int, int, const dsv4_weight *, float, int, const int64_t *,
+                  const double *, int);
 void cu_hc_post(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int, int, int,
                 int);
 void cu_hc_head(dsv4_backend *, float *, const float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
@@ -788,7 +792,18 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_stats,
     cu_copy_bandwidth,
     cu_segment,
+    cu_norm_rope,
+    cu_hc_pre_norm,
 };
+
+/* DSV4_CUDA_FUSE=0: the table without the fused pairs (the forward pass then calls the two
+ * ops: same results, for A/B timing) */
+static const dsv4_backend_ops CUDA_OPS_UNFUSED = [] {
+    dsv4_backend_ops o = CUDA_OPS;
+    o.norm_rope = NULL;
+    o.hc_pre_norm = NULL;
+    return o;
+}();
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
 
@@ -817,7 +832,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
-    b->ops = &CUDA_OPS;
+    const char *fu = getenv("DSV4_CUDA_FUSE");
+    b->ops = fu && !strcmp(fu, "0") ? &CUDA_OPS_UNFUSED : &CUDA_OPS;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
         CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);

@@ -35,6 +35,15 @@
  *   11.35, k_hc_dec 8.24 (with fn in L2: 9.45 / 7.18); rows 4: 15.85 / 11.46; hc_head
  *   6.82 / 5.39.  Of k_hc_dec's 8.2 us, 20 Sinkhorn iterations are 1.7 (iters 0: 6.56);
  *   the shortest kernel on the same run (k_scale of one float) took 0.74.
+ * hc_pre_norm: hc_pre with y then rmsnormed in the same kernel (weights of dim, eps), the
+ *   bits of hc_pre then norm.cu's rmsnorm (k_rmsnorm_vec: dim % 128 == 0, dim <= 4096; else
+ *   hc_pre then rmsnorm as two ops): k_hc_dec keeps the last round of y in registers and
+ *   sums squares per run of 32 float4s as it forms y, k_hc_fin / k_hc_fused re-read y after
+ *   a named barrier among the y warps (hc_norm_rows).  The weights are loaded as raw
+ *   bits (8 / 16 bytes) when the last block starts (block 0 prefetches them into L2): loading
+ *   them through d_weight_at there made every k_hc_dec 3 us slower (the decode in the format
+ *   branch waits for each load).  Measured (H200, ktrace, 2-layer Flash synth, decode at 2K):
+ *   k_hc_dec 9.23 -> 9.35 us per call with the norm, for 1.86 us of k_rmsnorm_vec removed.
  * hc_post: one thread per (row, k, 4 adjacent d): post[k] o[d] + sum_j comb[j][k] R[j][d],
  *   j ascending (the scalar kernel's expression, element-wise when dim % 4 != 0).
  * Layout: X [rows][hc*dim] (stream j at j*dim), post [rows][hc], comb [rows][hc*hc].
@@ -43,6 +52,8 @@
 #include <pthread.h>
 
 #include "backend/cuda/common.cuh"
+
+void cu_rmsnorm(dsv4_backend *, float *, const float *, int, int, const dsv4_weight *, float, int); /* norm.cu */
 
 __device__ __forceinline__ float d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
@@ -61,6 +72,7 @@ struct hc_fin_smem {
     float C[HC_RB][16 * 16];
     float pre[HC_RB][16], pst[HC_RB][16];
     float bs[HC_NMX], sc[3]; /* base and scale, decoded */
+    float nss[HC_RB][32];    /* y's norm: sums of squares of runs of 32 float4s */
 };
 
 /* thread t's share of base / scale (t < nm, t < 3), loaded at kernel start so that their
@@ -207,6 +219,94 @@ __device__ void hc_sinkhorn_smem(float *comb, float *post, hc_fin_smem *sm, int6
     if (lane < hc) post[(r0 + wi) * hc + lane] = sm->pst[wi][lane];
 }
 
+/* ----- y's rmsnorm (hc_pre_norm) -----
+ * The norm that would follow (norm.cu's rmsnorm of dim <= 4096, dim % 128 == 0: k_rmsnorm_vec,
+ * dim/4 threads of one float4 each) applied to y inside the kernel that forms y, with the same
+ * arithmetic, so the same bits: hc_sq4 is norm.cu's d_sq4; a row's sum of squares is the warp
+ * sum (xor tree) of hc_sq4 over each run of 32 float4s (k_rmsnorm_vec's warps), then the warp
+ * sum of those dim/128 partials in lanes, zeros past them (block_sum's second stage); then
+ * x * (1 / sqrtf(ss / dim + eps)) * w, rounded to bf16 if asked.  Weights are decoded element
+ * by element (the same values as the vector loads of k_rmsnorm_vec). */
+struct hc_ynorm {
+    dweight w;
+    int on, has_w, vw; /* on: norm y; has_w: weighted; vw: f32 (1) / bf16 (2) weights aligned for vector loads */
+    float eps;
+};
+
+__device__ __forceinline__ float hc_sq4(float4 v) {
+    return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y)), __fmul_rn(v.z, v.z)),
+                     __fmul_rn(v.w, v.w));
+}
+
+/* a row's scale from its dim/128 partials (by a whole warp; every lane gets it) */
+__device__ __forceinline__ float hc_norm_scale(const float *nss, int dim, float eps) {
+    int lane = threadIdx.x & 31;
+    float ss = warp_sum(lane < dim / 128 ? nss[lane] : 0.0f);
+    return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
+/* weights 4c .. 4c+3 (ones when unweighted) */
+__device__ __forceinline__ float4 hc_norm_w4(const hc_ynorm &yn, int64_t c) {
+    if (!yn.has_w) return make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    return make_float4(d_weight_at(yn.w, 0, 4 * c), d_weight_at(yn.w, 0, 4 * c + 1), d_weight_at(yn.w, 0, 4 * c + 2),
+                       d_weight_at(yn.w, 0, 4 * c + 3));
+}
+
+/* weights 4c .. 4c+3 as raw bits, not decoded yet: a decode inside the format branch would
+ * make the thread wait for the load right there (k_hc_dec issues these before its partial
+ * sums and uses them at the end); f32: one 16-byte load, bf16: one 8-byte load */
+__device__ __forceinline__ uint4 hc_norm_wraw(const hc_ynorm &yn, int64_t c) {
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    if (yn.vw == 1) {
+        r = __ldg((const uint4 *)yn.w.data + c);
+    } else if (yn.vw == 2) {
+        uint2 u = __ldg((const uint2 *)yn.w.data + c);
+        r.x = u.x, r.y = u.y;
+    }
+    return r;
+}
+
+/* the values of hc_norm_w4 from hc_norm_wraw's bits (other formats: element by element) */
+__device__ __forceinline__ float4 hc_norm_wdec(const hc_ynorm &yn, uint4 r, int64_t c) {
+    if (yn.vw == 1)
+        return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
+    if (yn.vw == 2)
+        return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u), __uint_as_float(r.y << 16),
+                           __uint_as_float(r.y & 0xffff0000u));
+    return hc_norm_w4(yn, c);
+}
+
+__device__ __forceinline__ float4 hc_norm4(float4 v, float s, float4 w, int has_w, int out_bf16) {
+    float4 o = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+    if (has_w) o.x *= w.x, o.y *= w.y, o.z *= w.z, o.w *= w.w;
+    if (out_bf16) o.x = d_round_bf16(o.x), o.y = d_round_bf16(o.y), o.z = d_round_bf16(o.z), o.w = d_round_bf16(o.w);
+    return o;
+}
+
+/* rows r0 .. r0+nr-1 of y, already written by the y threads (t of nt, whole warps, which
+ * all call this), normed in place: named barrier 1 among them, a pass for the partials
+ * (warp per run of 32 float4s), a barrier, a pass that scales.  Runs of 32 float4s never
+ * straddle rows (dim % 128 == 0), so each warp's row is uniform. */
+__device__ void hc_norm_rows(float *y, int64_t r0, int nr, int dim, const hc_ynorm &yn, int out_bf16, int t, int nt,
+                             float (*nss)[32]) {
+    int lane = t & 31, nwv = dim / 128, dq = dim / 4;
+    asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* y is written */
+    for (int q = t >> 5; q < nr * nwv; q += nt >> 5) {
+        int rr = q / nwv, v = q - rr * nwv;
+        float ss = warp_sum(hc_sq4(__ldcg((const float4 *)(y + (r0 + rr) * dim) + v * 32 + lane)));
+        if (lane == 0) nss[rr][v] = ss;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory");
+    int rs = -1;
+    float s = 0.0f;
+    for (int q = t; q < nr * dq; q += nt) {
+        int rr = q / dq, c = q - rr * dq;
+        if (rr != rs) s = hc_norm_scale(nss[rr], dim, yn.eps), rs = rr;
+        float4 *p = (float4 *)(y + (r0 + rr) * dim) + c;
+        *p = hc_norm4(__ldcg(p), s, hc_norm_wdec(yn, hc_norm_wraw(yn, c), c), yn.has_w, out_bf16);
+    }
+}
+
 /* y[r] = sum_j pre_j X[r][j] (j ascending, as the CPU) for the group's rows, by threads t of nt */
 __device__ __forceinline__ void hc_y_store(float *yp, float4 v, int out_bf16) {
     if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z), v.w = d_round_bf16(v.w);
@@ -281,7 +381,8 @@ __device__ void hc_y_rows(float *y, const float *__restrict__ X, const hc_fin_sm
  * Partials are read through L2 (__ldcg): in the fused kernel other blocks wrote them. */
 __device__ void hc_fin_rows(float *y, float *post, float *comb, const float *part, int splits,
                             const float *__restrict__ X, int64_t r0, int nr, int hc, int dim, float2 bsv, int iters,
-                            float norm_eps, float hc_eps, int out_bf16, int head, hc_fin_smem *sm) {
+                            float norm_eps, float hc_eps, int out_bf16, int head, const hc_ynorm &yn,
+                            hc_fin_smem *sm) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int nm = head ? hc : (2 + hc) * hc;
     for (int q = warp; q < nr * (nm + 1); q += nw) {
@@ -332,6 +433,7 @@ __device__ void hc_fin_rows(float *y, float *post, float *comb, const float *par
     }
     int t = threadIdx.x - nsw * 32, nt = blockDim.x - nsw * 32;
     hc_y_rows(y, X, sm, r0, nr, hc, dim, out_bf16, t, nt);
+    if (yn.on) hc_norm_rows(y, r0, nr, dim, yn, out_bf16, t, nt, sm->nss);
 }
 
 /* ----- kernels ----- */
@@ -345,11 +447,11 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_part(float *part, const float
 __global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, float *comb, const float *part,
                                                        int splits, const float *__restrict__ X, int hc, int dim,
                                                        dweight base, dweight scale, int iters, float norm_eps,
-                                                       float hc_eps, int out_bf16, int head) {
+                                                       float hc_eps, int out_bf16, int head, hc_ynorm yn) {
     __shared__ hc_fin_smem sm;
     float2 bsv = hc_bs_load(base, scale, head ? hc : (2 + hc) * hc);
     hc_fin_rows(y, post, comb, part, splits, X, blockIdx.x, 1, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head,
-                &sm);
+                yn, &sm);
 }
 
 /* part, then the last block of each row group (done[g] counts finished blocks) runs fin */
@@ -358,7 +460,7 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
                                                          int hc, int dim, dweight fn, int nm, int64_t kspan,
                                                          int splits, dweight base, dweight scale, int iters,
                                                          float norm_eps, float hc_eps, int gemm_bf16, int out_bf16,
-                                                         int head) {
+                                                         int head, hc_ynorm yn) {
     __shared__ __align__(16) float xs[HC_RB][HC_KT];
     __shared__ hc_fin_smem sm;
     __shared__ int last;
@@ -375,7 +477,8 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    hc_fin_rows(y, post, comb, part, splits, X, r0, nr, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head, &sm);
+    hc_fin_rows(y, post, comb, part, splits, X, r0, nr, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head, yn,
+                &sm);
 }
 
 /* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
@@ -398,12 +501,16 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                                                        unsigned *done, const float *__restrict__ X, int nr, int dim,
                                                        const float *__restrict__ fn, int nm, int splits, dweight base,
                                                        dweight scale, int iters, float norm_eps, float hc_eps,
-                                                       int gemm_bf16, int out_bf16, int head) {
-    __shared__ float mix[HD_ROWS][HD_NM + 1], pre[HD_ROWS][HD_HC], bs[HD_NM], sc[3];
+                                                       int gemm_bf16, int out_bf16, int head, hc_ynorm yn) {
+    __shared__ float mix[HD_ROWS][HD_NM + 1], pre[HD_ROWS][HD_HC], bs[HD_NM], sc[3], nss[HD_ROWS][32];
     __shared__ int last;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
     float2 bsv = hc_bs_load(base, scale, nm);
+    /* the norm's weights into L2 now (block 0, a 128-byte line per thread), so the last block's
+     * loads of them, at its start, do not wait for DRAM */
+    if (yn.vw && blockIdx.x == 0 && (int64_t)threadIdx.x * 128 < (int64_t)dim * (yn.vw == 1 ? 4 : 2))
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)yn.w.data + threadIdx.x * 128));
     {
         float4 wv[HD_MU][T], xv[HD_ROWS][T];
 #pragma unroll
@@ -475,6 +582,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     int nsw = head ? 0 : (nr + 1) / 2; /* Sinkhorn warps: two 4x4 matrices per warp */
     int dq = dim / 4, n = nr * dq, tt = (int)threadIdx.x - nsw * 32, nt = HD_THREADS - nsw * 32;
     float4 xy[HD_YP][HD_HC]; /* y's first round of X, in flight while the partials are summed */
+    uint4 wy[HD_YP];         /* and the norm's weights for those positions (raw bits) */
     if (tt >= 0) {
 #pragma unroll
         for (int p = 0; p < HD_YP; p++) {
@@ -484,6 +592,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             const float *xr = X + rr * K + (int64_t)(q - rr * dq) * 4;
 #pragma unroll
             for (int j = 0; j < HD_HC; j++) xy[p][j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+            if (yn.on) wy[p] = hc_norm_wraw(yn, q - rr * dq);
         }
     }
     int nq = nr * (nm + 1);
@@ -543,6 +652,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
     }
     asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* the y warps only */
+    /* with the norm (dim % 128 == 0: whole warps per run of 32 float4s of one row), the last
+     * round's y stays in registers (yv), earlier rounds go through y; each warp's run adds its
+     * partial sum of squares to nss */
+    float4 yv[HD_YP];
     for (int q0 = tt; q0 < n; q0 += HD_YP * nt) {
         if (q0 != tt) {
 #pragma unroll
@@ -566,7 +679,33 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 float pj = pre[rr][j];
                 v.x += pj * xy[p][j].x, v.y += pj * xy[p][j].y, v.z += pj * xy[p][j].z, v.w += pj * xy[p][j].w;
             }
-            hc_y_store(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4, v, out_bf16);
+            if (!yn.on) {
+                hc_y_store(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4, v, out_bf16);
+                continue;
+            }
+            if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
+                          v.w = d_round_bf16(v.w);
+            yv[p] = v;
+            if (q0 + HD_YP * nt < n) *(float4 *)(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4) = v;
+            float ss = warp_sum(hc_sq4(v));
+            if (lane == 0) nss[rr][(q - rr * dq) >> 5] = ss;
+        }
+    }
+    if (!yn.on) return;
+    asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* nss and the earlier rounds' y are written */
+    int rs = -1;
+    float s = 0.0f;
+    for (int q0 = tt; q0 < n; q0 += HD_YP * nt) {
+        bool last_round = q0 + HD_YP * nt >= n;
+#pragma unroll
+        for (int p = 0; p < HD_YP; p++) {
+            int q = q0 + p * nt;
+            if (q >= n) break;
+            int rr = q / dq, c = q - rr * dq;
+            if (rr != rs) s = hc_norm_scale(nss[rr], dim, yn.eps), rs = rr; /* warp-uniform */
+            float4 *yp = (float4 *)(y + (int64_t)rr * dim) + c;
+            float4 v = last_round ? yv[p] : __ldcg(yp);
+            *yp = hc_norm4(v, s, hc_norm_wdec(yn, q0 == tt ? wy[p] : hc_norm_wraw(yn, c), c), yn.has_w, out_bf16);
         }
     }
 }
@@ -609,15 +748,21 @@ static unsigned *hc_done_counters(dsv4_backend *b) {
 
 /* ----- entry points ----- */
 
-static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
-                      const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
-                      float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, int head) {
+/* ynorm: also rmsnorm y in place (weights ynw, NULL = unweighted; eps yeps) when the shapes
+ * allow it (dim % 128 == 0, dim <= 4096: norm.cu's k_rmsnorm_vec, whose bits it gives; y
+ * 16-byte aligned).  Returns 1 when y was normed, 0 when the caller must run rmsnorm. */
+static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
+                     const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                     float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, int head, int ynorm,
+                     const dsv4_weight *ynw, float yeps) {
     dweight wf, wb, ws;
+    hc_ynorm yn;
+    memset(&yn, 0, sizeof yn);
     if (rows <= 0 || dim <= 0 || dsv4_cuda_weight(b, fn, &wf) || dsv4_cuda_weight(b, base, &wb) || dsv4_cuda_weight(b, scale, &ws))
-        return;
+        return 1;
     if (hc < 1 || hc > 16) {
         dsv4_cuda_fail(b, "hc_pre/hc_head: hc over 16", __FILE__, __LINE__, cudaSuccess);
-        return;
+        return 1;
     }
     int nm = head ? hc : (2 + hc) * hc;
     int64_t K = (int64_t)hc * dim;
@@ -636,7 +781,15 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
     float *yd = (float *)dsv4_cuda_out(b, y, sizeof(float) * rows * dim);
     float *pd = head ? NULL : (float *)dsv4_cuda_out(b, post, sizeof(float) * rows * hc);
     float *cd = head ? NULL : (float *)dsv4_cuda_out(b, comb, sizeof(float) * rows * hc * hc);
-    if (!xd || !part || !yd || (!head && (!pd || !cd))) return;
+    if (!xd || !part || !yd || (!head && (!pd || !cd))) return 1;
+    yn.on = ynorm && dim % 128 == 0 && dim <= 4096 && ((uintptr_t)yd & 15) == 0;
+    yn.has_w = ynw != NULL;
+    yn.eps = yeps;
+    if (yn.on && ynw && dsv4_cuda_weight(b, ynw, &yn.w)) return 1;
+    if (yn.on && ynw)
+        yn.vw = yn.w.fmt == DSV4_WF_F32 && ((uintptr_t)yn.w.data & 15) == 0    ? 1
+                : yn.w.fmt == DSV4_WF_BF16 && ((uintptr_t)yn.w.data & 7) == 0 ? 2
+                                                                                : 0;
     int fast = done && hc == HD_HC && rows <= HD_ROWS && wf.fmt == DSV4_WF_F32 && dim % 4 == 0 &&
                K % (HC_KT * HD_T) == 0 && K / (HC_KT * HD_T) <= 128 &&
                (((uintptr_t)wf.data | (uintptr_t)xd | (uintptr_t)yd) & 15) == 0;
@@ -644,42 +797,58 @@ static void hc_common(dsv4_backend *b, float *y, float *post, float *comb, const
         int g = (int)(K / (HC_KT * HD_T));
         k_hc_dec<HD_T><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, xd, rows, dim,
                                                             (const float *)wf.data, nm, g, wb, ws, iters, norm_eps,
-                                                            hc_eps, gemm_bf16, out_bf16, head);
-        if (CKL(b)) return;
+                                                            hc_eps, gemm_bf16, out_bf16, head, yn);
+        if (CKL(b)) return 1;
     } else if (done) {
         k_hc_fused<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(
             yd, pd, cd, part, done, xd, rows, hc, dim, wf, nm, kspan, splits, wb, ws, iters, norm_eps, hc_eps,
-            gemm_bf16, out_bf16, head);
-        if (CKL(b)) return;
+            gemm_bf16, out_bf16, head, yn);
+        if (CKL(b)) return 1;
     } else {
         k_hc_part<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(part, xd, rows, K, wf,
                                                                                               nm, kspan, splits,
                                                                                               gemm_bf16);
-        if (CKL(b)) return;
+        if (CKL(b)) return 1;
         k_hc_fin<<<rows, HC_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, splits, xd, hc, dim, wb, ws, iters,
-                                                         norm_eps, hc_eps, out_bf16, head);
-        if (CKL(b)) return;
+                                                         norm_eps, hc_eps, out_bf16, head, yn);
+        if (CKL(b)) return 1;
     }
     if (!head) {
         dsv4_cuda_commit(b, post, pd, sizeof(float) * rows * hc);
         dsv4_cuda_commit(b, comb, cd, sizeof(float) * rows * hc * hc);
     }
     dsv4_cuda_commit(b, y, yd, sizeof(float) * rows * dim);
+    return yn.on || !ynorm;
 }
 
 void cu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
                const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters, float norm_eps,
                float hc_eps, int gemm_bf16, int out_bf16) {
     dsv4_cuda_op_begin(b);
-    hc_common(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, 0);
+    hc_common(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, 0, 0,
+              NULL, 0.0f);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
+}
+
+/* hc_pre, then y rmsnormed in the same kernel (bit for bit cu_rmsnorm's result), or by
+ * cu_rmsnorm itself where the shapes do not allow it; counted as hc_pre in profiles */
+void cu_hc_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
+                    const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                    float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
+                    float y_eps) {
+    dsv4_cuda_op_begin(b);
+    int normed = hc_common(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                           out_bf16, 0, 1, y_norm, y_eps);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
+    if (!normed) cu_rmsnorm(b, y, y, rows, dim, y_norm, y_eps, out_bf16);
 }
 
 void cu_hc_head(dsv4_backend *b, float *y, const float *X, int rows, int hc, int dim, const dsv4_weight *fn,
                 const dsv4_weight *base, const dsv4_weight *scale, float norm_eps, float hc_eps, int gemm_bf16,
                 int out_bf16) {
     dsv4_cuda_op_begin(b);
-    hc_common(b, y, NULL, NULL, X, rows, hc, dim, fn, base, scale, 0, norm_eps, hc_eps, gemm_bf16, out_bf16, 1);
+    hc_common(b, y, NULL, NULL, X, rows, hc, dim, fn, base, scale, 0, norm_eps, hc_eps, gemm_bf16, out_bf16, 1, 0, NULL,
+              0.0f);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_HEAD);
 }
 

@@ -1,20 +1,30 @@
-/* backend/cuda/norm.cu: row-wise elementwise ops: rmsnorm, rope, scale, sim.
+/* backend/cuda/norm.cu: row-wise elementwise ops: rmsnorm, rope, norm_rope, scale, sim.
  *
  * rmsnorm: one block per vector; sum of squares by a block tree (the CPU sums
- *   serially: accumulation order is the only difference), then x * rsqrt(mean + eps) * w,
- *   rounded to bf16 if asked -- the same expression.  Dims that are multiples of 128 up to
- *   4096 (every Flash norm but the per-head 64) take k_rmsnorm_vec: dim/4 threads (at most
- *   1024: one float4 per thread at dim 4096), the row and its weights held in registers from
- *   one round of loads, bf16 / f32 weights as one 8- / 16-byte load per 4; others k_rmsnorm
- *   (256 threads).  Measured on the H200 (ktrace, tests/test_cuda_mhc DSV4_MHC_BENCH=2, bf16
+ *   serially: accumulation order is the only difference; each float4's squares are formed
+ *   and added with rounded intrinsics, d_sq4, the CPU's arithmetic, so no fma contraction
+ *   can differ between kernels that must agree), then x * rsqrt(mean + eps) * w, rounded
+ *   to bf16 if asked -- the same expression.  Dims that are multiples of 128 up to 4096
+ *   (every Flash norm but the per-head 64) take k_rmsnorm_vec: dim/4 threads (one float4
+ *   per thread, at most 1024), the row and its weights held in registers from one round of
+ *   loads, bf16 / f32 weights as one 8- / 16-byte load per 4; others k_rmsnorm (256
+ *   threads).  Measured on the H200 (ktrace, tests/test_cuda_mhc DSV4_MHC_BENCH=2, bf16
  *   weights evicted from L2, 1 row): dim 4096 4.57 us with 256 threads and element-wise
  *   weights, 3.20 with vector weights, 2.46 at 512 threads, 2.19 at 1024; dim 1024 1.97 ->
- *   1.61, dim 512 1.85 -> 1.51 (vector weights).
+ *   1.61, dim 512 1.85 -> 1.51 (vector weights).  mhc.cu's hc_pre_norm repeats
+ *   k_rmsnorm_vec's arithmetic inside hc_pre's kernel (same bits).
  * rope: one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq like
- *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's).  Up
+ *   the CPU; cosf/sinf are CUDA's full-precision versions (<= 2 ulp from glibc's); the
+ *   rotation rounds each product and sum (d_rope_rot, the CPU's arithmetic).  Up
  *   to 32 rows (decode) the positions and frequencies go in the kernel's parameters
  *   (k_rope_args), so the call is one launch with nothing staged; larger batches
  *   stage them (k_rope).
+ * norm_rope: rmsnorm of each head then RoPE of its last rope_dim dims in one launch
+ *   (k_norm_rope: k_rmsnorm_vec's code and shape, then d_rope_rot on the float4s in the rope
+ *   part, in registers), bit for bit the two ops; shapes k_rmsnorm_vec does not take, and
+ *   host buffers, run the two ops.  In profiles it counts as rmsnorm.  Measured (H200,
+ *   ktrace, Flash decode): q (64 heads of 512) 2.37 us for rmsnorm 1.50 + rope 2.14; kv
+ *   (one head) 2.27 for 1.82 + 2.1.
  * sim: one block (128 threads) per row; each warp takes whole quantization blocks
  *   (fp8: amax -> pow2 scale -> e4m3 RNE -> back; fp4 likewise onto e2m1); the
  *   Hadamard runs stage by stage in shared memory with the CPU's butterfly order,
@@ -51,35 +61,56 @@ __device__ __forceinline__ float4 d_weight4(const dweight &w, int64_t c, int vw)
                        d_weight_at(w, 0, 4 * c + 3));
 }
 
-/* dim = 4 * NV * blockDim.x: thread t holds float4s t, t + blockDim.x, ... of the row in
- * registers, with their weights loaded in the same breath (one memory round trip before
- * the block sum instead of three), then writes x * s * w from registers (in place is safe:
- * a thread writes only what it read). */
-template <int NV>
+/* a float4's sum of squares ((x x + y y) + z z) + w w, every product and sum rounded (no
+ * fma: the CPU's arithmetic, only the order of the row sum differs).  Written with
+ * intrinsics so that no kernel's fma contraction can differ: k_norm_rope and the norm
+ * inside hc_pre (mhc.cu, hc_sq4: the same expression) give these kernels' bits. */
+__device__ __forceinline__ float d_sq4(float4 v) {
+    return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y)), __fmul_rn(v.z, v.z)),
+                     __fmul_rn(v.w, v.w));
+}
+
+/* thread t's float4 of the vector at xr (dim = 4 * blockDim.x), normed: its weights loaded with
+ * it (one memory round trip before the block sum instead of three), then x * s * w rounded to
+ * bf16 if asked.  k_rmsnorm_vec and k_norm_rope both call it: the same bits. */
+__device__ __forceinline__ float4 d_rmsnorm4(const float4 *xr, int dim, const dweight &w, int has_w, int vw,
+                                             float eps, int out_bf16, float *sh) {
+    int t = threadIdx.x;
+    float4 v = __ldg(xr + t), wv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    if (has_w) wv = d_weight4(w, t, vw);
+    float ss = block_sum(d_sq4(v), sh);
+    float s = 1.0f / sqrtf(ss / (float)dim + eps);
+    float4 o = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+    if (has_w) o.x *= wv.x, o.y *= wv.y, o.z *= wv.z, o.w *= wv.w;
+    if (out_bf16) o.x = d_round_bf16(o.x), o.y = d_round_bf16(o.y), o.z = d_round_bf16(o.z), o.w = d_round_bf16(o.w);
+    return o;
+}
+
+/* one block of dim/4 threads per row, one float4 each (in place is safe: a thread writes only
+ * what it read) */
 __global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, int has_w, int vw, float eps,
                               int out_bf16) {
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
-    const float4 *xr = (const float4 *)(x + r * dim);
-    float4 v[NV], wv[NV];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        v[j] = __ldg(xr + i);
-        if (has_w) wv[j] = d_weight4(w, i, vw);
-    }
-#pragma unroll
-    for (int j = 0; j < NV; j++) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    ss = block_sum(ss, sh);
-    float s = 1.0f / sqrtf(ss / (float)dim + eps);
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        float4 o = make_float4(v[j].x * s, v[j].y * s, v[j].z * s, v[j].w * s);
-        if (has_w) o.x *= wv[j].x, o.y *= wv[j].y, o.z *= wv[j].z, o.w *= wv[j].w;
-        if (out_bf16) o.x = d_round_bf16(o.x), o.y = d_round_bf16(o.y), o.z = d_round_bf16(o.z), o.w = d_round_bf16(o.w);
-        ((float4 *)(out + r * dim))[threadIdx.x + j * blockDim.x] = o;
-    }
+    float4 o = d_rmsnorm4((const float4 *)(x + r * dim), dim, w, has_w, vw, eps, out_bf16, sh);
+    ((float4 *)(out + r * dim))[threadIdx.x] = o;
+}
+
+/* the vector path's geometry for `rows` vectors of dim at xd -> od: 1 and its thread count in *th
+ * (dim/4: one float4 per thread, at most 1024) when dim is a multiple of 128 up to 4096 and the rows
+ * are 16-byte aligned; 0 = k_rmsnorm */
+static int rmsnorm_vec_threads(int dim, const void *xd, const void *od, int *th) {
+    int nv4 = dim / 4;
+    *th = nv4;
+    return dim > 0 && dim % 128 == 0 && dim <= 4096 && (((uintptr_t)xd | (uintptr_t)od) & 15) == 0;
+}
+
+/* bf16 / f32 weights as one 8- / 16-byte load per 4 where aligned (d_weight4), else 0 */
+static int rmsnorm_vw(const dsv4_weight *w, const dweight &dw) {
+    return !w ? 0
+           : dw.fmt == DSV4_WF_F32 && ((uintptr_t)dw.data & 15) == 0 ? 1
+           : dw.fmt == DSV4_WF_BF16 && ((uintptr_t)dw.data & 7) == 0 ? 2
+                                                                      : 0;
 }
 
 void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, const dsv4_weight *w, float eps,
@@ -92,19 +123,11 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     float *od = out == x ? xd : (float *)dsv4_cuda_out(b, out, sizeof(float) * n);
     if (!xd || !od) return;
-    int vw = !w ? 0
-             : dw.fmt == DSV4_WF_F32 && ((uintptr_t)dw.data & 15) == 0 ? 1
-             : dw.fmt == DSV4_WF_BF16 && ((uintptr_t)dw.data & 7) == 0 ? 2
-                                                                        : 0;
-    /* vector path: dim a multiple of 128 up to 4096, 16-byte aligned rows; one float4 per
-     * thread up to 1024 threads */
-    int nv4 = dim / 4, th = nv4 < 1024 ? nv4 : 1024, nv = th ? nv4 / th : 0;
-    int vec = dim % 128 == 0 && dim <= 4096 && nv4 % th == 0 && (nv == 1 || nv == 2 || nv == 4) &&
-              ((uintptr_t)xd & 15) == 0 && ((uintptr_t)od & 15) == 0;
-    if (!vec) k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
-    else if (nv == 1) k_rmsnorm_vec<1><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
-    else if (nv == 2) k_rmsnorm_vec<2><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
-    else k_rmsnorm_vec<4><<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, vw, eps, out_bf16);
+    int th = 0;
+    if (!rmsnorm_vec_threads(dim, xd, od, &th))
+        k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
+    else
+        k_rmsnorm_vec<<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, rmsnorm_vw(w, dw), eps, out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
@@ -118,15 +141,22 @@ struct rope_args {
     float freq[ROPE_ARG_HALF];
 };
 
-__device__ __forceinline__ void rope_pair(float *x, int64_t r, int h, int i, int n_heads, int head_dim, int rope_dim,
-                                          float a, int inverse, int out_bf16) {
+/* (x0, x1) rotated by angle a (its conjugate when inverse), rounded to bf16 if asked: every
+ * product and sum rounded as the CPU's (no fma; intrinsics, so k_rope and k_norm_rope give
+ * the same bits whatever either kernel's contraction would be) */
+__device__ __forceinline__ float2 d_rope_rot(float x0, float x1, float a, int inverse, int out_bf16) {
     float c = cosf(a), s = sinf(a);
     if (inverse) s = -s;
+    float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    return out_bf16 ? make_float2(d_round_bf16(y0), d_round_bf16(y1)) : make_float2(y0, y1);
+}
+
+__device__ __forceinline__ void rope_pair(float *x, int64_t r, int h, int i, int n_heads, int head_dim, int rope_dim,
+                                          float a, int inverse, int out_bf16) {
     float *p = x + (r * n_heads + h) * head_dim + (head_dim - rope_dim) + 2 * i;
-    float x0 = p[0], x1 = p[1];
-    float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
-    p[0] = out_bf16 ? d_round_bf16(y0) : y0;
-    p[1] = out_bf16 ? d_round_bf16(y1) : y1;
+    float2 y = d_rope_rot(p[0], p[1], a, inverse, out_bf16);
+    p[0] = y.x;
+    p[1] = y.y;
 }
 
 /* one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq as on the CPU */
@@ -152,6 +182,26 @@ __global__ void k_rope_args(float *x, int rows, int n_heads, int head_dim, int r
     rope_pair(x, r, h, i, n_heads, head_dim, rope_dim, (float)a.pos[r] * a.freq[i], inverse, out_bf16);
 }
 
+/* RoPE's positions and frequencies for a launch: by value up to ROPE_ARG_ROWS rows (a->pos
+ * NULL: pd / fd NULL), else staged to the device (*pd, *fd); 1 on error */
+static int rope_inputs(dsv4_backend *b, int rows, int half, const int64_t *pos, const double *freq, rope_args *a,
+                       const int64_t **pd, const float **fd) {
+    *pd = NULL;
+    *fd = NULL;
+    memset(a, 0, sizeof *a);
+    if (rows <= ROPE_ARG_ROWS && half <= ROPE_ARG_HALF) {
+        memcpy(a->pos, pos, sizeof(int64_t) * rows);
+        for (int i = 0; i < half; i++) a->freq[i] = (float)freq[i];
+        return 0;
+    }
+    float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
+    if (!ff) return 1;
+    for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
+    *pd = (const int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
+    *fd = (const float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
+    return !*pd || !*fd;
+}
+
 void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
              const double *freq, int inverse, int out_bf16) {
     dsv4_cuda_op_begin(b);
@@ -162,24 +212,67 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
     if (!xd) return;
     int64_t threads = (int64_t)rows * half * n_heads;
     unsigned blocks = (unsigned)((threads + 255) / 256);
-    if (rows <= ROPE_ARG_ROWS && half <= ROPE_ARG_HALF) {
-        rope_args a;
-        memset(&a, 0, sizeof a);
-        memcpy(a.pos, pos, sizeof(int64_t) * rows);
-        for (int i = 0; i < half; i++) a.freq[i] = (float)freq[i];
+    rope_args a;
+    const int64_t *pd;
+    const float *fd;
+    if (rope_inputs(b, rows, half, pos, freq, &a, &pd, &fd)) return;
+    if (!pd)
         k_rope_args<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, a, inverse, out_bf16);
-    } else {
-        float *ff = (float *)dsv4_cuda_hbuf(b, sizeof(float) * half);
-        if (!ff) return;
-        for (int i = 0; i < half; i++) ff[i] = (float)freq[i];
-        int64_t *pd = (int64_t *)dsv4_cuda_stage(b, pos, sizeof(int64_t) * rows);
-        float *fd = (float *)dsv4_cuda_stage(b, ff, sizeof(float) * half);
-        if (!pd || !fd) return;
+    else
         k_rope<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd, fd, inverse, out_bf16);
-    }
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
+}
+
+/* ----- norm_rope: rmsnorm of each head, then RoPE of its last rope_dim dims, one launch -----
+ * One block per vector (row r, head h) of head_dim = 4 * blockDim.x floats, thread t holding
+ * float4 t: k_rmsnorm_vec<1>'s code and launch shape (same sum order, same bits), then the
+ * threads whose float4 lies in the rope part rotate its two pairs in registers (d_rope_rot,
+ * as k_rope) and the block writes once.  pos / freq: by value (a) or device arrays (pd, fd). */
+__global__ void k_norm_rope(float *x, int n_heads, int head_dim, dweight w, int has_w, int vw, float eps,
+                            int rope_dim, rope_args a, const int64_t *pd, const float *fd, int out_bf16) {
+    __shared__ float sh[32];
+    int64_t vi = blockIdx.x;
+    float4 *xr = (float4 *)(x + vi * head_dim);
+    int t = threadIdx.x;
+    float4 o = d_rmsnorm4(xr, head_dim, w, has_w, vw, eps, out_bf16, sh);
+    int c0 = 4 * t - (head_dim - rope_dim); /* this float4's column in the rope part: pairs c0/2, c0/2 + 1 */
+    if (c0 >= 0) {
+        int64_t r = vi / n_heads;
+        int i = c0 / 2;
+        float p = pd ? (float)pd[r] : (float)a.pos[r];
+        float f0 = pd ? fd[i] : a.freq[i], f1 = pd ? fd[i + 1] : a.freq[i + 1];
+        float2 y0 = d_rope_rot(o.x, o.y, p * f0, 0, out_bf16), y1 = d_rope_rot(o.z, o.w, p * f1, 0, out_bf16);
+        o = make_float4(y0.x, y0.y, y1.x, y1.y);
+    }
+    xr[t] = o;
+}
+
+void cu_norm_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, const dsv4_weight *w, float eps,
+                  int rope_dim, const int64_t *pos, const double *freq, int out_bf16) {
+    int64_t nvec = (int64_t)rows * n_heads;
+    int th = 0, half = rope_dim / 2;
+    /* one launch for device rows of k_rmsnorm_vec's shapes; otherwise the two ops (host
+     * buffers, only in tests, are committed at an op's end, so no op of two launches) */
+    if (rows <= 0 || n_heads <= 0 || rope_dim <= 0 || rope_dim % 4 || rope_dim > head_dim || nvec > 0x7fffffff ||
+        !dsv4_cuda_is_dev(b, x) || !rmsnorm_vec_threads(head_dim, x, x, &th)) {
+        cu_rmsnorm(b, x, x, (int)nvec, head_dim, w, eps, out_bf16);
+        cu_rope(b, x, rows, n_heads, head_dim, rope_dim, pos, freq, 0, out_bf16);
+        return;
+    }
+    dsv4_cuda_op_begin(b);
+    dweight dw;
+    memset(&dw, 0, sizeof dw);
+    if (w && dsv4_cuda_weight(b, w, &dw)) return;
+    rope_args a;
+    const int64_t *pd;
+    const float *fd;
+    if (rope_inputs(b, rows, half, pos, freq, &a, &pd, &fd)) return;
+    k_norm_rope<<<(unsigned)nvec, th, 0, CI(b)->stream>>>(x, n_heads, head_dim, dw, w != NULL, rmsnorm_vw(w, dw), eps,
+                                                          rope_dim, a, pd, fd, out_bf16);
+    if (CKL(b)) return;
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
 __global__ void k_scale(float *x, size_t n, float s, int out_bf16) {
