@@ -8,8 +8,9 @@
  *     partial second column set) and K 16384, act_fp8, bf16 K 256 / 768 (several rows per
  *     256-thread block, idle warps), w_bf16 on FP8 (grouped in_bf16: scaled then rounded per
  *     weight) and out_bf16;
- *   test_gemv8: the FP8 GEMV of one row (k_gemv8) on each geometry it picks, e8m0 and f32
- *     scales, out_bf16, w_bf16, act_fp8, row counts not a multiple of its rows per pass;
+ *   test_gemv8: the FP8 GEMVs of one row (k_gemv8, k_gemv8x) on each geometry they pick, e8m0
+ *     and f32 scales, out_bf16, w_bf16, act_fp8, row counts not a multiple of the rows per
+ *     pass, pass counts not a multiple of k_gemv8x's grid, groups that change inside a block;
  *   test_other_shapes: rows 5, 7, 8, odd shapes (element-wise path), few features, 32 KB
  *     rows, MXFP4, split-K, a group size that is not a multiple of 8, grouped rows 7.
  * Tolerances (rel = ||gpu - cpu||_2 / ||cpu||_2 over the output):
@@ -85,7 +86,9 @@ static void test_stream_shapes(void) {
  * gives it, tN: N threads per row, else 32; docs in linear.cu), e8m0 scales (factored out of
  * a vector's partial sum) and f32 scales (per weight) on every shape, out_bf16, w_bf16
  * (grouped in_bf16), act_fp8 and row counts that are not a multiple of RPP (last rows
- * clamped).  The same shapes at two rows (k_gemv). */
+ * clamped).  Labels "x ...": k_gemv8x (the large weights: persistent grid of 2 blocks per SM,
+ * two passes or more per block), odd pass counts (the loop's second buffer idle at the end),
+ * RPP cut by the group size.  The same shapes at two rows (k_gemv). */
 static void test_gemv8(void) {
     NEED_GPU();
     static const struct {
@@ -95,8 +98,11 @@ static void test_gemv8(void) {
         {16384, 512, "c1 r4"},       {8000, 512, "c1 r2"},        {4096, 512, "c1 r1"},
         {8000, 1024, "c2 r2"},       {4096, 1024, "c2 r1"},       {8192, 2048, "c4 r2"},
         {4096, 2048, "c4 r1"},       {4096, 4096, "c4 r2 t64"},   {1024, 4096, "c2 r1 t128"},
-        {512, 4096, "c1 r1 t256"},   {4096, 8192, "c4 r2 t128"},  {2048, 16384, "c4 r2 t256"},
+        {512, 4096, "c1 r1 t256"},   {2048, 16384, "c4 r2 t256"},
         {4097, 1024, "4097 rows"},   {4098, 1024, "4098 rows"},   {96, 1024, "96 rows"},
+        /* k_gemv8x on 132 SMs (>= 528 passes): tN threads a row, rN rows a pass */
+        {32768, 1024, "x t32 r4"},   {32770, 1024, "x t32 r2 tail"}, {16384, 2048, "x t64 r4"},
+        {8192, 4096, "x t128 r4"},   {4096, 8192, "x t256 r4"},   {4097, 8192, "x t256 r1 tail"},
     };
     for (int rows = 1; rows <= 2; rows++)
         for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++)
@@ -109,6 +115,8 @@ static void test_gemv8(void) {
         cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 1, "wo_a bf16");
         cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 1024, rows, 0, "grp K 1024");
         cuda_check_grouped(DSV4_WF_FP8, 6, 1022, 1024, rows, 1, "grp 1022 bf16");
+        cuda_check_grouped(DSV4_WF_FP8, 6, 1022, 4096, rows, 0, "x grp 1022"); /* groups change in a block */
+        cuda_check_grouped(DSV4_WF_FP8, 6, 1022, 4096, rows, 1, "x grp 1022 bf16");
     }
 }
 

@@ -610,12 +610,156 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
     }
 }
 
-/* DSV4_CUDA_GEMV_OLD=1: k_gemv instead of k_gemv8 (A/B), read once */
-static int gemv8_off(void) {
+/* ----- k_gemv8x: k_gemv8 for the large weights, x held in registers ----- */
+
+/* k_gemv8x<SCL, CPT, RPP>: the contract and numerics of k_gemv8 at one row (SCL as there),
+ * for K / 16 = 2 tpr vectors (tpr = 32..256 threads a row, CPT = 2: K 1024..8192).  What
+ * k_gemv8 spent and this kernel does not:
+ *   - x read again every pass (64 bytes of x from L1 per 16 weight bytes; half the stall
+ *     cycles on L1TEX): a thread's columns are the same in every pass, so its 32 floats of x
+ *     stay in registers and are read again only when a pass starts a new group (grouped wo_a);
+ *   - one pass per block, the loads of a pass waiting on nothing else: a persistent grid
+ *     (the SMs times the resident blocks), each block a contiguous run of passes (a group
+ *     changes at most a few times in a block), the next pass's weight vectors and scale words
+ *     issued before this pass's math (two register buffers, the loop unrolled by two so
+ *     neither is copied).
+ * Sums as k_gemv8 (a vector's 16-product fma chain, times the e8m0 scale at SCL 0: exact, a
+ * power of two; warp reduce-scatter; the slot's warps in warp order in shared memory, one
+ * barrier a pass, two buffers). */
+/* k_gemv8x: G8X_BPS resident blocks per SM (the launch bound; the persistent grid is the
+ * SMs times that), G8X_RPP rows per slot and pass at most */
+enum { G8X_BPS = 2, G8X_RPP = 4 };
+
+template <int CPT, int RPP> struct g8x_buf {
+    uint4 v[RPP][CPT];
+    uint32_t s[CPT]; /* scale words as loaded (e8m0 byte or f32 bits), decoded at the math */
+};
+
+/* the weight vectors and scale words of the pass whose slot starts at row rb (rows past the
+ * end re-read the last row, never written; the pass's rows share one scale row) */
+template <int SCL, int CPT, int RPP>
+__device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__restrict__ wd,
+                                         const uint8_t *__restrict__ ws, int K, int sf32, int blk_log2, int scols,
+                                         int64_t o0, int64_t no, int64_t rb, const int (&kcol)[CPT],
+                                         const int (&scol)[CPT]) {
+#pragma unroll
+    for (int j = 0; j < RPP; j++) {
+        const uint8_t *rp = wd + (o0 + (rb + j < no ? rb + j : no - 1)) * (int64_t)K;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) b.v[j][i] = d_ld_stream16(rp + kcol[i]);
+    }
+    const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+#pragma unroll
+    for (int i = 0; i < CPT; i++)
+        b.s[i] = SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + scol[i]) : __ldg(ws + srow + scol[i]);
+}
+
+/* one pass: x for its group (loaded when the group changes), the RPP sums, their reduction
+ * and the outputs */
+template <int SCL, int CPT, int RPP>
+__device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)[CPT][16], int64_t &xgrp,
+                                         int &buf, float (&red)[2][8][RPP], float *out, const float *__restrict__ x,
+                                         int sf32, int64_t no, int64_t gR, int64_t xg, int out_bf16, int tpr_log2,
+                                         int64_t p, const int (&kcol)[CPT]) {
+    const int nw = 1 << (tpr_log2 - 5), slots = 256 >> tpr_log2;
+    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, slot = t >> tpr_log2;
+    const int64_t rb = (p * slots + slot) * RPP;
+    const int64_t g = xg && rb < no ? (int64_t)((uint32_t)rb / (uint32_t)gR) : 0;
+    if (g != xgrp) { /* warp-uniform: a warp lies in one slot */
+        xgrp = g;
+        const float *xw = x + g * xg;
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float4 f = __ldg((const float4 *)(xw + kcol[i] + 4 * q));
+                xv[i][4 * q] = f.x, xv[i][4 * q + 1] = f.y, xv[i][4 * q + 2] = f.z, xv[i][4 * q + 3] = f.w;
+            }
+    }
+    float acc[RPP];
+#pragma unroll
+    for (int j = 0; j < RPP; j++) acc[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        const float s = SCL != 0 && sf32 ? __uint_as_float(b.s[i]) : d_e8m0_to_f32((uint8_t)b.s[i]);
+#pragma unroll
+        for (int j = 0; j < RPP; j++) {
+            const uint32_t u[4] = {b.v[j][i].x, b.v[j][i].y, b.v[j][i].z, b.v[j][i].w};
+            float wf[16];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float2 d = d_e4m3x2_to_f32x2((uint16_t)(u[e >> 1] >> (16 * (e & 1))));
+                wf[2 * e] = d.x, wf[2 * e + 1] = d.y;
+            }
+            if (SCL != 0) /* the decoded weight as the CPU forms it: e4m3 * scale (bf16-rounded) */
+#pragma unroll
+                for (int e = 0; e < 16; e++) wf[e] = SCL == 2 ? d_round_bf16(wf[e] * s) : wf[e] * s;
+            float part = wf[0] * xv[i][0];
+#pragma unroll
+            for (int e = 1; e < 16; e++) part = fmaf(wf[e], xv[i][e], part);
+            /* SCL 0: part * 2^k is exact (k_gemv8's header), one rounding in the add */
+            acc[j] = SCL == 0 ? fmaf(part, s, acc[j]) : acc[j] + part;
+        }
+    }
+    float sum = warp_reduce_scatter<RPP>(acc, lane);
+    const int per = 32 / RPP;
+    int sl = slot, id = lane / per, wr = lane % per == 0;
+    if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
+        if (wr) red[buf][wib][id] = sum;
+        __syncthreads();
+        wr = t < slots * RPP;
+        if (wr) {
+            sl = t / RPP, id = t % RPP;
+            sum = red[buf][sl * nw][id];
+            for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
+        }
+        buf ^= 1;
+    }
+    const int64_t o = (p * slots + sl) * RPP + id;
+    if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
+}
+
+template <int SCL, int CPT, int RPP>
+__global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
+                                                 const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
+                                                 int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
+                                                 int64_t xg, int out_bf16, int tpr_log2, int npass) {
+    __shared__ float red[2][8][RPP];
+    const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
+    const int scols = K >> blk_log2;
+    int kcol[CPT], scol[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
+    const int slots = 256 >> tpr_log2, slot = threadIdx.x >> tpr_log2;
+    /* this block's passes [pb, pe): contiguous, every block within one of the others */
+    const int64_t pb = (int64_t)npass * blockIdx.x / gridDim.x, pe = (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
+    float xv[CPT][16];
+    int64_t xgrp = -1;
+    int buf = 0;
+    g8x_buf<CPT, RPP> ba, bb;
+#define G8X_LOAD(B, P) g8x_load<SCL, CPT, RPP>(B, wd, ws, K, sf32, blk_log2, scols, o0, no, \
+                                               ((int64_t)(P) * slots + slot) * RPP, kcol, scol)
+#define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
+                                               tpr_log2, P, kcol)
+    if (pb < pe) G8X_LOAD(ba, pb);
+    for (int64_t p = pb; p < pe; p += 2) { /* loads of pass p + 1 in flight during pass p */
+        if (p + 1 < pe) G8X_LOAD(bb, p + 1);
+        G8X_PASS(ba, p);
+        if (p + 1 >= pe) break;
+        if (p + 2 < pe) G8X_LOAD(ba, p + 2);
+        G8X_PASS(bb, p + 1);
+    }
+#undef G8X_LOAD
+#undef G8X_PASS
+}
+
+/* DSV4_CUDA_GEMV_OLD (A/B, read once): 1 = k_gemv instead of k_gemv8 / k_gemv8x, 2 = k_gemv8
+ * instead of k_gemv8x */
+static int gemv8_old(void) {
     static int v = -1;
     if (v < 0) {
         const char *o = getenv("DSV4_CUDA_GEMV_OLD");
-        v = o && o[0] == '1';
+        v = o && (o[0] == '1' || o[0] == '2') ? o[0] - '0' : 0;
     }
     return v;
 }
@@ -645,14 +789,47 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
+template <int SCL, int RPP>
+static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
+    k_gemv8x<SCL, 2, RPP><<<grid, 256, 0, st>>>(a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols, a.w.scale_f32,
+                                                ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2,
+                                                npass);
+}
+
+template <int SCL>
+static void gemv8x_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, int grid, cudaStream_t st) {
+    if (rpp == 4) gemv8x_go<SCL, 4>(a, tpr_log2, npass, grid, st);
+    else if (rpp == 2) gemv8x_go<SCL, 2>(a, tpr_log2, npass, grid, st);
+    else gemv8x_go<SCL, 1>(a, tpr_log2, npass, grid, st);
+}
+
+/* k_gemv8x takes what gemv8_launch admits when K / 16 is 64..512 (2 columns a thread, tpr =
+ * K / 32) and there are at least two passes per block of the persistent grid (wq_b, wo_a,
+ * wo_b of Flash; the small weights keep k_gemv8's one pass per block).  RPP = G8X_RPP, cut to
+ * divide the group size and o0.  0: not taken. */
+static int gemv8x_launch(const lin_args &a, int nsm, cudaStream_t st) {
+    int64_t cv = a.w.cols / 16;
+    if (cv < 64 || cv > 512) return 0;
+    int tpr = (int)(cv / 2), rpp = G8X_RPP;
+    while (rpp > 1 && (a.gR % rpp || a.o0 % rpp)) rpp /= 2;
+    int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per, grid = (int64_t)nsm * G8X_BPS;
+    if (np < 2 * grid || np > (1 << 30)) return 0;
+    if (a.w_bf16) gemv8x_rpp<2>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
+    else if (a.w.scale_f32) gemv8x_rpp<1>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
+    else gemv8x_rpp<0>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
+    return 1;
+}
+
 /* k_gemv8 takes FP8 at one row when K / 16 is a power of two in 32..1024 and the block a
- * power of two >= 16 (0: not taken).  tpr: 32, doubled while CPT > 4; RPP = 8 / CPT (<= 4),
- * cut to divide the group size and o0; then, while that leaves fewer than two passes per SM
- * (small weights: wq_a, wkv, indexer wq_b), RPP is halved and then tpr doubled (more
- * blocks, less serial math per thread). */
+ * power of two >= 16 (0: not taken); k_gemv8x first, where it takes the weight.  tpr: 32,
+ * doubled while CPT > 4; RPP = 8 / CPT (<= 4), cut to divide the group size and o0; then,
+ * while that leaves fewer than two passes per SM (small weights: wq_a, wkv, indexer wq_b),
+ * tpr is doubled and then RPP halved (more blocks, less serial math per thread; wq_a
+ * [1024 x 4096] gets k_gemv's geometry, 256 threads a row and 2 rows a pass, where halving
+ * RPP first left it slower than k_gemv). */
 static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
     const dweight &w = a.w;
-    if (w.fmt != DSV4_WF_FP8 || a.rows != 1 || nsm <= 0 || gemv8_off()) return 0;
+    if (w.fmt != DSV4_WF_FP8 || a.rows != 1 || nsm <= 0 || gemv8_old() == 1) return 0;
     int64_t K = w.cols, cv = K / 16;
     if (K % 16 || cv < 32 || cv > 1024 || (cv & (cv - 1))) return 0;
     if (w.block < 16 || (w.block & (w.block - 1)) || K % w.block || a.no >= ((int64_t)1 << 31) ||
@@ -666,10 +843,11 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
     for (;;) {
         int64_t per = (int64_t)(256 / tpr) * rpp;
         if ((a.no + per - 1) / per >= 2 * (int64_t)nsm) break;
-        if (rpp > 1) rpp /= 2;
-        else if (tpr < 256 && cpt > 1) tpr *= 2, cpt /= 2;
+        if (tpr < 256 && cpt > 1) tpr *= 2, cpt /= 2;
+        else if (rpp > 1) rpp /= 2;
         else break;
     }
+    if (gemv8_old() != 2 && gemv8x_launch(a, nsm, st)) return 1;
     int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per;
     if (np > (1 << 30)) return 0;
     gemv8_geom g = {ilog2(tpr), (int)np, ilog2(w.block), w.scale_f32};
