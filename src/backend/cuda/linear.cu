@@ -19,7 +19,9 @@
  *   (every Flash decode projection): a thread always reads the same columns of RPP rows a
  *   pass, sums leave by a warp reduce-scatter; 18-25 % faster than k_linear there.
  * k_gemv8 (below) takes FP8 at one row instead: the e8m0 block scale applied once per
- *   16-product partial, the scale mode a template parameter (12.6 us against 18.1 on wq_b).
+ *   16-product partial, the scale mode a template parameter (12.6 us against 18.1 on wq_b);
+ *   k_gemv8x (below) at K 4096..8192 (wo_a, wo_b): x in registers, persistent grid, next
+ *   pass's loads in flight (wo_b 14.2 us against 16.8).
  * Accumulation order differs from the CPU's (lane-strided partial sums of 4 products,
  * then a warp tree): that is the only difference; the flags (w_bf16, out_bf16) round
  * exactly where the CPU does (each dequantized weight; each output).
@@ -613,8 +615,8 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
 /* ----- k_gemv8x: k_gemv8 for the large weights, x held in registers ----- */
 
 /* k_gemv8x<SCL, CPT, RPP>: the contract and numerics of k_gemv8 at one row (SCL as there),
- * for K / 16 = 2 tpr vectors (tpr = 32..256 threads a row, CPT = 2: K 1024..8192).  What
- * k_gemv8 spent and this kernel does not:
+ * for K / 16 = 2 tpr vectors (tpr = 32..256 threads a row, CPT = 2: K 1024..8192; the
+ * launcher takes K 4096..8192).  What k_gemv8 spent and this kernel does not:
  *   - x read again every pass (64 bytes of x from L1 per 16 weight bytes; half the stall
  *     cycles on L1TEX): a thread's columns are the same in every pass, so its 32 floats of x
  *     stay in registers and are read again only when a pass starts a new group (grouped wo_a);
@@ -625,7 +627,16 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
  *     neither is copied).
  * Sums as k_gemv8 (a vector's 16-product fma chain, times the e8m0 scale at SCL 0: exact, a
  * power of two; warp reduce-scatter; the slot's warps in warp order in shared memory, one
- * barrier a pass, two buffers). */
+ * barrier a pass, two buffers).  128 registers at RPP 4 (no spills, ptxas -v, CUDA 13): 2
+ * blocks, 16 warps per SM.
+ * Measured (H200, ncu --clock-control none, decode graphs of the 2-layer Flash synth, batch 1,
+ * 2026-12-01, both layers; k_gemv8 from its own run): grouped wo_a 15.2 / 14.3 us (17.3), wo_b
+ * [4096 x 8192] 14.2 / 14.2 (16.8), DRAM 47-50 % (41-42 %); wq_b [32768 x 1024] 13.4 / 13.3
+ * (12.6: slower, left to k_gemv8).  Not memory-bound yet: 25 % occupancy, 36 % issue-busy,
+ * 45 % of stall cycles on L1TEX (now the weight loads: one pass ahead is not enough at 16
+ * warps per SM), SM active only 78-82 % of the elapsed cycles (start-up and tail of the
+ * 2-blocks-per-SM grid), 4.7 warp instructions per weight (as k_gemv8: the x loads were not
+ * what the instruction count was made of). */
 /* k_gemv8x: G8X_BPS resident blocks per SM (the launch bound; the persistent grid is the
  * SMs times that), G8X_RPP rows per slot and pass at most */
 enum { G8X_BPS = 2, G8X_RPP = 4 };
@@ -803,13 +814,15 @@ static void gemv8x_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, int 
     else gemv8x_go<SCL, 1>(a, tpr_log2, npass, grid, st);
 }
 
-/* k_gemv8x takes what gemv8_launch admits when K / 16 is 64..512 (2 columns a thread, tpr =
- * K / 32) and there are at least two passes per block of the persistent grid (wq_b, wo_a,
- * wo_b of Flash; the small weights keep k_gemv8's one pass per block).  RPP = G8X_RPP, cut to
- * divide the group size and o0.  0: not taken. */
+/* k_gemv8x takes what gemv8_launch admits when K / 16 is 256..512 (K 4096..8192; 2 columns a
+ * thread, tpr = K / 32) and there are at least two passes per block of the persistent grid
+ * (wo_a, wo_b of Flash; the small weights keep k_gemv8's one pass per block).  The kernel
+ * also runs K 1024..2048 (tests passed there, 2026-12-01), but on wq_b [32768 x 1024] it took
+ * 13.4 us against k_gemv8's 12.6: there k_gemv8 reads only as many x bytes as weight bytes.
+ * RPP = G8X_RPP, cut to divide the group size and o0.  0: not taken. */
 static int gemv8x_launch(const lin_args &a, int nsm, cudaStream_t st) {
     int64_t cv = a.w.cols / 16;
-    if (cv < 64 || cv > 512) return 0;
+    if (cv < 256 || cv > 512) return 0;
     int tpr = (int)(cv / 2), rpp = G8X_RPP;
     while (rpp > 1 && (a.gR % rpp || a.o0 % rpp)) rpp /= 2;
     int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per, grid = (int64_t)nsm * G8X_BPS;
