@@ -9,6 +9,12 @@
  * weights before or after w2, an expert id repeated within a row (both slots count), experts
  * that get no row and experts with more than one 64-slot tile, a corrupt id (skipped and
  * reported by ops->check), the path actually taken (dsv4_cuda_moe_gemm_calls).
+ * One row (test_one_row): the default (gate/up on the per-format k_moe_b1, down on
+ * k_moe_b1_prev), k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), k_moe_b1 for both with the f16
+ * decode (=4) and with the e4m3 one (=6); MXFP4, NVFP4, FP8 with e8m0 or f32 block scales; each
+ * against the CPU op with the tolerances above; e8m0 codes 0 (2^-127) and 255
+ * (NaN) and an NVFP4 NaN scale among the block scales (the NaN outputs must be the CPU's), and
+ * FP8 experts whose scale blocks k_moe_b1 does not take (the call falls back to k_moe_b1_prev).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -142,4 +148,131 @@ static void test_bad_id_reported(void) {
     free(x), free(g);
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported)
+/* ----- one row: k_moe_b1 and the kernels it is A/B'd against ----- */
+enum { D1 = 2048, NE1 = 8, K1 = 6 };
+
+typedef struct {
+    tw parts[3 * NE1 + 3];
+    dsv4_ffn_w ex[NE1], sh;
+} ffn_set1;
+
+/* routed experts of fmt rfmt and inter features ri, a shared expert of sfmt and 2048; sf32: FP8
+ * weights carry f32 block scales (with e8m0 scales the one-row kernels need K >= 2048: 16 scale
+ * bytes per row of blocks) */
+static void make_set1(ffn_set1 *s, dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32) {
+    for (int x = 0; x <= NE1; x++) {
+        dsv4_wfmt f = x < NE1 ? rfmt : sfmt;
+        int64_t in = x < NE1 ? ri : 2048;
+        s->parts[3 * x] = make_w(f, in, D1, sf32);
+        s->parts[3 * x + 1] = make_w(f, D1, in, sf32);
+        s->parts[3 * x + 2] = make_w(f, in, D1, sf32);
+        dsv4_ffn_w fw = {.w1 = s->parts[3 * x].w, .w2 = s->parts[3 * x + 1].w, .w3 = s->parts[3 * x + 2].w};
+        if (x < NE1) s->ex[x] = fw;
+        else s->sh = fw;
+    }
+}
+
+/* Edge block scales in routed expert 1 (row 0 routes to it): MXFP4 e8m0 0 in every block of w1
+ * row 7 and in block 3 of w3 row 9 (2^-127: those features come out ~0), 255 (NaN) in block 0 of
+ * w2 rows 5 and 300 (outputs 5 and 300 NaN); NVFP4 the e4m3 NaN code in w2 rows 5 and 300 */
+static int edge_scales(ffn_set1 *s) {
+    tw *w1 = &s->parts[3], *w2 = &s->parts[4], *w3 = &s->parts[5];
+    uint8_t *s1 = w1->scale, *s2 = w2->scale, *s3 = w3->scale;
+    if (w1->w.fmt == DSV4_WF_MXFP4) {
+        int64_t b1 = w1->w.cols / 32, b2 = w2->w.cols / 32;
+        for (int64_t j = 0; j < b1; j++) s1[7 * b1 + j] = 0;
+        s3[9 * b1 + 3] = 0;
+        s2[5 * b2] = 255, s2[300 * b2] = 255;
+        return 1;
+    }
+    if (w1->w.fmt == DSV4_WF_NVFP4) {
+        int64_t b2 = w2->w.cols / 16;
+        s2[5 * b2 + 1] = 0x7f, s2[300 * b2 + 7] = 0xff;
+        return 1;
+    }
+    return 0;
+}
+
+/* the one-row MoE on backend b with DSV4_CUDA_MOE_B1G = geom ("" = unset: the default); the
+ * geometry is read once per backend, at its first one-row call, so every call sets it */
+static void one_row_on(dsv4_backend *b, const char *geom, float *g, const float *x, const ffn_set1 *s,
+                       const int32_t *e, const float *w, int before_w2, int act_fp8, int act_bf16) {
+    if (geom[0]) setenv("DSV4_CUDA_MOE_B1G", geom, 1);
+    else unsetenv("DSV4_CUDA_MOE_B1G");
+    for (int i = 0; i < D1; i++) g[i] = NAN;
+    b->ops->moe(b, g, x, 1, s->ex, NE1, e, w, K1, &s->sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+    unsetenv("DSV4_CUDA_MOE_B1G");
+}
+
+static dsv4_backend g_prev, g_f16, g_new;
+static int have_ab;
+
+static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, int edges, int before_w2,
+                          int act_fp8, int act_bf16) {
+    ffn_set1 s;
+    make_set1(&s, rfmt, sfmt, ri, sf32);
+    int ne = edges ? edge_scales(&s) : 0;
+    float x[D1], a[D1], g[D1], w[K1];
+    static const int32_t e[K1] = {1, 4, 6, 0, 3, 7};
+    fill(x, D1, 1);
+    for (int j = 0; j < K1; j++) w[j] = 0.15f + 0.05f * (float)j;
+    cpu.ops->moe(&cpu, a, x, 1, s.ex, NE1, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+    int nan_cpu = 0;
+    for (int i = 0; i < D1; i++) nan_cpu += isnan(a[i]) != 0;
+    double tol = act_bf16 ? 4e-3 : act_fp8 ? 2e-3 : 1e-5;
+    struct {
+        dsv4_backend *b;
+        const char *geom, *what;
+    } runs[4] = {{&gpu, "", "default: k_moe_b1 up, k_moe_b1_prev down"},
+                 {&g_prev, "3", "k_moe_b1_prev"},
+                 {&g_f16, "4", "k_moe_b1 f16 decode"},
+                 {&g_new, "6", "k_moe_b1"}};
+    for (int k = 0; k < (have_ab ? 4 : 1); k++) {
+        dsv4_err err;
+        long n0 = dsv4_cuda_moe_bulk_calls(runs[k].b);
+        one_row_on(runs[k].b, runs[k].geom, g, x, &s, e, w, before_w2, act_fp8, act_bf16);
+        int rc = runs[k].b->ops->check(runs[k].b, &err);
+        long took = dsv4_cuda_moe_bulk_calls(runs[k].b) - n0;
+        double r = rel(g, a, D1);
+        printf("  one row %s routed (inter %lld), %s shared%s%s, before_w2 %d, act_fp8 %d, act_bf16 %d, %s: rel %.2e "
+               "(tol %.0e), %d NaN outputs\n",
+               dsv4_wfmt_name(rfmt), (long long)ri, dsv4_wfmt_name(sfmt), sf32 ? " (f32 scales)" : "",
+               ne ? ", edge scales" : "", before_w2, act_fp8, act_bf16, runs[k].what, r, tol, nan_cpu);
+        CHECKF(rc == 0, "one row: %s", rc ? err.msg : "");
+        CHECKF(r <= tol, "one row %s rel %g", runs[k].what, r);
+        CHECKF(took == 1, "one row %s: the one-row kernels ran %ld times, expected once", runs[k].what, took);
+    }
+    CHECK(!ne || nan_cpu == 2); /* the edge case's NaN rows reached the output */
+    for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
+}
+
+static void test_one_row(void) {
+    NEED_GPU();
+    dsv4_err err;
+    have_ab = dsv4_backend_cuda_init(&g_prev, 0, &err) == 0;
+    if (have_ab && dsv4_backend_cuda_init(&g_f16, 0, &err) != 0) {
+        dsv4_backend_cuda_free(&g_prev);
+        have_ab = 0;
+    }
+    if (have_ab && dsv4_backend_cuda_init(&g_new, 0, &err) != 0) {
+        dsv4_backend_cuda_free(&g_prev);
+        dsv4_backend_cuda_free(&g_f16);
+        have_ab = 0;
+    }
+    CHECKF(have_ab, "second backends: %s", have_ab ? "" : err.msg);
+    check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 1, 0, 0, 0);
+    check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 0, 1, 1, 0);
+    check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 2048, 0, 0, 0, 0, 1);
+    check_one_row(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 0, 1, 1, 0, 0);
+    check_one_row(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 1, 0, 0, 1, 0);
+    check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 0, 0, 0, 0, 0);
+    check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 1, 0, 1, 0, 0);
+    check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 512, 1, 0, 0, 0, 0); /* 256 w2 rows per block: k_moe_b1_prev */
+    if (have_ab) {
+        dsv4_backend_cuda_free(&g_prev);
+        dsv4_backend_cuda_free(&g_f16);
+        dsv4_backend_cuda_free(&g_new);
+    }
+}
+
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row)

@@ -41,7 +41,8 @@
  *   and unaligned x/h take the element-wise warp_dot_multi (one warp per feature).
  *   Up to MOE_G rows with FP4/FP8 experts of suitable shapes, A and B are k_moe_bulk
  *   instead (its section below: weight tiles streamed by the bulk-copy engine), and for one
- *   row k_moe_b1 (per-thread cp.async pipelines, its section below); for one row the plan
+ *   row k_moe_b1 for A and k_moe_b1_prev for B (per-thread cp.async pipelines, their
+ *   sections below); for one row the plan
  *   then cuts groups of one slot.  DSV4_CUDA_MOE_BULK=0 turns both off (slot-group kernels),
  *   =2 runs one row on k_moe_bulk as before k_moe_b1 (A/B runs).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
@@ -871,7 +872,10 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
     }
 }
 
-/* ----- one row: the expert GEMVs on per-thread cp.async pipelines (k_moe_b1) -----
+/* ----- one row: the expert GEMVs on per-thread cp.async pipelines (k_moe_b1_prev) -----
+ * The previous one-row kernel: down by default (k_moe_b1 measured slower there), both halves in
+ * A/B runs (DSV4_CUDA_MOE_B1G, the geometry table below) and for FP8 weights whose scale
+ * blocks k_moe_b1 does not take.
  * At batch 1 every group has one slot.  Block (chunk, group) = grid (x, y) computes FB
  * consecutive features of one group (up: w1 and w3 rows, h = SwiGLU; down: w2 rows, y).
  * Thread t owns the 16-byte column vector c = t % cv (cv = row bytes / 16) of the features
@@ -1042,9 +1046,9 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
 /* grid (chunks, max groups); dynamic shared memory B1_SMEM(S, V); groups of one slot (rows == 1);
  * M features per thread (up: B1_MUP), MINB resident blocks per SM (the register budget) */
 template <int UP, int DEC, int S, int V, int M, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
-                                                   const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                   int64_t dim, int act_fp8, float limit, int act_bf16) {
+__global__ void __launch_bounds__(256, MINB) k_moe_b1_prev(const group *groups, const int *n_groups, const dexpert *tab,
+                                                        const float *x, const float *xq, float *h, int64_t ldh,
+                                                        float *y, int64_t dim, int act_fp8, float limit, int act_bf16) {
     extern __shared__ __align__(128) uint8_t b1s[];
     __shared__ float lut[16];
     if (threadIdx.x < 16) lut[threadIdx.x] = d_e2m1_to_f32(threadIdx.x);
@@ -1076,35 +1080,388 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
         b1_run<UP, 1, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
 }
 
-/* k_moe_b1's chunks (grid.x) for weight w of rows features, m features per thread */
+/* the one-row kernels' chunks (grid.x) for weight w of rows features, m features per thread */
 static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int m) {
     int fp4 = w->fmt == DSV4_WF_MXFP4 || w->fmt == DSV4_WF_NVFP4;
     int64_t cv = (fp4 ? w->cols / 2 : w->cols) / 16, fb = (256 / cv) * m;
     return (unsigned)((rows + fb - 1) / fb);
 }
 
-/* The k_moe_b1 geometries, per kernel: stages S of V vectors per thread, features per thread
- * M (up: B1_MUP), resident blocks per SM MINB (the register budget).  Geometry 0 is the
- * default; DSV4_CUDA_MOE_B1G=1 runs gate/up as before (S 4, V 4, 2 blocks: A/B runs);
- * DSV4_CUDA_MOE_LUT=1 takes the table decode on geometry 1.  Measured (H200, ktrace, opbench
- * --flush-mb 512 on flash layer 0, 46 calls each, one device session): gate/up median 44.0 us
- * with S 4, V 2, 4 blocks (32 warps, 64 registers, no spills) against 45.3 (2 blocks, 96
- * registers) and 44.1 / 46.3 / 47.2 with 3 blocks (S 3 V 4 / S 4 V 2 / S 5 V 2); down 23.5 us
- * as it was (S 4, V 4, M 32, 2 blocks) against 24.4 at 4 blocks and 25.6-29.2 with M 16 (twice
- * the blocks).  More warps per SM barely help: the kernel is not bound by latency hiding. */
+/* ----- one row, one pipeline per weight format (k_moe_b1) -----
+ * The thread layout and pipeline of k_moe_b1_prev (above): thread t owns column vector
+ * c = t % cv of the features p + P i (p = t / cv, P = 256 / cv, i < M), its x values in
+ * registers, its own vectors copied by cp.async into its own slots of S stages of V vectors.
+ * What changed, each to cut instructions per weight (the previous kernel issued ~7.5 per FP4
+ * weight, ~240 of ~500 per 64 weights outside the decode and the products):
+ * - the format (MXFP4, NVFP4, FP8) is a template argument: the block picks its instance once
+ *   (w1 and w3 share a format: the expert table checks it), no format branch in the loop;
+ * - feature i of a thread lies P x row bytes = 4096 bytes after feature i - 1 whatever the
+ *   shape (P cv = 256 vectors of 16 bytes), so the loop, unrolled over its S stages, addresses
+ *   every copy as a base pointer plus a constant;
+ * - block scales do not travel per vector: the block's scale rows (one contiguous range per
+ *   weight, rows f0 .. f0 + P M) are loaded once and stored as a table of 16-bit entries, entry
+ *   tid + 256 i for the thread's i-th feature (up: the w1 and w3 entries in one 32-bit word):
+ *   MXFP4 as the bf16 of the e8m0 scale (exact: 2^(c-127), code 0 the subnormal 2^-127, code
+ *   255 NaN, d_e8m0_to_f32's values), which becomes an f32 by one shift; NVFP4 the two e4m3
+ *   bytes, decoded by cvt as k_moe_b1_prev does; FP8 (128 x 128 blocks) one scale per thread
+ *   and weight, in a register (the host takes this kernel only when the block's P M features
+ *   lie in one row of scale blocks);
+ * - the warp sums are reduced once per S stages (S V values by one shuffle tree) instead of once
+ *   per stage;
+ * - e2m1 (DEC 2): a code's magnitude bits go to bits 2..4 of an e4m3 byte and its sign to bit 7,
+ *   which makes the byte the code's value times 2^-6 exactly (code 1 = 0.5 becomes the e4m3
+ *   subnormal 2^-7); four codes per 32-bit word by two shifts and masks, then cvt e4m3x2 ->
+ *   f16x2 -> f32 as for FP8 weights.  DEC 1 is k_moe_b1_prev's f16 assembly (values times
+ *   2^-14).  The vector's sum is multiplied by 2^6 (2^14) exactly before its block scale, so
+ *   every product is that of the exact weight and x up to a power of two, barring products
+ *   that underflow (x below ~2^-119 with DEC 2).
+ * Layout of the dynamic shared memory: S V 256 stage vectors of 16 bytes, the scale table
+ * (256 M entries of NH x 16 bits), the warp sums (8 M NH floats).
+ * By default only gate/up runs here (4.67 instead of 7.52 instructions per weight, 34.3 instead
+ * of 46.2 us on Flash); down measured slower than k_moe_b1_prev: the geometry table below. */
+enum { B1F_MXFP4 = 0, B1F_NVFP4 = 1, B1F_FP8 = 2 };
+#define B1F_SMEM(S, V, M, NH) ((S) * (V) * 256 * 16 + 256 * (M) * 2 * (NH) + 8 * (M) * (NH) * 4)
+
+/* bf16 bits of the e8m0 scale c: exactly d_e8m0_to_f32(c) once shifted into an f32 */
+__device__ __forceinline__ uint32_t b1_e8m0_bf16(uint32_t c) {
+    return (c << 7) | (c == 0u || c == 255u ? 0x40u : 0u);
+}
+
+/* 4 e4m3 bytes of w as f32 (byte k -> f[k]); exact (cvt e4m3x2 -> f16x2, f16 -> f32) */
+__device__ __forceinline__ void b1_e4m3x4(uint32_t w, float (&f)[4]) {
+    asm("{\n\t.reg .b16 l, u, a, b, c, d;\n\t.reg .b32 h0, h1;\n\t"
+        "mov.b32 {l, u}, %4;\n\tcvt.rn.f16x2.e4m3x2 h0, l;\n\tcvt.rn.f16x2.e4m3x2 h1, u;\n\t"
+        "mov.b32 {a, b}, h0;\n\tmov.b32 {c, d}, h1;\n\t"
+        "cvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\tcvt.f32.f16 %2, c;\n\tcvt.f32.f16 %3, d;\n\t}"
+        : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+        : "r"(w));
+}
+
+/* the 32 e2m1 products of vector q with xr, times 2^-6 (DEC 2) or 2^-14 (DEC 1), exact:
+ * a = values 0..15, b = values 16..31 (byte j of the vector holds value 2j in its low nibble) */
+template <int DEC>
+__device__ __forceinline__ void b1f_fp4(const uint4 &q, const float *xr, float &a, float &b) {
+    const uint32_t *qw = (const uint32_t *)&q;
+    float a0 = 0.0f, a1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < 4; w4++) {
+        float f[8]; /* values 8 w4 + k */
+        if (DEC == 2) {
+            /* e4m3 byte of code (s, m3): s << 7 | m3 << 2; low nibbles (values 0, 2, 4, 6), high (1, 3, 5, 7) */
+            uint32_t lo = ((qw[w4] & 0x07070707u) << 2) | ((qw[w4] & 0x08080808u) << 4);
+            uint32_t hi = ((qw[w4] >> 2) & 0x1C1C1C1Cu) | (qw[w4] & 0x80808080u);
+            float l[4], u[4];
+            b1_e4m3x4(lo, l);
+            b1_e4m3x4(hi, u);
+#pragma unroll
+            for (int k = 0; k < 4; k++) f[2 * k] = l[k], f[2 * k + 1] = u[k];
+        } else {
+            float2 e0 = b1_e2m1x2<0>(qw[w4]), e1 = b1_e2m1x2<4>(qw[w4]), e2 = b1_e2m1x2<8>(qw[w4]),
+                   e3 = b1_e2m1x2<12>(qw[w4]);
+            f[0] = e0.x, f[4] = e0.y, f[1] = e1.x, f[5] = e1.y, f[2] = e2.x, f[6] = e2.y, f[3] = e3.x, f[7] = e3.y;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float pr = f[k] * xr[8 * w4 + k];
+            if (w4 < 2) (k & 1 ? a1 : a0) += pr;
+            else (k & 1 ? b1 : b0) += pr;
+        }
+    }
+    a = a0 + a1;
+    b = b0 + b1;
+}
+
+/* the 16 products of FP8 vector q with xr (exact decode), one fma chain per accumulator (the
+ * form a += p + p' compiled to FMUL + FFMA + FADD per two products) */
+__device__ __forceinline__ float b1f_fp8(const uint4 &q, const float *xr) {
+    const uint32_t *qw = (const uint32_t *)&q;
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < 4; w4++) {
+        float f[4];
+        b1_e4m3x4(qw[w4], f);
+        a0 = fmaf(f[0], xr[4 * w4], a0);
+        a1 = fmaf(f[1], xr[4 * w4 + 1], a1);
+        a0 = fmaf(f[2], xr[4 * w4 + 2], a0);
+        a1 = fmaf(f[3], xr[4 * w4 + 3], a1);
+    }
+    return a0 + a1;
+}
+
+/* one step of b1f_reduce's halving tree: M values left, partner lanes at offset OFF; a step per
+ * template level, so every index is a constant (a loop over M here was not unrolled for N = 16:
+ * nvcc put the values in local memory, and down ran 31.6 us instead of 24.7, H200, ncu) */
+template <int M, int OFF, int N>
+__device__ __forceinline__ void b1f_halve(float (&v)[N], int lane) {
+    if constexpr (M > 1) {
+        int up = lane & OFF;
+#pragma unroll
+        for (int i = 0; i < M / 2; i++) {
+            float keep = up ? v[i + M / 2] : v[i], send = up ? v[i] : v[i + M / 2];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+        b1f_halve<M / 2, OFF / 2, N>(v, lane);
+    }
+}
+
+/* value lane / (32 / N) summed over the warp, on the lanes where lane % (32 / N) == 0 (the
+ * halving tree of mv_reduce without its last shuffle) */
+template <int N>
+__device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
+    static_assert(N >= 2 && N <= 32 && (N & (N - 1)) == 0, "b1f_reduce: N a power of two, 2..32");
+    b1f_halve<N, 16, N>(v, lane);
+#pragma unroll
+    for (int off = 16 / N; off; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+    return v[0];
+}
+
+/* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
+template <int UP, int FMT, int DEC, int S, int V, int M>
+__device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
+                                        float *out, float pre, float limit, int act_bf16) {
+    constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
+    constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
+    static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "b1 geometry");
+    uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
+    uint8_t *tile = sm + S * V * 256 * 16;
+    float *part = (float *)(tile + 256 * M * 2 * NH);
+    int tid = threadIdx.x, lane = tid & 31;
+    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
+    int nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
+    int nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
+    const uint8_t *g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
+    const uint8_t *g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
+    /* iteration it copies features it U .. it U + U - 1 (both halves for up) into stage it % S */
+    auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) { /* ib: first feature, from b0/b1 */
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int u = j / NH;
+            if (ib + u < nv) b1_cp16(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
+        }
+        b1_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
+    float xr[VN];
+    const float4 *xp = (const float4 *)(xs + (int64_t)c * VN);
+#pragma unroll
+    for (int j = 0; j < VN / 4; j++) {
+        float4 v = __ldg(xp + j);
+        xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
+    }
+    /* the scale table (FP4) or this thread's two block scales (FP8) */
+    float fsc[2] = {0.0f, 0.0f};
+    if (FMT == B1F_FP8) {
+        int64_t rb = f0 / W[0].block;
+        int cb = c * 16 / W[0].block;
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const uint8_t *sp = W[hh].scale + rb * W[hh].srow;
+            fsc[hh] = W[hh].scale_f32 ? __ldg((const float *)sp + cb) : d_e8m0_to_f32(__ldg(sp + cb));
+        }
+    } else {
+        /* scale bytes per feature row: MXFP4 cv (one per vector), NVFP4 2 cv (two per vector); a
+         * 16-byte chunk of the block's range holds 16 (MXFP4) or 8 (NVFP4) table entries and lies
+         * in one row (cv >= 32) */
+        constexpr int EPC = FMT == B1F_MXFP4 ? 16 : 8, NCH = 256 * M / EPC / 256;
+        int srow = W[0].srow;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int k = tid + 256 * j;
+            if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
+            uint4 s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
+            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
+            const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
+            if (FMT == B1F_MXFP4) {
+                uint32_t e[16];
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    uint32_t lo = b1_e8m0_bf16((a[i / 4] >> (8 * (i % 4))) & 255u);
+                    e[i] = UP ? lo | b1_e8m0_bf16((b[i / 4] >> (8 * (i % 4))) & 255u) << 16 : lo;
+                }
+                if (UP) {
+                    uint4 *t4 = (uint4 *)tile + 4 * k;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) t4[i] = make_uint4(e[4 * i], e[4 * i + 1], e[4 * i + 2], e[4 * i + 3]);
+                } else {
+                    uint4 *t4 = (uint4 *)tile + 2 * k;
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        t4[i] = make_uint4(e[8 * i] | e[8 * i + 1] << 16, e[8 * i + 2] | e[8 * i + 3] << 16,
+                                           e[8 * i + 4] | e[8 * i + 5] << 16, e[8 * i + 6] | e[8 * i + 7] << 16);
+                }
+            } else if (UP) { /* NVFP4: entry = the vector's two e4m3 bytes; w1's low, w3's high */
+                uint4 *t4 = (uint4 *)tile + 2 * k;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    t4[i] = make_uint4(__byte_perm(a[2 * i], b[2 * i], 0x5410), __byte_perm(a[2 * i], b[2 * i], 0x7632),
+                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x5410),
+                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x7632));
+            } else {
+                ((uint4 *)tile)[k] = s0;
+            }
+        }
+    }
+    __syncthreads();
+    const uint32_t *t32 = (const uint32_t *)tile + tid;
+    const uint16_t *t16 = (const uint16_t *)tile + tid;
+    for (int it0 = 0; it0 < NIT; it0 += S) {
+        float v[NV];
+        const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
+        int nvr = nv - it0 * U; /* valid features counted from this round's first */
+#pragma unroll
+        for (int st = 0; st < S; st++) {
+            /* copy iteration it0 + st + S - 1 into stage (st + S - 1) % S, then compute stage st */
+            {
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    int u = j / NH, ib = (st + S - 1) * U + u;
+                    if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
+                }
+                b1_commit();
+            }
+            b1_wait<S - 1>();
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = (it0 + st) * U + u; /* the thread's feature index */
+                uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
+#pragma unroll
+                for (int hh = 0; hh < NH; hh++) {
+                    uint4 q = sd[(st * V + u * NH + hh) * 256];
+                    float r;
+                    if (FMT == B1F_FP8) {
+                        r = b1f_fp8(q, xr) * fsc[hh];
+                    } else {
+                        float a, b;
+                        b1f_fp4<DEC>(q, xr, a, b);
+                        const float k = DEC == 2 ? 64.0f : 16384.0f; /* 2^6 / 2^14: the codes' scale, exact */
+                        uint32_t bits = hh ? te >> 16 : te & 0xffffu;
+                        if (FMT == B1F_MXFP4) {
+                            r = ((a + b) * k) * __uint_as_float(bits << 16);
+                        } else {
+                            float2 s2 = d_e4m3x2_to_f32x2((uint16_t)bits);
+                            r = (a * k) * (s2.x * W[hh].scale2) + (b * k) * (s2.y * W[hh].scale2);
+                        }
+                    }
+                    v[st * V + u * NH + hh] = r;
+                }
+            }
+        }
+        /* rows past the weight's end hold stale stage data: their sums are never read */
+        float wsum = b1f_reduce<NV>(v, lane);
+        if ((lane & (32 / NV - 1)) == 0) {
+            int jv = lane / (32 / NV), st = jv / V, j = jv % V;
+            int fl = p + P * ((it0 + st) * U + j / NH);
+            part[(fl * NH + j % NH) * kw + kwi] = wsum;
+        }
+    }
+    __syncthreads();
+    for (int fl = tid; fl < nfeat; fl += blockDim.x) {
+        float r[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const float *pp = part + (fl * NH + hh) * kw;
+            float t = pp[0];
+            for (int j = 1; j < kw; j++) t += pp[j];
+            r[hh] = t;
+        }
+        if (UP) out[f0 + fl] = moe_swiglu(r[0], r[1], limit, act_bf16, pre);
+        else out[f0 + fl] = act_bf16 ? d_round_bf16(r[0]) : r[0];
+    }
+}
+
+/* grid (chunks, max groups); dynamic shared memory B1F_SMEM(S, V, M, 1 + UP); groups of one
+ * slot (rows == 1); M features per thread, MINB resident blocks per SM (the register budget) */
+template <int UP, int DEC, int S, int V, int M, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
+                                                   const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                   int64_t dim, int act_fp8, float limit, int act_bf16) {
+    extern __shared__ __align__(128) uint8_t b1s[];
+    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
+    const group &G = groups[blockIdx.y];
+    const dexpert &E = tab[G.ex];
+    mb_half W[2];
+    int64_t rows;
+    const float *xs;
+    float *out;
+    if (UP) {
+        W[0] = mb_make(E.w1);
+        W[1] = mb_make(E.w3);
+        rows = E.w1.rows;
+        xs = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
+        out = h + (int64_t)G.slot[0] * ldh;
+    } else {
+        W[0] = W[1] = mb_make(E.w2);
+        rows = E.w2.rows < dim ? E.w2.rows : dim;
+        xs = h + (int64_t)G.slot[0] * ldh;
+        out = y + (int64_t)G.slot[0] * dim;
+    }
+    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
+    if (f0 >= rows) return; /* block-uniform: past this group's features */
+    if (W[0].fmt == DSV4_WF_MXFP4)
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    else if (W[0].fmt == DSV4_WF_NVFP4)
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    else
+        b1f_run<UP, B1F_FP8, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+}
+
+/* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
+ * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: gate/up on
+ * k_moe_b1, down on k_moe_b1_prev.  DSV4_CUDA_MOE_B1G=N picks another (A/B runs): 1
+ * k_moe_b1_prev with gate/up as before 2026-12-01 16:40Z (S 4, V 4, 2 blocks), 3 k_moe_b1_prev
+ * for both as it was the default until k_moe_b1, 4 k_moe_b1 for both with k_moe_b1_prev's f16
+ * decode of e2m1, 5 k_moe_b1 for both with gate/up at 3 blocks per SM (80 registers), 6
+ * k_moe_b1 for both; DSV4_CUDA_MOE_LUT=1 takes k_moe_b1_prev's table decode (2).  k_moe_b1
+ * takes FP8 weights only when the features of a block lie in one row of scale blocks
+ * (moe_table.b1_fit); otherwise the call runs geometry 3.
+ * Measured (H200, ncu --clock-control none, 2 Flash layers of synth, decode batch 1, 4 calls
+ * each, 2026-12-01, two device sessions): gate/up k_moe_b1 34.3 us, 17.13 M warp instructions
+ * (4.67 per weight, 64 registers), against k_moe_b1_prev 46.2 us, 27.59 M (7.52 per weight);
+ * k_moe_b1's f16 decode (4) 37.6 us, 18.96 M; 3 blocks per SM (5) 34.1 us.  Down k_moe_b1
+ * 29.6 us, 8.40 M (107 registers), against k_moe_b1_prev 24.9 us, 12.65 M: fewer instructions
+ * but issue slots busy 27 % against 49 %, so down stays on k_moe_b1_prev.  A suspect, not
+ * measured (ncu gave no stall reasons): k_moe_b1's loop bodies are unrolled over the S stages,
+ * 34 KB of code per round for down FP4 and 17 KB for gate/up (k_moe_b1_prev: 15 KB and 8 KB),
+ * so instruction fetch may stall where the smaller body did not.
+ * Earlier, for k_moe_b1_prev (ktrace, opbench --flush-mb 512 on flash layer 0, 46 calls each):
+ * gate/up median 44.0 us with S 4, V 2, 4 blocks (32 warps, 64 registers, no spills) against
+ * 45.3 (2 blocks, 96 registers) and 44.1 / 46.3 / 47.2 with 3 blocks (S 3 V 4 / S 4 V 2 / S 5 V
+ * 2); down 23.5 us (S 4, V 4, M 32, 2 blocks) against 24.4 at 4 blocks and 25.6-29.2 with M 16
+ * (twice the blocks). */
 struct b1_geom {
-    const void *up, *dn; /* k_moe_b1<1, ..>, k_moe_b1<0, ..> */
-    int smem_up, smem_dn, mdn;
+    const void *up, *dn; /* the kernels' <1, ..> and <0, ..> instances */
+    int smem_up, smem_dn, mup, mdn;
+    int fmt_up, fmt_dn;  /* 1: k_moe_b1, 0: k_moe_b1_prev */
 };
-#define B1_GEOM(DEC, SU, VU, BU, SD, VD, MDN, BD)                                                                      \
-    {(const void *)k_moe_b1<1, DEC, SU, VU, B1_MUP, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,              \
-     B1_SMEM(SU, VU), B1_SMEM(SD, VD), MDN}
+#define B1_GEOM_PREV(DEC, SU, VU, BU, SD, VD, MDN, BD)                                                                 \
+    {(const void *)k_moe_b1_prev<1, DEC, SU, VU, B1_MUP, BU>, (const void *)k_moe_b1_prev<0, DEC, SD, VD, MDN, BD>,    \
+     B1_SMEM(SU, VU), B1_SMEM(SD, VD), B1_MUP, MDN, 0, 0}
+#define B1_GEOM(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                  \
+    {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,                  \
+     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1}
+/* gate/up on k_moe_b1, down on k_moe_b1_prev */
+#define B1_GEOM_MIX(DEC, SU, VU, MU, BU, DDEC, SD, VD, MDN, BD)                                                        \
+    {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1_prev<0, DDEC, SD, VD, MDN, BD>,            \
+     B1F_SMEM(SU, VU, MU, 2), B1_SMEM(SD, VD), MU, MDN, 1, 0}
 static const b1_geom b1_geoms[] = {
-    B1_GEOM(1, 4, 2, 4, 4, 4, 32, 2),
-    B1_GEOM(1, 4, 4, 2, 4, 4, 32, 2),
-    B1_GEOM(0, 4, 4, 2, 4, 4, 32, 2),
+    B1_GEOM_MIX(2, 4, 2, 16, 4, 1, 4, 4, 32, 2),
+    B1_GEOM_PREV(1, 4, 4, 2, 4, 4, 32, 2),
+    B1_GEOM_PREV(0, 4, 4, 2, 4, 4, 32, 2),
+    B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),
+    B1_GEOM(1, 4, 2, 16, 4, 4, 4, 32, 2),
+    B1_GEOM(2, 4, 2, 16, 3, 4, 4, 32, 2),
+    B1_GEOM(2, 4, 2, 16, 4, 4, 4, 32, 2),
 };
-enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = B1_NGEOM - 1 };
+enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
+
+/* 1 if k_moe_b1 takes weight w at m features per thread: FP8 needs the block's (256 / cv) m
+ * features inside one row of scale blocks (its per-thread scale); FP4 always */
+static int b1_fits(const dsv4_weight *w, int m) {
+    if (w->fmt != DSV4_WF_FP8) return 1;
+    int64_t cv = w->cols / 16, fb = cv > 0 && cv <= 256 ? (256 / cv) * m : 0;
+    return fb > 0 && w->block > 0 && w->block % fb == 0;
+}
 
 /* 1 if weight w can take k_moe_bulk (up: a w1/w3 half, down: w2): FP4 or FP8, 32..256
  * 16-byte vectors per row (a power of two), 16-byte aligned data and scale rows, and the
@@ -1363,6 +1720,7 @@ struct moe_table {
     int64_t inter, dim;             /* routed experts' shape */
     int q1_any, w2_quant;           /* routed w1 quantized (any), routed w2 quantized */
     int bulk;                       /* every expert's weights can take k_moe_bulk */
+    int b1_fit;                     /* every expert fits k_moe_b1 (b1_fits) in the backend's geometry */
 };
 
 struct cuda_devside {
@@ -1371,7 +1729,7 @@ struct cuda_devside {
     moe_table *tab;
     int n_tab, cap_tab;
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
-    int b1;                         /* one row: 0 k_moe_bulk, 1 k_moe_b1, 2 k_moe_b1 with the e2m1 table */
+    int b1;                         /* one row: 0 k_moe_bulk, else 1 + the geometry (b1_geoms) */
     long mb_calls;                  /* moe calls that took k_moe_bulk or k_moe_b1 */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -1649,6 +2007,17 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         if (x < n_routed) t->q1_any |= h[x].q1;
     }
     if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b, d);
+    t->b1_fit = 0;
+    if (!bad && t->bulk && d->b1 > 0) {
+        const b1_geom &g = b1_geoms[d->b1 - 1];
+        t->b1_fit = 1;
+        for (int x = 0; x <= n_routed; x++) {
+            const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
+            if (f)
+                t->b1_fit &= (!g.fmt_up || (b1_fits(&f->w1, g.mup) && b1_fits(&f->w3, g.mup))) &&
+                             (!g.fmt_dn || b1_fits(&f->w2, g.mdn));
+        }
+    }
     if (!bad && !CK(b, cudaMalloc((void **)&t->dev, sizeof *h * ((size_t)n_routed + 1))) &&
         !CK(b, cudaMemcpyAsync(t->dev, h, sizeof *h * ((size_t)n_routed + 1), cudaMemcpyHostToDevice,
                                CI(b)->stream))) { /* pageable source: taken before this returns */
@@ -1758,15 +2127,17 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
     ds->mb_calls += bulk;
-    int b1 = bulk && rows == 1 && ds->b1 > 0;
+    int b1 = bulk && rows == 1 && ds->b1 > 0; /* one row: k_moe_b1 / k_moe_b1_prev (b1_geoms) */
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
+    if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1 does not take */
+        bg = &b1_geoms[B1_PREV];
     unsigned b1_up = 0, b1_dn = 0;
     if (b1) { /* chunks of the routed and the shared expert's features, the larger */
         const dsv4_weight *r2 = &experts[0].w2;
-        b1_up = b1_chunks(&experts[0].w1, t->inter, B1_MUP);
+        b1_up = b1_chunks(&experts[0].w1, t->inter, bg->mup);
         b1_dn = b1_chunks(r2, r2->rows < dim ? r2->rows : dim, bg->mdn);
         if (shared) {
-            unsigned su = b1_chunks(&shared->w1, shared->w1.rows, B1_MUP),
+            unsigned su = b1_chunks(&shared->w1, shared->w1.rows, bg->mup),
                      sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, bg->mdn);
             b1_up = su > b1_up ? su : b1_up;
             b1_dn = sd > b1_dn ? sd : b1_dn;
