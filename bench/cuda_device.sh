@@ -19,7 +19,7 @@ for stage in "$@"; do
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
     grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary"
-    for t in test_cuda_attn test_cuda_mhc test_cuda_linear; do
+    for t in test_cuda_attn test_cuda_mhc test_cuda_linear test_cuda_moe; do
       [ -x $bin/$t ] || continue
       timeout 300 $bin/$t >"$OUT/$t.log" 2>&1; note "$t rc=$? $(tail -1 "$OUT/$t.log")"
       grep -E "^FAIL" "$OUT/$t.log" | head -20 >>"$summary"
