@@ -12,13 +12,16 @@
  *   hc_post: 1e-6 in fp32 (fma contraction only), 4e-3 rounded to bf16.
  * Also: a second call gives the same bits (no atomics in the sums; the decode path's done
  * counter is back to 0 after each launch), device buffers give the same bits as host ones,
- * and a CUDA-graph capture (ops->segment) of the decode path gives the same bits as eager.
+ * and a CUDA-graph capture (ops->segment) of the decode path gives the same bits as eager, also
+ * when decode calls alternate between inputs, row counts and hc_pre / hc_head (k_hc_dec's
+ * tagged partials: a launch must never take the previous launch's).
  * Each case prints an FNV-1a hash of the GPU's output bits, so two builds of mhc.cu can be
  * compared on the device (same inputs: the generator is seeded).
  * Also rmsnorm (src/backend/cuda/norm.cu) at every Flash norm shape, in and out of place, and
  * hc_pre_norm (y normed inside hc_pre's kernels), which must give the bits of hc_pre then
  * rmsnorm on every path (k_hc_dec, k_hc_fused, part + fin, and the two ops where it cannot).
- * DSV4_MHC_BENCH=2 runs decode-shape kernel phases for tools/device/ktrace.c (test_zy_phases).
+ * DSV4_MHC_BENCH=2 runs decode-shape kernel phases for tools/device/ktrace.c (test_zy_phases;
+ * hc_pre, hc_pre_norm at 20 and 0 Sinkhorn iterations, hc_head, hc_post, rmsnorm, rope).
  * DSV4_MHC_BENCH=1 adds a timing: 200 back-to-back calls at V4-Flash's shapes (hc 4, dim
  * 4096, fn f32 [24][16384], 20 Sinkhorn iterations) on device buffers, eager (host clock
  * around the calls and one ops->check) and inside one CUDA graph (device time between the
@@ -179,6 +182,69 @@ static void test_device_and_graph(void) {
     check_device_graph(3, 4, 4096);
     check_device_graph(40, 4, 4096);
     check_device_graph(1, 6, 96);
+}
+
+/* Back-to-back decode calls on alternating inputs, row counts 1 and 4 and hc_head between
+ * them (another layout of the same partial words), eager and in graphs, each give the bits
+ * of that input's first call: k_hc_dec's finisher must take this launch's partials, never
+ * the previous launch's (which sit in the same words with other values). */
+enum { ALT_N = 8 };
+static void test_alternating(void) {
+    NEED_GPU();
+    const int hc = 4, dim = 4096, R = 4;
+    hc_w w = make_hc(hc, dim);
+    size_t nx = (size_t)R * hc * dim, ny = (size_t)R * dim, np = (size_t)R * hc, nc = np * hc;
+    float *X = malloc(sizeof(float) * 2 * nx), *y = malloc(sizeof(float) * ny), *p = malloc(sizeof(float) * np),
+          *c = malloc(sizeof(float) * nc), *h = malloc(sizeof(float) * ny),
+          *ref = malloc(sizeof(float) * 4 * (ny + np + nc + ny));
+    fill(X, 2 * nx, 5);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * 2 * nx), *yd = gpu.ops->alloc(&gpu, sizeof(float) * ALT_N * ny),
+          *pd = gpu.ops->alloc(&gpu, sizeof(float) * ALT_N * np),
+          *cd = gpu.ops->alloc(&gpu, sizeof(float) * ALT_N * nc),
+          *hd = gpu.ops->alloc(&gpu, sizeof(float) * ALT_N * ny);
+    REQUIRE(X && y && p && c && h && ref && xd && yd && pd && cd && hd);
+    gpu.ops->upload(&gpu, xd, X, sizeof(float) * 2 * nx);
+    /* call i: input a = i & 1, rows 1 or 4 (i & 2); reference: the first call of each (a, rows), eager */
+    for (int i = 0; i < 4; i++) {
+        int a = i & 1, rows = i & 2 ? R : 1;
+        float *r = ref + i * (ny + np + nc + ny);
+        gpu.ops->hc_pre(&gpu, r, r + ny, r + ny + np, X + a * nx, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f,
+                        1e-6f, 0, 0);
+        gpu.ops->hc_head(&gpu, r + ny + np + nc, X + a * nx, rows, hc, dim, &w.hfn.w, &w.hb, &w.hs, 1e-6f, 1e-6f, 0,
+                         0);
+        CHECK(gpu_ok());
+    }
+    int bad = 0;
+    for (int pass = 0; pass < 3; pass++) { /* eager, a new graph, an updated graph */
+        if (pass) gpu.ops->segment(&gpu, 0);
+        for (int i = 0; i < ALT_N; i++) {
+            int a = i & 1, rows = i & 2 ? R : 1;
+            gpu.ops->hc_pre(&gpu, yd + i * ny, pd + i * np, cd + i * nc, xd + a * nx, rows, hc, dim, &w.fn.w, &w.wb,
+                            &w.ws, 20, 1e-6f, 1e-6f, 0, 0);
+            gpu.ops->hc_head(&gpu, hd + i * ny, xd + a * nx, rows, hc, dim, &w.hfn.w, &w.hb, &w.hs, 1e-6f, 1e-6f, 0,
+                             0);
+        }
+        if (pass) gpu.ops->segment(&gpu, -1);
+        for (int i = 0; i < ALT_N; i++) {
+            int rows = i & 2 ? R : 1;
+            const float *r = ref + (i & 3) * (ny + np + nc + ny);
+            gpu.ops->download(&gpu, y, yd + i * ny, sizeof(float) * rows * dim);
+            gpu.ops->download(&gpu, p, pd + i * np, sizeof(float) * rows * hc);
+            gpu.ops->download(&gpu, c, cd + i * nc, sizeof(float) * rows * hc * hc);
+            gpu.ops->download(&gpu, h, hd + i * ny, sizeof(float) * rows * dim);
+            CHECK(gpu_ok());
+            bad += memcmp(y, r, sizeof(float) * rows * dim) || memcmp(p, r + ny, sizeof(float) * rows * hc) ||
+                   memcmp(c, r + ny + np, sizeof(float) * rows * hc * hc) ||
+                   memcmp(h, r + ny + np + nc, sizeof(float) * rows * dim);
+        }
+    }
+    printf("  alternating inputs, rows 1 / 4, hc_pre + hc_head, eager and graphs: %d of %d calls differ\n", bad,
+           3 * ALT_N);
+    CHECKF(bad == 0, "alternating decode calls: %d differ from their input's first call", bad);
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, yd), gpu.ops->free(&gpu, pd), gpu.ops->free(&gpu, cd);
+    gpu.ops->free(&gpu, hd);
+    free(X), free(y), free(p), free(c), free(h), free(ref);
+    park_hc(&w);
 }
 
 /* ----- timing (DSV4_MHC_BENCH=1) ----- */
@@ -390,7 +456,7 @@ static float *ph_big_a, *ph_big_b, *ph_mark;
 static const size_t PH_BIG = (size_t)256 << 20;
 
 typedef struct {
-    int op, rows, dim, fmt, iters; /* op: 0 hc_pre, 1 hc_head, 2 hc_post, 3 rmsnorm, 4 rope, 5 scale */
+    int op, rows, dim, fmt, iters; /* op: 0 hc_pre, 1 hc_head, 2 hc_post, 3 rmsnorm, 4 rope, 5 scale, 6 hc_pre_norm */
 } ph_call;
 
 static void ph_run(const char *name, const ph_call *c, int cold, hc_w *w, tw *nw, float *xd, float *yd, float *pd,
@@ -410,6 +476,10 @@ static void ph_run(const char *name, const ph_call *c, int cold, hc_w *w, tw *nw
         case 2: gpu.ops->hc_post(&gpu, od, yd, xd, pd, cd, c->rows, 4, 4096, 0); break;
         case 3: gpu.ops->rmsnorm(&gpu, yd, yd, c->rows, c->dim, c->fmt < 0 ? NULL : &nw->w, 1e-6f, 0); break;
         case 4: gpu.ops->rope(&gpu, yd, c->rows, 64, 512, 64, pos, freq, 0, 0); break;
+        case 6:
+            gpu.ops->hc_pre_norm(&gpu, yd, pd, cd, xd, c->rows, 4, 4096, &w->fn.w, &w->wb, &w->ws, c->iters, 1e-6f,
+                                 1e-6f, 0, 0, &nw->w, 1e-6f);
+            break;
         default: gpu.ops->scale(&gpu, yd, (size_t)c->dim, 1.0f, 0); break;
         }
     }
@@ -444,6 +514,8 @@ static void test_zy_phases(void) {
     } ph[] = {
         {"hc_pre rows 1 cold", {0, 1, 0, 0, 20}, 1, NULL},
         {"hc_pre rows 1 warm", {0, 1, 0, 0, 20}, 0, NULL},
+        {"hc_pre_norm rows 1 cold", {6, 1, 0, 0, 20}, 1, &n4096},
+        {"hc_pre_norm rows 1 iters 0 cold", {6, 1, 0, 0, 0}, 1, &n4096},
         {"hc_pre rows 1 iters 0 cold", {0, 1, 0, 0, 0}, 1, NULL},
         {"hc_pre rows 4 cold", {0, 4, 0, 0, 20}, 1, NULL},
         {"hc_head rows 1 cold", {1, 1, 0, 0, 0}, 1, NULL},
@@ -470,5 +542,5 @@ static void test_zz_release(void) {
     n_parked = 0;
 }
 
-TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_rmsnorm_flash, test_pre_norm_fused,
-          test_zy_bench, test_zy_phases, test_zz_release)
+TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_alternating, test_rmsnorm_flash,
+          test_pre_norm_fused, test_zy_bench, test_zy_phases, test_zz_release)

@@ -35,6 +35,12 @@
  *   11.35, k_hc_dec 8.24 (with fn in L2: 9.45 / 7.18); rows 4: 15.85 / 11.46; hc_head
  *   6.82 / 5.39.  Of k_hc_dec's 8.2 us, 20 Sinkhorn iterations are 1.7 (iters 0: 6.56);
  *   the shortest kernel on the same run (k_scale of one float) took 0.74.
+ *   k_hc_dec with POLL against the done counter (same run, 2026-12-01, medians of 30 cold
+ *   calls, rows 1 unless said): hc_pre 7.55 / 8.94, iters 0 5.47 / 6.77; hc_pre_norm 7.78 /
+ *   9.20, iters 0 7.06 / 8.29; rows 4 11.78 / 12.58; hc_head 4.82 / 6.24; fn in L2: hc_pre
+ *   6.53 / 7.81; k_scale 0.77.  In the decode graphs (ktrace, 2-layer Flash synth, prompt
+ *   256): 8.00 / 9.42 us per call.  With the norm, y + norm is nearly as long as Sinkhorn
+ *   (iters 0 only 0.7 us shorter), so both paths now bound the finisher.
  * hc_pre_norm: hc_pre with y then rmsnormed in the same kernel (weights of dim, eps), the
  *   bits of hc_pre then norm.cu's rmsnorm (k_rmsnorm_vec: dim % 128 == 0, dim <= 4096; else
  *   hc_pre then rmsnorm as two ops): k_hc_dec keeps the last round of y in registers and
@@ -486,19 +492,103 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
  * [128 T b, 128 T (b + 1)): lane l of every warp loads its 16-byte vectors of X (the
  * group's rows) and of fn (outputs m = warp + 12 u, u < 2) for the T tiles at once -- no
  * shared staging, no barrier before the math -- and writes one partial per (row, m) and the
- * row's sum of squares (warp 0).  The last block (done counter, as k_hc_fused) then loads
+ * row's sum of squares (warp 0).  The finisher -- block 0, polling tagged partials (POLL,
+ * below; splits <= HD_PSPLITS and one of the first HC_PSLOTS streams), else the last block
+ * by the done counter as k_hc_fused (DSV4_CUDA_HC_DEC_OLD=1 forces that) -- then loads
  * its first round of X for y while it sums the partials (lane-strided in split order, then
- * a warp tree), and splits: the first ceil(rows / 2) warps run softmax + Sinkhorn in lanes
- * (16 lanes per row: the arithmetic of hc_sinkhorn_lanes<4>, the row softmax in the same
- * lanes) and write post / comb, the other warps form pre (a named barrier among them) and
- * y.  Same expressions as hc_fin_rows; only the split of the dot products differs. */
+ * a warp tree: the same sums either way, so the same bits), and splits: the first
+ * ceil(rows / 2) warps run softmax + Sinkhorn in lanes (16 lanes per row: the arithmetic of
+ * hc_sinkhorn_lanes<4>, the row softmax in the same lanes) and write post / comb, the other
+ * warps form pre (a named barrier among them) and y.  Same expressions as hc_fin_rows; only
+ * the split of the dot products differs.  POLL also skips the warp sums of absent rows and
+ * sums Sinkhorn's terms from the first (hc_lane_sum1): the same bits. */
 enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM = (2 + HD_HC) * HD_HC,
        HD_T = 2, /* tiles per lane: at K = 16384, 64 blocks (T = 1: 128 blocks, same time; T = 4: +0.3 us) */
        HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */ };
 
-template <int T>
+/* POLL (k_hc_dec's default): every block stores its partials tagged with the launch's tag
+ * (64-bit words: tag << 32 | the float's bits, relaxed at gpu scope, so a word is seen whole
+ * or not at all) and block 0, the finisher, polls until it has read every word of this
+ * launch's tag: no fence, no done counter, no second trip through L2.  The tag is the
+ * stream's epoch + 1, read by every block at its start; block 0 stores it as the new epoch
+ * after it has read every partial, hence after every block has read the epoch (a block reads
+ * it before it stores a partial), and the next launch on the stream starts after this one
+ * ends.  A stale word holds an older launch's tag (or 0: never written), which differs
+ * from this launch's until the 32-bit epoch wraps.  Block 0 spins while the other blocks
+ * run: it needs no more than the other 63 blocks to be scheduled eventually. */
+__device__ __forceinline__ unsigned hc_ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void hc_st_relaxed(unsigned *p, unsigned v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long hc_ld_tagged(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void hc_st_tagged(unsigned long long *p, float v, unsigned tag) {
+    unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+
+/* v[i][s] = split lane + 32 s of pair q0 + 12 i (0 past splits or nq), once every word of
+ * this launch is there: all loads issued at once, the missing ones re-issued until the
+ * whole warp has them (k_hc_dec's old gather read the same values, in the same places) */
+__device__ __forceinline__ void hc_poll_partials(float (&v)[HD_PQ][4], const unsigned long long *tg, int q0, int nq,
+                                                 int splits, unsigned tag) {
+    int lane = threadIdx.x & 31;
+    unsigned long long w[HD_PQ][4];
+#pragma unroll
+    for (int i = 0; i < HD_PQ; i++)
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            int q = q0 + i * HD_WARPS;
+            w[i][s] = q < nq && lane + 32 * s < splits ? hc_ld_tagged(tg + (int64_t)q * splits + lane + 32 * s)
+                                                       : (unsigned long long)tag << 32;
+        }
+    for (;;) {
+        bool miss = false;
+#pragma unroll
+        for (int i = 0; i < HD_PQ; i++)
+#pragma unroll
+            for (int s = 0; s < 4; s++) miss |= (unsigned)(w[i][s] >> 32) != tag;
+        if (!__any_sync(0xffffffffu, miss)) break;
+#pragma unroll
+        for (int i = 0; i < HD_PQ; i++)
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                if ((unsigned)(w[i][s] >> 32) != tag)
+                    w[i][s] = hc_ld_tagged(tg + (int64_t)(q0 + i * HD_WARPS) * splits + lane + 32 * s);
+    }
+#pragma unroll
+    for (int i = 0; i < HD_PQ; i++)
+#pragma unroll
+        for (int s = 0; s < 4; s++) v[i][s] = __uint_as_float((unsigned)w[i][s]); /* 0.0f where nothing was read */
+}
+
+/* hc_lane_sum from the first term on: v0 + v1 + ... instead of 0 + v0 + ..., the same bits
+ * unless v0 is -0, and every value Sinkhorn sums is +0 or more (softmax + eps, quotients) */
+template <int HC>
+__device__ __forceinline__ float hc_lane_sum1(float cv, int base, int i0, int step) {
+    float v[HC];
+#pragma unroll
+    for (int t = 0; t < HC; t++) v[t] = __shfl_sync(0xffffffffu, cv, (base + i0 + t * step) & 31);
+    float sum = v[0];
+#pragma unroll
+    for (int t = 1; t < HC; t++) sum += v[t];
+    return sum;
+}
+
+template <int T, int POLL>
 __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
-                                                       unsigned *done, const float *__restrict__ X, int nr, int dim,
+                                                       unsigned *done, unsigned long long *tg, unsigned *epoch,
+                                                       const float *__restrict__ X, int nr, int dim,
                                                        const float *__restrict__ fn, int nm, int splits, dweight base,
                                                        dweight scale, int iters, float norm_eps, float hc_eps,
                                                        int gemm_bf16, int out_bf16, int head, hc_ynorm yn) {
@@ -506,7 +596,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     __shared__ int last;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
-    float2 bsv = hc_bs_load(base, scale, nm);
+    /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
+     * partial, i.e. after every block has read the epoch */
+    unsigned tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
+    float2 bsv = !POLL || blockIdx.x == 0 ? hc_bs_load(base, scale, nm) : make_float2(0.0f, 0.0f);
     /* the norm's weights into L2 now (block 0, a 128-byte line per thread), so the last block's
      * loads of them, at its start, do not wait for DRAM */
     if (yn.vw && blockIdx.x == 0 && (int64_t)threadIdx.x * 128 < (int64_t)dim * (yn.vw == 1 ? 4 : 2))
@@ -553,9 +646,11 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
 #pragma unroll
         for (int u = 0; u < HD_MU; u++)
 #pragma unroll
-            for (int r = 0; r < HD_ROWS; r++) acc[u][r] = warp_sum(acc[u][r]);
+            for (int r = 0; r < HD_ROWS; r++)
+                if (!POLL || r < nr) acc[u][r] = warp_sum(acc[u][r]); /* warp-uniform */
 #pragma unroll
-        for (int r = 0; r < HD_ROWS; r++) ss[r] = warp_sum(ss[r]);
+        for (int r = 0; r < HD_ROWS; r++)
+            if (!POLL || r < nr) ss[r] = warp_sum(ss[r]);
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < HD_ROWS; r++) {
@@ -563,22 +658,33 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
 #pragma unroll
                 for (int u = 0; u < HD_MU; u++) {
                     int m = warp + HD_WARPS * u;
-                    if (m < nm) part[((int64_t)r * (nm + 1) + m) * splits + blockIdx.x] = acc[u][r];
+                    int64_t i = ((int64_t)r * (nm + 1) + m) * splits + blockIdx.x;
+                    if (m >= nm) continue;
+                    if (POLL) hc_st_tagged(tg + i, acc[u][r], tag);
+                    else part[i] = acc[u][r];
                 }
-                if (warp == 0) part[((int64_t)r * (nm + 1) + nm) * splits + blockIdx.x] = ss[r];
+                if (warp == 0) {
+                    int64_t i = ((int64_t)r * (nm + 1) + nm) * splits + blockIdx.x;
+                    if (POLL) hc_st_tagged(tg + i, ss[r], tag);
+                    else part[i] = ss[r];
+                }
             }
-            __threadfence(); /* this warp's partials are visible device-wide before the block counts itself */
+            if (!POLL) __threadfence(); /* this warp's partials are visible device-wide before the block counts */
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned prev = atomicAdd(done, 1u);
-        last = prev == gridDim.x - 1;
-        if (last) atomicExch(done, 0u); /* every block of this launch has counted */
+    if (POLL) {
+        if (blockIdx.x != 0) return; /* block 0 finishes, the others are done */
+    } else {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned prev = atomicAdd(done, 1u);
+            last = prev == gridDim.x - 1;
+            if (last) atomicExch(done, 0u); /* every block of this launch has counted */
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
     int nsw = head ? 0 : (nr + 1) / 2; /* Sinkhorn warps: two 4x4 matrices per warp */
     int dq = dim / 4, n = nr * dq, tt = (int)threadIdx.x - nsw * 32, nt = HD_THREADS - nsw * 32;
     float4 xy[HD_YP][HD_HC]; /* y's first round of X, in flight while the partials are summed */
@@ -598,12 +704,16 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     int nq = nr * (nm + 1);
     for (int q0 = warp; q0 < nq; q0 += HD_WARPS * HD_PQ) { /* pairs (row, m): splits <= 128 */
         float v[HD_PQ][4];
+        if (POLL) {
+            hc_poll_partials(v, tg, q0, nq, splits, tag);
+        } else {
 #pragma unroll
-        for (int i = 0; i < HD_PQ; i++) {
-            int q = q0 + i * HD_WARPS;
-            const float *p = part + (int64_t)(q < nq ? q : 0) * splits;
+            for (int i = 0; i < HD_PQ; i++) {
+                int q = q0 + i * HD_WARPS;
+                const float *p = part + (int64_t)(q < nq ? q : 0) * splits;
 #pragma unroll
-            for (int s = 0; s < 4; s++) v[i][s] = lane + 32 * s < splits ? __ldcg(p + lane + 32 * s) : 0.0f;
+                for (int s = 0; s < 4; s++) v[i][s] = lane + 32 * s < splits ? __ldcg(p + lane + 32 * s) : 0.0f;
+            }
         }
 #pragma unroll
         for (int i = 0; i < HD_PQ; i++) {
@@ -620,6 +730,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     if ((int)threadIdx.x < nm) bs[threadIdx.x] = bsv.x;
     if (threadIdx.x < 3) sc[threadIdx.x] = bsv.y;
     __syncthreads();
+    if (POLL && threadIdx.x == 0) hc_st_relaxed(epoch, tag); /* every partial of this launch is read */
     float width = (float)K;
     if (warp < nsw) { /* softmax + Sinkhorn: lane e = i*4 + k of group g holds C[i][k] of row 2 warp + g */
         constexpr int E = HD_HC * HD_HC;
@@ -637,10 +748,19 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
 #pragma unroll
         for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
         cv = expf(cv - mx);
-        cv = cv / hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) cv /= hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
-            cv /= hc_lane_sum<HD_HC>(cv, base16, k, HD_HC) + hc_eps;                  /* column k: i ascending */
+        if (POLL) { /* the same sums from the first term on (hc_lane_sum1), the first iteration peeled */
+            cv = cv / hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
+            if (iters > 0) cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;
+            for (int it = 1; it < iters; it++) {
+                cv /= hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
+                cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;     /* column k: i ascending */
+            }
+        } else {
+            cv = cv / hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
+            for (int it = 0; it < iters; it++) {
+                if (it > 0) cv /= hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
+                cv /= hc_lane_sum<HD_HC>(cv, base16, k, HD_HC) + hc_eps;                  /* column k: i ascending */
+            }
         }
         if (act) comb[rr * E + e] = cv;
         return;
@@ -715,28 +835,47 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
  * graph replays), so they cannot live in the per-op scratch.  One slot of HC_SLOTS device
  * words per CUDA stream: launches on one stream run in order, so a slot is never shared
  * by two launches in flight.  The table only maps a backend's stream to its slot; a stream
- * that finds no free slot takes the two-launch path (same results). */
+ * that finds no free slot takes the two-launch path (same results).
+ * k_hc_dec's tagged partials and epoch (POLL) live beside them, for the first HC_PSLOTS
+ * streams (zero at load: tag 0 is never a launch's); the later ones take the counter. */
+enum { HC_PSLOTS = 8, HD_PSPLITS = 64 /* POLL: at most this many blocks */ };
 __device__ unsigned d_hc_done[HC_SLOTS][HC_FUSED_ROWS / HC_RB + 1];
+__device__ unsigned long long d_hc_tagged[HC_PSLOTS][HD_ROWS * (HD_NM + 1) * HD_PSPLITS];
+__device__ unsigned d_hc_epoch[HC_PSLOTS][32]; /* a 128-byte line each */
 static pthread_mutex_t hc_slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     cudaStream_t stream;
-    unsigned *dev;
+    unsigned *dev, *epoch;     /* epoch: NULL past HC_PSLOTS */
+    unsigned long long *tagged;
 } hc_slot[HC_SLOTS];
 static int hc_slot_n;
 
-static unsigned *hc_done_counters(dsv4_backend *b) {
+/* this stream's done counters; *epoch / *tagged: its POLL words, or NULL */
+static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned long long **tagged) {
     cudaStream_t s = CI(b)->stream;
     unsigned *dev = NULL;
+    *epoch = NULL, *tagged = NULL;
     pthread_mutex_lock(&hc_slot_lock);
     for (int i = 0; i < hc_slot_n && !dev; i++)
-        if (hc_slot[i].stream == s) dev = hc_slot[i].dev;
+        if (hc_slot[i].stream == s) dev = hc_slot[i].dev, *epoch = hc_slot[i].epoch, *tagged = hc_slot[i].tagged;
     if (!dev && hc_slot_n < HC_SLOTS) {
-        void *p = NULL; /* the symbol of this device (the backend's device is current) */
+        void *p = NULL, *pe = NULL, *pt = NULL; /* the symbols of this device (the backend's device is current) */
         dsv4_cuda_seg_end(b); /* first use: no capture in progress while the module is asked */
         if (cudaGetSymbolAddress(&p, d_hc_done) == cudaSuccess) {
-            dev = (unsigned *)p + (size_t)hc_slot_n * (HC_FUSED_ROWS / HC_RB + 1);
-            hc_slot[hc_slot_n].stream = s;
-            hc_slot[hc_slot_n].dev = dev;
+            int i = hc_slot_n;
+            dev = (unsigned *)p + (size_t)i * (HC_FUSED_ROWS / HC_RB + 1);
+            if (i < HC_PSLOTS && cudaGetSymbolAddress(&pe, d_hc_epoch) == cudaSuccess &&
+                cudaGetSymbolAddress(&pt, d_hc_tagged) == cudaSuccess) {
+                *epoch = (unsigned *)pe + (size_t)i * 32;
+                *tagged = (unsigned long long *)pt + (size_t)i * (HD_ROWS * (HD_NM + 1) * HD_PSPLITS);
+            } else {
+                cudaGetLastError(); /* not fatal: the done counter */
+                *epoch = NULL, *tagged = NULL;
+            }
+            hc_slot[i].stream = s;
+            hc_slot[i].dev = dev;
+            hc_slot[i].epoch = *epoch;
+            hc_slot[i].tagged = *tagged;
             hc_slot_n++;
         } else {
             cudaGetLastError(); /* not fatal: the two-launch path */
@@ -744,6 +883,17 @@ static unsigned *hc_done_counters(dsv4_backend *b) {
     }
     pthread_mutex_unlock(&hc_slot_lock);
     return dev;
+}
+
+/* DSV4_CUDA_HC_DEC_OLD=1 (A/B, read once): k_hc_dec with the done counter and fences (the
+ * kernel before POLL) */
+static int hc_dec_old(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *o = getenv("DSV4_CUDA_HC_DEC_OLD");
+        v = o && o[0] == '1';
+    }
+    return v;
 }
 
 /* ----- entry points ----- */
@@ -774,7 +924,9 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
     if (want < 1) want = 1;
     int64_t kspan = (chunks + want - 1) / want * HC_KT;
     int splits = (int)((K + kspan - 1) / kspan);
-    unsigned *done = rows <= HC_FUSED_ROWS ? hc_done_counters(b) : NULL;
+    unsigned *epoch = NULL;
+    unsigned long long *tagged = NULL;
+    unsigned *done = rows <= HC_FUSED_ROWS ? hc_done_counters(b, &epoch, &tagged) : NULL;
     float *xd = (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * K);
     /* room for either split: k_hc_dec has up to 128 */
     float *part = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * (nm + 1) * (splits > 128 ? splits : 128));
@@ -795,9 +947,14 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
                (((uintptr_t)wf.data | (uintptr_t)xd | (uintptr_t)yd) & 15) == 0;
     if (fast) {
         int g = (int)(K / (HC_KT * HD_T));
-        k_hc_dec<HD_T><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, xd, rows, dim,
-                                                            (const float *)wf.data, nm, g, wb, ws, iters, norm_eps,
-                                                            hc_eps, gemm_bf16, out_bf16, head, yn);
+        if (epoch && g <= HD_PSPLITS && !hc_dec_old())
+            k_hc_dec<HD_T, 1><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, tagged, epoch, xd, rows,
+                                                                   dim, (const float *)wf.data, nm, g, wb, ws, iters,
+                                                                   norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn);
+        else
+            k_hc_dec<HD_T, 0><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, NULL, NULL, xd, rows, dim,
+                                                                   (const float *)wf.data, nm, g, wb, ws, iters,
+                                                                   norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn);
         if (CKL(b)) return 1;
     } else if (done) {
         k_hc_fused<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(
