@@ -9,12 +9,14 @@
  * weights before or after w2, an expert id repeated within a row (both slots count), experts
  * that get no row and experts with more than one 64-slot tile, a corrupt id (skipped and
  * reported by ops->check), the path actually taken (dsv4_cuda_moe_gemm_calls).
- * One row (test_one_row): the default (gate/up on the per-format k_moe_b1, down on
- * k_moe_b1_prev), k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), k_moe_b1 for both with the f16
- * decode (=4) and with the e4m3 one (=6); MXFP4, NVFP4, FP8 with e8m0 or f32 block scales; each
- * against the CPU op with the tolerances above; e8m0 codes 0 (2^-127) and 255
- * (NaN) and an NVFP4 NaN scale among the block scales (the NaN outputs must be the CPU's), and
- * FP8 experts whose scale blocks k_moe_b1 does not take (the call falls back to k_moe_b1_prev).
+ * One row (test_one_row): the default (the per-format k_moe_b1 for both, down at S 4 V 2 M 16,
+ * 4 blocks per SM), k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), k_moe_b1 for both with the f16
+ * decode (=4) and with the e4m3 one and down at M 32 (=6), the default before 2026-12-01 19:00Z
+ * (=7: down on k_moe_b1_prev), down at S 8 V 1 (=8), S 2 V 4 (=9) and S 4 V 1 (=10); MXFP4,
+ * NVFP4, FP8 with e8m0 or f32 block scales; each against the CPU op with the tolerances above;
+ * e8m0 codes 0 (2^-127) and 255 (NaN) and an NVFP4 NaN scale among the block scales (the NaN
+ * outputs must be the CPU's), and FP8 experts whose scale blocks k_moe_b1 does not take at M 32
+ * (geometries 4-6 fall back to k_moe_b1_prev).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -204,7 +206,18 @@ static void one_row_on(dsv4_backend *b, const char *geom, float *g, const float 
     unsetenv("DSV4_CUDA_MOE_B1G");
 }
 
-static dsv4_backend g_prev, g_f16, g_new;
+/* the A/B geometries, each on its own backend (the geometry is read once per backend) */
+enum { NAB = 7 };
+static const struct {
+    const char *geom, *what;
+} ab_runs[NAB] = {{"3", "k_moe_b1_prev"},
+                  {"4", "k_moe_b1 f16 decode"},
+                  {"6", "k_moe_b1, down M 32 at 2 blocks"},
+                  {"7", "k_moe_b1 up, k_moe_b1_prev down"},
+                  {"8", "k_moe_b1, down S 8 V 1"},
+                  {"9", "k_moe_b1, down S 2 V 4"},
+                  {"10", "k_moe_b1, down S 4 V 1"}};
+static dsv4_backend g_ab[NAB];
 static int have_ab;
 
 static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, int edges, int before_w2,
@@ -223,11 +236,10 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     struct {
         dsv4_backend *b;
         const char *geom, *what;
-    } runs[4] = {{&gpu, "", "default: k_moe_b1 up, k_moe_b1_prev down"},
-                 {&g_prev, "3", "k_moe_b1_prev"},
-                 {&g_f16, "4", "k_moe_b1 f16 decode"},
-                 {&g_new, "6", "k_moe_b1"}};
-    for (int k = 0; k < (have_ab ? 4 : 1); k++) {
+    } runs[1 + NAB] = {{&gpu, "", "default: k_moe_b1, down S 4 V 2 M 16 at 4 blocks"}};
+    for (int k = 0; k < NAB; k++)
+        runs[1 + k].b = &g_ab[k], runs[1 + k].geom = ab_runs[k].geom, runs[1 + k].what = ab_runs[k].what;
+    for (int k = 0; k < (have_ab ? 1 + NAB : 1); k++) {
         dsv4_err err;
         long n0 = dsv4_cuda_moe_bulk_calls(runs[k].b);
         one_row_on(runs[k].b, runs[k].geom, g, x, &s, e, w, before_w2, act_fp8, act_bf16);
@@ -249,16 +261,11 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
 static void test_one_row(void) {
     NEED_GPU();
     dsv4_err err;
-    have_ab = dsv4_backend_cuda_init(&g_prev, 0, &err) == 0;
-    if (have_ab && dsv4_backend_cuda_init(&g_f16, 0, &err) != 0) {
-        dsv4_backend_cuda_free(&g_prev);
-        have_ab = 0;
-    }
-    if (have_ab && dsv4_backend_cuda_init(&g_new, 0, &err) != 0) {
-        dsv4_backend_cuda_free(&g_prev);
-        dsv4_backend_cuda_free(&g_f16);
-        have_ab = 0;
-    }
+    int nab = 0;
+    while (nab < NAB && dsv4_backend_cuda_init(&g_ab[nab], 0, &err) == 0) nab++;
+    have_ab = nab == NAB;
+    if (!have_ab)
+        while (nab > 0) dsv4_backend_cuda_free(&g_ab[--nab]);
     CHECKF(have_ab, "second backends: %s", have_ab ? "" : err.msg);
     check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 1, 0, 0, 0);
     check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 0, 1, 1, 0);
@@ -267,12 +274,11 @@ static void test_one_row(void) {
     check_one_row(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 1, 0, 0, 1, 0);
     check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 0, 0, 0, 0, 0);
     check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 1, 0, 1, 0, 0);
-    check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 512, 1, 0, 0, 0, 0); /* 256 w2 rows per block: k_moe_b1_prev */
-    if (have_ab) {
-        dsv4_backend_cuda_free(&g_prev);
-        dsv4_backend_cuda_free(&g_f16);
-        dsv4_backend_cuda_free(&g_new);
-    }
+    /* w2 of 32 vectors per row: at M 32 (geometries 4-6) 256 rows per block, more than a scale
+     * block: those fall back to k_moe_b1_prev; at M 16 (0, 8-10) 128 rows, k_moe_b1 */
+    check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 512, 1, 0, 0, 0, 0);
+    if (have_ab)
+        for (int k = 0; k < NAB; k++) dsv4_backend_cuda_free(&g_ab[k]);
 }
 
 TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row)

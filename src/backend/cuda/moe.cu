@@ -41,8 +41,8 @@
  *   and unaligned x/h take the element-wise warp_dot_multi (one warp per feature).
  *   Up to MOE_G rows with FP4/FP8 experts of suitable shapes, A and B are k_moe_bulk
  *   instead (its section below: weight tiles streamed by the bulk-copy engine), and for one
- *   row k_moe_b1 for A and k_moe_b1_prev for B (per-thread cp.async pipelines, their
- *   sections below); for one row the plan
+ *   row k_moe_b1 for both (per-thread cp.async pipelines, its section below; k_moe_b1_prev
+ *   in A/B runs and for FP8 scale blocks k_moe_b1 does not take); for one row the plan
  *   then cuts groups of one slot.  DSV4_CUDA_MOE_BULK=0 turns both off (slot-group kernels),
  *   =2 runs one row on k_moe_bulk as before k_moe_b1 (A/B runs).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
@@ -873,9 +873,8 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
 }
 
 /* ----- one row: the expert GEMVs on per-thread cp.async pipelines (k_moe_b1_prev) -----
- * The previous one-row kernel: down by default (k_moe_b1 measured slower there), both halves in
- * A/B runs (DSV4_CUDA_MOE_B1G, the geometry table below) and for FP8 weights whose scale
- * blocks k_moe_b1 does not take.
+ * The previous one-row kernel: both halves in A/B runs (DSV4_CUDA_MOE_B1G, the geometry table
+ * below) and for FP8 weights whose scale blocks k_moe_b1 does not take.
  * At batch 1 every group has one slot.  Block (chunk, group) = grid (x, y) computes FB
  * consecutive features of one group (up: w1 and w3 rows, h = SwiGLU; down: w2 rows, y).
  * Thread t owns the 16-byte column vector c = t % cv (cv = row bytes / 16) of the features
@@ -1117,8 +1116,9 @@ static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int m) {
  *   that underflow (x below ~2^-119 with DEC 2).
  * Layout of the dynamic shared memory: S V 256 stage vectors of 16 bytes, the scale table
  * (256 M entries of NH x 16 bits), the warp sums (8 M NH floats).
- * By default only gate/up runs here (4.67 instead of 7.52 instructions per weight, 34.3 instead
- * of 46.2 us on Flash); down measured slower than k_moe_b1_prev: the geometry table below. */
+ * Both halves run here by default: gate/up 4.67 instead of 7.52 instructions per weight (34.3
+ * instead of 46.2 us on Flash), down at 4 blocks per SM 19.8 instead of 24.9 us (the geometry
+ * table below). */
 enum { B1F_MXFP4 = 0, B1F_NVFP4 = 1, B1F_FP8 = 2 };
 #define B1F_SMEM(S, V, M, NH) ((S) * (V) * 256 * 16 + 256 * (M) * 2 * (NH) + 8 * (M) * (NH) * 4)
 
@@ -1407,23 +1407,34 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
 }
 
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
- * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: gate/up on
- * k_moe_b1, down on k_moe_b1_prev.  DSV4_CUDA_MOE_B1G=N picks another (A/B runs): 1
- * k_moe_b1_prev with gate/up as before 2026-12-01 16:40Z (S 4, V 4, 2 blocks), 3 k_moe_b1_prev
- * for both as it was the default until k_moe_b1, 4 k_moe_b1 for both with k_moe_b1_prev's f16
- * decode of e2m1, 5 k_moe_b1 for both with gate/up at 3 blocks per SM (80 registers), 6
- * k_moe_b1 for both; DSV4_CUDA_MOE_LUT=1 takes k_moe_b1_prev's table decode (2).  k_moe_b1
- * takes FP8 weights only when the features of a block lie in one row of scale blocks
- * (moe_table.b1_fit); otherwise the call runs geometry 3.
+ * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: k_moe_b1 for
+ * both, each S 4 V 2 M 16 at 4 blocks per SM (64 registers).  DSV4_CUDA_MOE_B1G=N picks
+ * another (A/B runs): 1 k_moe_b1_prev with gate/up as before 2026-12-01 16:40Z (S 4, V 4, 2
+ * blocks), 3 k_moe_b1_prev for both as it was the default until k_moe_b1, 4 k_moe_b1 for both
+ * with k_moe_b1_prev's f16 decode of e2m1, 5 k_moe_b1 for both with gate/up at 3 blocks per SM
+ * (80 registers), 6 k_moe_b1 for both with down at M 32 and 2 blocks (107 registers), 7
+ * gate/up on k_moe_b1 and down on k_moe_b1_prev (the default until 2026-12-01 19:00Z), 8 / 9 /
+ * 10 the default with down at S 8 V 1 / S 2 V 4 / S 4 V 1; DSV4_CUDA_MOE_LUT=1 takes
+ * k_moe_b1_prev's table decode (2).  k_moe_b1 takes FP8 weights only when the features of a
+ * block lie in one row of scale blocks (moe_table.b1_fit); otherwise the call runs geometry 3.
  * Measured (H200, ncu --clock-control none, 2 Flash layers of synth, decode batch 1, 4 calls
  * each, 2026-12-01, two device sessions): gate/up k_moe_b1 34.3 us, 17.13 M warp instructions
  * (4.67 per weight, 64 registers), against k_moe_b1_prev 46.2 us, 27.59 M (7.52 per weight);
  * k_moe_b1's f16 decode (4) 37.6 us, 18.96 M; 3 blocks per SM (5) 34.1 us.  Down k_moe_b1
  * 29.6 us, 8.40 M (107 registers), against k_moe_b1_prev 24.9 us, 12.65 M: fewer instructions
- * but issue slots busy 27 % against 49 %, so down stays on k_moe_b1_prev.  A suspect, not
- * measured (ncu gave no stall reasons): k_moe_b1's loop bodies are unrolled over the S stages,
- * 34 KB of code per round for down FP4 and 17 KB for gate/up (k_moe_b1_prev: 15 KB and 8 KB),
- * so instruction fetch may stall where the smaller body did not.
+ * but issue slots busy 27 % against 49 % (16 warps per SM).  Down at 4 blocks per SM (M 16,
+ * 64 registers, 32 warps per SM; same run, 2026-12-01 18:40Z, 4 calls each): S 4 V 2 (0)
+ * 19.1-21.0 us, mean 19.8, 9.39 M instructions, issue slots 43-48 % busy, DRAM 39 %, against
+ * k_moe_b1_prev (7) 24.5-25.4, mean 24.9, 12.65 M; S 2 V 4 (9) mean 19.3 (9.08 M), S 4 V 1
+ * (10) 20.1 (9.33 M), S 8 V 1 (8) 20.4 (9.52 M): within the run-to-run spread of ~2 us, so
+ * the default keeps gate/up's shape.  SASS (cuobjdump, all three formats): 4584 instructions
+ * for down in 0 against 7704 at S 4 V 4 M 32 (gate/up 6696).  Still short of the bytes: SMs
+ * are active only 78 % of the elapsed cycles (29.9 K of 38.1 K).  A suspect, not measured:
+ * grid.x is the larger group's chunk count (the FP8 shared expert's 128, the MXFP4 experts'
+ * 64) over max_groups 8, so 512 of the 1024 blocks exit after reading their group and the
+ * table, holding block slots while the later groups' real blocks wait.  Not tried: a grid of
+ * only the real blocks, or FP8 blocks of 2 M features (the weights of an FP4 block, so equal
+ * chunk counts; gate/up has the same 128 against 64).
  * Earlier, for k_moe_b1_prev (ktrace, opbench --flush-mb 512 on flash layer 0, 46 calls each):
  * gate/up median 44.0 us with S 4, V 2, 4 blocks (32 warps, 64 registers, no spills) against
  * 45.3 (2 blocks, 96 registers) and 44.1 / 46.3 / 47.2 with 3 blocks (S 3 V 4 / S 4 V 2 / S 5 V
@@ -1440,18 +1451,22 @@ struct b1_geom {
 #define B1_GEOM(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                  \
     {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,                  \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1}
-/* gate/up on k_moe_b1, down on k_moe_b1_prev */
+/* gate/up on k_moe_b1, down on k_moe_b1_prev (the default until 2026-12-01 19:00Z) */
 #define B1_GEOM_MIX(DEC, SU, VU, MU, BU, DDEC, SD, VD, MDN, BD)                                                        \
     {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1_prev<0, DDEC, SD, VD, MDN, BD>,            \
      B1F_SMEM(SU, VU, MU, 2), B1_SMEM(SD, VD), MU, MDN, 1, 0}
 static const b1_geom b1_geoms[] = {
-    B1_GEOM_MIX(2, 4, 2, 16, 4, 1, 4, 4, 32, 2),
+    B1_GEOM(2, 4, 2, 16, 4, 4, 2, 16, 4),
     B1_GEOM_PREV(1, 4, 4, 2, 4, 4, 32, 2),
     B1_GEOM_PREV(0, 4, 4, 2, 4, 4, 32, 2),
     B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),
     B1_GEOM(1, 4, 2, 16, 4, 4, 4, 32, 2),
     B1_GEOM(2, 4, 2, 16, 3, 4, 4, 32, 2),
     B1_GEOM(2, 4, 2, 16, 4, 4, 4, 32, 2),
+    B1_GEOM_MIX(2, 4, 2, 16, 4, 1, 4, 4, 32, 2),
+    B1_GEOM(2, 4, 2, 16, 4, 8, 1, 16, 4),
+    B1_GEOM(2, 4, 2, 16, 4, 2, 4, 16, 4),
+    B1_GEOM(2, 4, 2, 16, 4, 4, 1, 16, 4),
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
