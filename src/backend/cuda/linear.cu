@@ -240,6 +240,32 @@ __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
     return r;
 }
 
+/* The end of a pass of k_gemv / k_gemv8: the RPP x NR sums of each row slot leave the warp by
+ * one reduce-scatter and, when a slot spans nw > 1 warps, meet in shared memory (red, two
+ * buffers alternating by pass), added in warp order (deterministic).  Returns 1 on the
+ * threads that hold a finished sum: `sum`, of slot `sl`, value `id` (row id / NR, input row
+ * id % NR).  nw is block-uniform (it holds a barrier). */
+template <int N>
+__device__ __forceinline__ int gemv_slot_sum(float (&acc)[N], float (&red)[2][8][N], int &buf, int nw, int slots,
+                                             int slot, float &sum, int &sl, int &id) {
+    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, per = 32 / N;
+    sum = warp_reduce_scatter<N>(acc, lane);
+    sl = slot, id = lane / per;
+    int wr = lane % per == 0;
+    if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
+        if (wr) red[buf][wib][id] = sum;
+        __syncthreads();
+        wr = t < slots * N;
+        if (wr) {
+            sl = t / N, id = t % N;
+            sum = red[buf][sl * nw][id];
+            for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
+        }
+        buf ^= 1;
+    }
+    return wr;
+}
+
 /* The weight vectors (and their block scales) of one pass: RPP rows from rb on, the thread's
  * CPT columns; rows past the end re-read the last row (never written out). */
 template <int FMT, int CPT, int RPP>
@@ -305,7 +331,7 @@ __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const flo
     constexpr int VN = lvec<FMT>::N, N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
-    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, slot = t >> tpr_log2, c = t & (tpr - 1);
+    const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
     const int64_t K = w.cols;
     const int64_t rbytes = FMT == LF_F32 ? K * 4 : FMT == LF_BF16 ? K * 2 : FMT == LF_FP8 ? K : K / 2;
     const int64_t scols = FMT == LF_FP8 ? K / w.block : FMT == LF_FP4 ? K / (w.fmt == DSV4_WF_MXFP4 ? 32 : 16) : 0;
@@ -346,20 +372,9 @@ __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const flo
                         acc[j * NR + r] += wf.x * xv[r].x + wf.y * xv[r].y + wf.z * xv[r].z + wf.w * xv[r].w;
                 }
             }
-        float sum = warp_reduce_scatter<N>(acc, lane);
-        const int per = 32 / N;
-        int sl = slot, id = lane / per, wr = lane % per == 0;
-        if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
-            if (wr) red[buf][wib][id] = sum;
-            __syncthreads();
-            wr = t < slots * N;
-            if (wr) {
-                sl = t / N, id = t % N;
-                sum = red[buf][sl * nw][id];
-                for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
-            }
-            buf ^= 1;
-        }
+        float sum;
+        int sl, id;
+        const int wr = gemv_slot_sum<N>(acc, red, buf, nw, slots, slot, sum, sl, id);
         int64_t o = ((int64_t)p * slots + sl) * RPP + id / NR;
         int r = id % NR;
         if (wr && o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum) : sum;
@@ -490,6 +505,22 @@ static int gemv_launch(const lin_args &a, int nsm, cudaStream_t st) {
 
 /* ----- k_gemv8: the FP8 decode GEMV of one row ----- */
 
+/* the 16 e4m3 weights of vector v as f32 (k_gemv8, k_gemv8x): SCL 0 the codes' values (the
+ * caller applies the power-of-two scale to the partial), else as the CPU forms the weight:
+ * value * scale s, bf16-rounded at SCL 2 */
+template <int SCL>
+__device__ __forceinline__ void g8_dec16(const uint4 &v, float s, float (&wf)[16]) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float2 d = d_e4m3x2_to_f32x2((uint16_t)(u[e >> 1] >> (16 * (e & 1))));
+        wf[2 * e] = d.x, wf[2 * e + 1] = d.y;
+    }
+    if (SCL != 0)
+#pragma unroll
+        for (int e = 0; e < 16; e++) wf[e] = SCL == 2 ? d_round_bf16(wf[e] * s) : wf[e] * s;
+}
+
 /* k_gemv8<NR, SCL, CPT, RPP>: out[r][o] = sum_k W[o0+o][k] x[r][g(o)*xg + k] for FP8 (e4m3)
  * weights with power-of-two block scales of >= 16 columns, rows == NR (the launcher: 1; 2
  * compiles and passed the tests, see below); the same contract as k_linear.  Geometry as
@@ -535,7 +566,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
     constexpr int N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
-    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, slot = t >> tpr_log2, c = t & (tpr - 1);
+    const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
     const int scols = K >> blk_log2;
     int kcol[CPT], scol[CPT];
 #pragma unroll
@@ -572,16 +603,8 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
                 }
 #pragma unroll
             for (int j = 0; j < RPP; j++) {
-                const uint32_t u[4] = {v[j][i].x, v[j][i].y, v[j][i].z, v[j][i].w};
                 float wf[16];
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    float2 d = d_e4m3x2_to_f32x2((uint16_t)(u[e >> 1] >> (16 * (e & 1))));
-                    wf[2 * e] = d.x, wf[2 * e + 1] = d.y;
-                }
-                if (SCL != 0) /* the decoded weight as the CPU forms it: e4m3 * scale (bf16-rounded) */
-#pragma unroll
-                    for (int e = 0; e < 16; e++) wf[e] = SCL == 2 ? d_round_bf16(wf[e] * s[i]) : wf[e] * s[i];
+                g8_dec16<SCL>(v[j][i], s[i], wf);
 #pragma unroll
                 for (int r = 0; r < NR; r++) {
                     float part = wf[0] * xv[r][0];
@@ -592,20 +615,9 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
                 }
             }
         }
-        float sum = warp_reduce_scatter<N>(acc, lane);
-        const int per = 32 / N;
-        int sl = slot, id = lane / per, wr = lane % per == 0;
-        if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
-            if (wr) red[buf][wib][id] = sum;
-            __syncthreads();
-            wr = t < slots * N;
-            if (wr) {
-                sl = t / N, id = t % N;
-                sum = red[buf][sl * nw][id];
-                for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
-            }
-            buf ^= 1;
-        }
+        float sum;
+        int sl, id;
+        const int wr = gemv_slot_sum<N>(acc, red, buf, nw, slots, slot, sum, sl, id);
         const int64_t o = ((int64_t)p * slots + sl) * RPP + id / NR;
         const int r = id % NR;
         if (wr && o < no) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum) : sum;
@@ -673,7 +685,7 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
                                          int sf32, int64_t no, int64_t gR, int64_t xg, int out_bf16, int tpr_log2,
                                          int64_t p, const int (&kcol)[CPT]) {
     const int nw = 1 << (tpr_log2 - 5), slots = 256 >> tpr_log2;
-    const int t = threadIdx.x, lane = t & 31, wib = t >> 5, slot = t >> tpr_log2;
+    const int slot = (int)threadIdx.x >> tpr_log2;
     const int64_t rb = (p * slots + slot) * RPP;
     const int64_t g = xg && rb < no ? (int64_t)((uint32_t)rb / (uint32_t)gR) : 0;
     if (g != xgrp) { /* warp-uniform: a warp lies in one slot */
@@ -695,16 +707,8 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
         const float s = SCL != 0 && sf32 ? __uint_as_float(b.s[i]) : d_e8m0_to_f32((uint8_t)b.s[i]);
 #pragma unroll
         for (int j = 0; j < RPP; j++) {
-            const uint32_t u[4] = {b.v[j][i].x, b.v[j][i].y, b.v[j][i].z, b.v[j][i].w};
             float wf[16];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float2 d = d_e4m3x2_to_f32x2((uint16_t)(u[e >> 1] >> (16 * (e & 1))));
-                wf[2 * e] = d.x, wf[2 * e + 1] = d.y;
-            }
-            if (SCL != 0) /* the decoded weight as the CPU forms it: e4m3 * scale (bf16-rounded) */
-#pragma unroll
-                for (int e = 0; e < 16; e++) wf[e] = SCL == 2 ? d_round_bf16(wf[e] * s) : wf[e] * s;
+            g8_dec16<SCL>(b.v[j][i], s, wf);
             float part = wf[0] * xv[i][0];
 #pragma unroll
             for (int e = 1; e < 16; e++) part = fmaf(wf[e], xv[i][e], part);
@@ -712,20 +716,9 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
             acc[j] = SCL == 0 ? fmaf(part, s, acc[j]) : acc[j] + part;
         }
     }
-    float sum = warp_reduce_scatter<RPP>(acc, lane);
-    const int per = 32 / RPP;
-    int sl = slot, id = lane / per, wr = lane % per == 0;
-    if (nw > 1) { /* the slot's warps meet in shared memory, added in warp order */
-        if (wr) red[buf][wib][id] = sum;
-        __syncthreads();
-        wr = t < slots * RPP;
-        if (wr) {
-            sl = t / RPP, id = t % RPP;
-            sum = red[buf][sl * nw][id];
-            for (int k = 1; k < nw; k++) sum += red[buf][sl * nw + k][id];
-        }
-        buf ^= 1;
-    }
+    float sum;
+    int sl, id;
+    const int wr = gemv_slot_sum<RPP>(acc, red, buf, nw, slots, slot, sum, sl, id);
     const int64_t o = (p * slots + sl) * RPP + id;
     if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
 }

@@ -914,6 +914,27 @@ template <int N> __device__ __forceinline__ void b1_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* After the block's barrier: feature fl's sum is its kw warp partials in part (up: w1's and
+ * w3's, NH = 2 per feature) added in warp order (deterministic); up writes SwiGLU of the pair,
+ * down the sum (bf16-rounded under act_bf16). */
+template <int UP, typename NT> /* NT: the callers' type of the feature count (int or int64_t) */
+__device__ __forceinline__ void b1_write(const float *part, int kw, NT n, int tid, int64_t f0, float *out,
+                                         float pre, float limit, int act_bf16) {
+    constexpr int NH = UP ? 2 : 1;
+    for (int fl = tid; fl < n; fl += blockDim.x) {
+        float v[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const float *pp = part + (fl * NH + hh) * kw;
+            float t = pp[0];
+            for (int j = 1; j < kw; j++) t += pp[j];
+            v[hh] = t;
+        }
+        if (UP) out[f0 + fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
+        else out[f0 + fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
+    }
+}
+
 /* the e2m1 codes at bits [O, O + 4) of both 16-bit halves of q, times 2^-14, as f32 */
 template <int O>
 __device__ __forceinline__ float2 b1_e2m1x2(uint32_t q) {
@@ -1028,18 +1049,31 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
     }
     __syncthreads();
     int64_t nvalid = rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M;
-    for (int fl = tid; fl < nvalid; fl += blockDim.x) {
-        float v[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++) {
-            const float *pp = part + (fl * NH + hh) * kw;
-            float t = pp[0];
-            for (int j = 1; j < kw; j++) t += pp[j];
-            v[hh] = t;
-        }
-        if (UP) out[f0 + fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
-        else out[f0 + fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
+    b1_write<UP>(part, kw, nvalid, tid, f0, out, pre, limit, act_bf16);
+}
+
+/* a one-slot group's weights (up: w1 and w3, down: w2), its feature count, input row (up: x or,
+ * for an FP8-quantized expert under act_fp8, xq; down: the slot's h), output row, and this
+ * block's first feature f0 (M features per thread); 0 when the block is past the group's
+ * features (block-uniform: the block exits) */
+template <int UP, int M>
+__device__ __forceinline__ int b1_group(const group &G, const dexpert &E, const float *x, const float *xq, float *h,
+                                        int64_t ldh, float *y, int64_t dim, int act_fp8, mb_half (&W)[2],
+                                        int64_t &rows, const float *&xs, float *&out, int64_t &f0) {
+    if (UP) {
+        W[0] = mb_make(E.w1);
+        W[1] = mb_make(E.w3);
+        rows = E.w1.rows;
+        xs = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
+        out = h + (int64_t)G.slot[0] * ldh;
+    } else {
+        W[0] = W[1] = mb_make(E.w2);
+        rows = E.w2.rows < dim ? E.w2.rows : dim;
+        xs = h + (int64_t)G.slot[0] * ldh;
+        out = y + (int64_t)G.slot[0] * dim;
     }
+    f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
+    return f0 < rows;
 }
 
 /* grid (chunks, max groups); dynamic shared memory B1_SMEM(S, V); groups of one slot (rows == 1);
@@ -1054,25 +1088,11 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1_prev(const group *groups, 
     __syncthreads();
     if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
     const group &G = groups[blockIdx.y];
-    const dexpert &E = tab[G.ex];
     mb_half W[2];
-    int64_t rows;
+    int64_t rows, f0;
     const float *xs;
     float *out;
-    if (UP) {
-        W[0] = mb_make(E.w1);
-        W[1] = mb_make(E.w3);
-        rows = E.w1.rows;
-        xs = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
-        out = h + (int64_t)G.slot[0] * ldh;
-    } else {
-        W[0] = W[1] = mb_make(E.w2);
-        rows = E.w2.rows < dim ? E.w2.rows : dim;
-        xs = h + (int64_t)G.slot[0] * ldh;
-        out = y + (int64_t)G.slot[0] * dim;
-    }
-    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
-    if (f0 >= rows) return; /* block-uniform: past this group's features */
+    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0)) return;
     if (W[0].fmt == DSV4_WF_FP8)
         b1_run<UP, 0, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
     else
@@ -1356,18 +1376,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         }
     }
     __syncthreads();
-    for (int fl = tid; fl < nfeat; fl += blockDim.x) {
-        float r[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++) {
-            const float *pp = part + (fl * NH + hh) * kw;
-            float t = pp[0];
-            for (int j = 1; j < kw; j++) t += pp[j];
-            r[hh] = t;
-        }
-        if (UP) out[f0 + fl] = moe_swiglu(r[0], r[1], limit, act_bf16, pre);
-        else out[f0 + fl] = act_bf16 ? d_round_bf16(r[0]) : r[0];
-    }
+    b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16);
 }
 
 /* grid (chunks, max groups); dynamic shared memory B1F_SMEM(S, V, M, 1 + UP); groups of one
@@ -1379,25 +1388,11 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
     extern __shared__ __align__(128) uint8_t b1s[];
     if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
     const group &G = groups[blockIdx.y];
-    const dexpert &E = tab[G.ex];
     mb_half W[2];
-    int64_t rows;
+    int64_t rows, f0;
     const float *xs;
     float *out;
-    if (UP) {
-        W[0] = mb_make(E.w1);
-        W[1] = mb_make(E.w3);
-        rows = E.w1.rows;
-        xs = (act_fp8 && E.q1 ? xq : x) + (int64_t)G.row[0] * dim;
-        out = h + (int64_t)G.slot[0] * ldh;
-    } else {
-        W[0] = W[1] = mb_make(E.w2);
-        rows = E.w2.rows < dim ? E.w2.rows : dim;
-        xs = h + (int64_t)G.slot[0] * ldh;
-        out = y + (int64_t)G.slot[0] * dim;
-    }
-    int64_t f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
-    if (f0 >= rows) return; /* block-uniform: past this group's features */
+    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0)) return;
     if (W[0].fmt == DSV4_WF_MXFP4)
         b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
