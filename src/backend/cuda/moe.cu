@@ -1408,7 +1408,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
  * blocks), 3 k_moe_b1_prev for both as it was the default until k_moe_b1, 4 k_moe_b1 for both
  * with k_moe_b1_prev's f16 decode of e2m1, 5 k_moe_b1 for both with gate/up at 3 blocks per SM
  * (80 registers), 6 k_moe_b1 for both with down at M 32 and 2 blocks (107 registers), 7
- * gate/up on k_moe_b1 and down on k_moe_b1_prev (the default until 2026-12-01 19:00Z), 8 / 9 /
+ * gate/up on k_moe_b1 and down on k_moe_b1_prev (the default before commit 8cbbb27), 8 / 9 /
  * 10 the default with down at S 8 V 1 / S 2 V 4 / S 4 V 1; DSV4_CUDA_MOE_LUT=1 takes
  * k_moe_b1_prev's table decode (2).  k_moe_b1 takes FP8 weights only when the features of a
  * block lie in one row of scale blocks (moe_table.b1_fit); otherwise the call runs geometry 3.
