@@ -467,17 +467,6 @@ __device__ __forceinline__ float mv_reduce(float (&acc)[NR][NS], float (*red)[32
 #define MOE_UP_OPW 2   /* gate+up: 2 features = 4 weight rows (w1 and w3) per warp */
 #define MOE_DOWN_OPW 4 /* down: 4 rows of w2 per warp */
 
-__device__ __forceinline__ float moe_swiglu(float gv, float uv, float limit, int act_bf16, float pre) {
-    if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
-    if (limit > 0) {
-        gv = fminf(gv, limit);
-        uv = fminf(fmaxf(uv, -limit), limit);
-    }
-    float v = gv / (1.0f + expf(-gv)) * uv;
-    v *= pre;
-    return act_bf16 ? d_round_bf16(v) : v;
-}
-
 /* NS: slots per pass (the group's slots are taken NS at a time; 1 for one row) */
 template <int NS>
 __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,

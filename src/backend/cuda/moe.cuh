@@ -13,6 +13,20 @@ struct dexpert {
     int q1;                   /* w1 is quantized: act_fp8 quantizes x for it */
 };
 
+/* SwiGLU of one feature as the CPU's moe forms it: gate and up (bf16-rounded under act_bf16),
+ * clamped by limit when > 0, silu(gate) * up, times pre (the weight applied before w2),
+ * bf16-rounded under act_bf16; the one-row, slot-group and GEMM kernels all call it */
+__device__ __forceinline__ float moe_swiglu(float gv, float uv, float limit, int act_bf16, float pre) {
+    if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
+    if (limit > 0) {
+        gv = fminf(gv, limit);
+        uv = fminf(fmaxf(uv, -limit), limit);
+    }
+    float v = gv / (1.0f + expf(-gv)) * uv;
+    v *= pre;
+    return act_bf16 ? d_round_bf16(v) : v;
+}
+
 /* Many-row MoE (moe_gemm.cu): out[rows][dim] for the routing e/wgt ([rows][k], device), x and
  * its act-quantized copy xq (device; xq == x when no quantization applies), the device
  * expert table tab.  Returns 1 when it ran, 0 when the shapes or formats need the slot-group

@@ -195,15 +195,7 @@ __global__ void __launch_bounds__(256, 2) k_mg_up(float *H, int64_t ldh, const f
         for (int j = 0; j < 4; j++) {
             int64_t f = f0 + tx * 4 + j;
             if (f >= inter) break;
-            float gv = acc[i][j], uv = acc[i][4 + j];
-            if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
-            if (limit > 0) {
-                gv = fminf(gv, limit);
-                uv = fminf(fmaxf(uv, -limit), limit);
-            }
-            float v = gv / (1.0f + expf(-gv)) * uv;
-            v *= pw;
-            H[(int64_t)p * ldh + f] = act_bf16 ? d_round_bf16(v) : v;
+            H[(int64_t)p * ldh + f] = moe_swiglu(acc[i][j], acc[i][4 + j], limit, act_bf16, pw);
         }
     }
 }
