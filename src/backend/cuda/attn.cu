@@ -201,6 +201,7 @@ template <int O> __device__ __forceinline__ void attn_fold(float *v, int lane) {
  * parameter blob holding the host arrays (16 when they were staged). */
 template <int VEC, int PB>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, const __grid_constant__ attn_blob<PB> p) {
+    pdl_enter();
     extern __shared__ float4 attn_sm4[];
     float *ks = (float *)attn_sm4;             /* [AS_KEYS][hd] */
     float *qs = ks + (size_t)AS_KEYS * a0.head_dim; /* [AS_HEADS][hd] */
@@ -332,6 +333,7 @@ __device__ __forceinline__ void attn_pv_tile(float *acc, const float *const *kt,
  * grouping of the sum over keys differs from the CPU's. */
 template <int VEC>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a) {
+    pdl_enter();
     __shared__ float4 pt4[AP_TILE * AP_HEADS / 4]; /* p [key][head] */
     __shared__ const float *kt[AP_TILE];
     __shared__ float red[(ATTN_THREADS / 32) * 8 * 33]; /* [warp][quad][8 heads x 4 dims], padded */
@@ -623,7 +625,7 @@ template <int VEC, int PB> static int attn_launch_scores(dsv4_backend *b, const 
     if (P->smem > 48 * 1024 &&
         CK(b, cudaFuncSetAttribute(k_attn_scores<VEC, PB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)P->smem)))
         return -1;
-    k_attn_scores<VEC, PB><<<P->gs, ATTN_THREADS, P->smem, CI(b)->stream>>>(P->a, *blob);
+    dsv4_launch(k_attn_scores<VEC, PB>, P->gs, ATTN_THREADS, P->smem, CI(b)->stream, P->a, *blob);
     return CKL(b);
 }
 
@@ -640,8 +642,10 @@ static int attn_launch(dsv4_backend *b, const attn_plan *P, int what) {
         if (rc) return -1;
     }
     if (what & 2) {
-        if (P->vec4) k_attn_pv<4><<<P->gp, ATTN_THREADS, 0, CI(b)->stream>>>(P->a);
-        else k_attn_pv<1><<<P->gp, ATTN_THREADS, 0, CI(b)->stream>>>(P->a);
+        if (P->vec4)
+            dsv4_launch(k_attn_pv<4>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a);
+        else
+            dsv4_launch(k_attn_pv<1>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a);
         if (CKL(b)) return -1;
     }
     return 0;
@@ -720,6 +724,7 @@ struct row_params {
 __global__ void k_indexer(float *score, const float *q, const float *w, int n_heads, int head_dim,
                           const float *const *key_base, const int *n_keys, const __grid_constant__ row_params rp,
                           int max_keys, int score_bf16) {
+    pdl_enter();
     extern __shared__ float qs[];
     int r = blockIdx.y;
     int64_t nq = (int64_t)n_heads * head_dim;
@@ -765,6 +770,7 @@ template <int NV>
 __global__ void __launch_bounds__(IX_THREADS)
     k_indexer_v(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
                 const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16) {
+    pdl_enter();
     extern __shared__ float4 ix_sm4[];
     const int hd = 16 * NV;
     float4 *qs = ix_sm4;                          /* [n_heads][hd / 4] */
@@ -818,6 +824,7 @@ template <int NV>
 __global__ void __launch_bounds__(IX_THREADS)
     k_indexer_s(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
                 const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16, int kb) {
+    pdl_enter();
     extern __shared__ float4 ix_sm4[];
     const int hd = 16 * NV;
     float4 *qs = ix_sm4;                                /* [n_heads][hd / 4] */
@@ -962,9 +969,10 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         if (sm > 220 * 1024) kb = 64; /* no room for the dots */
         if (vec && kb < 64) {
             dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
-#define IX_LAUNCH(NV)                                                                                                \
-    if (CK(b, cudaFuncSetAttribute(k_indexer_s<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;  \
-    k_indexer_s<NV><<<grid, IX_THREADS, sm, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, kb)
+#define IX_LAUNCH(NV)                                                                                                  \
+    if (CK(b, cudaFuncSetAttribute(k_indexer_s<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;    \
+    dsv4_launch(k_indexer_s<NV>, grid, IX_THREADS, sm, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys,           \
+                score_bf16, kb)
             if (nv == 2) {
                 IX_LAUNCH(2);
             } else if (nv == 4) {
@@ -978,9 +986,10 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         } else if (vec) {
             size_t smv = smem + sizeof(float) * n_heads;
             dim3 grid((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows);
-#define IX_LAUNCH(NV)                                                                                                \
-    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return; \
-    k_indexer_v<NV><<<grid, IX_THREADS, smv, c->stream>>>(sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16)
+#define IX_LAUNCH(NV)                                                                                                  \
+    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return;   \
+    dsv4_launch(k_indexer_v<NV>, grid, IX_THREADS, smv, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys,          \
+                score_bf16)
             if (nv == 2) {
                 IX_LAUNCH(2);
             } else if (nv == 4) {
@@ -993,9 +1002,8 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
 #undef IX_LAUNCH
         } else {
             if (CK(b, cudaFuncSetAttribute(k_indexer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
-            k_indexer<<<dim3((unsigned)((maxn + 7) / 8), rows), 256, smem, c->stream>>>(sd, qd, wd, n_heads, head_dim,
-                                                                                        kd, nd, rp, max_keys,
-                                                                                        score_bf16);
+            dsv4_launch(k_indexer, dim3((unsigned)((maxn + 7) / 8), rows), 256, smem, c->stream, sd, qd, wd, n_heads,
+                        head_dim, kd, nd, rp, max_keys, score_bf16);
         }
         if (CKL(b)) return;
     }
@@ -1094,6 +1102,7 @@ __device__ __forceinline__ void tk_pick_digit(const int *hist, int lane, int nee
 
 __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
                                                      const int *n, const __grid_constant__ row_params rp, int k) {
+    pdl_enter();
     __shared__ int hist[256], wsum[32], s_need;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -1148,6 +1157,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
 #define TK_PER 8
 __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out, const float *score, int stride,
                                                        const int *n, const __grid_constant__ row_params rp, int k) {
+    pdl_enter();
     __shared__ int hist[256], wsum[32], s_need, s_done;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -1232,9 +1242,9 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
     if (maxn <= TK_THREADS * TK_PER)
-        k_topk_r<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
+        dsv4_launch(k_topk_r, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     else
-        k_topk<<<rows, TK_THREADS, 0, c->stream>>>(id, no, sd, stride, nd, rp, k);
+        dsv4_launch(k_topk, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     if (CKL(b)) return;
     if (!idx_dev)
         for (int r = 0; r < rows && !c->failed; r++) { /* min(k, n[r]) entries, as the kernel writes */
@@ -1247,6 +1257,7 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
 
 /* ----- compressor pooling ----- */
 __global__ void k_pool(float *out, const float *kv, const float *g, int n, int width) {
+    pdl_enter();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     float mx = -INFINITY;
@@ -1262,6 +1273,7 @@ __global__ void k_pool(float *out, const float *kv, const float *g, int n, int w
 
 /* pooling from rows addressed by pointer (sequence state in device memory) */
 __global__ void k_pool_ptr(float *out, const float *const *kv, const float *const *g, int n, int width) {
+    pdl_enter();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     float mx = -INFINITY;
@@ -1285,7 +1297,7 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
         const float **gd = (const float **)dsv4_cuda_stage(b, gate, sizeof(float *) * n);
         float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * width);
         if (!kd || !gd || !od) return;
-        k_pool_ptr<<<(width + 127) / 128, 128, 0, CI(b)->stream>>>(od, kd, gd, n, width);
+        dsv4_launch(k_pool_ptr, (width + 127) / 128, 128, 0, CI(b)->stream, od, kd, gd, n, width);
         if (CKL(b)) return;
         dsv4_cuda_commit(b, out, od, sizeof(float) * width);
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
@@ -1302,7 +1314,7 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
     float *d = (float *)dsv4_cuda_stage(b, h, 2 * rb);
     float *od = (float *)dsv4_cuda_scratch(b, sizeof(float) * width);
     if (!d || !od) return;
-    k_pool<<<(width + 127) / 128, 128, 0, CI(b)->stream>>>(od, d, d + (size_t)n * width, n, width);
+    dsv4_launch(k_pool, (width + 127) / 128, 128, 0, CI(b)->stream, od, d, d + (size_t)n * width, n, width);
     if (CKL(b)) return;
     dsv4_cuda_fetch(b, out, od, sizeof(float) * width);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
@@ -1310,6 +1322,7 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
 
 /* ----- compressor position biases ----- */
 __global__ void k_add_cyclic(float *x, const float *y, int width, int period, int first) {
+    pdl_enter();
     int i = blockIdx.y;
     const float *yr = y + (int64_t)((first + i) % period) * width;
     float *xr = x + (int64_t)i * width;
@@ -1323,8 +1336,8 @@ void cu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int widt
     float *xd = (float *)dsv4_cuda_in(b, x, xb);
     const float *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
     if (!xd || !yd) return;
-    k_add_cyclic<<<dim3((unsigned)((width + 255) / 256), (unsigned)rows), 256, 0, CI(b)->stream>>>(xd, yd, width,
-                                                                                                    period, first);
+    dsv4_launch(k_add_cyclic, dim3((unsigned)((width + 255) / 256), (unsigned)rows), 256, 0, CI(b)->stream, xd, yd,
+                width, period, first);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, xb);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ADD);

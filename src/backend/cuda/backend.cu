@@ -60,6 +60,8 @@ static double host_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
+int dsv4_cuda_pdl = 1; /* common.cuh: launches carry the PDL attribute unless DSV4_CUDA_PDL=0 */
+
 /* ----- errors ----- */
 int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
     cuda_impl *c = CI(b);
@@ -829,6 +831,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
     if (!c) return dsv4_errf(err, "backend 'cuda': out of memory");
     c->device = device;
+    const char *pd = getenv("DSV4_CUDA_PDL");
+    dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;

@@ -121,6 +121,56 @@ int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line
 #define CKL(b) dsv4_cuda_fail_if((b), __FILE__, __LINE__)
 int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line); /* after a launch */
 
+/* ----- programmatic dependent launch (PDL) -----
+ * Every kernel starts with pdl_enter() (or, where it first reads only weights, issues those
+ * reads and then calls pdl_enter()): griddepcontrol.wait blocks until the grids this launch
+ * depends on in stream order have completed and their writes are visible, then
+ * griddepcontrol.launch_dependents lets the next kernel of the stream be scheduled while this
+ * one runs.  Launches go through dsv4_launch, which sets the programmatic-serialization
+ * attribute unless DSV4_CUDA_PDL=0 (dsv4_cuda_pdl, read at backend init); without it the wait
+ * returns at once (the launch is fully ordered).  Nothing before the wait may read an
+ * activation or write anything: only weights, which no kernel writes, and the arguments.  The
+ * same kernels, arguments and arithmetic run either way, so the switch changes timing only,
+ * never values.  In a graph capture the attribute becomes a programmatic edge between the two
+ * kernel nodes. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_trigger();
+}
+extern int dsv4_cuda_pdl; /* 1: launches carry the PDL attribute (default); DSV4_CUDA_PDL=0: 0 */
+
+static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
+                                            cudaStream_t st) {
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = dsv4_cuda_pdl ? 1 : 0;
+    return cfg;
+}
+/* k<<<grid, block, smem, st>>>(args...) with the PDL attribute (dsv4_cuda_pdl): the arguments
+ * convert to k's parameter types as in a <<<>>> launch; check it with CKL as a <<<>>> launch */
+template <typename... P, typename... A>
+static inline cudaError_t dsv4_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                      A &&...args) {
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
+    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+/* the same for a kernel known by address, its arguments packed (cudaLaunchKernel's form) */
+static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, void **args, size_t smem,
+                                          cudaStream_t st) {
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
+    return cudaLaunchKernelExC(&cfg, k, args);
+}
+
 /* device scratch: NULL (and sticky error) on failure; valid until the next op */
 void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);
 void dsv4_cuda_scratch_reset(dsv4_backend *b);

@@ -103,6 +103,7 @@ template <int FMT>
 __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const float *__restrict__ x, int rows,
                                                dweight w, int out_bf16, int vec_out, int64_t ldx, int64_t ldo,
                                                int64_t gN, int64_t gx, int w_bf16) {
+    pdl_enter();
     __shared__ __align__(16) float xs[2][SG_BK][SG_LD];
     __shared__ __align__(16) float ws[2][SG_BK][SG_LD];
     const int tid = threadIdx.x;
@@ -219,11 +220,21 @@ static void launch_sgemm(dsv4_backend *b, float *od, const float *xd, int rows, 
     dim3 grid((unsigned)((rows + SG_BM - 1) / SG_BM), (unsigned)((gN + SG_BN - 1) / SG_BN), (unsigned)G);
 #define SG_ARGS od, xd, rows, w, out_bf16, vec_out, ldx, ldo, gN, gx, w_bf16
     switch (w.fmt) {
-    case DSV4_WF_F32: k_sgemm<DSV4_WF_F32><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
-    case DSV4_WF_BF16: k_sgemm<DSV4_WF_BF16><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
-    case DSV4_WF_FP8: k_sgemm<DSV4_WF_FP8><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
-    case DSV4_WF_MXFP4: k_sgemm<DSV4_WF_MXFP4><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
-    default: k_sgemm<DSV4_WF_NVFP4><<<grid, 256, 0, c->stream>>>(SG_ARGS); break;
+    case DSV4_WF_F32:
+        dsv4_launch(k_sgemm<DSV4_WF_F32>, grid, 256, 0, c->stream, SG_ARGS);
+        break;
+    case DSV4_WF_BF16:
+        dsv4_launch(k_sgemm<DSV4_WF_BF16>, grid, 256, 0, c->stream, SG_ARGS);
+        break;
+    case DSV4_WF_FP8:
+        dsv4_launch(k_sgemm<DSV4_WF_FP8>, grid, 256, 0, c->stream, SG_ARGS);
+        break;
+    case DSV4_WF_MXFP4:
+        dsv4_launch(k_sgemm<DSV4_WF_MXFP4>, grid, 256, 0, c->stream, SG_ARGS);
+        break;
+    default:
+        dsv4_launch(k_sgemm<DSV4_WF_NVFP4>, grid, 256, 0, c->stream, SG_ARGS);
+        break;
     }
 #undef SG_ARGS
     CKL(b);
@@ -265,6 +276,7 @@ int dsv4_cuda_gemm_grouped(dsv4_backend *b, float *od, const float *xd, int rows
  * the CPU. */
 __global__ void k_quant_bytes(uint8_t *__restrict__ q, float *__restrict__ sc, const float *__restrict__ x, int rows,
                               int64_t K) {
+    pdl_enter();
     int64_t nb = K / 128;
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -335,6 +347,7 @@ __device__ __forceinline__ void f8_issue(uint8_t *stage, const uint8_t *xq, int 
 __global__ void __launch_bounds__(256) k_gemm_fp8(float *__restrict__ out, const uint8_t *__restrict__ xq,
                                                   const float *__restrict__ xsc, int rows, dweight w, int out_bf16,
                                                   int vec_out) {
+    pdl_enter();
     extern __shared__ __align__(16) uint8_t f8_smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3; /* warp tile: rows wm*64 .. +64, features wn*32 .. +32 */
@@ -447,12 +460,12 @@ static void launch_fp8(dsv4_backend *b, float *od, const float *xd, int rows, co
     float *sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rows * (size_t)nkb);
     if (!q || !sc) return;
     int64_t warps = (int64_t)rows * nkb;
-    k_quant_bytes<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, c->stream>>>(q, sc, xd, rows, K);
+    dsv4_launch(k_quant_bytes, (unsigned)((warps * 32 + 255) / 256), 256, 0, c->stream, q, sc, xd, rows, K);
     if (CKL(b)) return;
     if (CK(b, cudaFuncSetAttribute(k_gemm_fp8, cudaFuncAttributeMaxDynamicSharedMemorySize, F8_SMEM))) return;
     int vec_out = w.rows % 2 == 0 && ((uintptr_t)od & 7) == 0;
     dim3 grid((unsigned)((rows + F8_BM - 1) / F8_BM), (unsigned)((w.rows + F8_BN - 1) / F8_BN));
-    k_gemm_fp8<<<grid, 256, F8_SMEM, c->stream>>>(od, q, sc, rows, w, out_bf16, vec_out);
+    dsv4_launch(k_gemm_fp8, grid, 256, F8_SMEM, c->stream, od, q, sc, rows, w, out_bf16, vec_out);
     CKL(b);
 }
 

@@ -112,6 +112,7 @@ template <int NR, int OPW, int FMT>
 __global__ void __launch_bounds__(256) k_linear(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                                 int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
                                                 int w_bf16, int out_bf16, int64_t kspan, float *part, int kw) {
+    pdl_enter();
     constexpr int VN = lvec<FMT>::N;
     __shared__ float red[8][OPW * NR];
     int wib = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -193,6 +194,7 @@ template <int NR>
 __global__ void __launch_bounds__(256) k_linear_any(float *out, int64_t ldo, const float *__restrict__ x,
                                                     int64_t ldx, int rows, dweight w, int64_t o0, int64_t no,
                                                     int64_t gR, int64_t xg, int w_bf16, int out_bf16) {
+    pdl_enter();
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= no) return;
@@ -328,6 +330,7 @@ template <int NR, int FMT, int CPT, int RPP>
 __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                               int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
                                               int w_bf16, int out_bf16, int tpr_log2, int npass) {
+    pdl_enter();
     constexpr int VN = lvec<FMT>::N, N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
@@ -395,6 +398,7 @@ static size_t wbytes_rows(const dweight &w, int64_t no) {
 /* sums the split-K partials in split order (deterministic) */
 __global__ void k_splitk_sum(float *out, int64_t ldo, const float *part, int rows, int64_t no, int splits,
                              int out_bf16) {
+    pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * no) return;
     int64_t r = t / no, o = t % no;
@@ -421,20 +425,20 @@ template <int NR, int OPW>
 static void launch_vec(const lin_args &a, dim3 grid, cudaStream_t st) {
     switch (a.w.fmt) {
     case DSV4_WF_F32:
-        k_linear<NR, OPW, LF_F32><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
+        dsv4_launch(k_linear<NR, OPW, LF_F32>, grid, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no,
+                    a.gR, a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     case DSV4_WF_BF16:
-        k_linear<NR, OPW, LF_BF16><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
-                                                         a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
+        dsv4_launch(k_linear<NR, OPW, LF_BF16>, grid, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no,
+                    a.gR, a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     case DSV4_WF_FP8:
-        k_linear<NR, OPW, LF_FP8><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
+        dsv4_launch(k_linear<NR, OPW, LF_FP8>, grid, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no,
+                    a.gR, a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     default:
-        k_linear<NR, OPW, LF_FP4><<<grid, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
+        dsv4_launch(k_linear<NR, OPW, LF_FP4>, grid, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no,
+                    a.gR, a.xg, a.w_bf16, a.out_bf16, a.kspan, a.part, a.kw);
         break;
     }
 }
@@ -444,16 +448,16 @@ template <int NR, int FMT, int CPT>
 static void gemv_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, cudaStream_t st) {
     switch (rpp) {
     case 1:
-        k_gemv<NR, FMT, CPT, 1><<<npass, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, tpr_log2, npass);
+        dsv4_launch(k_gemv<NR, FMT, CPT, 1>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
         break;
     case 2:
-        k_gemv<NR, FMT, CPT, 2><<<npass, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, tpr_log2, npass);
+        dsv4_launch(k_gemv<NR, FMT, CPT, 2>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
         break;
     default:
-        k_gemv<NR, FMT, CPT, 4><<<npass, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR, a.xg,
-                                                        a.w_bf16, a.out_bf16, tpr_log2, npass);
+        dsv4_launch(k_gemv<NR, FMT, CPT, 4>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
         break;
     }
 }
@@ -563,6 +567,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
                                                const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                int64_t xg, int out_bf16, int tpr_log2, int npass) {
+    pdl_enter();
     constexpr int N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
@@ -728,6 +733,7 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                  int64_t xg, int out_bf16, int tpr_log2, int npass) {
+    pdl_enter();
     __shared__ float red[2][8][RPP];
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
@@ -774,9 +780,8 @@ struct gemv8_geom {
 
 template <int NR, int SCL, int CPT, int RPP>
 static void gemv8_go(const lin_args &a, const gemv8_geom &g, cudaStream_t st) {
-    k_gemv8<NR, SCL, CPT, RPP><<<g.npass, 256, 0, st>>>(a.out, a.ldo, a.x, a.ldx, a.w.data, a.w.scale, (int)a.w.cols,
-                                                       g.sf32, g.blk_log2, a.o0, a.no, a.gR, a.xg, a.out_bf16,
-                                                       g.tpr_log2, g.npass);
+    dsv4_launch(k_gemv8<NR, SCL, CPT, RPP>, g.npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.w.data, a.w.scale,
+                (int)a.w.cols, g.sf32, g.blk_log2, a.o0, a.no, a.gR, a.xg, a.out_bf16, g.tpr_log2, g.npass);
 }
 
 template <int SCL>
@@ -795,9 +800,8 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
 
 template <int SCL, int RPP>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    k_gemv8x<SCL, 2, RPP><<<grid, 256, 0, st>>>(a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols, a.w.scale_f32,
-                                                ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2,
-                                                npass);
+    dsv4_launch(k_gemv8x<SCL, 2, RPP>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols, a.w.scale_f32,
+                ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
 }
 
 template <int SCL>
@@ -909,11 +913,11 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
         if (!vec) {
             dim3 grid((unsigned)((no * 32 + 255) / 256));
             if (nr == 1)
-                k_linear_any<1><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
-                                                             out_bf16);
+                dsv4_launch(k_linear_any<1>, grid, 256, 0, c->stream, a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg,
+                            w_bf16, out_bf16);
             else
-                k_linear_any<8><<<grid, 256, 0, c->stream>>>(a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg, w_bf16,
-                                                             out_bf16);
+                dsv4_launch(k_linear_any<8>, grid, 256, 0, c->stream, a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg,
+                            w_bf16, out_bf16);
         } else if (nr <= 2 && (gemv8_launch(a, nsm, c->stream) || gemv_launch(a, nsm, c->stream))) {
             if (CKL(b)) return;
             c->weight_bytes_read += wbytes_rows(w, no);
@@ -929,8 +933,8 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
         }
         if (CKL(b)) return;
         if (vec && splits > 1) {
-            k_splitk_sum<<<(unsigned)((nr * no + 255) / 256), 256, 0, c->stream>>>(a.out, ldo, part, nr, no, splits,
-                                                                                    out_bf16);
+            dsv4_launch(k_splitk_sum, (unsigned)((nr * no + 255) / 256), 256, 0, c->stream, a.out, ldo, part, nr, no,
+                        splits, out_bf16);
             if (CKL(b)) return;
         }
         c->weight_bytes_read += wbytes_rows(w, no);
@@ -944,6 +948,7 @@ void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x
 
 /* ----- act_quant / fp8_sim (spec §2.0): one warp per (row, block) ----- */
 __global__ void k_act_quant(float *out, const float *x, int rows, int64_t K, int block) {
+    pdl_enter();
     int64_t nb = (K + block - 1) / block;
     int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -974,18 +979,19 @@ __global__ void k_act_quant(float *out, const float *x, int rows, int64_t K, int
 void dsv4_cuda_act_quant(dsv4_backend *b, float *out_d, const float *x_d, int rows, int64_t K, int block) {
     if (CI(b)->failed || rows <= 0) return;
     int64_t warps = rows * ((K + block - 1) / block);
-    k_act_quant<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, CI(b)->stream>>>(out_d, x_d, rows, K, block);
+    dsv4_launch(k_act_quant, (unsigned)((warps * 32 + 255) / 256), 256, 0, CI(b)->stream, out_d, x_d, rows, K, block);
     CKL(b);
 }
 
 __global__ void k_round_bf16(float *x, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = d_round_bf16(x[i]);
 }
 
 void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n) {
     if (CI(b)->failed || !n) return;
-    k_round_bf16<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(x_d, n);
+    dsv4_launch(k_round_bf16, (unsigned)((n + 255) / 256), 256, 0, CI(b)->stream, x_d, n);
     CKL(b);
 }
 
@@ -1043,6 +1049,7 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
 }
 
 __global__ void k_embed(float *out, const int32_t *tok, int rows, dweight w) {
+    pdl_enter();
     int r = blockIdx.y;
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows && c < w.cols) out[(int64_t)r * w.cols + c] = d_weight_at(w, tok[r], c);
@@ -1055,7 +1062,7 @@ void cu_embed(dsv4_backend *b, float *out, const int32_t *tokens, int rows, cons
     int32_t *td = (int32_t *)dsv4_cuda_stage(b, tokens, sizeof(int32_t) * rows);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * w->cols);
     if (!td || !od) return;
-    k_embed<<<dim3((unsigned)((w->cols + 255) / 256), rows), 256, 0, CI(b)->stream>>>(od, td, rows, dw);
+    dsv4_launch(k_embed, dim3((unsigned)((w->cols + 255) / 256), rows), 256, 0, CI(b)->stream, od, td, rows, dw);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * w->cols);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_EMBED);

@@ -445,6 +445,7 @@ __device__ void hc_fin_rows(float *y, float *post, float *comb, const float *par
 /* ----- kernels ----- */
 __global__ void __launch_bounds__(HC_THREADS) k_hc_part(float *part, const float *__restrict__ X, int rows, int64_t K,
                                                         dweight fn, int nm, int64_t kspan, int splits, int gemm_bf16) {
+    pdl_enter();
     __shared__ __align__(16) float xs[HC_RB][HC_KT];
     int r0 = blockIdx.y * HC_RB, nr = rows - r0 < HC_RB ? rows - r0 : HC_RB;
     hc_part_block(part, X, r0, nr, K, fn, nm, kspan, splits, blockIdx.x, gemm_bf16, xs);
@@ -454,6 +455,7 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fin(float *y, float *post, fl
                                                        int splits, const float *__restrict__ X, int hc, int dim,
                                                        dweight base, dweight scale, int iters, float norm_eps,
                                                        float hc_eps, int out_bf16, int head, hc_ynorm yn) {
+    pdl_enter();
     __shared__ hc_fin_smem sm;
     float2 bsv = hc_bs_load(base, scale, head ? hc : (2 + hc) * hc);
     hc_fin_rows(y, post, comb, part, splits, X, blockIdx.x, 1, hc, dim, bsv, iters, norm_eps, hc_eps, out_bf16, head,
@@ -467,6 +469,7 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
                                                          int splits, dweight base, dweight scale, int iters,
                                                          float norm_eps, float hc_eps, int gemm_bf16, int out_bf16,
                                                          int head, hc_ynorm yn) {
+    pdl_enter();
     __shared__ __align__(16) float xs[HC_RB][HC_KT];
     __shared__ hc_fin_smem sm;
     __shared__ int last;
@@ -596,12 +599,11 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     __shared__ int last;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
-    /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
-     * partial, i.e. after every block has read the epoch */
-    unsigned tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
+    /* weights only before pdl_enter (common.cuh): base / scale, the norm's weights into L2 now
+     * (block 0, a 128-byte line per thread, so the finisher's loads of them do not wait for
+     * DRAM) and this block's fn vectors, all in flight while the previous kernel finishes */
+    unsigned tag;
     float2 bsv = !POLL || blockIdx.x == 0 ? hc_bs_load(base, scale, nm) : make_float2(0.0f, 0.0f);
-    /* the norm's weights into L2 now (block 0, a 128-byte line per thread), so the last block's
-     * loads of them, at its start, do not wait for DRAM */
     if (yn.vw && blockIdx.x == 0 && (int64_t)threadIdx.x * 128 < (int64_t)dim * (yn.vw == 1 ? 4 : 2))
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)yn.w.data + threadIdx.x * 128));
     {
@@ -613,6 +615,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             for (int t = 0; t < T; t++)
                 wv[u][t] = m < nm ? __ldg((const float4 *)(fn + m * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
         }
+        pdl_enter();
+        /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
+         * partial, i.e. after every block has read the epoch */
+        tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
 #pragma unroll
         for (int r = 0; r < HD_ROWS; r++)
 #pragma unroll
@@ -948,26 +954,25 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
     if (fast) {
         int g = (int)(K / (HC_KT * HD_T));
         if (epoch && g <= HD_PSPLITS && !hc_dec_old())
-            k_hc_dec<HD_T, 1><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, tagged, epoch, xd, rows,
-                                                                   dim, (const float *)wf.data, nm, g, wb, ws, iters,
-                                                                   norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn);
+            dsv4_launch(k_hc_dec<HD_T, 1>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd,
+                        rows, dim, (const float *)wf.data, nm, g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16,
+                        head, yn);
         else
-            k_hc_dec<HD_T, 0><<<g, HD_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, done, NULL, NULL, xd, rows, dim,
-                                                                   (const float *)wf.data, nm, g, wb, ws, iters,
-                                                                   norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn);
+            dsv4_launch(k_hc_dec<HD_T, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, nullptr, nullptr, xd,
+                        rows, dim, (const float *)wf.data, nm, g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16,
+                        head, yn);
         if (CKL(b)) return 1;
     } else if (done) {
-        k_hc_fused<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(
-            yd, pd, cd, part, done, xd, rows, hc, dim, wf, nm, kspan, splits, wb, ws, iters, norm_eps, hc_eps,
-            gemm_bf16, out_bf16, head, yn);
+        dsv4_launch(k_hc_fused, dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream, yd, pd, cd,
+                    part, done, xd, rows, hc, dim, wf, nm, kspan, splits, wb, ws, iters, norm_eps, hc_eps, gemm_bf16,
+                    out_bf16, head, yn);
         if (CKL(b)) return 1;
     } else {
-        k_hc_part<<<dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream>>>(part, xd, rows, K, wf,
-                                                                                              nm, kspan, splits,
-                                                                                              gemm_bf16);
+        dsv4_launch(k_hc_part, dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream, part, xd, rows,
+                    K, wf, nm, kspan, splits, gemm_bf16);
         if (CKL(b)) return 1;
-        k_hc_fin<<<rows, HC_THREADS, 0, CI(b)->stream>>>(yd, pd, cd, part, splits, xd, hc, dim, wb, ws, iters,
-                                                         norm_eps, hc_eps, out_bf16, head, yn);
+        dsv4_launch(k_hc_fin, rows, HC_THREADS, 0, CI(b)->stream, yd, pd, cd, part, splits, xd, hc, dim, wb, ws, iters,
+                    norm_eps, hc_eps, out_bf16, head, yn);
         if (CKL(b)) return 1;
     }
     if (!head) {
@@ -1014,6 +1019,7 @@ void cu_hc_head(dsv4_backend *b, float *y, const float *X, int rows, int hc, int
 __global__ void k_hc_post4(float *Xout, const float *__restrict__ o, const float *__restrict__ R,
                            const float *__restrict__ post, const float *__restrict__ comb, int rows, int hc, int dq,
                            int state_bf16) {
+    pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * hc * dq) return;
     int q = (int)(t % dq), k = (int)((t / dq) % hc);
@@ -1035,6 +1041,7 @@ __global__ void k_hc_post4(float *Xout, const float *__restrict__ o, const float
 /* any dim: one thread per output element */
 __global__ void k_hc_post(float *Xout, const float *o, const float *R, const float *post, const float *comb, int rows,
                           int hc, int dim, int state_bf16) {
+    pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * hc * dim) return;
     int d = (int)(t % dim);
@@ -1057,11 +1064,11 @@ static void hc_post_launch(dsv4_backend *b, float *Xout, const float *o, const f
     if (!od || !rd || !pd || !cd || !xd) return;
     if (dim % 4 == 0 && (((uintptr_t)od | (uintptr_t)rd | (uintptr_t)xd) & 15) == 0) {
         size_t nq = n / 4;
-        k_hc_post4<<<(unsigned)((nq + 127) / 128), 128, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim / 4,
-                                                                            state_bf16);
+        dsv4_launch(k_hc_post4, (unsigned)((nq + 127) / 128), 128, 0, CI(b)->stream, xd, od, rd, pd, cd, rows, hc,
+                    dim / 4, state_bf16);
     } else {
-        k_hc_post<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, od, rd, pd, cd, rows, hc, dim,
-                                                                          state_bf16);
+        dsv4_launch(k_hc_post, (unsigned)((n + 255) / 256), 256, 0, CI(b)->stream, xd, od, rd, pd, cd, rows, hc, dim,
+                    state_bf16);
     }
     if (CKL(b)) return;
     dsv4_cuda_commit(b, Xout, xd, sizeof(float) * n);

@@ -77,6 +77,7 @@ __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
 
 __global__ void k_route(int32_t *experts, float *weights, const float *logits, int n_routed, int k, const float *bias,
                         const int32_t *hash_ids, float scale) {
+    pdl_enter();
     extern __shared__ float s[]; /* [n_routed] scores, [n_routed] biased, [n_routed] taken flags */
     float *sb = s + n_routed;
     int *taken = (int *)(sb + n_routed);
@@ -145,6 +146,7 @@ template <int NPL>
 __global__ void __launch_bounds__(32 * ROUTE_WARPS)
     k_route_w(int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k, const float *bias,
               float scale) {
+    pdl_enter();
     int lane = threadIdx.x & 31;
     int64_t r = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -219,11 +221,12 @@ void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *lo
     int npl = (n_routed + 31) / 32, warp = small && !hash_ids && k <= 32;
     unsigned nb = (unsigned)((rows + ROUTE_WARPS - 1) / ROUTE_WARPS);
     if (warp && npl <= 8)
-        k_route_w<8><<<nb, 32 * ROUTE_WARPS, 0, CI(b)->stream>>>(ed, wd, ld, rows, n_routed, k, bd, scale);
+        dsv4_launch(k_route_w<8>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, ed, wd, ld, rows, n_routed, k, bd, scale);
     else if (warp && npl <= 16)
-        k_route_w<16><<<nb, 32 * ROUTE_WARPS, 0, CI(b)->stream>>>(ed, wd, ld, rows, n_routed, k, bd, scale);
+        dsv4_launch(k_route_w<16>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, ed, wd, ld, rows, n_routed, k, bd, scale);
     else
-        k_route<<<rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream>>>(ed, wd, ld, n_routed, k, bd, hd, scale);
+        dsv4_launch(k_route, rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream, ed, wd, ld, n_routed, k, bd, hd,
+                    scale);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, experts, ed, sizeof(int32_t) * rows * k);
     dsv4_cuda_commit(b, weights, wd, sizeof(float) * rows * k);
@@ -472,6 +475,7 @@ template <int NS>
 __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_up(float *h, int64_t ldh, const float *x, const float *xq, int64_t dim,
                                                 const group *groups, const int *n_groups, const dexpert *tab,
                                                 int act_fp8, float limit, int act_bf16, int kw, int vec) {
+    pdl_enter();
     constexpr int OPW = MOE_UP_OPW, NR = 2 * OPW;
     __shared__ float lut[16];
     __shared__ float red[8][32];
@@ -552,6 +556,7 @@ template <int NS>
 __global__ void __launch_bounds__(256, NS <= 2 ? 2 : 1) k_moe_down(float *y, int64_t dim, const float *h, int64_t ldh,
                                                   const group *groups, const int *n_groups, const dexpert *tab,
                                                   int act_bf16, int kw, int vec) {
+    pdl_enter();
     constexpr int NR = MOE_DOWN_OPW;
     __shared__ float lut[16];
     __shared__ float red[8][32];
@@ -740,6 +745,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_bulk(const group *groups, const 
                                                      const dexpert *tab, const float *x, const float *xq, float *h,
                                                      int64_t ldh, float *y, int64_t dim, int act_fp8, float limit,
                                                      int act_bf16) {
+    pdl_enter();
     extern __shared__ __align__(128) uint8_t stages[];
     mb_group *gd = (mb_group *)(stages + (size_t)MB_STAGES * (MB_TILE + MB_SCALE));
     __shared__ uint64_t full[MB_STAGES];
@@ -1071,6 +1077,7 @@ template <int UP, int DEC, int S, int V, int M, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1_prev(const group *groups, const int *n_groups, const dexpert *tab,
                                                         const float *x, const float *xq, float *h, int64_t ldh,
                                                         float *y, int64_t dim, int act_fp8, float limit, int act_bf16) {
+    pdl_enter();
     extern __shared__ __align__(128) uint8_t b1s[];
     __shared__ float lut[16];
     if (threadIdx.x < 16) lut[threadIdx.x] = d_e2m1_to_f32(threadIdx.x);
@@ -1374,6 +1381,7 @@ template <int UP, int DEC, int S, int V, int M, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                    int64_t dim, int act_fp8, float limit, int act_bf16) {
+    pdl_enter();
     extern __shared__ __align__(128) uint8_t b1s[];
     if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
     const group &G = groups[blockIdx.y];
@@ -1487,6 +1495,7 @@ static int mb_ok(const dweight *w, int up) {
  * combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
                               const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
+    pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * dim) return;
     int64_t r = t / dim, d = t % dim;
@@ -1530,6 +1539,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
                                                    int rows, int k, int n_routed, int has_shared, int before_w2,
                                                    const dexpert *tab, unsigned long long *wbytes,
                                                    unsigned *flags, int gmax) {
+    pdl_enter();
     extern __shared__ int sh[];
     int *cnt = sh, *pos = sh + n_routed, *gst = sh + 2 * n_routed;
     int nrs = rows * k, tid = threadIdx.x, nt = blockDim.x;
@@ -1619,6 +1629,7 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
  * dependent loads in k_moe_combine; an invalid slot reads slot 0 and adds nothing) */
 __global__ void k_moe_combine_u(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
                                 const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
+    pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * dim) return;
     int64_t r = t / dim, d = t % dim;
@@ -1654,6 +1665,7 @@ __global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups,
                                                   float *cw, const int32_t *e, const float *wgt, int rows, int k,
                                                   int n_routed, int has_shared, int before_w2, const dexpert *tab,
                                                   unsigned long long *wbytes, unsigned *flags, int gmax) {
+    pdl_enter();
     int i = threadIdx.x, nrs = rows * k, in = i < nrs;
     int x = in ? e[i] : 0;
     float w = in ? wgt[i] : 0.0f;
@@ -2036,11 +2048,11 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
                            int act_bf16, int unrolled) {
     unsigned ncb = (unsigned)(((int64_t)rows * dim + 255) / 256);
     if (unrolled)
-        k_moe_combine_u<<<ncb, 256, 0, CI(b)->stream>>>(out, y, dim, rows, k, order, cw, nrs, has_shared, out_scale,
-                                                        act_bf16);
+        dsv4_launch(k_moe_combine_u, ncb, 256, 0, CI(b)->stream, out, y, dim, rows, k, order, cw, nrs, has_shared,
+                    out_scale, act_bf16);
     else
-        k_moe_combine<<<ncb, 256, 0, CI(b)->stream>>>(out, y, dim, rows, k, order, cw, nrs, has_shared, out_scale,
-                                                      act_bf16);
+        dsv4_launch(k_moe_combine, ncb, 256, 0, CI(b)->stream, out, y, dim, rows, k, order, cw, nrs, has_shared,
+                    out_scale, act_bf16);
 }
 
 void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
@@ -2104,12 +2116,11 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
      * one) is two groups, not a dropped slot */
     int gmax = bulk && rows == 1 ? 1 : MOE_G;
     if (ds->small && nrs <= 32) /* decode: one warp */
-        k_moe_plan_w<<<1, 32, 0, c->stream>>>(gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
-                                              shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+        dsv4_launch(k_moe_plan_w, 1, 32, 0, c->stream, gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
+                    shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
     else
-        k_moe_plan<<<1, 1024, plan_smem, c->stream>>>(gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows, k,
-                                                      n_routed, shared != NULL, before_w2, t->dev, ds->wbytes,
-                                                      ds->flags, gmax);
+        dsv4_launch(k_moe_plan, 1, 1024, plan_smem, c->stream, gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows,
+                    k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
     if (CKL(b)) return;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
@@ -2149,18 +2160,30 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     const float *b1x = xd, *b1xq = xq;
     void *b1a[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16};
     if (b1)
-        CK(b, cudaLaunchKernel(bg->up, dim3(b1_up, max_groups), dim3(256), b1a, (size_t)bg->smem_up, c->stream));
+        CK(b, dsv4_launch_ptr(bg->up, dim3(b1_up, max_groups), dim3(256), b1a, (size_t)bg->smem_up, c->stream));
     else if (bulk && rows == 1)
-        k_moe_bulk<1, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
-                                                                  y, dim, act_fp8, limit, act_bf16);
+        dsv4_launch(k_moe_bulk<1, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
+                    inter_max, y, dim, act_fp8, limit, act_bf16);
     else if (bulk)
-        k_moe_bulk<1, 1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
-                                                                  y, dim, act_fp8, limit, act_bf16);
+        dsv4_launch(k_moe_bulk<1, 1>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
+                    inter_max, y, dim, act_fp8, limit, act_bf16);
     else switch (ns) {
-    case 1: k_moe_up<1><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
-    case 2: k_moe_up<2><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
-    case 4: k_moe_up<4><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
-    default: k_moe_up<8><<<gup, 256, 0, c->stream>>>(h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit, act_bf16, kw_up, vec); break;
+        case 1:
+            dsv4_launch(k_moe_up<1>, gup, 256, 0, c->stream, h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit,
+                        act_bf16, kw_up, vec);
+            break;
+        case 2:
+            dsv4_launch(k_moe_up<2>, gup, 256, 0, c->stream, h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit,
+                        act_bf16, kw_up, vec);
+            break;
+        case 4:
+            dsv4_launch(k_moe_up<4>, gup, 256, 0, c->stream, h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit,
+                        act_bf16, kw_up, vec);
+            break;
+        default:
+            dsv4_launch(k_moe_up<8>, gup, 256, 0, c->stream, h, inter_max, xd, xq, dim, gd, ngd, t->dev, act_fp8, limit,
+                        act_bf16, kw_up, vec);
+            break;
     }
     if (CKL(b)) return;
     if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
@@ -2183,18 +2206,30 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         }
     }
     if (b1)
-        CK(b, cudaLaunchKernel(bg->dn, dim3(b1_dn, max_groups), dim3(256), b1a, (size_t)bg->smem_dn, c->stream));
+        CK(b, dsv4_launch_ptr(bg->dn, dim3(b1_dn, max_groups), dim3(256), b1a, (size_t)bg->smem_dn, c->stream));
     else if (bulk && rows == 1)
-        k_moe_bulk<0, 0><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
-                                                                  y, dim, act_fp8, limit, act_bf16);
+        dsv4_launch(k_moe_bulk<0, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
+                    inter_max, y, dim, act_fp8, limit, act_bf16);
     else if (bulk)
-        k_moe_bulk<0, 1><<<ds->mb_grid, 256, mb_smem, c->stream>>>(gd, ngd, max_groups, t->dev, xd, xq, h, inter_max,
-                                                                  y, dim, act_fp8, limit, act_bf16);
+        dsv4_launch(k_moe_bulk<0, 1>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
+                    inter_max, y, dim, act_fp8, limit, act_bf16);
     else switch (ns) {
-    case 1: k_moe_down<1><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
-    case 2: k_moe_down<2><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
-    case 4: k_moe_down<4><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
-    default: k_moe_down<8><<<gdn, 256, 0, c->stream>>>(y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn, vec); break;
+        case 1:
+            dsv4_launch(k_moe_down<1>, gdn, 256, 0, c->stream, y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn,
+                        vec);
+            break;
+        case 2:
+            dsv4_launch(k_moe_down<2>, gdn, 256, 0, c->stream, y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn,
+                        vec);
+            break;
+        case 4:
+            dsv4_launch(k_moe_down<4>, gdn, 256, 0, c->stream, y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn,
+                        vec);
+            break;
+        default:
+            dsv4_launch(k_moe_down<8>, gdn, 256, 0, c->stream, y, dim, h, inter_max, gd, ngd, t->dev, act_bf16, kw_dn,
+                        vec);
+            break;
     }
     if (CKL(b)) return;
     dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16, ds->small);

@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(256, 2) k_mg_up(float *H, int64_t ldh, const f
                                                const mg_tile *tiles, const int *n_tiles, int t0, const dexpert *tab,
                                                const int32_t *rowof, const float *pre, int act_fp8, float limit,
                                                int act_bf16) {
+    pdl_enter();
     constexpr int SI = TM / 16;
     __shared__ __align__(16) float xs[2][MG_BK][TM + 4];
     __shared__ __align__(16) float ws[2][MG_BK][MG_LDW];
@@ -205,6 +206,7 @@ template <int FMT, int TM>
 __global__ void __launch_bounds__(256, 2) k_mg_down(float *Y, int64_t dim, const float *H, int64_t ldh,
                                                  const mg_tile *tiles, const int *n_tiles, int t0, const dexpert *tab,
                                                  int act_bf16) {
+    pdl_enter();
     constexpr int SI = TM / 16;
     __shared__ __align__(16) float xs[2][MG_BK][TM + 4];
     __shared__ __align__(16) float ws[2][MG_BK][MG_LDW];
@@ -242,6 +244,7 @@ __global__ void __launch_bounds__(1024) k_mg_plan(mg_tile *tiles, int *n_tiles, 
                                                   const int32_t *e, const float *wgt, int rows, int k, int n_routed,
                                                   int has_shared, int before_w2, const dexpert *tab,
                                                   unsigned long long *wbytes, unsigned *flags, unsigned bad_flag) {
+    pdl_enter();
     extern __shared__ int sh[];
     int *cnt = sh, *off = sh + n_routed, *toff = sh + 2 * n_routed;
     const int nrs = rows * k, tid = threadIdx.x, nt = blockDim.x;
@@ -372,10 +375,11 @@ struct mg_args {
 template <int FMT, int TM>
 static void mg_launch(cudaStream_t st, int up, dim3 grid, const mg_args &a, const int *n_tiles, int t0) {
     if (up)
-        k_mg_up<FMT, TM><<<grid, 256, 0, st>>>(a.H, a.ldh, a.x, a.xq, a.dim, a.tiles, n_tiles, t0, a.tab, a.rowof,
-                                               a.pre, a.act_fp8, a.limit, a.act_bf16);
+        dsv4_launch(k_mg_up<FMT, TM>, grid, 256, 0, st, a.H, a.ldh, a.x, a.xq, a.dim, a.tiles, n_tiles, t0, a.tab,
+                    a.rowof, a.pre, a.act_fp8, a.limit, a.act_bf16);
     else
-        k_mg_down<FMT, TM><<<grid, 256, 0, st>>>(a.Y, a.dim, a.H, a.ldh, a.tiles, n_tiles, t0, a.tab, a.act_bf16);
+        dsv4_launch(k_mg_down<FMT, TM>, grid, 256, 0, st, a.Y, a.dim, a.H, a.ldh, a.tiles, n_tiles, t0, a.tab,
+                    a.act_bf16);
 }
 
 template <int TM>
@@ -449,8 +453,8 @@ int dsv4_cuda_moe_gemm(dsv4_backend *b, float *out, const float *x, const float 
     float *Y = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)S * (size_t)dim);
     if (!tiles || !nt || !posof || !rowof || !pre || !ord || !cw || !H || !Y) return 1;
     count_call(b);
-    k_mg_plan<<<1, 1024, plan_smem, c->stream>>>(tiles, nt, max_rt, tm, posof, rowof, pre, ord, cw, e, wgt, rows, k,
-                                                 n_routed, shared != NULL, before_w2, tab, wbytes, flags, bad_flag);
+    dsv4_launch(k_mg_plan, 1, 1024, plan_smem, c->stream, tiles, nt, max_rt, tm, posof, rowof, pre, ord, cw, e, wgt,
+                rows, k, n_routed, shared != NULL, before_w2, tab, wbytes, flags, bad_flag);
     if (CKL(b)) return 1;
     /* up: routed tiles (count on the device, grid an upper bound), then the shared ones */
     mg_args A = {H, Y, ldh, dim, x, xq, tiles, tab, rowof, pre, act_fp8, act_bf16, limit};

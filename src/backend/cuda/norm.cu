@@ -34,6 +34,7 @@
 #include "backend/cuda/common.cuh"
 
 __global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int has_w, float eps, int out_bf16) {
+    pdl_enter();
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     const float *xr = x + r * dim;
@@ -90,6 +91,7 @@ __device__ __forceinline__ float4 d_rmsnorm4(const float4 *xr, int dim, const dw
  * what it read) */
 __global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, int has_w, int vw, float eps,
                               int out_bf16) {
+    pdl_enter();
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     float4 o = d_rmsnorm4((const float4 *)(x + r * dim), dim, w, has_w, vw, eps, out_bf16, sh);
@@ -125,9 +127,10 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     if (!xd || !od) return;
     int th = 0;
     if (!rmsnorm_vec_threads(dim, xd, od, &th))
-        k_rmsnorm<<<rows, 256, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, eps, out_bf16);
+        dsv4_launch(k_rmsnorm, rows, 256, 0, CI(b)->stream, od, xd, dim, dw, w != NULL, eps, out_bf16);
     else
-        k_rmsnorm_vec<<<rows, th, 0, CI(b)->stream>>>(od, xd, dim, dw, w != NULL, rmsnorm_vw(w, dw), eps, out_bf16);
+        dsv4_launch(k_rmsnorm_vec, rows, th, 0, CI(b)->stream, od, xd, dim, dw, w != NULL, rmsnorm_vw(w, dw), eps,
+                    out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
@@ -162,6 +165,7 @@ __device__ __forceinline__ void rope_pair(float *x, int64_t r, int h, int i, int
 /* one thread per (row, pair, head); angle = fp32 (float)pos * (float)freq as on the CPU */
 __global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_dim, const int64_t *pos,
                        const float *freq, int inverse, int out_bf16) {
+    pdl_enter();
     int half = rope_dim / 2;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * half * n_heads) return;
@@ -173,6 +177,7 @@ __global__ void k_rope(float *x, int rows, int n_heads, int head_dim, int rope_d
 
 __global__ void k_rope_args(float *x, int rows, int n_heads, int head_dim, int rope_dim, rope_args a, int inverse,
                             int out_bf16) {
+    pdl_enter();
     int half = rope_dim / 2;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * half * n_heads) return;
@@ -217,9 +222,11 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
     const float *fd;
     if (rope_inputs(b, rows, half, pos, freq, &a, &pd, &fd)) return;
     if (!pd)
-        k_rope_args<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, a, inverse, out_bf16);
+        dsv4_launch(k_rope_args, blocks, 256, 0, CI(b)->stream, xd, rows, n_heads, head_dim, rope_dim, a, inverse,
+                    out_bf16);
     else
-        k_rope<<<blocks, 256, 0, CI(b)->stream>>>(xd, rows, n_heads, head_dim, rope_dim, pd, fd, inverse, out_bf16);
+        dsv4_launch(k_rope, blocks, 256, 0, CI(b)->stream, xd, rows, n_heads, head_dim, rope_dim, pd, fd, inverse,
+                    out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
@@ -232,6 +239,7 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
  * as k_rope) and the block writes once.  pos / freq: by value (a) or device arrays (pd, fd). */
 __global__ void k_norm_rope(float *x, int n_heads, int head_dim, dweight w, int has_w, int vw, float eps,
                             int rope_dim, rope_args a, const int64_t *pd, const float *fd, int out_bf16) {
+    pdl_enter();
     __shared__ float sh[32];
     int64_t vi = blockIdx.x;
     float4 *xr = (float4 *)(x + vi * head_dim);
@@ -269,13 +277,14 @@ void cu_norm_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim
     const int64_t *pd;
     const float *fd;
     if (rope_inputs(b, rows, half, pos, freq, &a, &pd, &fd)) return;
-    k_norm_rope<<<(unsigned)nvec, th, 0, CI(b)->stream>>>(x, n_heads, head_dim, dw, w != NULL, rmsnorm_vw(w, dw), eps,
-                                                          rope_dim, a, pd, fd, out_bf16);
+    dsv4_launch(k_norm_rope, (unsigned)nvec, th, 0, CI(b)->stream, x, n_heads, head_dim, dw, w != NULL,
+                rmsnorm_vw(w, dw), eps, rope_dim, a, pd, fd, out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
 __global__ void k_scale(float *x, size_t n, float s, int out_bf16) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = out_bf16 ? d_round_bf16(x[i] * s) : x[i] * s;
 }
@@ -285,7 +294,7 @@ void cu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
     if (!n) return;
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * n);
     if (!xd) return;
-    k_scale<<<(unsigned)((n + 255) / 256), 256, 0, CI(b)->stream>>>(xd, n, s, out_bf16);
+    dsv4_launch(k_scale, (unsigned)((n + 255) / 256), 256, 0, CI(b)->stream, xd, n, s, out_bf16);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SCALE);
@@ -337,6 +346,7 @@ __device__ void warp_fp4_block(float *p, int len) {
 }
 
 __global__ void k_sim(float *x, int stride, int col0, int width, int mode, float had_scale) {
+    pdl_enter();
     extern __shared__ float row[];
     float *p = x + (int64_t)blockIdx.x * stride + col0;
     int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -380,7 +390,7 @@ void cu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width
     if (!xd) return;
     size_t shm = mode == DSV4_SIM_HAD_FP4_B32 ? sizeof(float) * width : 0;
     float hs = (float)(1.0 / sqrt((double)width));
-    k_sim<<<rows, 128, shm, CI(b)->stream>>>(xd, stride, col0, width, mode, hs);
+    dsv4_launch(k_sim, rows, 128, shm, CI(b)->stream, xd, stride, col0, width, mode, hs);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SIM);
