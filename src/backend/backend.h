@@ -147,10 +147,11 @@ typedef struct dsv4_backend_ops {
     void (*stats)(dsv4_backend *b, struct dsv4_backend_stats *out);
     /* Device-to-device copy bandwidth in GB/s (bytes read + written) over `bytes`; < 0 on error. */
     double (*copy_bandwidth)(dsv4_backend *b, size_t bytes);
-    /* Segment mark (the forward pass calls it before each layer with the layer index, before
-     * the head with n_layers + n_mtp, and with -1 when a forward call ends): a device backend
-     * may record the ops of one segment and replay them as one unit (CUDA graphs).  Results
-     * must not depend on it. */
+    /* Segment mark (the forward pass calls it before the first layer of each segment with
+     * that layer's index, before layer 0's MoE half with n_layers + n_mtp + 2, before the
+     * embedding with n_layers + n_mtp + 1, before the head with n_layers + n_mtp, and with -1
+     * when the layers end): a device backend may record the ops of one segment and replay them
+     * as one unit (CUDA graphs).  Results must not depend on it. */
     void (*segment)(dsv4_backend *b, int key);
 
     /* ----- fused pairs (optional: NULL = the forward pass calls the two ops) -----

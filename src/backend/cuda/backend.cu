@@ -87,10 +87,15 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
     return dsv4_cuda_fail(b, "kernel launch", file, line, e);
 }
 
+/* One wait: the device flags (index checks of attn.cu and moe.cu) are fetched with whatever
+ * else is queued, then checked; with no op since the last check they cannot have changed. */
 static int cu_check(dsv4_backend *b, dsv4_err *err) {
     cuda_impl *c = CI(b);
+    int ops = c->ops_since_check > 0;
+    c->ops_since_check = 0;
+    if (!c->failed && ops) dsv4_cuda_devside_fetch(b);
     if (!c->failed) dsv4_cuda_sync(b);
-    if (!c->failed) dsv4_cuda_devside_check(b); /* device-side index checks (attn.cu, moe.cu) */
+    if (!c->failed && ops) dsv4_cuda_devside_check(b);
     if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
     return 0;
 }
@@ -175,11 +180,13 @@ static void seg_end_timed(dsv4_backend *b) {
         if (v[i].exec && v[i].sig == sig && !use) use = &v[i];
         if (v[i].used < lru->used) lru = &v[i];
     }
+    int refused = -1;
     if (use) {
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(use->exec, g, &info) == cudaSuccess) {
             c->g_update++;
         } else {
+            refused = (int)info.result;
             cudaGetLastError(); /* a refused update is not an error: instantiate instead */
             cudaGraphExecDestroy(use->exec);
             use->exec = NULL;
@@ -198,6 +205,11 @@ static void seg_end_timed(dsv4_backend *b) {
         lru->sig = sig;
         use = lru;
         c->g_inst++;
+        if (c->graph_log) /* DSV4_CUDA_GRAPH_LOG=1: why a segment needed a new executable */
+            fprintf(stderr, "cuda graph: segment %d: new executable (%ld nodes, signature %016llx%s%d)\n",
+                    c->seg_key, c->seg_nodes, (unsigned long long)sig,
+                    refused >= 0 ? ", update refused: cudaGraphExecUpdateResult " : ", no cached match",
+                    refused >= 0 ? refused : 0);
     }
     use->used = ++c->gclock;
     cudaGraphDestroy(g);
@@ -421,6 +433,7 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
+    c->ops_since_check++;
     double dt = host_ms() - c->op_t0;
     c->issue_s += dt * 1e-3;
     dsv4_cuda_flush(b);
@@ -831,6 +844,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
     if (!c) return dsv4_errf(err, "backend 'cuda': out of memory");
     c->device = device;
+    const char *gl = getenv("DSV4_CUDA_GRAPH_LOG");
+    c->graph_log = gl && !strcmp(gl, "1");
     const char *pd = getenv("DSV4_CUDA_PDL");
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
@@ -844,7 +859,10 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
         dsv4_backend_cuda_free(b);
         return -1;
     }
-    for (int i = 0; i < 64; i++)
+    /* graph timing (an event pair per graph, read at every sync: ~44 event queries per decode
+     * step on the host between steps, while the device waits) only when asked for */
+    const char *gt = getenv("DSV4_CUDA_GRAPH_TIMES");
+    for (int i = 0; i < 64 && gt && !strcmp(gt, "1"); i++)
         if (cudaEventCreate(&c->gev[0][i]) != cudaSuccess || cudaEventCreate(&c->gev[1][i]) != cudaSuccess) {
             cudaGetLastError(); /* graph timing is optional: without events it is not measured */
             for (int j = 0; j <= i; j++) {

@@ -91,9 +91,12 @@ struct cuda_impl {
     /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
      * weight-byte counter, per-layer expert tables; NULL until first use */
     struct cuda_devside *devside;
+    unsigned devside_flags;     /* the device flags as last fetched (dsv4_cuda_devside_fetch) */
+    long ops_since_check;       /* ops ended since the last ops->check */
     /* CUDA graphs (backend.cu, "segments"): the ops between two ops->segment marks are captured
      * and launched as one graph; executables are cached per segment key and structure */
     int graphs;                 /* 1 = capture segments (DSV4_CUDA_GRAPHS=0 turns it off) */
+    int graph_log;              /* DSV4_CUDA_GRAPH_LOG=1: say on stderr why an executable was made */
     int capturing, seg_key;
     uint64_t seg_sig;           /* structure of the capture in progress (dsv4_cuda_seg_note) */
     long seg_nodes;
@@ -213,7 +216,9 @@ void dsv4_cuda_seg_note(dsv4_backend *b, unsigned what);
 #define DSV4_DEVFLAG_PICK 1u   /* sparse_attn: a top-k pick outside the row's compressed rows */
 #define DSV4_DEVFLAG_EXPERT 2u /* moe: an expert id outside [0, n_routed) */
 unsigned *dsv4_cuda_devflags(dsv4_backend *b); /* the device word (NULL + sticky error on failure) */
-int dsv4_cuda_devside_check(dsv4_backend *b);  /* after a sync: 1 if a flag was set (now the sticky error) */
+/* queues a copy of the device flags into devside_flags (completed by the next sync) */
+void dsv4_cuda_devside_fetch(dsv4_backend *b);
+int dsv4_cuda_devside_check(dsv4_backend *b);  /* after fetch + sync: 1 if a flag was set (now the sticky error) */
 /* routed expert weight bytes counted on the device since the last reset (reset: zero it) */
 double dsv4_cuda_devside_weight_bytes(dsv4_backend *b, int reset);
 void dsv4_cuda_devside_free(dsv4_backend *b);

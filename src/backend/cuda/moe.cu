@@ -1834,11 +1834,15 @@ unsigned *dsv4_cuda_devflags(dsv4_backend *b) {
     return d ? d->flags : NULL;
 }
 
+void dsv4_cuda_devside_fetch(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (c->devside && !c->failed) dsv4_cuda_fetch(b, &c->devside_flags, c->devside->flags, sizeof c->devside_flags);
+}
+
 int dsv4_cuda_devside_check(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     if (!c->devside || c->failed) return c->failed;
-    unsigned f = 0;
-    if (CK(b, cudaMemcpy(&f, c->devside->flags, sizeof f, cudaMemcpyDeviceToHost))) return 1;
+    unsigned f = c->devside_flags;
     if (f & DSV4_DEVFLAG_PICK)
         return dsv4_cuda_fail(b, "device index check: a top-k pick outside the compressed rows (skipped)", __FILE__,
                               __LINE__, cudaSuccess);
