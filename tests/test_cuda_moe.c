@@ -9,14 +9,13 @@
  * weights before or after w2, an expert id repeated within a row (both slots count), experts
  * that get no row and experts with more than one 64-slot tile, a corrupt id (skipped and
  * reported by ops->check), the path actually taken (dsv4_cuda_moe_gemm_calls).
- * One row (test_one_row): the default (the per-format k_moe_b1 for both, down at S 4 V 2 M 16,
- * 4 blocks per SM), k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), k_moe_b1 for both with the f16
- * decode (=4) and with the e4m3 one and down at M 32 (=6), the default before 2026-12-01 19:00Z
- * (=7: down on k_moe_b1_prev), down at S 8 V 1 (=8), S 2 V 4 (=9) and S 4 V 1 (=10); MXFP4,
- * NVFP4, FP8 with e8m0 or f32 block scales; each against the CPU op with the tolerances above;
- * e8m0 codes 0 (2^-127) and 255 (NaN) and an NVFP4 NaN scale among the block scales (the NaN
- * outputs must be the CPU's), and FP8 experts whose scale blocks k_moe_b1 does not take at M 32
- * (geometries 4-6 fall back to k_moe_b1_prev).
+ * One row (test_one_row): the default (k_moe_b1r: the grid of the real blocks, e2m1 through e4m3
+ * bytes), k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), k_moe_b1 as the default was before (=4:
+ * grid of the larger chunk count x max groups); MXFP4, NVFP4, FP8 with e8m0 or f32 block scales; each
+ * against the CPU op with the tolerances above; e8m0 codes 0 (2^-127) and 255 (NaN) and an NVFP4
+ * NaN scale among the block scales (the NaN outputs must be the CPU's), routed experts of inter
+ * 1024 and 2048 beside a shared one of 2048 (different chunk counts in k_moe_b1r's map), and FP8
+ * w2 of 32 vectors per row (128 rows per block at M 16: one scale block).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -207,16 +206,10 @@ static void one_row_on(dsv4_backend *b, const char *geom, float *g, const float 
 }
 
 /* the A/B geometries, each on its own backend (the geometry is read once per backend) */
-enum { NAB = 7 };
+enum { NAB = 2 };
 static const struct {
     const char *geom, *what;
-} ab_runs[NAB] = {{"3", "k_moe_b1_prev"},
-                  {"4", "k_moe_b1 f16 decode"},
-                  {"6", "k_moe_b1, down M 32 at 2 blocks"},
-                  {"7", "k_moe_b1 up, k_moe_b1_prev down"},
-                  {"8", "k_moe_b1, down S 8 V 1"},
-                  {"9", "k_moe_b1, down S 2 V 4"},
-                  {"10", "k_moe_b1, down S 4 V 1"}};
+} ab_runs[NAB] = {{"3", "k_moe_b1_prev"}, {"4", "k_moe_b1 (the default before k_moe_b1r)"}};
 static dsv4_backend g_ab[NAB];
 static int have_ab;
 
@@ -236,7 +229,7 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     struct {
         dsv4_backend *b;
         const char *geom, *what;
-    } runs[1 + NAB] = {{&gpu, "", "default: k_moe_b1, down S 4 V 2 M 16 at 4 blocks"}};
+    } runs[1 + NAB] = {{&gpu, "", "default: k_moe_b1r, e4m3 decode"}};
     for (int k = 0; k < NAB; k++)
         runs[1 + k].b = &g_ab[k], runs[1 + k].geom = ab_runs[k].geom, runs[1 + k].what = ab_runs[k].what;
     for (int k = 0; k < (have_ab ? 1 + NAB : 1); k++) {
@@ -274,8 +267,7 @@ static void test_one_row(void) {
     check_one_row(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 1, 0, 0, 1, 0);
     check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 0, 0, 0, 0, 0);
     check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 1, 0, 1, 0, 0);
-    /* w2 of 32 vectors per row: at M 32 (geometries 4-6) 256 rows per block, more than a scale
-     * block: those fall back to k_moe_b1_prev; at M 16 (0, 8-10) 128 rows, k_moe_b1 */
+    /* w2 of 32 vectors per row: at M 16 128 rows per block, one scale block: k_moe_b1 / b1r */
     check_one_row(DSV4_WF_FP8, DSV4_WF_FP8, 512, 1, 0, 0, 0, 0);
     if (have_ab)
         for (int k = 0; k < NAB; k++) dsv4_backend_cuda_free(&g_ab[k]);

@@ -1054,7 +1054,8 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
 template <int UP, int M>
 __device__ __forceinline__ int b1_group(const group &G, const dexpert &E, const float *x, const float *xq, float *h,
                                         int64_t ldh, float *y, int64_t dim, int act_fp8, mb_half (&W)[2],
-                                        int64_t &rows, const float *&xs, float *&out, int64_t &f0) {
+                                        int64_t &rows, const float *&xs, float *&out, int64_t &f0,
+                                        int64_t chunk) {
     if (UP) {
         W[0] = mb_make(E.w1);
         W[1] = mb_make(E.w3);
@@ -1067,7 +1068,7 @@ __device__ __forceinline__ int b1_group(const group &G, const dexpert &E, const 
         xs = h + (int64_t)G.slot[0] * ldh;
         out = y + (int64_t)G.slot[0] * dim;
     }
-    f0 = (int64_t)blockIdx.x * (256 / (W[0].rowb / 16)) * M;
+    f0 = chunk * (256 / (W[0].rowb / 16)) * M;
     return f0 < rows;
 }
 
@@ -1088,7 +1089,8 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1_prev(const group *groups, 
     int64_t rows, f0;
     const float *xs;
     float *out;
-    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0)) return;
+    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, blockIdx.x))
+        return;
     if (W[0].fmt == DSV4_WF_FP8)
         b1_run<UP, 0, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16, lut);
     else
@@ -1389,7 +1391,42 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
     int64_t rows, f0;
     const float *xs;
     float *out;
-    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0)) return;
+    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, blockIdx.x))
+        return;
+    if (W[0].fmt == DSV4_WF_MXFP4)
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    else if (W[0].fmt == DSV4_WF_NVFP4)
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    else
+        b1f_run<UP, B1F_FP8, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+}
+
+/* k_moe_b1 on a grid of only the real blocks (k_moe_b1r): grid.x = rs cr + cs blocks, one per
+ * 128 KB (up) / 64 KB (down) of weights, where rs bounds the routed groups (the row's slots), cr
+ * is a routed expert's chunk count and cs the shared expert's (0 without one; hs = 1 with one).
+ * The plan puts the shared expert's group last, so block b < nr cr (nr = groups - hs) is chunk
+ * b % cr of routed group b / cr and the next cs blocks are the shared group's chunks; blocks
+ * past those (bad expert ids drop routed groups) exit.  k_moe_b1's grid (chunks of the larger
+ * expert x max_groups) launched twice the blocks for Flash, half of them exiting at once after
+ * reading the group count, the group and the expert table (three dependent loads). */
+template <int UP, int DEC, int S, int V, int M, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
+                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                    int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
+                                                    int cs, int hs) {
+    pdl_enter();
+    extern __shared__ __align__(128) uint8_t b1s[];
+    int nr = *n_groups - hs, b = (int)blockIdx.x, gi, chunk;
+    if (nr < 0) return;
+    if (b < nr * cr) gi = b / cr, chunk = b - gi * cr;
+    else if (b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
+    else return;
+    const group &G = groups[gi];
+    mb_half W[2];
+    int64_t rows, f0;
+    const float *xs;
+    float *out;
+    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, chunk)) return;
     if (W[0].fmt == DSV4_WF_MXFP4)
         b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
@@ -1399,17 +1436,34 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
 }
 
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
- * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: k_moe_b1 for
- * both, each S 4 V 2 M 16 at 4 blocks per SM (64 registers).  DSV4_CUDA_MOE_B1G=N picks
- * another (A/B runs): 1 k_moe_b1_prev with gate/up as before 2026-12-01 16:40Z (S 4, V 4, 2
- * blocks), 3 k_moe_b1_prev for both as it was the default until k_moe_b1, 4 k_moe_b1 for both
- * with k_moe_b1_prev's f16 decode of e2m1, 5 k_moe_b1 for both with gate/up at 3 blocks per SM
- * (80 registers), 6 k_moe_b1 for both with down at M 32 and 2 blocks (107 registers), 7
- * gate/up on k_moe_b1 and down on k_moe_b1_prev (the default before commit 8cbbb27), 8 / 9 /
- * 10 the default with down at S 8 V 1 / S 2 V 4 / S 4 V 1; DSV4_CUDA_MOE_LUT=1 takes
- * k_moe_b1_prev's table decode (2).  k_moe_b1 takes FP8 weights only when the features of a
- * block lie in one row of scale blocks (moe_table.b1_fit); otherwise the call runs geometry 3.
- * Measured (H200, ncu --clock-control none, 2 Flash layers of synth, decode batch 1, 4 calls
+ * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: k_moe_b1r (the
+ * grid of the real blocks) for both, e2m1 through e4m3 bytes (DEC 2), each S 4 V 2 M 16 at 4
+ * blocks per SM.  DSV4_CUDA_MOE_B1G=N picks another (A/B runs): 1 k_moe_b1_prev with gate/up as
+ * before 2026-12-01 16:40Z (S 4, V 4, 2 blocks), 3 k_moe_b1_prev for both as it was the default
+ * until k_moe_b1, 4 k_moe_b1 for both as the default was before k_moe_b1r (grid of the larger
+ * chunk count x max_groups, DEC 2); DSV4_CUDA_MOE_LUT=1 takes k_moe_b1_prev's table decode (2).
+ * Earlier geometries (f16 decode, 3 blocks per SM, down at M 32, down at S 8 V 1 / S 2 V 4 /
+ * S 4 V 1, down on k_moe_b1_prev) measured no better (below) and are gone, and so are two
+ * tried with k_moe_b1r: an e2m1 decode by bit placement into f32 (slower) and a diagnostic with
+ * trivial math (wrong outputs), whose figures follow.  k_moe_b1 and k_moe_b1r take FP8 weights
+ * only when the features of a block lie in one row of scale blocks
+ * (moe_table.b1_fit); otherwise the call runs geometry 3.
+ * Measured for k_moe_b1r (H200, ncu --clock-control none --graph-profiling node, 2 synth Flash
+ * layers, bench --prompt 256 --gen 4, 4 calls of each kernel per variant, one device run,
+ * 2026-12-01 ~20:05Z): gate/up / down in us, warp instructions
+ *   k_moe_b1, grid 128 x 8 (4)             33.5-35.3 / 19.2-19.7   17.13 M / 9.39 M
+ *   k_moe_b1r, DEC 2 (0)                   31.5-32.3 / 17.3-17.6   16.89 M / 9.21 M   issue 51-52 %, DRAM 48 / 43 %
+ *   k_moe_b1r, bit-placement decode        35.0-36.3 / 19.0-19.7   18.55 M / 10.10 M
+ *   diagnostic (same copies, trivial math) 21.8-22.9 / 12.6-13.0    4.08 M / 2.92 M   issue 18 / 22 %, DRAM 66-69 / 59 %
+ * The diagnostic is the ceiling of this access pattern (one wave of 512 blocks, per-thread
+ * cp.async pipelines of 3 x 2 x 16 bytes in flight): even without math gate/up stays at ~22 us
+ * and down at ~12.6 us, against 16.4 / 8.2 us at the copy rate, so the goal (22 / 12 us) needs
+ * a different way of streaming (more bytes in flight per SM, e.g. bulk copies) as well as fewer
+ * instructions.  The bit-placement decode (magnitude bits at f32 bits 22..24, sign at 31: the
+ * value times 2^-126, x taken times 2^64) builds each f32 by one shift or mask, but its words
+ * cost ~16 shifts and masks per 8 codes (SASS of gate/up: 926 LOP3, 580 SHF against 1102
+ * FFMA), more than DEC 2's 7 integer operations + 4 cvt e4m3x2 + 8 cvt f16 -> f32.
+ * Measured before (H200, ncu --clock-control none, 2 Flash layers of synth, decode batch 1, 4 calls
  * each, 2026-12-01, two device sessions): gate/up k_moe_b1 34.3 us, 17.13 M warp instructions
  * (4.67 per weight, 64 registers), against k_moe_b1_prev 46.2 us, 27.59 M (7.52 per weight);
  * k_moe_b1's f16 decode (4) 37.6 us, 18.96 M; 3 blocks per SM (5) 34.1 us.  Down k_moe_b1
@@ -1424,9 +1478,9 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
  * are active only 78 % of the elapsed cycles (29.9 K of 38.1 K).  A suspect, not measured:
  * grid.x is the larger group's chunk count (the FP8 shared expert's 128, the MXFP4 experts'
  * 64) over max_groups 8, so 512 of the 1024 blocks exit after reading their group and the
- * table, holding block slots while the later groups' real blocks wait.  Not tried: a grid of
- * only the real blocks, or FP8 blocks of 2 M features (the weights of an FP4 block, so equal
- * chunk counts; gate/up has the same 128 against 64).
+ * table, holding block slots while the later groups' real blocks wait.  k_moe_b1r is the grid
+ * of only the real blocks (7 % faster, above); not tried: FP8 blocks of 2 M features (the
+ * weights of an FP4 block, so equal chunk counts; gate/up has the same 128 against 64).
  * Earlier, for k_moe_b1_prev (ktrace, opbench --flush-mb 512 on flash layer 0, 46 calls each):
  * gate/up median 44.0 us with S 4, V 2, 4 blocks (32 warps, 64 registers, no spills) against
  * 45.3 (2 blocks, 96 registers) and 44.1 / 46.3 / 47.2 with 3 blocks (S 3 V 4 / S 4 V 2 / S 5 V
@@ -1435,30 +1489,24 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
 struct b1_geom {
     const void *up, *dn; /* the kernels' <1, ..> and <0, ..> instances */
     int smem_up, smem_dn, mup, mdn;
-    int fmt_up, fmt_dn;  /* 1: k_moe_b1, 0: k_moe_b1_prev */
+    int fmt_up, fmt_dn;  /* 1: k_moe_b1 or k_moe_b1r, 0: k_moe_b1_prev */
+    int real;            /* 1: k_moe_b1r (grid of the real blocks, three more arguments) */
 };
 #define B1_GEOM_PREV(DEC, SU, VU, BU, SD, VD, MDN, BD)                                                                 \
     {(const void *)k_moe_b1_prev<1, DEC, SU, VU, B1_MUP, BU>, (const void *)k_moe_b1_prev<0, DEC, SD, VD, MDN, BD>,    \
-     B1_SMEM(SU, VU), B1_SMEM(SD, VD), B1_MUP, MDN, 0, 0}
+     B1_SMEM(SU, VU), B1_SMEM(SD, VD), B1_MUP, MDN, 0, 0, 0}
 #define B1_GEOM(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                  \
     {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,                  \
-     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1}
-/* gate/up on k_moe_b1, down on k_moe_b1_prev (the default until 2026-12-01 19:00Z) */
-#define B1_GEOM_MIX(DEC, SU, VU, MU, BU, DDEC, SD, VD, MDN, BD)                                                        \
-    {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1_prev<0, DDEC, SD, VD, MDN, BD>,            \
-     B1F_SMEM(SU, VU, MU, 2), B1_SMEM(SD, VD), MU, MDN, 1, 0}
+     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 0}
+#define B1_GEOM_R(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                \
+    {(const void *)k_moe_b1r<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1r<0, DEC, SD, VD, MDN, BD>,                \
+     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
 static const b1_geom b1_geoms[] = {
-    B1_GEOM(2, 4, 2, 16, 4, 4, 2, 16, 4),
-    B1_GEOM_PREV(1, 4, 4, 2, 4, 4, 32, 2),
-    B1_GEOM_PREV(0, 4, 4, 2, 4, 4, 32, 2),
-    B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),
-    B1_GEOM(1, 4, 2, 16, 4, 4, 4, 32, 2),
-    B1_GEOM(2, 4, 2, 16, 3, 4, 4, 32, 2),
-    B1_GEOM(2, 4, 2, 16, 4, 4, 4, 32, 2),
-    B1_GEOM_MIX(2, 4, 2, 16, 4, 1, 4, 4, 32, 2),
-    B1_GEOM(2, 4, 2, 16, 4, 8, 1, 16, 4),
-    B1_GEOM(2, 4, 2, 16, 4, 2, 4, 16, 4),
-    B1_GEOM(2, 4, 2, 16, 4, 4, 1, 16, 4),
+    B1_GEOM_R(2, 4, 2, 16, 4, 4, 2, 16, 4),      /* 0: default */
+    B1_GEOM_PREV(1, 4, 4, 2, 4, 4, 32, 2),       /* 1 */
+    B1_GEOM_PREV(0, 4, 4, 2, 4, 4, 32, 2),       /* 2: DSV4_CUDA_MOE_LUT=1 */
+    B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),       /* 3: k_moe_b1_prev */
+    B1_GEOM(2, 4, 2, 16, 4, 4, 2, 16, 4),        /* 4: the default before k_moe_b1r */
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
@@ -2146,16 +2194,24 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1 does not take */
         bg = &b1_geoms[B1_PREV];
     unsigned b1_up = 0, b1_dn = 0;
+    int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
+    dim3 b1_gu, b1_gd;
     if (b1) { /* chunks of the routed and the shared expert's features, the larger */
         const dsv4_weight *r2 = &experts[0].w2;
         b1_up = b1_chunks(&experts[0].w1, t->inter, bg->mup);
         b1_dn = b1_chunks(r2, r2->rows < dim ? r2->rows : dim, bg->mdn);
+        b1_cru = (int)b1_up, b1_crd = (int)b1_dn;
         if (shared) {
             unsigned su = b1_chunks(&shared->w1, shared->w1.rows, bg->mup),
                      sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, bg->mdn);
+            b1_csu = (int)su, b1_csd = (int)sd;
             b1_up = su > b1_up ? su : b1_up;
             b1_dn = sd > b1_dn ? sd : b1_dn;
         }
+        /* k_moe_b1r: the real blocks (one row: at most nrs routed groups of one slot, then the
+         * shared one); the others: the larger chunk count x max_groups */
+        b1_gu = bg->real ? dim3((unsigned)(nrs * b1_cru + b1_csu)) : dim3(b1_up, max_groups);
+        b1_gd = bg->real ? dim3((unsigned)(nrs * b1_crd + b1_csd)) : dim3(b1_dn, max_groups);
     }
     /* k_moe_b1's arguments, in its parameter order and types */
     const group *b1g = gd;
@@ -2163,8 +2219,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     const dexpert *b1t = t->dev;
     const float *b1x = xd, *b1xq = xq;
     void *b1a[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16};
+    /* k_moe_b1r's: the same, then its chunk counts (gate/up, down) and hs */
+    void *b1ru[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
+                    &b1_cru, &b1_csu, &b1_hs};
+    void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
+                    &b1_crd, &b1_csd, &b1_hs};
     if (b1)
-        CK(b, dsv4_launch_ptr(bg->up, dim3(b1_up, max_groups), dim3(256), b1a, (size_t)bg->smem_up, c->stream));
+        CK(b, dsv4_launch_ptr(bg->up, b1_gu, dim3(256), bg->real ? b1ru : b1a, (size_t)bg->smem_up, c->stream));
     else if (bulk && rows == 1)
         dsv4_launch(k_moe_bulk<1, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
                     inter_max, y, dim, act_fp8, limit, act_bf16);
@@ -2210,7 +2271,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         }
     }
     if (b1)
-        CK(b, dsv4_launch_ptr(bg->dn, dim3(b1_dn, max_groups), dim3(256), b1a, (size_t)bg->smem_dn, c->stream));
+        CK(b, dsv4_launch_ptr(bg->dn, b1_gd, dim3(256), bg->real ? b1rd : b1a, (size_t)bg->smem_dn, c->stream));
     else if (bulk && rows == 1)
         dsv4_launch(k_moe_bulk<0, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
                     inter_max, y, dim, act_fp8, limit, act_bf16);
