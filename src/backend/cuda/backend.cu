@@ -424,6 +424,7 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->op_t0 = host_ms();
+    c->ops_since_check++; /* at the start: an op that returns early may still have launched */
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
@@ -433,7 +434,6 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
-    c->ops_since_check++;
     double dt = host_ms() - c->op_t0;
     c->issue_s += dt * 1e-3;
     dsv4_cuda_flush(b);
