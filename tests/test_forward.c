@@ -6,6 +6,9 @@
  * invariant (sum = routed_scaling_factor) holds and catches moe.route_scale=both;
  * the distance of every switch from exact is printed.  Sequences cross the window
  * (16), every compression boundary (4, 8) and index_topk (4) < visible rows.
+ * The forward pass's contract with a device backend (segment marks, one check per step after
+ * the head, nothing committed when the check fails) through a recording wrapper of the CPU
+ * backend's ops.
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -551,8 +554,116 @@ static void test_no_scratch_growth_in_decode(void) {
     dsv4_st_close(st);
 }
 
+/* The forward pass's contract with a device backend, seen through the CPU backend with a
+ * recording segment op and a check op that can fail on request (backend.h):
+ * - segment marks of a decode step: embedding, layer 0, layer 0's MoE half, every other layer,
+ *   end of the layers, head (one graph each on CUDA);
+ * - one check per step, after the head (each check is a device wait), none at the end;
+ * - a failing check fails the call and commits nothing: the sequence keeps its length and the
+ *   same step run again gives the logits of a run that never failed. */
+static struct {
+    int keys[64], n_keys, checks, fail_at;
+} g_rec;
+
+static void rec_segment(dsv4_backend *b, int key) {
+    (void)b;
+    if (g_rec.n_keys < 64) g_rec.keys[g_rec.n_keys] = key;
+    g_rec.n_keys++;
+}
+
+static int rec_check(dsv4_backend *b, dsv4_err *err) {
+    (void)b;
+    g_rec.checks++;
+    if (g_rec.checks == g_rec.fail_at) return dsv4_errf(err, "injected device failure");
+    return 0;
+}
+
+static void test_segments_and_checks(void) {
+    const char *dir = model_dir();
+    REQUIRE(dir);
+    dsv4_err err = {{0}};
+    char cp[512];
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    dsv4_config cfg;
+    REQUIRE(dsv4_config_load(&cfg, cp, &err) == 0);
+    dsv4_st *st = NULL;
+    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
+    dsv4_model_w w;
+    REQUIRE(dsv4_weights_bind(&w, &cfg, st, &err) == 0);
+    dsv4_backend be;
+    REQUIRE(dsv4_backend_cpu_init(&be, 0, &err) == 0);
+    dsv4_backend_ops ops = *be.ops; /* the CPU ops, plus the two under test */
+    const dsv4_backend_ops *cpu_ops = be.ops;
+    ops.segment = rec_segment;
+    ops.check = rec_check;
+    be.ops = &ops;
+    dsv4_model *m = NULL;
+    REQUIRE(dsv4_model_init(&m, &w, &be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+    dsv4_state *s = NULL, *ref = NULL;
+    REQUIRE(dsv4_state_new(&s, &cfg, 0, &err) == 0);
+    REQUIRE(dsv4_state_new(&ref, &cfg, 0, &err) == 0);
+    int32_t tok[24];
+    make_tokens(tok, 24, 91, cfg.vocab_size);
+    float *lg = malloc(sizeof(float) * cfg.vocab_size), *lr = malloc(sizeof(float) * cfg.vocab_size);
+    REQUIRE(lg && lr);
+    memset(&g_rec, 0, sizeof g_rec);
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 20, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = ref, .tokens = tok, .n = 20, .logits = lr};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    /* one decode step: its marks and its checks */
+    memset(&g_rec, 0, sizeof g_rec);
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 20, .n = 1, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    int L = cfg.n_layers, n_all = dsv4_config_total_layers(&cfg), want[64], nw = 0;
+    want[nw++] = n_all + 1;
+    for (int l = 0; l < L && nw < 60; l++) {
+        want[nw++] = l;
+        if (l == 0) want[nw++] = n_all + 2;
+    }
+    want[nw++] = -1;
+    want[nw++] = n_all;
+    CHECKF(g_rec.n_keys == nw, "%d segment marks in a decode step, expected %d", g_rec.n_keys, nw);
+    for (int i = 0; i < nw && i < g_rec.n_keys && i < 64; i++)
+        CHECKF(g_rec.keys[i] == want[i], "segment mark %d is %d, expected %d", i, g_rec.keys[i], want[i]);
+    CHECKF(g_rec.checks == 1, "%d checks in a decode step, expected 1", g_rec.checks);
+    /* the reference sequence takes the same step: same logits (nothing differs so far) */
+    it = (dsv4_fwd_item){.st = ref, .tokens = tok + 20, .n = 1, .logits = lr};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    CHECK(memcmp(lg, lr, sizeof(float) * cfg.vocab_size) == 0);
+    /* a failing check: the call fails, the length stays, the retry matches the reference */
+    int64_t len = s->len;
+    memset(&g_rec, 0, sizeof g_rec);
+    g_rec.fail_at = 1;
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 21, .n = 1, .logits = lg};
+    CHECK(dsv4_forward(m, &it, 1, &err) != 0);
+    CHECK(strstr(err.msg, "injected device failure") != NULL);
+    CHECKF(s->len == len, "length %lld after a failed step, was %lld", (long long)s->len, (long long)len);
+    g_rec.fail_at = 0;
+    err.msg[0] = 0;
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = ref, .tokens = tok + 21, .n = 1, .logits = lr};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    CHECK(s->len == ref->len);
+    CHECK(memcmp(lg, lr, sizeof(float) * cfg.vocab_size) == 0);
+    /* and the step after it still matches (the failed step's state writes were overwritten) */
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 22, .n = 2, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = ref, .tokens = tok + 22, .n = 2, .logits = lr};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    CHECK(memcmp(lg, lr, sizeof(float) * cfg.vocab_size) == 0);
+    free(lg), free(lr);
+    dsv4_state_free(s);
+    dsv4_state_free(ref);
+    dsv4_model_free(m);
+    be.ops = cpu_ops;
+    dsv4_backend_cpu_free(&be);
+    dsv4_weights_free(&w);
+    dsv4_st_close(st);
+}
+
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
-TEST_MAIN(test_consistency_exact, test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints,
-          test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
+TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
+          test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_zz_cleanup)
