@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 f20long ktrace ncu nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab f20long ktrace ncu nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -74,6 +74,20 @@ for stage in "$@"; do
     fi
     timeout 400 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt ${F20_PROMPTS:-2048,8192} --batch ${F20_BATCHES:-1,8,32} --gen 16 >"$OUT/b20.log" 2>&1
     note "bench flash20 rc=$?"; grep -v uploading "$OUT/b20.log" >>"$summary" ;;
+  ab)
+    # A/B of environment settings on the 20-layer model (after f20): decode batch 1 at 2K, --gen 32,
+    # each setting twice, alternating (the first bench after synth runs slow: a warm-up run first).
+    # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none).
+    [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
+    timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 8 --op-profile 0 >/dev/null 2>&1
+    for round in 1 2; do
+      for setting in ${AB_ENVS:--}; do
+        envs=(); [ "$setting" = "-" ] || envs=("$setting")
+        env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
+          --op-profile 0 >"$OUT/ab.log" 2>&1
+        note "ab round $round [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/')"
+      done
+    done ;;
   f20long)
     timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1
     note "bench flash20 32K rc=$?"; grep -v uploading "$OUT/b20long.log" >>"$summary" ;;
