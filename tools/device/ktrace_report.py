@@ -7,7 +7,10 @@ The trace is cut into forward passes at each launch of the marker kernel (the em
 lookup starts every forward pass); the last N passes are the decode steps of a
 `dsv4 bench --op-profile 0` run.  --all takes the whole trace as one step (a test binary,
 opbench).  Prints, per kernel (and per copy kind): calls per step,
-device time per step, mean time per call, and the step's span, busy time and idle gaps.
+device time per step, mean time per call, its exposed time (the part of its records after every
+earlier record had ended: these add up to the busy time, also when programmatic dependent launch
+starts a kernel while its predecessor runs, which makes record times overlap), and the step's
+span, busy time and idle gaps.
 """
 import lzma, subprocess, sys, collections
 
@@ -59,15 +62,22 @@ def main():
         s = max(r[0], last_end)
         if r[1] > s: busy += r[1] - s
         last_end = max(last_end, r[1])
-    tot = collections.defaultdict(lambda: [0, 0])
+    # per label: calls, record time (start to end), exposed time (the part of the record after
+    # every earlier record has ended: with programmatic dependent launch a kernel starts while its
+    # predecessor runs and waits for it, so record times overlap; exposed times add up to the busy time)
+    tot = collections.defaultdict(lambda: [0, 0, 0])
+    last_end = sel[0][0]
     for r in sel:
         t = tot[label(r)]; t[0] += 1; t[1] += r[1] - r[0]
+        t[2] += max(0, r[1] - max(r[0], last_end))
+        last_end = max(last_end, r[1])
     ksum = sum(v[1] for v in tot.values())
     print("decode steps %d: span %.3f ms/step, device busy %.3f ms/step, idle %.3f ms/step; %d records/step; sum of record times %.3f ms/step"
           % (steps, span / steps / 1e6, busy / steps / 1e6, (span - busy) / steps / 1e6, len(sel) / steps, ksum / steps / 1e6))
-    print("%-70s %8s %10s %9s %6s" % ("kernel", "calls", "us/step", "us/call", "%"))
-    for k, (n, t) in sorted(tot.items(), key=lambda kv: -kv[1][1])[:top]:
-        print("%-70s %8.1f %10.1f %9.2f %6.1f" % (k[:70], n / steps, t / steps / 1e3, t / n / 1e3, 100.0 * t / ksum))
+    print("%-70s %8s %10s %9s %12s %6s" % ("kernel", "calls", "us/step", "us/call", "exposed/step", "%busy"))
+    for k, (n, t, x) in sorted(tot.items(), key=lambda kv: -kv[1][2])[:top]:
+        print("%-70s %8.1f %10.1f %9.2f %12.1f %6.1f" % (k[:70], n / steps, t / steps / 1e3, t / n / 1e3, x / steps / 1e3,
+                                                       100.0 * x / busy if busy else 0.0))
     if timeline:
         one = recs[starts[-1]:]
         t0 = one[0][0]
