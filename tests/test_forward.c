@@ -509,24 +509,51 @@ static void test_bad_input(void) {
     CHECK(strstr(err.msg, "tpu") != NULL);
 }
 
+/* the tiny model below the engine API (to see or wrap the backend): config, checkpoint, bound
+ * weights, a CPU backend; 0 or -1 */
+typedef struct {
+    dsv4_config cfg;
+    dsv4_st *st;
+    dsv4_model_w w;
+    dsv4_backend be;
+} low_model;
+
+static int low_open(low_model *lm) {
+    memset(lm, 0, sizeof *lm);
+    const char *dir = model_dir();
+    dsv4_err err = {{0}};
+    char cp[512];
+    if (!dir) return -1;
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    if (dsv4_config_load(&lm->cfg, cp, &err) || dsv4_st_open(&lm->st, dir, &err)) goto fail;
+    if (dsv4_weights_bind(&lm->w, &lm->cfg, lm->st, &err)) goto fail_st;
+    if (dsv4_backend_cpu_init(&lm->be, 0, &err)) goto fail_w;
+    return 0;
+fail_w:
+    dsv4_weights_free(&lm->w);
+fail_st:
+    dsv4_st_close(lm->st);
+fail:
+    fprintf(stderr, "  low_open: %s\n", err.msg);
+    return -1;
+}
+
+static void low_close(low_model *lm) {
+    dsv4_backend_cpu_free(&lm->be);
+    dsv4_weights_free(&lm->w);
+    dsv4_st_close(lm->st);
+}
+
 /* STYLE §3: after warm-up a decode step allocates no scratch (the CPU arena has grown
  * to its high-water mark); driven below the engine API to see the backend. */
 static void test_no_scratch_growth_in_decode(void) {
-    const char *dir = model_dir();
-    REQUIRE(dir);
     dsv4_err err = {{0}};
-    char cp[512];
-    snprintf(cp, sizeof cp, "%s/config.json", dir);
-    dsv4_config cfg;
-    REQUIRE(dsv4_config_load(&cfg, cp, &err) == 0);
-    dsv4_st *st = NULL;
-    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
-    dsv4_model_w w;
-    REQUIRE(dsv4_weights_bind(&w, &cfg, st, &err) == 0);
-    dsv4_backend be;
-    REQUIRE(dsv4_backend_cpu_init(&be, 0, &err) == 0);
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    dsv4_config cfg = lm.cfg;
+    dsv4_backend *be = &lm.be;
     dsv4_model *m = NULL;
-    REQUIRE(dsv4_model_init(&m, &w, &be, &DSV4_NUMERICS_REFERENCE, 64, &err) == 0);
+    REQUIRE(dsv4_model_init(&m, &lm.w, be, &DSV4_NUMERICS_REFERENCE, 64, &err) == 0);
     dsv4_state *s = NULL;
     REQUIRE(dsv4_state_new(&s, &cfg, 0, &err) == 0);
     int32_t tok[64];
@@ -538,20 +565,18 @@ static void test_no_scratch_growth_in_decode(void) {
         it = (dsv4_fwd_item){.st = s, .tokens = tok + i, .n = 1, .logits = lg};
         REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     }
-    long before = dsv4_backend_cpu_spills(&be);
+    long before = dsv4_backend_cpu_spills(be);
     CHECK(before > 0); /* the first calls did grow the arena: the counter works */
     for (int i = 44; i < 64; i++) {
         it = (dsv4_fwd_item){.st = s, .tokens = tok + i, .n = 1, .logits = lg};
         REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     }
-    CHECKF(dsv4_backend_cpu_spills(&be) == before, "scratch spills grew from %ld to %ld during decode", before,
-           dsv4_backend_cpu_spills(&be));
+    CHECKF(dsv4_backend_cpu_spills(be) == before, "scratch spills grew from %ld to %ld during decode", before,
+           dsv4_backend_cpu_spills(be));
     free(lg);
     dsv4_state_free(s);
     dsv4_model_free(m);
-    dsv4_backend_cpu_free(&be);
-    dsv4_weights_free(&w);
-    dsv4_st_close(st);
+    low_close(&lm);
 }
 
 /* The forward pass's contract with a device backend, seen through the CPU backend with a
@@ -579,26 +604,18 @@ static int rec_check(dsv4_backend *b, dsv4_err *err) {
 }
 
 static void test_segments_and_checks(void) {
-    const char *dir = model_dir();
-    REQUIRE(dir);
     dsv4_err err = {{0}};
-    char cp[512];
-    snprintf(cp, sizeof cp, "%s/config.json", dir);
-    dsv4_config cfg;
-    REQUIRE(dsv4_config_load(&cfg, cp, &err) == 0);
-    dsv4_st *st = NULL;
-    REQUIRE(dsv4_st_open(&st, dir, &err) == 0);
-    dsv4_model_w w;
-    REQUIRE(dsv4_weights_bind(&w, &cfg, st, &err) == 0);
-    dsv4_backend be;
-    REQUIRE(dsv4_backend_cpu_init(&be, 0, &err) == 0);
-    dsv4_backend_ops ops = *be.ops; /* the CPU ops, plus the two under test */
-    const dsv4_backend_ops *cpu_ops = be.ops;
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    dsv4_config cfg = lm.cfg;
+    dsv4_backend *be = &lm.be;
+    dsv4_backend_ops ops = *be->ops; /* the CPU ops, plus the two under test */
+    const dsv4_backend_ops *cpu_ops = be->ops;
     ops.segment = rec_segment;
     ops.check = rec_check;
-    be.ops = &ops;
+    be->ops = &ops;
     dsv4_model *m = NULL;
-    REQUIRE(dsv4_model_init(&m, &w, &be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+    REQUIRE(dsv4_model_init(&m, &lm.w, be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
     dsv4_state *s = NULL, *ref = NULL;
     REQUIRE(dsv4_state_new(&s, &cfg, 0, &err) == 0);
     REQUIRE(dsv4_state_new(&ref, &cfg, 0, &err) == 0);
@@ -656,10 +673,8 @@ static void test_segments_and_checks(void) {
     dsv4_state_free(s);
     dsv4_state_free(ref);
     dsv4_model_free(m);
-    be.ops = cpu_ops;
-    dsv4_backend_cpu_free(&be);
-    dsv4_weights_free(&w);
-    dsv4_st_close(st);
+    be->ops = cpu_ops;
+    low_close(&lm);
 }
 
 static void test_zz_cleanup(void) { cleanup_dir(); }

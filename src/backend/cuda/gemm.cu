@@ -220,21 +220,11 @@ static void launch_sgemm(dsv4_backend *b, float *od, const float *xd, int rows, 
     dim3 grid((unsigned)((rows + SG_BM - 1) / SG_BM), (unsigned)((gN + SG_BN - 1) / SG_BN), (unsigned)G);
 #define SG_ARGS od, xd, rows, w, out_bf16, vec_out, ldx, ldo, gN, gx, w_bf16
     switch (w.fmt) {
-    case DSV4_WF_F32:
-        dsv4_launch(k_sgemm<DSV4_WF_F32>, grid, 256, 0, c->stream, SG_ARGS);
-        break;
-    case DSV4_WF_BF16:
-        dsv4_launch(k_sgemm<DSV4_WF_BF16>, grid, 256, 0, c->stream, SG_ARGS);
-        break;
-    case DSV4_WF_FP8:
-        dsv4_launch(k_sgemm<DSV4_WF_FP8>, grid, 256, 0, c->stream, SG_ARGS);
-        break;
-    case DSV4_WF_MXFP4:
-        dsv4_launch(k_sgemm<DSV4_WF_MXFP4>, grid, 256, 0, c->stream, SG_ARGS);
-        break;
-    default:
-        dsv4_launch(k_sgemm<DSV4_WF_NVFP4>, grid, 256, 0, c->stream, SG_ARGS);
-        break;
+    case DSV4_WF_F32: dsv4_launch(k_sgemm<DSV4_WF_F32>, grid, 256, 0, c->stream, SG_ARGS); break;
+    case DSV4_WF_BF16: dsv4_launch(k_sgemm<DSV4_WF_BF16>, grid, 256, 0, c->stream, SG_ARGS); break;
+    case DSV4_WF_FP8: dsv4_launch(k_sgemm<DSV4_WF_FP8>, grid, 256, 0, c->stream, SG_ARGS); break;
+    case DSV4_WF_MXFP4: dsv4_launch(k_sgemm<DSV4_WF_MXFP4>, grid, 256, 0, c->stream, SG_ARGS); break;
+    default: dsv4_launch(k_sgemm<DSV4_WF_NVFP4>, grid, 256, 0, c->stream, SG_ARGS); break;
     }
 #undef SG_ARGS
     CKL(b);

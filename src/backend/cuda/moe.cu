@@ -1377,6 +1377,19 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16);
 }
 
+/* b1f_run in the instance of the group's weight format (w1 and w3 share one: the expert table
+ * checks it) */
+template <int UP, int DEC, int S, int V, int M>
+__device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs,
+                                           int64_t f0, float *out, float pre, float limit, int act_bf16) {
+    if (W[0].fmt == DSV4_WF_MXFP4)
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+    else if (W[0].fmt == DSV4_WF_NVFP4)
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+    else
+        b1f_run<UP, B1F_FP8, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+}
+
 /* grid (chunks, max groups); dynamic shared memory B1F_SMEM(S, V, M, 1 + UP); groups of one
  * slot (rows == 1); M features per thread, MINB resident blocks per SM (the register budget) */
 template <int UP, int DEC, int S, int V, int M, int MINB>
@@ -1393,12 +1406,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const
     float *out;
     if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, blockIdx.x))
         return;
-    if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-    else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-    else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
 /* k_moe_b1 on a grid of only the real blocks (k_moe_b1r): grid.x = rs cr + cs blocks, one per
@@ -1427,12 +1435,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     const float *xs;
     float *out;
     if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, chunk)) return;
-    if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-    else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-    else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+    b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
