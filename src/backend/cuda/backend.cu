@@ -205,11 +205,13 @@ static void seg_end_timed(dsv4_backend *b) {
         lru->sig = sig;
         use = lru;
         c->g_inst++;
-        if (c->graph_log) /* DSV4_CUDA_GRAPH_LOG=1: why a segment needed a new executable */
-            fprintf(stderr, "cuda graph: segment %d: new executable (%ld nodes, signature %016llx%s%d)\n",
-                    c->seg_key, c->seg_nodes, (unsigned long long)sig,
-                    refused >= 0 ? ", update refused: cudaGraphExecUpdateResult " : ", no cached match",
-                    refused >= 0 ? refused : 0);
+        if (c->graph_log && refused >= 0) /* DSV4_CUDA_GRAPH_LOG=1: why a segment needed a new executable */
+            fprintf(stderr, "cuda graph: segment %d: new executable (%ld nodes, signature %016llx): the cached one "
+                    "refused the update (cudaGraphExecUpdateResult %d)\n", c->seg_key, c->seg_nodes,
+                    (unsigned long long)sig, refused);
+        else if (c->graph_log)
+            fprintf(stderr, "cuda graph: segment %d: new executable (%ld nodes, signature %016llx): no cached one "
+                    "of this signature\n", c->seg_key, c->seg_nodes, (unsigned long long)sig);
     }
     use->used = ++c->gclock;
     cudaGraphDestroy(g);
