@@ -56,14 +56,20 @@ static int parse_list(const char *s, int lo, int hi, int *out, int max, int *n) 
 
 #define MAX_LIST 8
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* One decode measurement: B clones of s0 (context P) decode G timed steps, then G more
  * with per-op timing.  ids: tokens for the clones ([B][2G+1]). */
 static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const int32_t *ids, float *lg,
                         int vocab, double copy_bw, int op_profile, dsv4_err *err) {
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
     dsv4_step_item *items = calloc((size_t)B, sizeof *items);
+    double *step_s = calloc((size_t)G, sizeof *step_s);
     int rc = -1;
-    if (!seqs || !items) {
+    if (!seqs || !items || !step_s) {
         dsv4_errf(err, "out of memory for %d sequences", B);
         goto out;
     }
@@ -75,10 +81,13 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     if (dsv4_engine_step(e, items, B, err)) goto out;
     dsv4_engine_perf_info p0, p1;
     dsv4_engine_perf(e, &p0);
-    double t0 = dsv4_now();
+    double t0 = dsv4_now(), tp = t0;
     for (int g = 1; g <= G; g++) {
         for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * (2 * G + 1) + g;
         if (dsv4_engine_step(e, items, B, err)) goto out;
+        double tn = dsv4_now(); /* a step returns with its logits on the host: its wall time */
+        step_s[g - 1] = tn - tp;
+        tp = tn;
     }
     double td = dsv4_now() - t0;
     dsv4_engine_perf(e, &p1);
@@ -101,6 +110,9 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     printf("bench: decode batch %d at context %d: %d steps in %.3f s = %.2f ms/step = %.1f tok/s (%.1f tok/s per "
            "sequence)\n",
            B, P, G, td, step_ms, (double)G * B / td, G / td);
+    qsort(step_s, (size_t)G, sizeof *step_s, cmp_double);
+    printf("bench: decode step times (each step's wall time): min %.3f / median %.3f / max %.3f ms\n", step_s[0] * 1e3, (G % 2 ? step_s[G / 2] : 0.5 * (step_s[G / 2 - 1] + step_s[G / 2])) * 1e3,
+           step_s[G - 1] * 1e3);
     if (p1.graph_launches + p1.graph_inst > p0.graph_launches + p0.graph_inst || p1.wait_s > p0.wait_s) {
         char gpu[96] = "device time inside them not measured (DSV4_CUDA_GRAPH_TIMES=1)";
         if (p1.graph_gpu_s > p0.graph_gpu_s)
@@ -139,6 +151,7 @@ out:
         if (seqs && seqs[b]) dsv4_seq_free(seqs[b]);
     free(seqs);
     free(items);
+    free(step_s);
     return rc;
 }
 
