@@ -21,12 +21,16 @@ if [ $? -eq 0 ] && echo "$out" | grep -q "batch 3 = 3 clones of the sequence pre
    && echo "$out" | grep -Eq "decode batch 3 at context 20: 2 steps"; then
   ok bench_cpu_batch3_clones; else bad bench_cpu_batch3_clones "$out"; fi
 
-# per-step spread: min <= median <= max, all above zero
-out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 16 --gen 4 2>&1)
-line=$(echo "$out" | grep "^bench: decode step times")
+# per-step spread: min <= median <= max, all above zero, after the asked warm-up steps
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 16 --gen 4 --warmup 2 2>&1)
+line=$(echo "$out" | grep "^bench: decode step times (each step's wall time, after 2 warm-up steps)")
 if [ -n "$line" ] && echo "$line" | awk '{for (i = 1; i <= NF; i++) if ($i == "min") a = $(i + 1); else if ($i == "median") b = $(i + 1);
     else if ($i == "max") c = $(i + 1)} END {exit !(a > 0 && a <= b && b <= c)}'; then
   ok bench_step_spread; else bad bench_step_spread "$out"; fi
+
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --warmup x 2>&1)
+if [ $? -eq 2 ] && echo "$out" | grep -q "warmup: 'x' is not a whole number in range"; then ok bench_bad_warmup
+else bad bench_bad_warmup "$out"; fi
 
 # lists: every prompt length x every batch size, one load
 out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 12,30 --batch 1,2 --gen 1 2>&1)

@@ -5,7 +5,9 @@
  * list): (2) prefill of P random tokens into one sequence (timed); for each --batch
  * size B (a comma list): (3) B clones of that sequence (same context, copied state; a
  * prefill of each would cost B times the device time and measure nothing more), each
- * decoding its own random tokens; (4) one warm-up step, --gen decode steps with all B
+ * decoding its own random tokens; (4) --warmup untimed steps (default 8: a device backend
+ * builds its CUDA graphs for each new shape there, e.g. a ratio-4 compressor's first emit
+ * at the 4th step, which cost ~4 ms once on 20 Flash layers), --gen decode steps with all B
  * sequences in one engine step each (timed), then --gen more with per-op timing for
  * the per-op breakdown and the weight bytes per step.  The model is loaded once.
  * Prints prefill tok/s, decode tok/s (steps/s x batch), the per-op breakdown, weight
@@ -23,11 +25,14 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench [--model DIR] [--backend cpu|cuda|auto] [--prompt N[,N...]] [--gen N]\n"
                "                  [--batch B[,B...]] [--numerics exact|reference] [--threads N] [--copy-gb G]\n"
-               "                  [--op-profile 0|1]\n"
+               "                  [--op-profile 0|1] [--warmup N]\n"
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
                "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
-               "timing.  Defaults: --prompt 512 --gen 32 --batch 1 --backend auto --copy-gb 4 --op-profile 1.\n");
+               "timing.  --warmup: untimed decode steps first (a device backend builds its CUDA graphs for\n"
+               "new shapes in them, e.g. a ratio-4 compressor's first emit at the 4th step; the timed steps\n"
+               "then show the steady state a long generation sees).  Defaults: --prompt 512 --gen 32 --batch 1\n"
+               "--backend auto --copy-gb 4 --op-profile 1 --warmup 8.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -61,10 +66,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* One decode measurement: B clones of s0 (context P) decode G timed steps, then G more
- * with per-op timing.  ids: tokens for the clones ([B][2G+1]). */
-static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const int32_t *ids, float *lg,
+/* One decode measurement: B clones of s0 (context P) decode W untimed steps, G timed steps,
+ * then G more with per-op timing.  ids: tokens for the clones ([B][W + 2G]). */
+static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G, const int32_t *ids, float *lg,
                         int vocab, double copy_bw, int op_profile, dsv4_err *err) {
+    const size_t stride = (size_t)W + 2 * (size_t)G; /* token ids per clone: warm-up, timed, profiled */
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
     dsv4_step_item *items = calloc((size_t)B, sizeof *items);
     double *step_s = calloc((size_t)G, sizeof *step_s);
@@ -75,15 +81,18 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     }
     for (int b = 0; b < B; b++)
         if (dsv4_seq_clone(s0, P, &seqs[b], err)) goto out;
-    /* one warm-up step, then G timed steps */
-    for (int b = 0; b < B; b++)
-        items[b] = (dsv4_step_item){seqs[b], ids + (size_t)b * (2 * G + 1), 1, lg + (size_t)b * vocab};
-    if (dsv4_engine_step(e, items, B, err)) goto out;
+    /* W warm-up steps, then G timed steps */
+    for (int w = 0; w < W; w++) {
+        for (int b = 0; b < B; b++)
+            items[b] = (dsv4_step_item){seqs[b], ids + (size_t)b * stride + w, 1, lg + (size_t)b * vocab};
+        if (dsv4_engine_step(e, items, B, err)) goto out;
+    }
+    for (int b = 0; b < B; b++) items[b] = (dsv4_step_item){seqs[b], NULL, 1, lg + (size_t)b * vocab};
     dsv4_engine_perf_info p0, p1;
     dsv4_engine_perf(e, &p0);
     double t0 = dsv4_now(), tp = t0;
     for (int g = 1; g <= G; g++) {
-        for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * (2 * G + 1) + g;
+        for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * stride + W + g - 1;
         if (dsv4_engine_step(e, items, B, err)) goto out;
         double tn = dsv4_now(); /* a step returns with its logits on the host: its wall time */
         step_s[g - 1] = tn - tp;
@@ -95,7 +104,7 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
     if (op_profile) dsv4_engine_profile(e, 1);
     double t3 = dsv4_now();
     for (int g = G + 1; g <= 2 * G && op_profile; g++) {
-        for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * (2 * G + 1) + g;
+        for (int b = 0; b < B; b++) items[b].tokens = ids + (size_t)b * stride + W + g - 1;
         if (dsv4_engine_step(e, items, B, err)) {
             dsv4_engine_profile(e, 0);
             goto out;
@@ -111,7 +120,9 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int G, const
            "sequence)\n",
            B, P, G, td, step_ms, (double)G * B / td, G / td);
     qsort(step_s, (size_t)G, sizeof *step_s, cmp_double);
-    printf("bench: decode step times (each step's wall time): min %.3f / median %.3f / max %.3f ms\n", step_s[0] * 1e3, (G % 2 ? step_s[G / 2] : 0.5 * (step_s[G / 2 - 1] + step_s[G / 2])) * 1e3,
+    printf("bench: decode step times (each step's wall time, after %d warm-up steps): min %.3f / median %.3f / max "
+           "%.3f ms\n",
+           W, step_s[0] * 1e3, (G % 2 ? step_s[G / 2] : 0.5 * (step_s[G / 2 - 1] + step_s[G / 2])) * 1e3,
            step_s[G - 1] * 1e3);
     if (p1.graph_launches + p1.graph_inst > p0.graph_launches + p0.graph_inst || p1.wait_s > p0.wait_s) {
         char gpu[96] = "device time inside them not measured (DSV4_CUDA_GRAPH_TIMES=1)";
@@ -158,7 +169,7 @@ out:
 int dsv4_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *backend = "auto", *numerics = NULL;
     int prompts[MAX_LIST] = {512}, batches[MAX_LIST] = {1}, np = 1, nb = 1;
-    int G = 32, threads = 0, copy_gb = 4, op_profile = 1;
+    int G = 32, W = 8, threads = 0, copy_gb = 4, op_profile = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -181,6 +192,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) bad = parse_int(v, 0, 4096, &threads);
         else if (!strcmp(a, "--copy-gb")) bad = parse_int(v, 1, 64, &copy_gb);
         else if (!strcmp(a, "--op-profile")) bad = parse_int(v, 0, 1, &op_profile);
+        else if (!strcmp(a, "--warmup")) bad = parse_int(v, 0, 1 << 16, &W);
         else {
             fprintf(stderr, "dsv4 bench: unknown option %s\n", a);
             usage(stderr);
@@ -198,7 +210,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
     dsv4_err err = {{0}};
     dsv4_engine *e = NULL;
     dsv4_seq *s0 = NULL;
-    size_t nid = (size_t)Pmax + (size_t)(2 * G + 1) * Bmax;
+    size_t nid = (size_t)Pmax + ((size_t)W + 2 * (size_t)G) * Bmax;
     int32_t *ids = malloc(sizeof(int32_t) * nid);
     float *lg = NULL;
     int rc = 1;
@@ -245,7 +257,8 @@ int dsv4_cmd_bench(int argc, char **argv) {
         for (int ib = 0; ib < nb; ib++) {
             int B = batches[ib];
             if (B > 1) printf("bench: batch %d = %d clones of the sequence prefilled above\n", B, B);
-            if (bench_decode(e, s0, P, B, G, ids + Pmax, lg, info.vocab_size, copy_bw, op_profile, &err)) goto done;
+            if (bench_decode(e, s0, P, B, W, G, ids + Pmax, lg, info.vocab_size, copy_bw, op_profile, &err))
+                goto done;
         }
         dsv4_seq_free(s0);
         s0 = NULL;
