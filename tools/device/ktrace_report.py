@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel device time per decode step from a ktrace CSV (tools/device/ktrace.c).
 
-usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--all]
+usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--gaps US] [--all]
 
 The trace is cut into forward passes at each launch of the marker kernel (the embedding
 lookup starts every forward pass); the last N passes are the decode steps of a
@@ -10,7 +10,9 @@ opbench).  Prints, per kernel (and per copy kind): calls per step,
 device time per step, mean time per call, its exposed time (the part of its records after every
 earlier record had ended: these add up to the busy time, also when programmatic dependent launch
 starts a kernel while its predecessor runs, which makes record times overlap), and the step's
-span, busy time and idle gaps.
+span, busy time and idle gaps.  --gaps US adds the idle gaps longer than US microseconds per
+step, summed by the record that ends them (where the device waits: a graph's first kernel, a copy
+the host issues between steps).
 """
 import lzma, subprocess, sys, collections
 
@@ -32,7 +34,7 @@ def short(d):
 
 def main():
     a = sys.argv[1:]
-    path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False
+    path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None
     i = 1
     while i < len(a):
         if a[i] == "--steps": steps = int(a[i + 1]); i += 2
@@ -40,6 +42,7 @@ def main():
         elif a[i] == "--top": top = int(a[i + 1]); i += 2
         elif a[i] == "--timeline": timeline = True; i += 1
         elif a[i] == "--all": whole = True; steps = 1; i += 1
+        elif a[i] == "--gaps": gap_us = float(a[i + 1]); i += 2
         else: sys.exit("unknown argument " + a[i])
     op = lzma.open if path.endswith(".xz") else open
     recs = []
@@ -78,6 +81,17 @@ def main():
     for k, (n, t, x) in sorted(tot.items(), key=lambda kv: -kv[1][2])[:top]:
         print("%-70s %8.1f %10.1f %9.2f %12.1f %6.1f" % (k[:70], n / steps, t / steps / 1e3, t / n / 1e3, x / steps / 1e3,
                                                        100.0 * x / busy if busy else 0.0))
+    if gap_us is not None:
+        gaps = collections.defaultdict(lambda: [0, 0])
+        last_end = sel[0][1]
+        for r in sel[1:]:
+            g = r[0] - last_end
+            if g > gap_us * 1e3:
+                t = gaps[label(r)]; t[0] += 1; t[1] += g
+            last_end = max(last_end, r[1])
+        print("idle gaps over %g us, by the record after them: count/step, us/step" % gap_us)
+        for k, (n, t) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:top]:
+            print("  %-68s %8.1f %10.1f" % (k[:68], n / steps, t / steps / 1e3))
     if timeline:
         one = recs[starts[-1]:]
         t0 = one[0][0]
