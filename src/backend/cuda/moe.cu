@@ -1390,33 +1390,16 @@ __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], i
         b1f_run<UP, B1F_FP8, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
 
-/* grid (chunks, max groups); dynamic shared memory B1F_SMEM(S, V, M, 1 + UP); groups of one
- * slot (rows == 1); M features per thread, MINB resident blocks per SM (the register budget) */
-template <int UP, int DEC, int S, int V, int M, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_moe_b1(const group *groups, const int *n_groups, const dexpert *tab,
-                                                   const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                   int64_t dim, int act_fp8, float limit, int act_bf16) {
-    pdl_enter();
-    extern __shared__ __align__(128) uint8_t b1s[];
-    if ((int)blockIdx.y >= *n_groups) return; /* grid.y is an upper bound */
-    const group &G = groups[blockIdx.y];
-    mb_half W[2];
-    int64_t rows, f0;
-    const float *xs;
-    float *out;
-    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, blockIdx.x))
-        return;
-    b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-}
-
-/* k_moe_b1 on a grid of only the real blocks (k_moe_b1r): grid.x = rs cr + cs blocks, one per
+/* k_moe_b1r: b1f_run on a grid of only the real blocks (dynamic shared memory B1F_SMEM(S, V, M,
+ * 1 + UP), groups of one slot, M features per thread, MINB resident blocks per SM): grid.x = rs cr + cs blocks, one per
  * 128 KB (up) / 64 KB (down) of weights, where rs bounds the routed groups (the row's slots), cr
  * is a routed expert's chunk count and cs the shared expert's (0 without one; hs = 1 with one).
  * The plan puts the shared expert's group last, so block b < nr cr (nr = groups - hs) is chunk
  * b % cr of routed group b / cr and the next cs blocks are the shared group's chunks; blocks
- * past those (bad expert ids drop routed groups) exit.  k_moe_b1's grid (chunks of the larger
- * expert x max_groups) launched twice the blocks for Flash, half of them exiting at once after
- * reading the group count, the group and the expert table (three dependent loads). */
+ * past those (bad expert ids drop routed groups) exit.  Its predecessor k_moe_b1 (the same
+ * per-block work on a grid of the larger expert's chunks x max_groups, removed once k_moe_b1r was
+ * measured) launched twice the blocks for Flash, half of them exiting at once after reading the
+ * group count, the group and the expert table (three dependent loads). */
 template <int UP, int DEC, int S, int V, int M, int MINB>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
@@ -1443,8 +1426,9 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
  * grid of the real blocks) for both, e2m1 through e4m3 bytes (DEC 2), each S 4 V 2 M 16 at 4
  * blocks per SM.  DSV4_CUDA_MOE_B1G=N picks another (A/B runs): 1 k_moe_b1_prev with gate/up as
  * before 2026-12-01 16:40Z (S 4, V 4, 2 blocks), 3 k_moe_b1_prev for both as it was the default
- * until k_moe_b1, 4 k_moe_b1 for both as the default was before k_moe_b1r (grid of the larger
- * chunk count x max_groups, DEC 2); DSV4_CUDA_MOE_LUT=1 takes k_moe_b1_prev's table decode (2).
+ * until k_moe_b1; DSV4_CUDA_MOE_LUT=1 takes k_moe_b1_prev's table decode (2).  k_moe_b1 (the
+ * default before k_moe_b1r: its per-block work on a grid of the larger chunk count x max_groups)
+ * is gone, its figures below.
  * Earlier geometries (f16 decode, 3 blocks per SM, down at M 32, down at S 8 V 1 / S 2 V 4 /
  * S 4 V 1, down on k_moe_b1_prev) measured no better (below) and are gone, and so are two
  * tried with k_moe_b1r: an e2m1 decode by bit placement into f32 (slower) and a diagnostic with
@@ -1492,15 +1476,12 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
 struct b1_geom {
     const void *up, *dn; /* the kernels' <1, ..> and <0, ..> instances */
     int smem_up, smem_dn, mup, mdn;
-    int fmt_up, fmt_dn;  /* 1: k_moe_b1 or k_moe_b1r, 0: k_moe_b1_prev */
+    int fmt_up, fmt_dn;  /* 1: k_moe_b1r, 0: k_moe_b1_prev */
     int real;            /* 1: k_moe_b1r (grid of the real blocks, three more arguments) */
 };
 #define B1_GEOM_PREV(DEC, SU, VU, BU, SD, VD, MDN, BD)                                                                 \
     {(const void *)k_moe_b1_prev<1, DEC, SU, VU, B1_MUP, BU>, (const void *)k_moe_b1_prev<0, DEC, SD, VD, MDN, BD>,    \
      B1_SMEM(SU, VU), B1_SMEM(SD, VD), B1_MUP, MDN, 0, 0, 0}
-#define B1_GEOM(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                  \
-    {(const void *)k_moe_b1<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1<0, DEC, SD, VD, MDN, BD>,                  \
-     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 0}
 #define B1_GEOM_R(DEC, SU, VU, MU, BU, SD, VD, MDN, BD)                                                                \
     {(const void *)k_moe_b1r<1, DEC, SU, VU, MU, BU>, (const void *)k_moe_b1r<0, DEC, SD, VD, MDN, BD>,                \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
@@ -1509,11 +1490,10 @@ static const b1_geom b1_geoms[] = {
     B1_GEOM_PREV(1, 4, 4, 2, 4, 4, 32, 2),       /* 1 */
     B1_GEOM_PREV(0, 4, 4, 2, 4, 4, 32, 2),       /* 2: DSV4_CUDA_MOE_LUT=1 */
     B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),       /* 3: k_moe_b1_prev */
-    B1_GEOM(2, 4, 2, 16, 4, 4, 2, 16, 4),        /* 4: the default before k_moe_b1r */
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
-/* 1 if k_moe_b1 takes weight w at m features per thread: FP8 needs the block's (256 / cv) m
+/* 1 if k_moe_b1r takes weight w at m features per thread: FP8 needs the block's (256 / cv) m
  * features inside one row of scale blocks (its per-thread scale); FP4 always */
 static int b1_fits(const dsv4_weight *w, int m) {
     if (w->fmt != DSV4_WF_FP8) return 1;
@@ -1782,7 +1762,7 @@ struct moe_table {
     int64_t inter, dim;             /* routed experts' shape */
     int q1_any, w2_quant;           /* routed w1 quantized (any), routed w2 quantized */
     int bulk;                       /* every expert's weights can take k_moe_bulk */
-    int b1_fit;                     /* every expert fits k_moe_b1 (b1_fits) in the backend's geometry */
+    int b1_fit;                     /* every expert fits k_moe_b1r (b1_fits) in the backend's geometry */
 };
 
 struct cuda_devside {
@@ -1792,7 +1772,7 @@ struct cuda_devside {
     int n_tab, cap_tab;
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
     int b1;                         /* one row: 0 k_moe_bulk, else 1 + the geometry (b1_geoms) */
-    long mb_calls;                  /* moe calls that took k_moe_bulk or k_moe_b1 */
+    long mb_calls;                  /* moe calls that took k_moe_bulk or a one-row kernel */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
     struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
@@ -1984,7 +1964,7 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG"),
                *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G");
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
-    /* one row: k_moe_b1 (1 + its geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
+    /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
     int gi = geom ? atoi(geom) : 0;
     if (gi < 0 || gi >= B1_NGEOM) gi = 0;
     d->b1 = off && off[0] == '2' ? 0 : 1 + (lut && lut[0] == '1' ? (int)B1_LUT : gi);
@@ -2194,7 +2174,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     ds->mb_calls += bulk;
     int b1 = bulk && rows == 1 && ds->b1 > 0; /* one row: k_moe_b1 / k_moe_b1_prev (b1_geoms) */
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
-    if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1 does not take */
+    if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1r does not take */
         bg = &b1_geoms[B1_PREV];
     unsigned b1_up = 0, b1_dn = 0;
     int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
@@ -2216,7 +2196,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         b1_gu = bg->real ? dim3((unsigned)(nrs * b1_cru + b1_csu)) : dim3(b1_up, max_groups);
         b1_gd = bg->real ? dim3((unsigned)(nrs * b1_crd + b1_csd)) : dim3(b1_dn, max_groups);
     }
-    /* k_moe_b1's arguments, in its parameter order and types */
+    /* k_moe_b1_prev's arguments, in its parameter order and types */
     const group *b1g = gd;
     const int *b1n = ngd;
     const dexpert *b1t = t->dev;
