@@ -567,7 +567,6 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
                                                const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                int64_t xg, int out_bf16, int tpr_log2, int npass) {
-    pdl_enter();
     constexpr int N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
@@ -576,7 +575,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
     int kcol[CPT], scol[CPT];
 #pragma unroll
     for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
-    int buf = 0;
+    int buf = 0, entered = 0; /* pdl_enter (common.cuh) once this block's first weights are asked for */
     for (int p = blockIdx.x; p < npass; p += gridDim.x) {
         const int64_t rb = ((int64_t)p * slots + slot) * RPP; /* this slot's first row */
         uint4 v[RPP][CPT];
@@ -592,6 +591,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
         for (int i = 0; i < CPT; i++)
             s[i] = SCL != 0 && sf32 ? __ldg((const float *)ws + srow + scol[i])
                                     : d_e8m0_to_f32(__ldg(ws + srow + scol[i]));
+        if (!entered) pdl_enter(), entered = 1; /* the first pass's weights are in flight meanwhile */
         const float *xw = x + (xg && rb < no ? (int64_t)((uint32_t)rb / (uint32_t)gR) * xg : 0);
         float acc[N];
 #pragma unroll
@@ -627,6 +627,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
         const int r = id % NR;
         if (wr && o < no) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum) : sum;
     }
+    if (!entered) pdl_enter();
 }
 
 /* ----- k_gemv8x: k_gemv8 for the large weights, x held in registers ----- */
@@ -733,7 +734,6 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                  int64_t xg, int out_bf16, int tpr_log2, int npass) {
-    pdl_enter();
     __shared__ float red[2][8][RPP];
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
@@ -752,6 +752,7 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
 #define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
                                                tpr_log2, P, kcol)
     if (pb < pe) G8X_LOAD(ba, pb);
+    pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
     for (int64_t p = pb; p < pe; p += 2) { /* loads of pass p + 1 in flight during pass p */
         if (p + 1 < pe) G8X_LOAD(bb, p + 1);
         G8X_PASS(ba, p);

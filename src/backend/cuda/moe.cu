@@ -1260,13 +1260,6 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     };
 #pragma unroll
     for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
-    float xr[VN];
-    const float4 *xp = (const float4 *)(xs + (int64_t)c * VN);
-#pragma unroll
-    for (int j = 0; j < VN / 4; j++) {
-        float4 v = __ldg(xp + j);
-        xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
-    }
     /* the scale table (FP4) or this thread's two block scales (FP8) */
     float fsc[2] = {0.0f, 0.0f};
     if (FMT == B1F_FP8) {
@@ -1319,6 +1312,17 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
                 ((uint4 *)tile)[k] = s0;
             }
         }
+    }
+    /* everything above reads weights only (copies, scales) or the plan's groups, which were
+     * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
+     * common.cuh's PDL); x is the previous kernel's output */
+    pdl_wait();
+    float xr[VN];
+    const float4 *xp = (const float4 *)(xs + (int64_t)c * VN);
+#pragma unroll
+    for (int j = 0; j < VN / 4; j++) {
+        float4 v = __ldg(xp + j);
+        xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
     }
     __syncthreads();
     const uint32_t *t32 = (const uint32_t *)tile + tid;
@@ -1405,7 +1409,11 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                     int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
                                                     int cs, int hs) {
-    pdl_enter();
+    /* gate/up reads the plan's groups, written by the kernel just before: wait at once; down
+     * reads them too, but they were complete before gate/up started, so down issues its group
+     * lookup, first weight copies and scales before waiting for gate/up's h (b1f_run) */
+    if (UP) pdl_enter();
+    else pdl_trigger();
     extern __shared__ __align__(128) uint8_t b1s[];
     int nr = *n_groups - hs, b = (int)blockIdx.x, gi, chunk;
     if (nr < 0) return;
