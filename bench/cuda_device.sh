@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab f20long ktrace ncu nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu nsys
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -85,7 +85,18 @@ for stage in "$@"; do
         envs=(); [ "$setting" = "-" ] || envs=("$setting")
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --op-profile 0 >"$OUT/ab.log" 2>&1
-        note "ab round $round [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/')"
+        note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
+      done
+    done ;;
+  abbin)
+    # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
+    # same protocol as ab (decode batch 1 at 2K, --gen 32, alternating, two rounds)
+    [ -d /dev/shm/flash20 ] || { note "abbin skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
+    for round in 1 2; do
+      for b in ${AB_BINS:-$bin/dsv4}; do
+        timeout 100 "$b" bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
+          --op-profile 0 >"$OUT/abbin.log" 2>&1
+        note "abbin round $round [$b] rc=$? $(grep -E 'prefill|decode batch' "$OUT/abbin.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
       done
     done ;;
   f20long)

@@ -1415,17 +1415,21 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     if (UP) pdl_enter();
     else pdl_trigger();
     extern __shared__ __align__(128) uint8_t b1s[];
-    int nr = *n_groups - hs, b = (int)blockIdx.x, gi, chunk;
-    if (nr < 0) return;
-    if (b < nr * cr) gi = b / cr, chunk = b - gi * cr;
-    else if (b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
-    else return;
-    const group &G = groups[gi];
+    /* a down block that leaves early still waits: the grid must not complete before gate/up
+     * has (the ordering of the kernels after it is transitive only through each grid's wait) */
+    int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
+    if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
+    else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
     mb_half W[2];
     int64_t rows, f0;
     const float *xs;
     float *out;
-    if (!b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, chunk)) return;
+    if (gi < 0 || !b1_group<UP, M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out,
+                                   f0, chunk)) {
+        if (!UP) pdl_wait();
+        return;
+    }
+    const group &G = groups[gi];
     b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
