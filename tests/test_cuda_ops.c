@@ -717,6 +717,88 @@ static void test_zz_moe_release(void) {
     moe_made = 0;
 }
 
+/* matmul_multi (several weights on one input in one call; gemv_multi.cu takes one row of bf16
+ * and e8m0 FP8 weights in one launch per format and input, the rest go through matmul): every
+ * entry against the CPU's matmul, at K = 4096 and 2048 (the kernel's instances), K = 1024 (FP8
+ * has no instance there: fallback), a table of more than 8 entries, odd row counts, f32 block
+ * scales and MXFP4 (fallback), act_fp8 and out_bf16 per entry, and 3 rows (all fallback).
+ * The launch counter proves which path ran. */
+static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const int64_t *O, const int *sf32,
+                        const int *af, const int *ob, int want_launches) {
+    tw t[16];
+    float *od[16], *a[16], *g[16];
+    const dsv4_weight *ws[16];
+    float *x = malloc(sizeof(float) * rows * K), *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * K);
+    REQUIRE(x && xd);
+    fill(x, (size_t)rows * K, 2);
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * rows * K);
+    for (int i = 0; i < n; i++) {
+        t[i] = make_w(fmt[i], O[i], K, sf32[i]);
+        ws[i] = &t[i].w;
+        a[i] = malloc(sizeof(float) * rows * O[i]), g[i] = malloc(sizeof(float) * rows * O[i]);
+        od[i] = gpu.ops->alloc(&gpu, sizeof(float) * rows * O[i]);
+        REQUIRE(a[i] && g[i] && od[i]);
+        cpu.ops->matmul(&cpu, a[i], x, rows, ws[i], af[i], ob[i]);
+    }
+    long l0 = dsv4_cuda_gemv_multi_launches(&gpu);
+    gpu.ops->matmul_multi(&gpu, n, od, xd, rows, ws, af, ob);
+    long launches = dsv4_cuda_gemv_multi_launches(&gpu) - l0;
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        gpu.ops->download(&gpu, g[i], od[i], sizeof(float) * rows * O[i]);
+        CHECK(gpu_ok());
+        double r = rel(g[i], a[i], (size_t)(rows * O[i])), tol = ob[i] ? 4e-3 : 2e-6;
+        if (r > tol || i == 0)
+            printf("  matmul_multi K %lld rows %d entry %d %-6s [%lld] sf32 %d act_fp8 %d out_bf16 %d: rel %.2e (tol %.0e)\n",
+                   (long long)K, rows, i, dsv4_wfmt_name(fmt[i]), (long long)O[i], sf32[i], af[i], ob[i], r, tol);
+        CHECKF(r <= tol, "matmul_multi entry %d rel %g", i, r);
+        if (!ob[i] && r > worst) worst = r;
+    }
+    printf("  matmul_multi K %lld rows %d, %d entries: worst fp32 rel %.2e, %ld launches of k_gemv_multi (want %d)\n",
+           (long long)K, rows, n, worst, launches, want_launches);
+    CHECKF(launches == want_launches, "k_gemv_multi launches %ld, want %d", launches, want_launches);
+    for (int i = 0; i < n; i++) {
+        gpu.ops->free(&gpu, od[i]);
+        free(a[i]), free(g[i]);
+        free_w(&t[i]);
+    }
+    gpu.ops->free(&gpu, xd);
+    free(x);
+}
+
+static void test_matmul_multi(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->matmul_multi != NULL);
+    const char *off = getenv("DSV4_CUDA_GEMV_MULTI");
+    int on = !(off && off[0] == '0');
+    /* a layer's projections of y (V4-Flash shapes, smaller counts): wq_a, wkv (FP8), compressor
+     * and indexer linears (bf16), in the exact profile and with reference's act_fp8 / out_bf16 */
+    dsv4_wfmt f1[7] = {DSV4_WF_FP8, DSV4_WF_FP8, DSV4_WF_BF16, DSV4_WF_BF16, DSV4_WF_BF16, DSV4_WF_BF16, DSV4_WF_BF16};
+    int64_t o1[7] = {1024, 512, 1024, 1024, 256, 256, 64};
+    int z[16] = {0}, a8[7] = {1, 1, 0, 0, 0, 0, 0}, b1[7] = {1, 1, 0, 0, 0, 0, 1};
+    check_multi(4096, 1, 7, f1, o1, z, z, z, on ? 2 : 0);
+    check_multi(4096, 1, 7, f1, o1, z, a8, b1, on ? 2 : 0);  /* FP8 on the act_quant copy: its own launch */
+    check_multi(2048, 1, 7, f1, o1, z, z, z, on ? 2 : 0);
+    check_multi(4096, 3, 7, f1, o1, z, a8, b1, 0);          /* rows > 1: matmul for each */
+    /* K 1024: bf16 has an instance (4 vectors a lane), FP8 does not; odd row counts (37 is no
+     * multiple of 4 rows a warp), f32 scales, MXFP4, mixed act_fp8 on FP8 entries */
+    dsv4_wfmt f2[7] = {DSV4_WF_BF16, DSV4_WF_FP8, DSV4_WF_BF16, DSV4_WF_FP8, DSV4_WF_MXFP4, DSV4_WF_BF16, DSV4_WF_BF16};
+    int64_t o2[7] = {64, 256, 37, 128, 96, 300, 132};
+    int s2[7] = {0, 0, 0, 1, 0, 0, 0};
+    check_multi(1024, 1, 7, f2, o2, s2, z, z, on ? 1 : 0);
+    /* K 4096: odd counts of one row a warp (bf16 16 vectors a lane) taken; FP8 with f32 scales and
+     * act_fp8 mixed across FP8 entries */
+    dsv4_wfmt f3[6] = {DSV4_WF_BF16, DSV4_WF_FP8, DSV4_WF_FP8, DSV4_WF_FP8, DSV4_WF_BF16, DSV4_WF_FP8};
+    int64_t o3[6] = {37, 256, 130, 64, 5, 96};
+    int s3[6] = {0, 0, 0, 1, 0, 0}, a3[6] = {0, 1, 0, 1, 0, 0};
+    check_multi(4096, 1, 6, f3, o3, s3, a3, z, on ? 3 : 0);
+    /* more than 8 entries of one launch group: the table is launched when full */
+    dsv4_wfmt f4[12];
+    int64_t o4[12];
+    for (int i = 0; i < 12; i++) f4[i] = DSV4_WF_BF16, o4[i] = 64 + 32 * (i % 3);
+    check_multi(4096, 1, 12, f4, o4, z, z, z, on ? 2 : 0);
+}
+
 /* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
  * same results as host ones, in place and out of place, and upload/download/copy move
  * data both ways. */
@@ -909,4 +991,4 @@ static void test_moe_wide(void) {
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
           test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
-          test_device_buffers, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)
+          test_device_buffers, test_matmul_multi, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)

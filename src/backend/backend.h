@@ -166,6 +166,12 @@ typedef struct dsv4_backend_ops {
                         int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                         float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
                         float y_eps);
+    /* matmul(outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]) for i < n, every ws[i] with the
+     * same cols (one input): the values of the n matmul calls up to summation order (a device
+     * backend streams several weights in one launch).  NULL: the forward pass calls matmul n
+     * times; the CPU backend sets none. */
+    void (*matmul_multi)(dsv4_backend *b, int n, float *const *outs, const float *x, int rows,
+                         const dsv4_weight *const *ws, const int *act_fp8, const int *out_bf16);
 } dsv4_backend_ops;
 
 /* What a backend reports about itself (ops->stats). */

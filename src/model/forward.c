@@ -418,8 +418,8 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
     float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
     const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
-    OPS(m)->matmul(B_(m), K, m->y, rows, &cw->wkv, 0, 0); /* fp32 linears (spec §2.0) */
-    OPS(m)->matmul(B_(m), G, m->y, rows, &cw->wgate, 0, 0);
+    /* K = wkv y, G = wgate y (fp32 linears, spec §2.0) are computed with y's other projections
+     * (y_projections) */
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
         dsv4_layer_state *ls = &sg->st->layers[layer];
@@ -459,6 +459,31 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
     }
 }
 
+/* The projections of the attention half's input y, in one backend call (matmul_multi: a
+ * device backend streams them in one launch): q's low rank (wq_a), kv (wkv), the compressor's
+ * kv and gate (fp32 linears, spec §2.0) and the indexer's compressor kv / gate and head
+ * weights (weights_proj). */
+static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
+    const dsv4_backend_ops *op = OPS(m);
+    int a8 = m->num.linear_act_fp8, bf = m->num.act_bf16, n = 0;
+    float *outs[7];
+    const dsv4_weight *ws[7];
+    int af[7], ob[7];
+#define YP(o, w, a, b) (outs[n] = (o), ws[n] = (w), af[n] = (a), ob[n] = (b), n++)
+    YP(m->qa, &L->wq_a, a8, bf);
+    YP(m->kvc, &L->wkv, a8, bf);
+    if (L->has_comp) YP(m->ck, &L->comp.wkv, 0, 0), YP(m->cg, &L->comp.wgate, 0, 0);
+    if (L->has_indexer)
+        YP(m->ick, &L->idx.comp.wkv, 0, 0), YP(m->icg, &L->idx.comp.wgate, 0, 0),
+            YP(m->iw, &L->idx.weights_proj, 0, bf);
+#undef YP
+    if (op->matmul_multi) {
+        op->matmul_multi(B_(m), n, outs, m->y, rows, ws, af, ob);
+        return;
+    }
+    for (int i = 0; i < n; i++) op->matmul(B_(m), outs[i], m->y, rows, ws[i], af[i], ob[i]);
+}
+
 /* ----- one block (spec §2.2) ----- */
 static void mark_segment(dsv4_model *m, int key);
 
@@ -478,11 +503,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
     /* ----- attention ----- */
     hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, "attn.hc_pre",
                 layer);
-    op->matmul(b, m->qa, m->y, rows, &L->wq_a, a8, bf);
+    y_projections(m, L, rows);
     op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
     op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
     norm_rope(m, m->q, rows, nh, hd, NULL, eps, rd, m->pos, freq, bf); /* per-head unweighted RMS */
-    op->matmul(b, m->kvc, m->y, rows, &L->wkv, a8, bf);
     norm_rope(m, m->kvc, rows, 1, hd, &L->kv_norm, eps, rd, m->pos, freq, bf);
     if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
     op_trace(m, "attn.q", layer, rows, nh * hd, m->q, NULL, NULL, m->pos);
@@ -500,7 +524,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
         op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
         if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
-        op->matmul(b, m->iw, m->y, rows, &L->idx.weights_proj, 0, bf);
         op->scale(b, m->iw, (size_t)rows * inh, (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh)), bf);
         int need = 1;
         for (int i = 0; i < rows; i++) {

@@ -26,6 +26,8 @@ extern "C" {
 void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *);
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int);
+void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
+                     const int *);
 void cu_rmsnorm(dsv4_backend *, float *, const float *, int, int, const dsv4_weight *, float, int);
 void cu_rope(dsv4_backend *, float *, int, int, int, int, const int64_t *, const double *, int, int);
 void cu_scale(dsv4_backend *, float *, size_t, float, int);
@@ -451,7 +453,7 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
-    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic"};
+    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -811,6 +813,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_segment,
     cu_norm_rope,
     cu_hc_pre_norm,
+    cu_matmul_multi,
 };
 
 /* DSV4_CUDA_FUSE=0: the table without the fused pairs (the forward pass then calls the two

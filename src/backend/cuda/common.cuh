@@ -88,6 +88,7 @@ struct cuda_impl {
     double issue_s, segment_s;  /* host seconds inside ops (always counted) / ending captures */
     long op_calls[DSV4_CUDA_N_OPS];
     size_t weight_bytes_read;   /* bytes of weights streamed by matmul/moe since the last reset */
+    long gm_launches;           /* k_gemv_multi launches (gemv_multi.cu), for the tests */
     /* device-side state of the sync-free ops (moe.cu): sticky device flags, the routed
      * weight-byte counter, per-layer expert tables; NULL until first use */
     struct cuda_devside *devside;
