@@ -45,6 +45,9 @@
  *   in A/B runs and for FP8 scale blocks k_moe_b1 does not take); for one row the plan
  *   then cuts groups of one slot.  DSV4_CUDA_MOE_BULK=0 turns both off (slot-group kernels),
  *   =2 runs one row on k_moe_bulk as before k_moe_b1 (A/B runs).
+ *   2..BN_ROWS (32) rows take k_moe_bnr instead (its section below: groups of <= BN_G slots, each
+ *   weight chunk streamed once per group); DSV4_CUDA_MOE_BN=0 returns them to k_moe_bulk / the
+ *   slot-group kernels, =2 runs groups of one slot (A/B runs).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
  *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
  *   exit at once.  Each layer's expert weights (device views) are one table in device
