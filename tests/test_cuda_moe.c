@@ -16,6 +16,14 @@
  * NaN scale among the block scales (the NaN outputs must be the CPU's), routed experts of inter
  * 1024 and 2048 beside a shared one of 2048 (different chunk counts in k_moe_b1r's map), and FP8
  * w2 of 32 vectors per row (128 rows per block at M 16: one scale block).
+ * 2..32 rows (test_batch): k_moe_bnr (groups of <= 4 slots of one expert: one-slot groups on
+ * k_moe_b1r's per-block work, larger ones decoding each weight once for all their slots) at 2, 3,
+ * 8, 17 and 32 rows, on the default, with DSV4_CUDA_MOE_BN=2 (groups of one slot only) and =0
+ * (the kernels before it: k_moe_bulk up to 8 rows, the slot-group kernels above), each against the
+ * CPU op with the tolerances above; MXFP4 / NVFP4 / FP8 (e8m0 or f32 scales) routed experts, an
+ * FP8 shared expert (groups of 2, 3, 4 rows and a last group of 1 at 17 rows), an expert id
+ * repeated within a row, experts with more than 4 slots (two groups), weights before or after w2,
+ * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -273,4 +281,108 @@ static void test_one_row(void) {
         for (int k = 0; k < NAB; k++) dsv4_backend_cuda_free(&g_ab[k]);
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row)
+/* ----- 2..32 rows: k_moe_bnr and the kernels it is A/B'd against ----- */
+long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b); /* moe.cu: calls that took k_moe_bnr (for tests) */
+
+enum { NE2 = 16 };
+
+typedef struct {
+    tw parts[3 * NE2 + 3];
+    dsv4_ffn_w ex[NE2], sh;
+} ffn_set2;
+
+/* make_set1's experts, NE2 of them */
+static void make_set2(ffn_set2 *s, dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32) {
+    for (int x = 0; x <= NE2; x++) {
+        dsv4_wfmt f = x < NE2 ? rfmt : sfmt;
+        int64_t in = x < NE2 ? ri : 2048;
+        s->parts[3 * x] = make_w(f, in, D1, sf32);
+        s->parts[3 * x + 1] = make_w(f, D1, in, sf32);
+        s->parts[3 * x + 2] = make_w(f, in, D1, sf32);
+        dsv4_ffn_w fw = {.w1 = s->parts[3 * x].w, .w2 = s->parts[3 * x + 1].w, .w3 = s->parts[3 * x + 2].w};
+        if (x < NE2) s->ex[x] = fw;
+        else s->sh = fw;
+    }
+}
+
+/* row r takes experts (5 r + 3 j) mod (NE2 - 2), expert 0 first in every third row (more than 4
+ * slots from 8 rows: several groups), rows r % 5 == 2 repeat their first expert in slot 2;
+ * at 2 rows experts 0, 3 and 6 get two slots, the others one */
+static void make_ids2(int32_t *e, float *w, int R) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < K1; j++) {
+            int x = (r * 5 + j * 3) % (NE2 - 2);
+            if (r % 3 == 0 && j == 0) x = 0;
+            if (r % 5 == 2 && j == 2) x = e[r * K1];
+            e[r * K1 + j] = x;
+            w[r * K1 + j] = 0.15f + 0.05f * (float)((r + j) % 7);
+        }
+}
+
+/* backends with DSV4_CUDA_MOE_BN = 2 and 0 (read once per backend: every call sets it) */
+enum { NBN = 2 };
+static const struct {
+    const char *env, *what;
+    int took; /* calls of k_moe_bnr expected per moe call */
+} bn_runs[1 + NBN] = {{"", "default: k_moe_bnr", 1}, {"2", "k_moe_bnr one-slot groups", 1}, {"0", "before", 0}};
+static dsv4_backend g_bn[NBN];
+static int have_bn;
+
+static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, int R, int before_w2, int act_fp8,
+                        int act_bf16) {
+    ffn_set2 s;
+    make_set2(&s, rfmt, sfmt, ri, sf32);
+    float *x = malloc(sizeof(float) * R * D1), *a = malloc(sizeof(float) * R * D1),
+          *g = malloc(sizeof(float) * R * D1), *w = malloc(sizeof(float) * R * K1);
+    int32_t *e = malloc(sizeof(int32_t) * R * K1);
+    REQUIRE(x && a && g && w && e);
+    fill(x, (size_t)R * D1, 1);
+    make_ids2(e, w, R);
+    cpu.ops->moe(&cpu, a, x, R, s.ex, NE2, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+    double tol = act_bf16 ? 4e-3 : act_fp8 ? 2e-3 : 1e-5;
+    for (int k = 0; k < (have_bn ? 1 + NBN : 1); k++) {
+        dsv4_backend *b = k ? &g_bn[k - 1] : &gpu;
+        dsv4_err err;
+        if (k) setenv("DSV4_CUDA_MOE_BN", bn_runs[k].env, 1);
+        for (int i = 0; i < R * D1; i++) g[i] = NAN;
+        long n0 = dsv4_cuda_moe_bn_calls(b);
+        b->ops->moe(b, g, x, R, s.ex, NE2, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+        unsetenv("DSV4_CUDA_MOE_BN");
+        int rc = b->ops->check(b, &err);
+        long took = dsv4_cuda_moe_bn_calls(b) - n0;
+        double r = rel(g, a, (size_t)R * D1);
+        printf("  batch %s routed (inter %lld), %s shared%s, rows %d, before_w2 %d, act_fp8 %d, act_bf16 %d, %s: rel "
+               "%.2e (tol %.0e), k_moe_bnr %ld\n",
+               dsv4_wfmt_name(rfmt), (long long)ri, dsv4_wfmt_name(sfmt), sf32 ? " (f32 scales)" : "", R, before_w2,
+               act_fp8, act_bf16, bn_runs[k].what, r, tol, took);
+        CHECKF(rc == 0, "batch: %s", rc ? err.msg : "");
+        CHECKF(r <= tol, "batch %d rows %s rel %g", R, bn_runs[k].what, r);
+        CHECKF(took == bn_runs[k].took, "batch %s: k_moe_bnr ran %ld times, expected %d", bn_runs[k].what, took,
+               bn_runs[k].took);
+    }
+    for (int i = 0; i < 3 * NE2 + 3; i++) free_w(&s.parts[i]);
+    free(x), free(a), free(g), free(w), free(e);
+}
+
+static void test_batch(void) {
+    NEED_GPU();
+    dsv4_err err;
+    int nb = 0;
+    while (nb < NBN && dsv4_backend_cuda_init(&g_bn[nb], 0, &err) == 0) nb++;
+    have_bn = nb == NBN;
+    if (!have_bn)
+        while (nb > 0) dsv4_backend_cuda_free(&g_bn[--nb]);
+    CHECKF(have_bn, "second backends: %s", have_bn ? "" : err.msg);
+    check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 2, 0, 0, 0);
+    check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 3, 1, 1, 0);
+    check_batch(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 0, 8, 0, 0, 1);
+    check_batch(DSV4_WF_FP8, DSV4_WF_FP8, 2048, 0, 8, 1, 0, 0);
+    check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 2048, 0, 17, 0, 1, 0);
+    check_batch(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 1, 17, 1, 0, 0);
+    check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 32, 1, 0, 0);
+    check_batch(DSV4_WF_FP8, DSV4_WF_FP8, 1024, 1, 32, 0, 1, 0);
+    if (have_bn)
+        for (int k = 0; k < NBN; k++) dsv4_backend_cuda_free(&g_bn[k]);
+}
+
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_batch)

@@ -45,6 +45,9 @@
  *   in A/B runs and for FP8 scale blocks k_moe_b1 does not take); for one row the plan
  *   then cuts groups of one slot.  DSV4_CUDA_MOE_BULK=0 turns both off (slot-group kernels),
  *   =2 runs one row on k_moe_bulk as before k_moe_b1 (A/B runs).
+ *   2..BN_ROWS (32) rows take k_moe_bnr instead (its section below: groups of <= BN_G slots, each
+ *   weight chunk streamed once per group); DSV4_CUDA_MOE_BN=0 returns them to k_moe_bulk / the
+ *   slot-group kernels, =2 runs groups of one slot (A/B runs).
  *   A and B launch with grid.y = an upper bound of the group count computed from the
  *   shapes alone (S/MOE_G + min(n_routed, rows*k) + 2); blocks past the device count
  *   exit at once.  Each layer's expert weights (device views) are one table in device
@@ -1534,6 +1537,301 @@ static int mb_ok(const dweight *w, int up) {
     return sb % 16 == 0 && sb <= area;
 }
 
+/* ----- 2..32 rows: groups of up to BN_G slots of one expert (k_moe_bnr) -----
+ * The batched decode.  The plan cuts groups of <= BN_G slots of one expert (the shared
+ * expert: BN_G rows per group, its groups last), and the expert GEMVs run as two launches per
+ * half over the same grid of k_moe_b1r's blocks (one per 128 KB of gate/up, 64 KB of down
+ * weights of a group: grid.x = a bound of the routed groups x a routed expert's chunks + the
+ * shared groups x the shared expert's chunks; blocks past the device's groups exit):
+ * - k_moe_bnr<.., 1, ..> takes the groups of one slot (at 2..8 rows most routed experts get one
+ *   row) with k_moe_b1r's per-block work unchanged (b1f_format: 4 blocks per SM, x in registers);
+ * - k_moe_bnr<.., BN_G, ..> takes the groups of 2..BN_G slots: the block streams its chunk ONCE
+ *   with b1f_run's pipeline and scale table, decodes each 16-byte vector once and forms the
+ *   products with the x of every slot of the group (bn_run).  The slots' x values (NS x K
+ *   floats) cannot stay in registers (32 per slot and FP4 vector): they are staged in shared
+ *   memory, transposed so that the 32 lanes of a warp (consecutive column vectors c) read 32
+ *   consecutive float4 (no bank conflict): float4 j of slot s's vector c at (s VN/4 + j) cv + c.
+ *   A group of 2 slots runs an NS = 2 body, 3..4 the NS = 4 body (a third slot's padding
+ *   repeats slot 0's x; its sums are never written).
+ * Each slot's sums are those of b1f_run: the same decode (e2m1 through e4m3 bytes, DEC 2: the
+ * values times 2^-6, undone by an exact multiply before the block scale), the same products in
+ * the same order per vector, warp sums by the halving tree, a feature's kw warp sums added in
+ * warp order.  A group of n slots costs the weight bytes once, so the MoE streams ~ (distinct
+ * experts + shared groups) x an expert's bytes instead of k_moe_bulk's re-decode per slot.
+ * Shared memory of the NS kernel: b1f_run's (stages, scale table) + NS warp-sum areas + the x
+ * area (BN_G x K x 4 bytes: 64 KB for Flash gate/up, 32 KB down). */
+enum { BN_G = 4, BN_ROWS = 32, BN_S = 4, BN_V = 2, BN_M = 16 };
+#define BN_SMEM(NH, NS) (B1F_SMEM(BN_S, BN_V, BN_M, NH) + 8 * BN_M * (NH) * 4 * ((NS) - 1))
+
+/* the NS slot sums of FP4 vector q (a: values 0..15, b: 16..31, times 2^-6 as b1f_fp4 with DEC 2);
+ * x values of slot s: xc[(s 8 + j) cv], j < 8 */
+template <int NS>
+__device__ __forceinline__ void bn_fp4(const uint4 &q, const float4 *xc, int cv, float (&a)[NS], float (&b)[NS]) {
+    const uint32_t *qw = (const uint32_t *)&q;
+    float a0[NS], a1[NS], b0[NS], b1[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) a0[s] = a1[s] = b0[s] = b1[s] = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < 4; w4++) {
+        float f[8]; /* values 8 w4 + k, decoded once for every slot */
+        uint32_t lo = ((qw[w4] & 0x07070707u) << 2) | ((qw[w4] & 0x08080808u) << 4);
+        uint32_t hi = ((qw[w4] >> 2) & 0x1C1C1C1Cu) | (qw[w4] & 0x80808080u);
+        float l[4], u[4];
+        b1_e4m3x4(lo, l);
+        b1_e4m3x4(hi, u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) f[2 * k] = l[k], f[2 * k + 1] = u[k];
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            float4 x0 = xc[(s * 8 + 2 * w4) * cv], x1 = xc[(s * 8 + 2 * w4 + 1) * cv];
+            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float pr = f[k] * xv[k];
+                if (w4 < 2) (k & 1 ? a1[s] : a0[s]) += pr;
+                else (k & 1 ? b1[s] : b0[s]) += pr;
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < NS; s++) a[s] = a0[s] + a1[s], b[s] = b0[s] + b1[s];
+}
+
+/* the NS slot sums of FP8 vector q (b1f_fp8's chains); x of slot s: xc[(s 4 + j) cv], j < 4 */
+template <int NS>
+__device__ __forceinline__ void bn_fp8(const uint4 &q, const float4 *xc, int cv, float (&r)[NS]) {
+    const uint32_t *qw = (const uint32_t *)&q;
+    float a0[NS], a1[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) a0[s] = a1[s] = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < 4; w4++) {
+        float f[4];
+        b1_e4m3x4(qw[w4], f);
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            float4 xv = xc[(s * 4 + w4) * cv];
+            a0[s] = fmaf(f[0], xv.x, a0[s]);
+            a1[s] = fmaf(f[1], xv.y, a1[s]);
+            a0[s] = fmaf(f[2], xv.z, a0[s]);
+            a1[s] = fmaf(f[3], xv.w, a1[s]);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < NS; s++) r[s] = a0[s] + a1[s];
+}
+
+/* b1f_run for the n (<= NS) slots of one group: input rows xs[s], outputs out[s], pre[s]
+ * (entries >= n repeat slot 0's input and are not written) */
+template <int UP, int FMT, int NS>
+__device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *const *xs, int n,
+                                       int64_t f0, float *const *out, const float *pre, float limit, int act_bf16) {
+    constexpr int S = BN_S, V = BN_V, M = BN_M;
+    constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, VQ = VN / 4,
+                  NV = V * NS, PS = 8 * M * NH; /* NV: sums per stage; PS: one slot's warp sums */
+    constexpr int FSTEP = 4096;
+    static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "bn geometry");
+    uint4 *sd = (uint4 *)sm + threadIdx.x;
+    uint8_t *tile = sm + S * V * 256 * 16;
+    float *part = (float *)(tile + 256 * M * 2 * NH);
+    float4 *xsm = (float4 *)(part + PS * BN_G); /* the launch's x area follows BN_G warp-sum areas */
+    int tid = threadIdx.x, lane = tid & 31;
+    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
+    int nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
+    int nv = (nfeat - p + P - 1) / P;
+    const uint8_t *g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
+    const uint8_t *g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
+    auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            int u = j / NH;
+            if (ib + u < nv) b1_cp16(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
+        }
+        b1_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
+    float fsc[2] = {0.0f, 0.0f}; /* b1f_run's scales: FP8 per thread, FP4 the block's table */
+    if (FMT == B1F_FP8) {
+        int64_t rb = f0 / W[0].block;
+        int cb = c * 16 / W[0].block;
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const uint8_t *sp = W[hh].scale + rb * W[hh].srow;
+            fsc[hh] = W[hh].scale_f32 ? __ldg((const float *)sp + cb) : d_e8m0_to_f32(__ldg(sp + cb));
+        }
+    } else {
+        constexpr int EPC = FMT == B1F_MXFP4 ? 16 : 8, NCH = 256 * M / EPC / 256;
+        int srow = W[0].srow;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int k = tid + 256 * j;
+            if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
+            uint4 s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
+            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
+            const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
+            if (FMT == B1F_MXFP4) {
+                uint32_t e[16];
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    uint32_t lo = b1_e8m0_bf16((a[i / 4] >> (8 * (i % 4))) & 255u);
+                    e[i] = UP ? lo | b1_e8m0_bf16((b[i / 4] >> (8 * (i % 4))) & 255u) << 16 : lo;
+                }
+                if (UP) {
+                    uint4 *t4 = (uint4 *)tile + 4 * k;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) t4[i] = make_uint4(e[4 * i], e[4 * i + 1], e[4 * i + 2], e[4 * i + 3]);
+                } else {
+                    uint4 *t4 = (uint4 *)tile + 2 * k;
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        t4[i] = make_uint4(e[8 * i] | e[8 * i + 1] << 16, e[8 * i + 2] | e[8 * i + 3] << 16,
+                                           e[8 * i + 4] | e[8 * i + 5] << 16, e[8 * i + 6] | e[8 * i + 7] << 16);
+                }
+            } else if (UP) {
+                uint4 *t4 = (uint4 *)tile + 2 * k;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    t4[i] = make_uint4(__byte_perm(a[2 * i], b[2 * i], 0x5410), __byte_perm(a[2 * i], b[2 * i], 0x7632),
+                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x5410),
+                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x7632));
+            } else {
+                ((uint4 *)tile)[k] = s0;
+            }
+        }
+    }
+    pdl_wait(); /* as in b1f_run: x / h is the previous kernel's output */
+    /* the slots' x vectors, transposed (the threads of column c with p = s mod P copy slot s) */
+    for (int s = p; s < NS; s += P) {
+        const float4 *xp = (const float4 *)(xs[s] + (int64_t)c * VN);
+#pragma unroll
+        for (int j = 0; j < VQ; j++) xsm[(s * VQ + j) * cv + c] = __ldg(xp + j);
+    }
+    __syncthreads();
+    const float4 *xc = xsm + c;
+    const uint32_t *t32 = (const uint32_t *)tile + tid;
+    const uint16_t *t16 = (const uint16_t *)tile + tid;
+    for (int it0 = 0; it0 < NIT; it0 += S) {
+        const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
+        int nvr = nv - it0 * U;
+#pragma unroll
+        for (int st = 0; st < S; st++) {
+            float v[NV]; /* value j NS + s: reduced per stage (b1f_run reduces per S stages: with
+                          * NS slots that many sums spilled) */
+            {
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    int u = j / NH, ib = (st + S - 1) * U + u;
+                    if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
+                }
+                b1_commit();
+            }
+            b1_wait<S - 1>();
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int i = (it0 + st) * U + u;
+                uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
+#pragma unroll
+                for (int hh = 0; hh < NH; hh++) {
+                    uint4 q = sd[(st * V + u * NH + hh) * 256];
+                    float r[NS];
+                    if (FMT == B1F_FP8) {
+                        bn_fp8<NS>(q, xc, cv, r);
+#pragma unroll
+                        for (int s = 0; s < NS; s++) r[s] *= fsc[hh];
+                    } else {
+                        float a[NS], b[NS];
+                        bn_fp4<NS>(q, xc, cv, a, b);
+                        uint32_t bits = hh ? te >> 16 : te & 0xffffu;
+                        if (FMT == B1F_MXFP4) {
+                            float sc = __uint_as_float(bits << 16);
+#pragma unroll
+                            for (int s = 0; s < NS; s++) r[s] = ((a[s] + b[s]) * 64.0f) * sc; /* 2^6: exact */
+                        } else {
+                            float2 s2 = d_e4m3x2_to_f32x2((uint16_t)bits);
+                            float sa = s2.x * W[hh].scale2, sb = s2.y * W[hh].scale2;
+#pragma unroll
+                            for (int s = 0; s < NS; s++) r[s] = (a[s] * 64.0f) * sa + (b[s] * 64.0f) * sb;
+                        }
+                    }
+#pragma unroll
+                    for (int s = 0; s < NS; s++) v[(u * NH + hh) * NS + s] = r[s];
+                }
+            }
+            float wsum = b1f_reduce<NV>(v, lane);
+            if ((lane & (32 / NV - 1)) == 0) {
+                int jv = lane / (32 / NV), s = jv % NS, j = jv / NS;
+                int fl = p + P * ((it0 + st) * U + j / NH);
+                part[s * PS + (fl * NH + j % NH) * kw + kwi] = wsum;
+            }
+        }
+    }
+    __syncthreads();
+    for (int s = 0; s < n; s++) b1_write<UP>(part + s * PS, kw, nfeat, tid, f0, out[s], pre[s], limit, act_bf16);
+}
+
+template <int UP, int NS>
+__device__ __forceinline__ void bn_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *const *xs,
+                                          int n, int64_t f0, float *const *out, const float *pre, float limit,
+                                          int act_bf16) {
+    if (W[0].fmt == DSV4_WF_MXFP4)
+        bn_run<UP, B1F_MXFP4, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+    else if (W[0].fmt == DSV4_WF_NVFP4)
+        bn_run<UP, B1F_NVFP4, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+    else
+        bn_run<UP, B1F_FP8, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+}
+
+/* grid: nrb cr + hsg cs blocks (nrb bounds the routed groups, hsg = the shared expert's groups,
+ * 0 without one); NSK 1: the groups of one slot (k_moe_b1r's work and geometry), NSK = BN_G: the
+ * groups of 2..BN_G slots (bn_run); blocks of the other kind's groups exit (down ones after
+ * the PDL wait, as k_moe_b1r's) */
+template <int UP, int NSK, int MINB>
+__global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, const int *n_groups, const dexpert *tab,
+                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                    int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
+                                                    int cs, int hsg) {
+    if (UP) pdl_enter();
+    else pdl_trigger();
+    extern __shared__ __align__(128) uint8_t bns[];
+    int nr = *n_groups - hsg, b = (int)blockIdx.x, gi = -1, chunk = 0;
+    if (nr >= 0 && b < nr * cr) {
+        gi = b / cr, chunk = b - gi * cr;
+    } else if (nr >= 0 && cs > 0 && b - nr * cr < hsg * cs) {
+        int q = b - nr * cr;
+        gi = nr + q / cs, chunk = q % cs;
+    }
+    int n = gi >= 0 ? groups[gi].n : 0;
+    if (NSK == 1 ? n != 1 : n < 2) gi = -1;
+    mb_half W[2];
+    int64_t rows, f0;
+    const float *xs0;
+    float *out0;
+    if (gi < 0 || !b1_group<UP, BN_M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs0,
+                                      out0, f0, chunk)) {
+        if (!UP) pdl_wait();
+        return;
+    }
+    const group &G = groups[gi];
+    if constexpr (NSK == 1) {
+        b1f_format<UP, 2, BN_S, BN_V, BN_M>(bns, W, rows, xs0, f0, out0, G.pre[0], limit, act_bf16);
+    } else {
+        const float *xs[NSK];
+        float *out[NSK];
+        float pre[NSK];
+        const float *xin = UP ? (act_fp8 && tab[G.ex].q1 ? xq : x) : h;
+#pragma unroll
+        for (int s = 0; s < NSK; s++) {
+            int t = s < n ? s : 0;
+            xs[s] = UP ? xin + (int64_t)G.row[t] * dim : xin + (int64_t)G.slot[t] * ldh;
+            out[s] = UP ? h + (int64_t)G.slot[t] * ldh : y + (int64_t)G.slot[t] * dim;
+            pre[s] = G.pre[t];
+        }
+        if (n <= 2) bn_format<UP, 2>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        else bn_format<UP, NSK>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+    }
+}
+
 /* order[r*k + i]: slot of row r's i-th expert in id order (-1: a skipped bad id); cw: its
  * combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
@@ -1775,6 +2073,7 @@ struct moe_table {
     int q1_any, w2_quant;           /* routed w1 quantized (any), routed w2 quantized */
     int bulk;                       /* every expert's weights can take k_moe_bulk */
     int b1_fit;                     /* every expert fits k_moe_b1r (b1_fits) in the backend's geometry */
+    int bn_fit;                     /* every expert fits k_moe_bnr (b1_fits at BN_M, both halves) */
 };
 
 struct cuda_devside {
@@ -1784,7 +2083,13 @@ struct cuda_devside {
     int n_tab, cap_tab;
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
     int b1;                         /* one row: 0 k_moe_bulk, else 1 + the geometry (b1_geoms) */
-    long mb_calls;                  /* moe calls that took k_moe_bulk or a one-row kernel */
+    long mb_calls;                  /* moe calls that took k_moe_bulk or a one-row kernel, or k_moe_bnr
+                                     * at <= MOE_G rows (where k_moe_bulk ran before it) */
+    int bn;                         /* 2..BN_ROWS rows: 1 k_moe_bnr (groups of <= BN_G), 2 k_moe_bnr's
+                                     * one-slot kernel only (groups of one slot), 0 the kernels before
+                                     * it (DSV4_CUDA_MOE_BN=0 / =2, A/B runs) */
+    int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
+    long bn_calls;                  /* moe calls that took k_moe_bnr */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
     struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
@@ -1800,6 +2105,12 @@ struct cuda_devside {
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->mb_calls : 0;
+}
+
+/* moe calls that took k_moe_bnr (2..BN_ROWS rows); for tests, which declare it themselves */
+extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->bn_calls : 0;
 }
 
 static cuda_devside *devside(dsv4_backend *b) {
@@ -1973,8 +2284,26 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                                        cudaSharedmemCarveoutMaxShared)))
             return -1;
     }
+    /* k_moe_bnr: the one-slot instances take k_moe_b1r's shared memory; the others a size that
+     * depends on K (checked per call against bn_smem).  A refusal here only switches k_moe_bnr
+     * off (its error cleared): the other paths do not need it */
+    int optin = 0;
+    if (CK(b, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))) return -1;
+    optin -= 1024; /* a margin below the opt-in limit */
+    const void *bnf[4] = {(const void *)k_moe_bnr<1, 1, 4>, (const void *)k_moe_bnr<0, 1, 4>,
+                          (const void *)k_moe_bnr<1, BN_G, 2>, (const void *)k_moe_bnr<0, BN_G, 2>};
+    const int bns[4] = {B1F_SMEM(BN_S, BN_V, BN_M, 2), B1F_SMEM(BN_S, BN_V, BN_M, 1), optin, optin};
+    int bn_ok = 1;
+    for (int i = 0; i < 4 && bn_ok; i++)
+        bn_ok = cudaFuncSetAttribute(bnf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bns[i]) == cudaSuccess &&
+                cudaFuncSetAttribute(bnf[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    if (!bn_ok) (void)cudaGetLastError();
+    d->bn_smem = bn_ok ? optin : 0;
     const char *off = getenv("DSV4_CUDA_MOE_BULK"), *dbg = getenv("DSV4_CUDA_MOE_DEBUG"),
-               *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G");
+               *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G"),
+               *bn = getenv("DSV4_CUDA_MOE_BN");
+    d->bn = bn && bn[0] == '0' ? 0 : bn && bn[0] == '2' ? 2 : 1;
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
     int gi = geom ? atoi(geom) : 0;
@@ -2065,6 +2394,11 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         if (x < n_routed) t->q1_any |= h[x].q1;
     }
     if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b, d);
+    t->bn_fit = !bad && t->bulk;
+    for (int x = 0; x <= n_routed && t->bn_fit; x++) {
+        const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
+        if (f) t->bn_fit &= b1_fits(&f->w1, BN_M) && b1_fits(&f->w3, BN_M) && b1_fits(&f->w2, BN_M);
+    }
     t->b1_fit = 0;
     if (!bad && t->bulk && d->b1 > 0) {
         const b1_geom &g = b1_geoms[d->b1 - 1];
@@ -2136,8 +2470,17 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     int64_t dim = shared ? shared->w1.cols : t->dim;
     int64_t inter_max = t->inter;
     if (shared && shared->w1.rows > inter_max) inter_max = shared->w1.rows;
-    /* an upper bound of the group count from shapes alone (the plan writes the real one) */
-    int max_groups = S / MOE_G + (n_routed < nrs ? n_routed : nrs) + 2;
+    /* 2..BN_ROWS rows with FP4/FP8 experts that k_moe_bnr takes (and its shared memory fits):
+     * groups of <= BN_G slots; vec (aligned x, xq, h) is checked below */
+    cuda_devside *ds0 = c->devside;
+    size_t bn_smu = BN_SMEM(2, BN_G) + (size_t)BN_G * dim * sizeof(float),
+           bn_smd = BN_SMEM(1, BN_G) + (size_t)BN_G * inter_max * sizeof(float);
+    int bn_want = rows >= 2 && rows <= BN_ROWS && ds0 && ds0->bn > 0 && ds0->mb_grid > 0 && t->bulk && t->bn_fit &&
+                  bn_smu <= (size_t)ds0->bn_smem && bn_smd <= (size_t)ds0->bn_smem;
+    int bn_g = bn_want && ds0->bn == 1 ? BN_G : 1; /* DSV4_CUDA_MOE_BN=2: groups of one slot */
+    /* an upper bound of the group count from shapes alone (the plan writes the real one): an
+     * expert's c slots make ceil(c / g) <= 1 + c / g groups, the shared expert's rows ceil(rows / g) */
+    int max_groups = S / (bn_want ? bn_g : MOE_G) + (n_routed < nrs ? n_routed : nrs) + 2;
     size_t plan_smem = sizeof(int) * (3 * (size_t)n_routed + 1);
     if (plan_smem > 48 * 1024 &&
         CK(b, cudaFuncSetAttribute(k_moe_plan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)plan_smem)))
@@ -2157,11 +2500,12 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     cuda_devside *ds = c->devside;
     if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return;
     int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
-    int bulk = rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG;
+    int bn = bn_want && vec;
+    int bulk = !bn && rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG;
     /* one row takes k_moe_bulk<.., MULTI = 0>, which computes one slot per group: the plan then
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
-    int gmax = bulk && rows == 1 ? 1 : MOE_G;
+    int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
     if (ds->small && nrs <= 32) /* decode: one warp */
         dsv4_launch(k_moe_plan_w, 1, 32, 0, c->stream, gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
                     shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
@@ -2170,7 +2514,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                     k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
     if (CKL(b)) return;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
-        c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + MOE_G - 1) / MOE_G);
+        c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + gmax - 1) / gmax);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
     /* Geometry (as k_linear's): a warp takes OPW features; while that gives fewer than ~8K
      * warps over the groups expected (one per distinct routed expert plus the shared ones),
@@ -2183,7 +2527,25 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     dim3 gup((unsigned)((inter_max + MOE_UP_OPW * (8 / kw_up) - 1) / (MOE_UP_OPW * (8 / kw_up))), max_groups);
     dim3 gdn((unsigned)((dim + MOE_DOWN_OPW * (8 / kw_dn) - 1) / (MOE_DOWN_OPW * (8 / kw_dn))), max_groups);
     int mb_smem = MB_STAGES * (MB_TILE + MB_SCALE) + max_groups * (int)sizeof(mb_group);
-    ds->mb_calls += bulk;
+    ds->mb_calls += bulk || (bn && rows <= MOE_G);
+    ds->bn_calls += bn;
+    /* k_moe_bnr: the grid of k_moe_b1r's blocks over a bound of the routed groups (each has >= 1
+     * slot; an expert's c slots make <= 1 + c / g groups) and the shared expert's groups */
+    int bn_cru = 0, bn_crd = 0, bn_csu = 0, bn_csd = 0, bn_hsg = 0;
+    unsigned bn_gu = 0, bn_gd = 0;
+    if (bn) {
+        const dsv4_weight *r2 = &experts[0].w2;
+        bn_cru = (int)b1_chunks(&experts[0].w1, t->inter, BN_M);
+        bn_crd = (int)b1_chunks(r2, r2->rows < dim ? r2->rows : dim, BN_M);
+        if (shared) {
+            bn_csu = (int)b1_chunks(&shared->w1, shared->w1.rows, BN_M);
+            bn_csd = (int)b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, BN_M);
+            bn_hsg = (rows + gmax - 1) / gmax;
+        }
+        int nrb = n_routed + nrs / gmax < nrs ? n_routed + nrs / gmax : nrs;
+        bn_gu = (unsigned)(nrb * bn_cru + bn_hsg * bn_csu);
+        bn_gd = (unsigned)(nrb * bn_crd + bn_hsg * bn_csd);
+    }
     int b1 = bulk && rows == 1 && ds->b1 > 0; /* one row: k_moe_b1 / k_moe_b1_prev (b1_geoms) */
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
     if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1r does not take */
@@ -2219,7 +2581,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                     &b1_cru, &b1_csu, &b1_hs};
     void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
                     &b1_crd, &b1_csd, &b1_hs};
-    if (b1)
+    if (bn) {
+        dsv4_launch(k_moe_bnr<1, 1, 4>, bn_gu, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev,
+                    xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+        if (gmax > 1 && !CKL(b))
+            dsv4_launch(k_moe_bnr<1, BN_G, 2>, bn_gu, 256, bn_smu, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                        dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+    } else if (b1)
         CK(b, dsv4_launch_ptr(bg->up, b1_gu, dim3(256), bg->real ? b1ru : b1a, (size_t)bg->smem_up, c->stream));
     else if (bulk && rows == 1)
         dsv4_launch(k_moe_bulk<1, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
@@ -2265,7 +2633,13 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                                         si, 128);
         }
     }
-    if (b1)
+    if (bn) {
+        dsv4_launch(k_moe_bnr<0, 1, 4>, bn_gd, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1), c->stream, gd, ngd, t->dev,
+                    xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+        if (gmax > 1 && !CKL(b))
+            dsv4_launch(k_moe_bnr<0, BN_G, 2>, bn_gd, 256, bn_smd, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
+                        dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+    } else if (b1)
         CK(b, dsv4_launch_ptr(bg->dn, b1_gd, dim3(256), bg->real ? b1rd : b1a, (size_t)bg->smem_dn, c->stream));
     else if (bulk && rows == 1)
         dsv4_launch(k_moe_bulk<0, 0>, ds->mb_grid, 256, mb_smem, c->stream, gd, ngd, max_groups, t->dev, xd, xq, h,
