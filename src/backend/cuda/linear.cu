@@ -881,8 +881,9 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
  * a lane's x loads are contiguous across the warp (k_gemv / k_gemv8 read 16 columns a lane,
  * so a warp's float4 loads of x touch 16 lines each: at 8 rows that L1 traffic, not the
  * FMAs, would bound the kernel).
- * Geometry: a warp takes RPP consecutive output rows (a "group" of rows; RPP divides the
- * group size gR and the scale block, so the rows share one x group and one scale row) and
+ * Geometry: a warp takes RPP (4 by default, or 8) consecutive output rows (a "group" of rows;
+ * RPP divides the group size gR and the scale block, so the rows share one x group and one
+ * scale row) and
  * walks K in steps of 128 columns, lane l the 4 columns 4l..4l+3 of each step: one 4-byte
  * (FP8) or 8-byte (bf16) weight load per row and step (128 / 256 contiguous bytes a warp),
  * one float4 of x per input row and step (512 contiguous bytes a warp), used for RPP rows.
@@ -1014,10 +1015,14 @@ __global__ void __launch_bounds__(256, RPP * NR >= 64 ? 1 : 2)
             }
             if (rb < no) {
                 const int k = ((cu.s << kw_log2) + sub) * GN_STEP;
+                /* rows past `rows` (3 of 4, 5..7 of 8) repeat the last row: no branch between the
+                 * FMAs (a guard per row and weight row split the FMA chains into basic blocks
+                 * that ran one after another: 4.95 cycles per issued instruction, ncu), their
+                 * sums are never written */
                 float4 xv[NR];
 #pragma unroll
                 for (int r = 0; r < NR; r++)
-                    xv[r] = r < rows ? __ldg((const float4 *)(xw + (int64_t)r * ldx + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    xv[r] = __ldg((const float4 *)(xw + (int64_t)(r < rows ? r : rows - 1) * ldx + k));
                 float sc = 1.0f;
                 if constexpr (FMT == LF_FP8) sc = sf32 ? __uint_as_float(sbuf[d]) : d_e8m0_to_f32((uint8_t)sbuf[d]);
 #pragma unroll
@@ -1025,7 +1030,6 @@ __global__ void __launch_bounds__(256, RPP * NR >= 64 ? 1 : 2)
                     const float4 wf = gn_dec<FMT>(buf[d][j], sc, w_bf16);
 #pragma unroll
                     for (int r = 0; r < NR; r++) {
-                        if (r >= rows) break;
                         float a = acc[j * NR + r];
                         a = fmaf(wf.x, xv[r].x, a);
                         a = fmaf(wf.y, xv[r].y, a);
@@ -1075,12 +1079,12 @@ __global__ void __launch_bounds__(256, RPP * NR >= 64 ? 1 : 2)
 
 /* DSV4_CUDA_BGEMV (A/B, read once): 0 = 2..32 rows on the paths before k_gemvn (k_gemv at 2
  * rows, k_linear from 3); 4 or 8 = k_gemvn with that many rows a warp; else (default) k_gemvn
- * with RPP 8 */
+ * with RPP 4 (H200, 2-layer Flash synth, batch 8 and 32: RPP 4 faster than 8, docs/CUDA.md) */
 static int bgemv_mode(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_BGEMV");
-        v = e && (e[0] == '0' || e[0] == '4' || e[0] == '8') && !e[1] ? e[0] - '0' : 8;
+        v = e && (e[0] == '0' || e[0] == '4' || e[0] == '8') && !e[1] ? e[0] - '0' : 4;
     }
     return v;
 }
@@ -1100,11 +1104,11 @@ static void gemvn_nr(const lin_args &a, int kw_log2, int64_t nbg, int grid, cuda
 }
 
 /* k_gemvn takes 2..8 rows of FP8 (power-of-two block >= RPP, K a multiple of it) or bf16
- * weights when K is a multiple of 128 (0: not taken).  RPP: DSV4_CUDA_BGEMV (8 by default),
+ * weights when K is a multiple of 128 (0: not taken).  RPP: DSV4_CUDA_BGEMV (4 by default),
  * cut to divide the group size and o0.  Blocks per SM: 1 when a lane holds 64 sums (RPP x
  * rows), else 2 (the launch bounds); the grid is the SMs times that.  kw (warps per group) is
  * doubled from 1 while the block groups are fewer than two per block of the grid and each
- * warp keeps at least two steps (wo_b [4096 x 8192] at 8 rows: kw 8). */
+ * warp keeps at least two steps (wo_b [4096 x 8192] at 8 rows, RPP 8: kw 8). */
 static int gemvn_launch(const lin_args &a, int nsm, cudaStream_t st) {
     const dweight &w = a.w;
     int mode = bgemv_mode();
