@@ -892,7 +892,8 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
  * ("a block group").  Persistent grid (the SMs times the resident blocks): block b takes
  * block groups b, b + grid, ...; each warp runs one flat sequence of (group, step) tasks with
  * a ring of D tasks' weight words and scale words in flight (loads of task t + D issued
- * after task t's math; they cross group boundaries, so a block never drains between groups).
+ * after task t's math; they cross group boundaries, so a block never drains between groups;
+ * the ring moves down a slot per task, so the loop body is one task).
  * Numerics: each weight is decoded exactly and multiplied by its block scale (the CPU's
  * dequantized weight, also for f32 scales; w_bf16 rounds it, as the CPU does), then one fp32
  * FMA per product; a lane sums its steps in order, a warp reduce-scatter (fixed tree) and the
@@ -1003,77 +1004,82 @@ __global__ void __launch_bounds__(256, RPP * NR >= 64 ? 1 : 2)
     float acc[N];
     const float *xw = x;
     int rbuf = 0;
-    for (int64_t t0 = 0; t0 < tasks; t0 += D) {
+    for (int64_t t = 0; t < tasks; t++) { /* slot 0 of the ring holds task t's weights */
+        const int64_t rb = (cu.bg * gpb + grp) * RPP;
+        if (cu.s == 0) { /* a new group: its x rows, fresh sums */
 #pragma unroll
-        for (int d = 0; d < D; d++) {
-            if (t0 + d >= tasks) break;
-            const int64_t rb = (cu.bg * gpb + grp) * RPP;
-            if (cu.s == 0) { /* a new group: its x rows, fresh sums */
-#pragma unroll
-                for (int n = 0; n < N; n++) acc[n] = 0.0f;
-                xw = x + (xg && rb < no ? (int64_t)((uint64_t)rb / (uint64_t)gR) * xg : 0) + 4 * lane;
-            }
-            if (rb < no) {
-                const int k = ((cu.s << kw_log2) + sub) * GN_STEP;
-                /* rows past `rows` (3 of 4, 5..7 of 8) repeat the last row: no branch between the
-                 * FMAs (a guard per row and weight row split the FMA chains into basic blocks
-                 * that ran one after another: 4.95 cycles per issued instruction, ncu), their
-                 * sums are never written */
-                float4 xv[NR];
-#pragma unroll
-                for (int r = 0; r < NR; r++)
-                    xv[r] = __ldg((const float4 *)(xw + (int64_t)(r < rows ? r : rows - 1) * ldx + k));
-                float sc = 1.0f;
-                if constexpr (FMT == LF_FP8) sc = sf32 ? __uint_as_float(sbuf[d]) : d_e8m0_to_f32((uint8_t)sbuf[d]);
-#pragma unroll
-                for (int j = 0; j < RPP; j++) {
-                    const float4 wf = gn_dec<FMT>(buf[d][j], sc, w_bf16);
-#pragma unroll
-                    for (int r = 0; r < NR; r++) {
-                        float a = acc[j * NR + r];
-                        a = fmaf(wf.x, xv[r].x, a);
-                        a = fmaf(wf.y, xv[r].y, a);
-                        a = fmaf(wf.z, xv[r].z, a);
-                        acc[j * NR + r] = fmaf(wf.w, xv[r].w, a);
-                    }
-                }
-            }
-            if (t0 + d + D < tasks) load(buf[d], sbuf[d], ld), next(ld); /* task t + D into the freed slot */
-            if (cu.s == spw - 1) { /* the group's last step: sums out */
-                float sum[H];
-#pragma unroll
-                for (int h = 0; h < H; h++) {
-                    float v[M];
-#pragma unroll
-                    for (int i = 0; i < M; i++) v[i] = acc[h * M + i];
-                    sum[h] = gn_reduce_scatter<M>(v, lane);
-                }
-                if (kw == 1) {
-                    if (lane % PER == 0)
-#pragma unroll
-                        for (int h = 0; h < H; h++) {
-                            const int id = h * M + lane / PER, r = id % NR;
-                            const int64_t o = rb + id / NR;
-                            if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum[h]) : sum[h];
-                        }
-                } else { /* the group's kw warps meet in shared memory, added in warp order */
-                    if (lane % PER == 0)
-#pragma unroll
-                        for (int h = 0; h < H; h++) red[rbuf][wib][h * M + lane / PER] = sum[h];
-                    __syncthreads();
-                    const int tt = threadIdx.x;
-                    if (tt < gpb * N) {
-                        const int g = tt / N, id = tt % N, r = id % NR;
-                        float v = red[rbuf][g * kw][id];
-                        for (int q = 1; q < kw; q++) v += red[rbuf][g * kw + q][id];
-                        const int64_t o = (cu.bg * gpb + g) * RPP + id / NR;
-                        if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
-                    }
-                    rbuf ^= 1;
-                }
-            }
-            next(cu);
+            for (int n = 0; n < N; n++) acc[n] = 0.0f;
+            xw = x + (xg && rb < no ? (int64_t)((uint64_t)rb / (uint64_t)gR) * xg : 0) + 4 * lane;
         }
+        if (rb < no) {
+            const int k = ((cu.s << kw_log2) + sub) * GN_STEP;
+            /* rows past `rows` (3 of 4, 5..7 of 8) repeat the last row: no branch between the
+             * FMAs (a guard per row and weight row split the FMA chains into basic blocks
+             * that ran one after another: 4.95 cycles per issued instruction, ncu), their
+             * sums are never written */
+            float4 xv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                xv[r] = __ldg((const float4 *)(xw + (int64_t)(r < rows ? r : rows - 1) * ldx + k));
+            float sc = 1.0f;
+            if constexpr (FMT == LF_FP8) sc = sf32 ? __uint_as_float(sbuf[0]) : d_e8m0_to_f32((uint8_t)sbuf[0]);
+#pragma unroll
+            for (int j = 0; j < RPP; j++) {
+                const float4 wf = gn_dec<FMT>(buf[0][j], sc, w_bf16);
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    float a = acc[j * NR + r];
+                    a = fmaf(wf.x, xv[r].x, a);
+                    a = fmaf(wf.y, xv[r].y, a);
+                    a = fmaf(wf.z, xv[r].z, a);
+                    acc[j * NR + r] = fmaf(wf.w, xv[r].w, a);
+                }
+            }
+        }
+        /* the ring moves down one slot (register moves: one copy of this body instead of D
+         * unrolled ones, whose size stalled the warps on instruction fetch, ncu), task t + D
+         * into the last slot */
+#pragma unroll
+        for (int d = 0; d + 1 < D; d++) {
+#pragma unroll
+            for (int j = 0; j < RPP; j++) buf[d][j] = buf[d + 1][j];
+            sbuf[d] = sbuf[d + 1];
+        }
+        if (t + D < tasks) load(buf[D - 1], sbuf[D - 1], ld), next(ld);
+        if (cu.s == spw - 1) { /* the group's last step: sums out */
+            float sum[H];
+#pragma unroll
+            for (int h = 0; h < H; h++) {
+                float v[M];
+#pragma unroll
+                for (int i = 0; i < M; i++) v[i] = acc[h * M + i];
+                sum[h] = gn_reduce_scatter<M>(v, lane);
+            }
+            if (kw == 1) {
+                if (lane % PER == 0)
+#pragma unroll
+                    for (int h = 0; h < H; h++) {
+                        const int id = h * M + lane / PER, r = id % NR;
+                        const int64_t o = rb + id / NR;
+                        if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum[h]) : sum[h];
+                    }
+            } else { /* the group's kw warps meet in shared memory, added in warp order */
+                if (lane % PER == 0)
+#pragma unroll
+                    for (int h = 0; h < H; h++) red[rbuf][wib][h * M + lane / PER] = sum[h];
+                __syncthreads();
+                const int tt = threadIdx.x;
+                if (tt < gpb * N) {
+                    const int g = tt / N, id = tt % N, r = id % NR;
+                    float v = red[rbuf][g * kw][id];
+                    for (int q = 1; q < kw; q++) v += red[rbuf][g * kw + q][id];
+                    const int64_t o = (cu.bg * gpb + g) * RPP + id / NR;
+                    if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
+                }
+                rbuf ^= 1;
+            }
+        }
+        next(cu);
     }
 }
 
