@@ -11,6 +11,7 @@
  *   test_gemv8: the FP8 GEMVs of one row (k_gemv8, k_gemv8x) on each geometry they pick, e8m0
  *     and f32 scales, out_bf16, w_bf16, act_fp8, row counts not a multiple of the rows per
  *     pass, pass counts not a multiple of k_gemv8x's grid, groups that change inside a block;
+ *   test_batched: the GEMV of 2..8 rows a launch (k_gemvn) at rows 2, 3, 5, 8, 13, 32 (see there);
  *   test_other_shapes: rows 5, 7, 8, odd shapes (element-wise path), few features, 32 KB
  *     rows, MXFP4, split-K, a group size that is not a multiple of 8, grouped rows 7.
  * Tolerances (rel = ||gpu - cpu||_2 / ||cpu||_2 over the output):
@@ -22,7 +23,7 @@
  * test_fresh_weights: weights never seen before, used at once (the upload must be complete
  *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
  * test_timing: the Flash decode shapes (wq_b, grouped wo_a, wo_b, wq_a, wkv, indexer wq_b,
- *   bf16 compressor / gate / weights_proj-like) at rows 1, 2, 4, 8, cold (a 256 MB device
+ *   bf16 compressor / gate / weights_proj-like) at rows 1, 2, 4, 8, 32, cold (a 256 MB device
  *   copy before each of 20 calls), device time per call from the backend's per-op events;
  *   prints us, GB/s and the fraction of the device copy bandwidth, and checks the timed
  *   outputs against the CPU op (2e-6).  Run it under tools/device/ktrace.c for kernel times.
@@ -120,6 +121,32 @@ static void test_gemv8(void) {
     }
 }
 
+/* k_gemvn (2..8 rows a launch; larger batches in chunks of 8, 13 = 8 + 5, 32 = 4 x 8): FP8 with
+ * e8m0 and f32 scales, bf16, out_bf16, act_fp8, w_bf16 (grouped in_bf16) and the grouped
+ * wo_a-like projection, at shapes that take each warp split (kw 1: wq_b; 4 or 8: the
+ * others), a row count that leaves the last warp's rows past the end (1004 = 125 x 8 + 4),
+ * K 768 (6 steps: kw 2 at most), and a group size that is not a multiple of 8 (RPP 4). */
+static void test_batched(void) {
+    NEED_GPU();
+    static const int rs[] = {2, 3, 5, 8, 13, 32};
+    for (int i = 0; i < 6; i++) {
+        int rows = rs[i];
+        check_mm(DSV4_WF_FP8, 8192, 1024, rows, 0, 0, 0, "bn 8192");
+        check_mm(DSV4_WF_FP8, 4096, 4096, rows, 1, 0, 0, "bn f32s");
+        check_mm(DSV4_WF_FP8, 1004, 8192, rows, 0, 0, 0, "bn tail");
+        check_mm(DSV4_WF_FP8, 1004, 8192, rows, 1, 0, 1, "bn tail");
+        check_mm(DSV4_WF_FP8, 2048, 1024, rows, 0, 1, 0, "bn act_fp8");
+        check_mm(DSV4_WF_BF16, 1024, 4096, rows, 0, 0, 1, "bn bf16");
+        check_mm(DSV4_WF_BF16, 300, 768, rows, 0, 0, 0, "bn bf16 K768");
+        cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 0, "bn wo_a");
+        cuda_check_grouped(DSV4_WF_FP8, 8, 1024, 4096, rows, 1, "bn wo_a bf16");
+        cuda_check_grouped(DSV4_WF_FP8, 6, 1020, 1024, rows, 0, "bn grp 1020");
+    }
+    check_mm(DSV4_WF_FP8, 32768, 1024, 2, 0, 0, 0, "bn wq_b");
+    check_mm(DSV4_WF_FP8, 32768, 1024, 8, 0, 0, 0, "bn wq_b");
+    check_mm(DSV4_WF_FP8, 4096, 8192, 8, 0, 0, 0, "bn wo_b");
+}
+
 /* shapes outside such a path (more rows, odd shapes, long rows, FP4) */
 static void test_other_shapes(void) {
     NEED_GPU();
@@ -190,11 +217,11 @@ static void test_timing(void) {
         {DSV4_WF_BF16, 1024, 4096, 1, "compressor"}, {DSV4_WF_BF16, 256, 4096, 1, "gate"},
         {DSV4_WF_BF16, 64, 4096, 1, "weights_proj"},
     };
-    static const int rs[] = {1, 2, 4, 8};
+    static const int rs[] = {1, 2, 4, 8, 32};
     for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
         tw t = make_w(sh[i].fmt, sh[i].O, sh[i].K, 0);
         int64_t xc = sh[i].groups > 1 ? sh[i].K * sh[i].groups : sh[i].K;
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < 5; j++) {
             int rows = rs[j];
             float *x = malloc(sizeof(float) * rows * xc), *a = malloc(sizeof(float) * rows * sh[i].O),
                   *g = malloc(sizeof(float) * rows * sh[i].O);
@@ -235,4 +262,4 @@ static void test_timing(void) {
     gpu.ops->free(&gpu, fc);
 }
 
-TEST_MAIN(test_stream_shapes, test_gemv8, test_other_shapes, test_fresh_weights, test_timing)
+TEST_MAIN(test_stream_shapes, test_gemv8, test_batched, test_other_shapes, test_fresh_weights, test_timing)

@@ -22,6 +22,9 @@
  *   16-product partial, the scale mode a template parameter (12.6 us against 18.1 on wq_b);
  *   k_gemv8x (below) at K 4096..8192 (wo_a, wo_b): x in registers, persistent grid, next
  *   pass's loads in flight (wo_b 14.2 us against 16.8).
+ * k_gemvn (below) takes 2..8 rows a launch of FP8 and bf16 weights with K % 128 == 0 (larger
+ *   batches in chunks of 8): a weight decoded once for all rows, x loads contiguous across a
+ *   warp, a persistent grid (DSV4_CUDA_BGEMV=0: the paths above, for the A/B).
  * Accumulation order differs from the CPU's (lane-strided partial sums of 4 products,
  * then a warp tree): that is the only difference; the flags (w_bf16, out_bf16) round
  * exactly where the CPU does (each dequantized weight; each output).
@@ -868,6 +871,281 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
     return 1;
 }
 
+/* ----- k_gemvn: the decode GEMV of 2..8 rows a launch (batched decode) ----- */
+
+/* k_gemvn<NR, FMT, RPP>: out[r][o] = sum_k W[o0+o][k] x[r][g(o)*xg + k] for rows <= NR (2, 4
+ * or 8; the launcher walks larger batches in chunks of 8 rows), FP8 (e8m0 or f32 block
+ * scales) or bf16 weights, K a multiple of 128; the contract of k_linear.
+ * Why: at 8 rows exact fp32 FMA is ~8 FMAs per FP8 byte, near the H200's FMA/byte balance
+ * (~33 TFMA/s against ~4.3 TB/s), so a weight is decoded once and used for all NR rows, and
+ * a lane's x loads are contiguous across the warp (k_gemv / k_gemv8 read 16 columns a lane,
+ * so a warp's float4 loads of x touch 16 lines each: at 8 rows that L1 traffic, not the
+ * FMAs, would bound the kernel).
+ * Geometry: a warp takes RPP (4 by default, or 8) consecutive output rows (a "group" of rows;
+ * RPP divides the group size gR and the scale block, so the rows share one x group and one
+ * scale row) and
+ * walks K in steps of 128 columns, lane l the 4 columns 4l..4l+3 of each step: one 4-byte
+ * (FP8) or 8-byte (bf16) weight load per row and step (128 / 256 contiguous bytes a warp),
+ * one float4 of x per input row and step (512 contiguous bytes a warp), used for RPP rows.
+ * kw = 1..8 warps of a block split one group's steps (warp sub takes steps sub, sub + kw, ...;
+ * their sums meet in shared memory, added in warp order), so a block holds 8 / kw groups
+ * ("a block group").  Persistent grid (the SMs times the resident blocks): block b takes
+ * block groups b, b + grid, ...; each warp runs one flat sequence of (group, step) tasks with
+ * a ring of D tasks' weight words and scale words in flight (loads of task t + D issued
+ * after task t's math; they cross group boundaries, so a block never drains between groups;
+ * the ring moves down a slot per task, so the loop body is one task).
+ * Numerics: each weight is decoded exactly and multiplied by its block scale (the CPU's
+ * dequantized weight, also for f32 scales; w_bf16 rounds it, as the CPU does), then one fp32
+ * FMA per product; a lane sums its steps in order, a warp reduce-scatter (fixed tree) and the
+ * kw warps in warp order finish the sum: only the summation order differs from the CPU.
+ * The first D tasks' weights are loaded before pdl_enter (weights only). */
+enum { GN_STEP = 128 }; /* columns a warp covers per step (4 a lane) */
+
+/* a lane's 4 weights of one row and step: FP8 one word, bf16 two (never reused: no L1) */
+template <int FMT>
+__device__ __forceinline__ uint2 gn_load(const uint8_t *p) {
+    uint2 u;
+    if constexpr (FMT == LF_FP8) {
+        asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(u.x) : "l"(p));
+        u.y = 0;
+    } else {
+        asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+    }
+    return u;
+}
+
+/* the 4 weights as the CPU dequantizes them: FP8 code value * block scale s (bf16-rounded
+ * with w_bf16), bf16 by placement */
+template <int FMT>
+__device__ __forceinline__ float4 gn_dec(uint2 u, float s, int w_bf16) {
+    float4 f;
+    if constexpr (FMT == LF_FP8) {
+        float2 a = d_e4m3x2_to_f32x2((uint16_t)u.x), b = d_e4m3x2_to_f32x2((uint16_t)(u.x >> 16));
+        f = make_float4(a.x * s, a.y * s, b.x * s, b.y * s);
+        if (w_bf16) f.x = d_round_bf16(f.x), f.y = d_round_bf16(f.y), f.z = d_round_bf16(f.z), f.w = d_round_bf16(f.w);
+    } else { /* a bf16 value rounds to itself: w_bf16 changes nothing */
+        f = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                        __uint_as_float(u.y & 0xffff0000u));
+    }
+    return f;
+}
+
+/* warp_reduce_scatter's stages with the half count a template constant (at 16 and 32 sums the
+ * loop form left the sums in local memory: a stack frame in ptxas -v); the same adds in the
+ * same order */
+template <int N, int ST>
+__device__ __forceinline__ void gn_rs_stages(float (&v)[N], int lane) {
+    if constexpr (ST < ilog2(N)) {
+        constexpr int h = N >> (ST + 1), s = 16 >> ST;
+        const int up = lane & s;
+#pragma unroll
+        for (int i = 0; i < h; i++) {
+            float send = up ? v[i] : v[i + h], keep = up ? v[i + h] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, s);
+        }
+        gn_rs_stages<N, ST + 1>(v, lane);
+    }
+}
+template <int N>
+__device__ __forceinline__ float gn_reduce_scatter(float (&v)[N], int lane) {
+    gn_rs_stages<N, 0>(v, lane);
+    float r = v[0];
+#pragma unroll
+    for (int s = 16 >> ilog2(N); s >= 1; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+    return r;
+}
+
+/* a warp's position in its (group, step) task sequence */
+struct gn_cur {
+    int64_t bg; /* block group */
+    int s;      /* step index within the warp's steps (0 .. spw - 1) */
+};
+
+template <int NR, int FMT, int RPP>
+__global__ void __launch_bounds__(256, RPP * NR >= 64 ? 1 : 2)
+    k_gemvn(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx, int rows,
+            const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws, int K, int sf32, int blk_log2, int64_t o0,
+            int64_t no, int64_t gR, int64_t xg, int w_bf16, int out_bf16, int kw_log2, int64_t nbg) {
+    constexpr int N = RPP * NR, WB = FMT == LF_FP8 ? 1 : 2, D = FMT == LF_FP8 ? 4 : 2;
+    constexpr int M = N > 32 ? 32 : N, H = N / M, PER = 32 / M; /* reduce-scatter pieces */
+    __shared__ float red[2][8][N];
+    const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, kw = 1 << kw_log2;
+    const int grp = wib >> kw_log2, sub = wib & (kw - 1), gpb = 8 >> kw_log2;
+    const int spw = (K / GN_STEP) >> kw_log2; /* steps per warp and group (the launcher: kw divides) */
+    const int64_t rowb = (int64_t)K * WB;
+    const int scols = FMT == LF_FP8 ? K >> blk_log2 : 0;
+    const int64_t tasks = (nbg - blockIdx.x + gridDim.x - 1) / gridDim.x * spw; /* block-uniform */
+    uint2 buf[D][RPP];
+    uint32_t sbuf[D];
+    gn_cur ld = {blockIdx.x, 0}, cu = ld;
+    /* the weights and scale word of the task at cursor c (nothing when its rows are past the end) */
+    auto load = [&](uint2(&b)[RPP], uint32_t &sw, const gn_cur &c) {
+        const int64_t rb = (c.bg * gpb + grp) * RPP;
+        if (rb >= no) return;
+        const int k = ((c.s << kw_log2) + sub) * GN_STEP + 4 * lane;
+        const uint8_t *p = wd + (o0 + rb) * rowb + (int64_t)k * WB;
+#pragma unroll
+        for (int j = 0; j < RPP; j++) /* rows past the end re-read the last row (never written) */
+            b[j] = gn_load<FMT>(p + (rb + j < no ? j : no - 1 - rb) * rowb);
+        if constexpr (FMT == LF_FP8) {
+            const int64_t si = ((o0 + rb) >> blk_log2) * scols + (k >> blk_log2);
+            sw = sf32 ? __ldg((const unsigned int *)ws + si) : (uint32_t)__ldg(ws + si);
+        }
+    };
+    auto next = [&](gn_cur &c) {
+        if (++c.s == spw) c.s = 0, c.bg += gridDim.x;
+    };
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        sbuf[d] = 0;
+        if (d < tasks) load(buf[d], sbuf[d], ld), next(ld);
+    }
+    pdl_enter(); /* the first tasks' weights are in flight while the previous kernel ends */
+    float acc[N];
+    const float *xw = x;
+    int rbuf = 0;
+    for (int64_t t = 0; t < tasks; t++) { /* slot 0 of the ring holds task t's weights */
+        const int64_t rb = (cu.bg * gpb + grp) * RPP;
+        if (cu.s == 0) { /* a new group: its x rows, fresh sums */
+#pragma unroll
+            for (int n = 0; n < N; n++) acc[n] = 0.0f;
+            xw = x + (xg && rb < no ? (int64_t)((uint64_t)rb / (uint64_t)gR) * xg : 0) + 4 * lane;
+        }
+        if (rb < no) {
+            const int k = ((cu.s << kw_log2) + sub) * GN_STEP;
+            /* rows past `rows` (3 of 4, 5..7 of 8) repeat the last row: no branch between the
+             * FMAs (a guard per row and weight row split the FMA chains into basic blocks
+             * that ran one after another: 4.95 cycles per issued instruction, ncu), their
+             * sums are never written */
+            float4 xv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                xv[r] = __ldg((const float4 *)(xw + (int64_t)(r < rows ? r : rows - 1) * ldx + k));
+            float sc = 1.0f;
+            if constexpr (FMT == LF_FP8) sc = sf32 ? __uint_as_float(sbuf[0]) : d_e8m0_to_f32((uint8_t)sbuf[0]);
+#pragma unroll
+            for (int j = 0; j < RPP; j++) {
+                const float4 wf = gn_dec<FMT>(buf[0][j], sc, w_bf16);
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    float a = acc[j * NR + r];
+                    a = fmaf(wf.x, xv[r].x, a);
+                    a = fmaf(wf.y, xv[r].y, a);
+                    a = fmaf(wf.z, xv[r].z, a);
+                    acc[j * NR + r] = fmaf(wf.w, xv[r].w, a);
+                }
+            }
+        }
+        /* the ring moves down one slot (register moves: one copy of this body instead of D
+         * unrolled ones, whose size stalled the warps on instruction fetch, ncu), task t + D
+         * into the last slot */
+#pragma unroll
+        for (int d = 0; d + 1 < D; d++) {
+#pragma unroll
+            for (int j = 0; j < RPP; j++) buf[d][j] = buf[d + 1][j];
+            sbuf[d] = sbuf[d + 1];
+        }
+        if (t + D < tasks) load(buf[D - 1], sbuf[D - 1], ld), next(ld);
+        if (cu.s == spw - 1) { /* the group's last step: sums out */
+            float sum[H];
+#pragma unroll
+            for (int h = 0; h < H; h++) {
+                float v[M];
+#pragma unroll
+                for (int i = 0; i < M; i++) v[i] = acc[h * M + i];
+                sum[h] = gn_reduce_scatter<M>(v, lane);
+            }
+            if (kw == 1) {
+                if (lane % PER == 0)
+#pragma unroll
+                    for (int h = 0; h < H; h++) {
+                        const int id = h * M + lane / PER, r = id % NR;
+                        const int64_t o = rb + id / NR;
+                        if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum[h]) : sum[h];
+                    }
+            } else { /* the group's kw warps meet in shared memory, added in warp order */
+                if (lane % PER == 0)
+#pragma unroll
+                    for (int h = 0; h < H; h++) red[rbuf][wib][h * M + lane / PER] = sum[h];
+                __syncthreads();
+                const int tt = threadIdx.x;
+                if (tt < gpb * N) {
+                    const int g = tt / N, id = tt % N, r = id % NR;
+                    float v = red[rbuf][g * kw][id];
+                    for (int q = 1; q < kw; q++) v += red[rbuf][g * kw + q][id];
+                    const int64_t o = (cu.bg * gpb + g) * RPP + id / NR;
+                    if (o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(v) : v;
+                }
+                rbuf ^= 1;
+            }
+        }
+        next(cu);
+    }
+}
+
+/* DSV4_CUDA_BGEMV (A/B, read once): 0 = 2..32 rows on the paths before k_gemvn (k_gemv at 2
+ * rows, k_linear from 3); 4 or 8 = k_gemvn with that many rows a warp; else (default) k_gemvn
+ * with RPP 4 (H200, 2-layer Flash synth, batch 8 and 32: RPP 4 faster than 8, docs/CUDA.md) */
+static int bgemv_mode(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_BGEMV");
+        v = e && (e[0] == '0' || e[0] == '4' || e[0] == '8') && !e[1] ? e[0] - '0' : 4;
+    }
+    return v;
+}
+
+template <int NR, int FMT, int RPP>
+static void gemvn_go(const lin_args &a, int kw_log2, int64_t nbg, int grid, cudaStream_t st) {
+    dsv4_launch(k_gemvn<NR, FMT, RPP>, grid, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w.data, a.w.scale,
+                (int)a.w.cols, a.w.scale_f32, FMT == LF_FP8 ? ilog2(a.w.block) : 0, a.o0, a.no, a.gR, a.xg, a.w_bf16,
+                a.out_bf16, kw_log2, nbg);
+}
+
+template <int FMT, int RPP>
+static void gemvn_nr(const lin_args &a, int kw_log2, int64_t nbg, int grid, cudaStream_t st) {
+    if (a.rows <= 2) gemvn_go<2, FMT, RPP>(a, kw_log2, nbg, grid, st);
+    else if (a.rows <= 4) gemvn_go<4, FMT, RPP>(a, kw_log2, nbg, grid, st);
+    else gemvn_go<8, FMT, RPP>(a, kw_log2, nbg, grid, st);
+}
+
+/* k_gemvn takes 2..8 rows of FP8 (power-of-two block >= RPP, K a multiple of it) or bf16
+ * weights when K is a multiple of 128 (0: not taken).  RPP: DSV4_CUDA_BGEMV (4 by default),
+ * cut to divide the group size and o0.  Blocks per SM: 1 when a lane holds 64 sums (RPP x
+ * rows), else 2 (the launch bounds); the grid is the SMs times that.  kw (warps per group) is
+ * doubled from 1 while the block groups are fewer than two per block of the grid and each
+ * warp keeps at least two steps (wo_b [4096 x 8192] at 8 rows, RPP 8: kw 8). */
+static int gemvn_launch(const lin_args &a, int nsm, cudaStream_t st) {
+    const dweight &w = a.w;
+    int mode = bgemv_mode();
+    if (mode == 0 || a.rows < 2 || a.rows > 8 || nsm <= 0) return 0;
+    if (w.fmt != DSV4_WF_FP8 && w.fmt != DSV4_WF_BF16) return 0;
+    int64_t K = w.cols;
+    if (K % GN_STEP || K > ((int64_t)1 << 24) || a.no >= ((int64_t)1 << 31) || a.o0 + a.no >= ((int64_t)1 << 31))
+        return 0;
+    int rpp = mode;
+    while (rpp > 1 && ((a.xg && a.gR % rpp) || a.o0 % rpp)) rpp /= 2;
+    if (rpp < 4) return 0;
+    if (w.fmt == DSV4_WF_FP8 && (w.block < rpp || w.block < 4 || (w.block & (w.block - 1)) || K % w.block))
+        return 0;
+    int nr = a.rows <= 2 ? 2 : a.rows <= 4 ? 4 : 8, bps = rpp * nr >= 64 ? 1 : 2;
+    int64_t grid = (int64_t)nsm * bps, groups = (a.no + rpp - 1) / rpp, nsteps = K / GN_STEP;
+    int kwl = 0;
+    while (kwl < 3 && (groups + (8 >> kwl) - 1) / (8 >> kwl) < 2 * grid && nsteps % (2 << kwl) == 0 &&
+           nsteps / (2 << kwl) >= 2)
+        kwl++;
+    int64_t nbg = (groups + (8 >> kwl) - 1) / (8 >> kwl);
+    if (grid > nbg) grid = nbg;
+    if (w.fmt == DSV4_WF_FP8) {
+        if (rpp == 8) gemvn_nr<LF_FP8, 8>(a, kwl, nbg, (int)grid, st);
+        else gemvn_nr<LF_FP8, 4>(a, kwl, nbg, (int)grid, st);
+    } else {
+        if (rpp == 8) gemvn_nr<LF_BF16, 8>(a, kwl, nbg, (int)grid, st);
+        else gemvn_nr<LF_BF16, 4>(a, kwl, nbg, (int)grid, st);
+    }
+    return 1;
+}
+
 void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
                               const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
                               int out_bf16) {
@@ -902,8 +1180,8 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
         kspan = ((K + splits - 1) / splits + 1023) / 1024 * 1024;
         splits = (int)((K + kspan - 1) / kspan);
     }
-    int nsm = 0; /* k_gemv's pass count is cut to the SMs */
-    if (vec && rows <= 2 && CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, c->device))) return;
+    int nsm = 0; /* the GEMVs' pass counts and persistent grids are cut to the SMs */
+    if (vec && CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, c->device))) return;
     float *part = NULL;
     if (splits > 1 && !(part = (float *)dsv4_cuda_scratch(b, sizeof(float) * splits * (rows < 8 ? rows : 8) * no)))
         return;
@@ -919,7 +1197,8 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
             else
                 dsv4_launch(k_linear_any<8>, grid, 256, 0, c->stream, a.out, ldo, a.x, ldx, nr, w, o0, no, gR, xg,
                             w_bf16, out_bf16);
-        } else if (nr <= 2 && (gemv8_launch(a, nsm, c->stream) || gemv_launch(a, nsm, c->stream))) {
+        } else if (gemvn_launch(a, nsm, c->stream) ||
+                   (nr <= 2 && (gemv8_launch(a, nsm, c->stream) || gemv_launch(a, nsm, c->stream)))) {
             if (CKL(b)) return;
             c->weight_bytes_read += wbytes_rows(w, no);
             continue;
