@@ -797,6 +797,11 @@ static void test_matmul_multi(void) {
     int64_t o4[12];
     for (int i = 0; i < 12; i++) f4[i] = DSV4_WF_BF16, o4[i] = 64 + 32 * (i % 3);
     check_multi(4096, 1, 12, f4, o4, z, z, z, on ? 2 : 0);
+    /* enough FP8 rows for two rows a warp (>= 2 blocks per SM of the H200's 132 at 16 rows a
+     * block); the tables above take one row a warp */
+    dsv4_wfmt f5[2] = {DSV4_WF_FP8, DSV4_WF_FP8};
+    int64_t o5[2] = {4096, 256};
+    check_multi(4096, 1, 2, f5, o5, z, z, z, on ? 1 : 0);
 }
 
 /* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
@@ -828,10 +833,22 @@ static void test_device_buffers(void) {
            memcmp(g, h, sizeof g) ? "NO" : "yes");
     CHECK(r <= 2e-6);
     CHECK(memcmp(g, h, sizeof g) == 0);
-    gpu.ops->copy(&gpu, od2, od, sizeof(float) * R * O); /* device to device */
+    gpu.ops->copy(&gpu, od2, od, sizeof(float) * R * O); /* device to device (16-byte words) */
     memset(h, 0, sizeof h);
     gpu.ops->download(&gpu, h, od2, sizeof h);
     CHECK(memcmp(g, h, sizeof g) == 0);
+    /* an odd size at odd offsets: bytes 3 .. 3 + 1001 of od land at 5 .. of
+     * od2, the bytes around them stay */
+    float z0[R * O];
+    memset(z0, 0, sizeof z0);
+    gpu.ops->upload(&gpu, od2, z0, sizeof z0);
+    gpu.ops->copy(&gpu, (uint8_t *)od2 + 5, (const uint8_t *)od + 3, 1001);
+    gpu.ops->download(&gpu, h, od2, sizeof h);
+    CHECK(gpu_ok());
+    const uint8_t *hb = (const uint8_t *)h, *gb = (const uint8_t *)g;
+    int same = 1;
+    for (int i = 0; i < (int)sizeof h; i++) same &= hb[i] == (i >= 5 && i < 1006 ? gb[i - 2] : 0);
+    CHECK(same);
     gpu.ops->free(&gpu, xd);
     gpu.ops->free(&gpu, od);
     gpu.ops->free(&gpu, od2);

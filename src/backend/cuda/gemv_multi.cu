@@ -160,8 +160,9 @@ template <int FMT, int VPL, int RPW> static void gm_go(const gm_table &t, const 
 }
 
 /* one launch over t (format fmt, VPL vpl; RPW from the vectors per lane: up to 16 loads in
- * flight per lane) */
-static void gm_launch(const gm_table &t, int fmt, int vpl, const float *x, cudaStream_t st) {
+ * flight per lane, except FP8 at 8 vectors a lane when two rows a warp leave fewer than two
+ * blocks per SM: one row a warp then (wq_a + wkv of Flash, 1536 rows: 96 blocks at two rows) */
+static void gm_launch(const gm_table &t, int fmt, int vpl, const float *x, cudaStream_t st, int nsm) {
     if (fmt == GM_BF16) {
         if (vpl == 16)
             gm_go<GM_BF16, 16, 1>(t, x, st);
@@ -172,6 +173,8 @@ static void gm_launch(const gm_table &t, int fmt, int vpl, const float *x, cudaS
     } else {
         if (vpl == 16)
             gm_go<GM_FP8, 16, 1>(t, x, st);
+        else if (vpl == 8 && (t.total / 2 + 7) / 8 < 2 * nsm)
+            gm_go<GM_FP8, 8, 1>(t, x, st);
         else if (vpl == 8)
             gm_go<GM_FP8, 8, 2>(t, x, st);
         else
@@ -222,6 +225,8 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         if (!take[i]) cu_matmul_any(b, outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]);
     dsv4_cuda_op_begin(b);
     int64_t K = ws[0]->cols;
+    int nsm = 0;
+    if (CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, c->device))) return;
     const float *xd = (const float *)dsv4_cuda_in(b, x, sizeof(float) * K);
     if (!xd) return;
     const float *xq = NULL;
@@ -233,7 +238,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && (act_fp8[i] != 0) != quant)) continue;
             if (t.n == GM_MAXE) { /* a full table goes now */
-                gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream);
+                gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream, nsm);
                 if (CKL(b)) return;
                 c->gm_launches++;
                 t.n = 0, t.total = 0;
@@ -259,7 +264,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
                 (fmt == GM_FP8 ? (size_t)((dw.rows + dw.block - 1) / dw.block) * E.srow : 0);
         }
         if (!t.n) continue;
-        gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream);
+        gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream, nsm);
         if (CKL(b)) return;
         c->gm_launches++;
     }
