@@ -282,7 +282,6 @@ static void test_one_row(void) {
 }
 
 /* ----- 2..32 rows: k_moe_bnr and the kernels it is A/B'd against ----- */
-long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b); /* moe.cu: calls that took k_moe_bnr (for tests) */
 
 enum { NE2 = 16 };
 

@@ -15,6 +15,8 @@ struct dsv4_backend;
 /* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
+/* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
+long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */

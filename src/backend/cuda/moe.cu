@@ -2107,7 +2107,7 @@ long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     return c->devside ? c->devside->mb_calls : 0;
 }
 
-/* moe calls that took k_moe_bnr (2..BN_ROWS rows); for tests, which declare it themselves */
+/* moe calls that took k_moe_bnr (2..BN_ROWS rows; cuda.h), for the tests */
 extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->bn_calls : 0;
