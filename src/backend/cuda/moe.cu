@@ -1236,22 +1236,23 @@ __device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
     return v[0];
 }
 
-/* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
-template <int UP, int FMT, int DEC, int S, int V, int M>
-__device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
-                                        float *out, float pre, float limit, int act_bf16) {
-    constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
+/* The start of b1f_run and bn_run (weights only: it runs before the PDL wait): the block's
+ * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
+ * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
+ * (fsc), FP4 the block's table in shared memory (tile; read after the caller's barrier). */
+template <int UP, int FMT, int S, int V, int M>
+__device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
+                                          int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2]) {
+    constexpr int NH = UP ? 2 : 1, U = V / NH;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
-    static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "b1 geometry");
     uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
     uint8_t *tile = sm + S * V * 256 * 16;
-    float *part = (float *)(tile + 256 * M * 2 * NH);
-    int tid = threadIdx.x, lane = tid & 31;
-    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
-    int nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
-    int nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
-    const uint8_t *g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
-    const uint8_t *g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
+    int tid = threadIdx.x;
+    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv;
+    nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
+    nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
+    g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
+    g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
     /* iteration it copies features it U .. it U + U - 1 (both halves for up) into stage it % S */
     auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) { /* ib: first feature, from b0/b1 */
 #pragma unroll
@@ -1264,7 +1265,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
 #pragma unroll
     for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
     /* the scale table (FP4) or this thread's two block scales (FP8) */
-    float fsc[2] = {0.0f, 0.0f};
+    fsc[0] = fsc[1] = 0.0f;
     if (FMT == B1F_FP8) {
         int64_t rb = f0 / W[0].block;
         int cb = c * 16 / W[0].block;
@@ -1316,6 +1317,24 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
             }
         }
     }
+}
+
+/* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
+template <int UP, int FMT, int DEC, int S, int V, int M>
+__device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
+                                        float *out, float pre, float limit, int act_bf16) {
+    constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
+    constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
+    static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "b1 geometry");
+    uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
+    uint8_t *tile = sm + S * V * 256 * 16;
+    float *part = (float *)(tile + 256 * M * 2 * NH);
+    int tid = threadIdx.x, lane = tid & 31;
+    int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
+    int nfeat, nv;
+    const uint8_t *g0, *g1;
+    float fsc[2];
+    b1f_start<UP, FMT, S, V, M>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     /* everything above reads weights only (copies, scales) or the plan's groups, which were
      * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
      * common.cuh's PDL); x is the previous kernel's output */
@@ -1637,69 +1656,10 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
     float4 *xsm = (float4 *)(part + PS * BN_G); /* the launch's x area follows BN_G warp-sum areas */
     int tid = threadIdx.x, lane = tid & 31;
     int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
-    int nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
-    int nv = (nfeat - p + P - 1) / P;
-    const uint8_t *g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
-    const uint8_t *g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
-    auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) {
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            int u = j / NH;
-            if (ib + u < nv) b1_cp16(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
-        }
-        b1_commit();
-    };
-#pragma unroll
-    for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
-    float fsc[2] = {0.0f, 0.0f}; /* b1f_run's scales: FP8 per thread, FP4 the block's table */
-    if (FMT == B1F_FP8) {
-        int64_t rb = f0 / W[0].block;
-        int cb = c * 16 / W[0].block;
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++) {
-            const uint8_t *sp = W[hh].scale + rb * W[hh].srow;
-            fsc[hh] = W[hh].scale_f32 ? __ldg((const float *)sp + cb) : d_e8m0_to_f32(__ldg(sp + cb));
-        }
-    } else {
-        constexpr int EPC = FMT == B1F_MXFP4 ? 16 : 8, NCH = 256 * M / EPC / 256;
-        int srow = W[0].srow;
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            int k = tid + 256 * j;
-            if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
-            uint4 s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
-            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
-            const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
-            if (FMT == B1F_MXFP4) {
-                uint32_t e[16];
-#pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    uint32_t lo = b1_e8m0_bf16((a[i / 4] >> (8 * (i % 4))) & 255u);
-                    e[i] = UP ? lo | b1_e8m0_bf16((b[i / 4] >> (8 * (i % 4))) & 255u) << 16 : lo;
-                }
-                if (UP) {
-                    uint4 *t4 = (uint4 *)tile + 4 * k;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) t4[i] = make_uint4(e[4 * i], e[4 * i + 1], e[4 * i + 2], e[4 * i + 3]);
-                } else {
-                    uint4 *t4 = (uint4 *)tile + 2 * k;
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        t4[i] = make_uint4(e[8 * i] | e[8 * i + 1] << 16, e[8 * i + 2] | e[8 * i + 3] << 16,
-                                           e[8 * i + 4] | e[8 * i + 5] << 16, e[8 * i + 6] | e[8 * i + 7] << 16);
-                }
-            } else if (UP) {
-                uint4 *t4 = (uint4 *)tile + 2 * k;
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    t4[i] = make_uint4(__byte_perm(a[2 * i], b[2 * i], 0x5410), __byte_perm(a[2 * i], b[2 * i], 0x7632),
-                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x5410),
-                                       __byte_perm(a[2 * i + 1], b[2 * i + 1], 0x7632));
-            } else {
-                ((uint4 *)tile)[k] = s0;
-            }
-        }
-    }
+    int nfeat, nv;
+    const uint8_t *g0, *g1;
+    float fsc[2];
+    b1f_start<UP, FMT, S, V, M>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     pdl_wait(); /* as in b1f_run: x / h is the previous kernel's output */
     /* the slots' x vectors, transposed (the threads of column c with p = s mod P copy slot s) */
     for (int s = p; s < NS; s += P) {
