@@ -1236,6 +1236,21 @@ __device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
     return v[0];
 }
 
+/* b1f_run and bn_run's refill at step st of a round: the copies of iteration it0 + st + S - 1
+ * (features from the round's first: ib < nvr are valid; b0 / b1 the round's first vectors) into
+ * stage (st + S - 1) % S, then the wait for stage st */
+template <int NH, int S, int V>
+__device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1) {
+    constexpr int U = V / NH, FSTEP = 4096;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        int u = j / NH, ib = (st + S - 1) * U + u;
+        if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
+    }
+    b1_commit();
+    b1_wait<S - 1>();
+}
+
 /* The start of b1f_run and bn_run (weights only: it runs before the PDL wait): the block's
  * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
  * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
@@ -1355,16 +1370,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         int nvr = nv - it0 * U; /* valid features counted from this round's first */
 #pragma unroll
         for (int st = 0; st < S; st++) {
-            /* copy iteration it0 + st + S - 1 into stage (st + S - 1) % S, then compute stage st */
-            {
-#pragma unroll
-                for (int j = 0; j < V; j++) {
-                    int u = j / NH, ib = (st + S - 1) * U + u;
-                    if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
-                }
-                b1_commit();
-            }
-            b1_wait<S - 1>();
+            b1f_refill<NH, S, V>(sd, st, nvr, b0, b1); /* then compute stage st */
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = (it0 + st) * U + u; /* the thread's feature index */
@@ -1678,15 +1684,7 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
         for (int st = 0; st < S; st++) {
             float v[NV]; /* value j NS + s: reduced per stage (b1f_run reduces per S stages: with
                           * NS slots that many sums spilled) */
-            {
-#pragma unroll
-                for (int j = 0; j < V; j++) {
-                    int u = j / NH, ib = (st + S - 1) * U + u;
-                    if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
-                }
-                b1_commit();
-            }
-            b1_wait<S - 1>();
+            b1f_refill<NH, S, V>(sd, st, nvr, b0, b1);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = (it0 + st) * U + u;
