@@ -77,14 +77,15 @@ for stage in "$@"; do
   ab)
     # A/B of environment settings on the 20-layer model (after f20): decode batch 1 at 2K, --gen 32,
     # each setting twice, alternating (the first bench after synth runs slow: a warm-up run first).
-    # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none).
+    # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none);
+    # AB_BATCH: the decode batch of ab and abbin (default 1).
     [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
     timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 8 --op-profile 0 >/dev/null 2>&1
     for round in 1 2; do
       for setting in ${AB_ENVS:--}; do
         envs=(); [ "$setting" = "-" ] || envs=("$setting")
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
-          --op-profile 0 >"$OUT/ab.log" 2>&1
+          --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
       done
     done ;;
@@ -95,7 +96,7 @@ for stage in "$@"; do
     for round in 1 2; do
       for b in ${AB_BINS:-$bin/dsv4}; do
         timeout 100 "$b" bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
-          --op-profile 0 >"$OUT/abbin.log" 2>&1
+          --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/abbin.log" 2>&1
         note "abbin round $round [$b] rc=$? $(grep -E 'prefill|decode batch' "$OUT/abbin.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
       done
     done ;;
