@@ -259,15 +259,21 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
 
+/* n more CUDA backends for the A/B runs (each reads its switches at its first MoE call); 1 if all
+ * opened, else none is left open */
+static int open_backends(dsv4_backend *bs, int n) {
+    dsv4_err err;
+    int k = 0;
+    while (k < n && dsv4_backend_cuda_init(&bs[k], 0, &err) == 0) k++;
+    if (k < n)
+        while (k > 0) dsv4_backend_cuda_free(&bs[--k]);
+    CHECKF(k == n, "second backends: %s", k == n ? "" : err.msg);
+    return k == n;
+}
+
 static void test_one_row(void) {
     NEED_GPU();
-    dsv4_err err;
-    int nab = 0;
-    while (nab < NAB && dsv4_backend_cuda_init(&g_ab[nab], 0, &err) == 0) nab++;
-    have_ab = nab == NAB;
-    if (!have_ab)
-        while (nab > 0) dsv4_backend_cuda_free(&g_ab[--nab]);
-    CHECKF(have_ab, "second backends: %s", have_ab ? "" : err.msg);
+    have_ab = open_backends(g_ab, NAB);
     check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 1, 0, 0, 0);
     check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 0, 1, 1, 0);
     check_one_row(DSV4_WF_MXFP4, DSV4_WF_FP8, 2048, 0, 0, 0, 0, 1);
@@ -365,13 +371,7 @@ static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, in
 
 static void test_batch(void) {
     NEED_GPU();
-    dsv4_err err;
-    int nb = 0;
-    while (nb < NBN && dsv4_backend_cuda_init(&g_bn[nb], 0, &err) == 0) nb++;
-    have_bn = nb == NBN;
-    if (!have_bn)
-        while (nb > 0) dsv4_backend_cuda_free(&g_bn[--nb]);
-    CHECKF(have_bn, "second backends: %s", have_bn ? "" : err.msg);
+    have_bn = open_backends(g_bn, NBN);
     check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 2, 0, 0, 0);
     check_batch(DSV4_WF_MXFP4, DSV4_WF_FP8, 1024, 0, 3, 1, 1, 0);
     check_batch(DSV4_WF_NVFP4, DSV4_WF_FP8, 1024, 0, 8, 0, 0, 1);

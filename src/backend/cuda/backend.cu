@@ -849,6 +849,7 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     cuda_impl *c = (cuda_impl *)calloc(1, sizeof *c);
     if (!c) return dsv4_errf(err, "backend 'cuda': out of memory");
     c->device = device;
+    c->nsm = p.multiProcessorCount;
     const char *gl = getenv("DSV4_CUDA_GRAPH_LOG");
     c->graph_log = gl && !strcmp(gl, "1");
     const char *pd = getenv("DSV4_CUDA_PDL");

@@ -43,6 +43,7 @@ struct wentry {
 
 struct cuda_impl {
     int device;
+    int nsm;                    /* the device's SMs (read once at init) */
     cudaStream_t stream;
     char errmsg[512];      /* sticky first error, "" = none */
     int failed;

@@ -36,7 +36,7 @@ extern "C" {
 struct gm_entry {
     const uint8_t *w, *s; /* weight rows, FP8 e8m0 block scales (one byte per block) */
     float *out;
-    int row0, rows;     /* first virtual row, rows */
+    int row0;           /* first virtual row */
     int srow, blk_log2; /* FP8: scale bytes per block row, log2 of the block */
     int out_bf16;
 };
@@ -225,8 +225,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         if (!take[i]) cu_matmul_any(b, outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]);
     dsv4_cuda_op_begin(b);
     int64_t K = ws[0]->cols;
-    int nsm = 0;
-    if (CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, c->device))) return;
+    int nsm = c->nsm;
     const float *xd = (const float *)dsv4_cuda_in(b, x, sizeof(float) * K);
     if (!xd) return;
     const float *xq = NULL;
@@ -253,7 +252,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
             if (dsv4_cuda_weight(b, ws[i], &dw)) return;
             gm_entry &E = t.e[t.n++];
             E.w = dw.data, E.s = dw.scale, E.out = outs[i];
-            E.row0 = t.total, E.rows = (int)dw.rows, t.total += (int)dw.rows;
+            E.row0 = t.total, t.total += (int)dw.rows;
             E.srow = fmt == GM_FP8 ? (int)(K / dw.block) : 0;
             E.blk_log2 = 0;
             while (fmt == GM_FP8 && (1 << E.blk_log2) < dw.block)

@@ -1180,8 +1180,7 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
         kspan = ((K + splits - 1) / splits + 1023) / 1024 * 1024;
         splits = (int)((K + kspan - 1) / kspan);
     }
-    int nsm = 0; /* the GEMVs' pass counts and persistent grids are cut to the SMs */
-    if (vec && CK(b, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, c->device))) return;
+    int nsm = vec ? c->nsm : 0; /* the GEMVs' pass counts and persistent grids are cut to the SMs */
     float *part = NULL;
     if (splits > 1 && !(part = (float *)dsv4_cuda_scratch(b, sizeof(float) * splits * (rows < 8 ? rows : 8) * no)))
         return;
