@@ -15,6 +15,7 @@ fi
 strip "$dir"/bin/* 2>/dev/null || true
 # xz -9: a 64 MiB dictionary spans the binaries, which share the statically linked kernels
 # (47 MB at the default level, 13 MB at -9 on 2026-12-01; the tree sent to the device is 64 MiB)
-tar -cf - "$dir" | xz -9 -T2 >/tmp/pack.$$.tar.xz
+# relative to the folder's parent, so it unpacks as DIR/ wherever DIR was given (absolute or not)
+tar -C "$(dirname "$dir")" -cf - "$(basename "$dir")" | xz -9 -T2 >/tmp/pack.$$.tar.xz
 rm -rf "$dir"; mkdir -p "$dir"; mv /tmp/pack.$$.tar.xz "$dir/pack.tar.xz"
 ls -la "$dir/pack.tar.xz"
