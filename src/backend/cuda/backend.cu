@@ -93,11 +93,12 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
  * else is queued, then checked; with no op since the last check they cannot have changed. */
 static int cu_check(dsv4_backend *b, dsv4_err *err) {
     cuda_impl *c = CI(b);
-    int ops = c->ops_since_check > 0;
+    int ops = c->ops_since_check > 0, fetched = c->flags_fetched;
     c->ops_since_check = 0;
+    c->flags_fetched = 0;
     if (!c->failed && ops) dsv4_cuda_devside_fetch(b);
     if (!c->failed) dsv4_cuda_sync(b);
-    if (!c->failed && ops) dsv4_cuda_devside_check(b);
+    if (!c->failed && (ops || fetched)) dsv4_cuda_devside_check(b);
     if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
     return 0;
 }
@@ -778,7 +779,16 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
     if (!dd || !sd) dsv4_cuda_seg_end(b); /* host memory may be pageable: not capturable */
     dsv4_cuda_seg_note(b, DSV4_SEG_COPY);
     if (CK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream))) return;
-    if (!dd) dsv4_cuda_sync(b);
+    if (dd) return;
+    /* a download waits for the device; the device flags come back in the same wait, so the
+     * ops->check that follows the logits' download (forward.c) needs no second round trip
+     * (a 4-byte copy the device started only after the host had seen the logits) */
+    if (c->ops_since_check > 0 && c->devside) {
+        dsv4_cuda_devside_fetch(b);
+        c->ops_since_check = 0;
+        c->flags_fetched = 1;
+    }
+    dsv4_cuda_sync(b);
 }
 
 static const dsv4_backend_ops CUDA_OPS = {

@@ -95,6 +95,7 @@ struct cuda_impl {
     struct cuda_devside *devside;
     unsigned devside_flags;     /* the device flags as last fetched (dsv4_cuda_devside_fetch) */
     long ops_since_check;       /* ops begun since the last ops->check */
+    int flags_fetched;          /* devside_flags were fetched by a download after the last op (cu_copy) */
     /* CUDA graphs (backend.cu, "segments"): the ops between two ops->segment marks are captured
      * and launched as one graph; executables are cached per segment key and structure */
     int graphs;                 /* 1 = capture segments (DSV4_CUDA_GRAPHS=0 turns it off) */
