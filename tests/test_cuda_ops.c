@@ -372,9 +372,13 @@ static void test_attn_chain(void) {
 }
 
 /* A corrupt pick (>= the row's compressed rows) is skipped and reported by ops->check, on
- * a backend of its own (the error is sticky). */
+ * a backend of its own (the error is sticky).  Mode 0: the output lands in host memory (the
+ * op's own fetch); 1: in device memory, then a download of it and the check (the download
+ * fetches the device flags, so the check must report them without a new fetch); 2: as 1 with a
+ * clean op after the download (the check must fetch again, and still see the flag). */
 static void test_bad_pick_reported(void) {
     NEED_GPU();
+    for (int mode = 0; mode < 3; mode++) {
     enum { NH = 2, HD = 128, NC = 8, TK = 4 };
     dsv4_backend g2;
     dsv4_err err;
@@ -393,11 +397,17 @@ static void test_bad_pick_reported(void) {
     g2.ops->upload(&g2, n_d, &np, sizeof(int));
     const float *win[1] = {k_d}, *base[1] = {k_d};
     CHECK(g2.ops->check(&g2, &err) == 0);
-    g2.ops->sparse_attn(&g2, out, q, 1, NH, HD, win, &n_win, 1, base, &n_comp, p_d, n_d, TK, sink, 0.1f, 0, 0);
+    float *o_d = mode ? g2.ops->alloc(&g2, sizeof out) : NULL;
+    REQUIRE(!mode || o_d);
+    g2.ops->sparse_attn(&g2, mode ? o_d : out, q, 1, NH, HD, win, &n_win, 1, base, &n_comp, p_d, n_d, TK, sink, 0.1f,
+                        0, 0);
+    if (mode) g2.ops->download(&g2, out, o_d, sizeof out);
+    if (mode == 2) g2.ops->scale(&g2, o_d, NH * HD, 1.0f, 0);
     int rc = g2.ops->check(&g2, &err);
-    printf("  corrupt pick: check -> %d (%s)\n", rc, rc ? err.msg : "no error");
+    printf("  corrupt pick (mode %d): check -> %d (%s)\n", mode, rc, rc ? err.msg : "no error");
     CHECK(rc != 0 && strstr(err.msg, "pick") != NULL);
     dsv4_backend_cuda_free(&g2);
+    }
 }
 
 static void test_indexer_topk(void) {
@@ -453,6 +463,48 @@ static void test_pool(void) {
     double r = rel(g, a, W);
     printf("  pool: rel %.2e\n", r);
     CHECK(r <= 1e-6);
+}
+
+/* Rows in device memory (the decode state): up to 256 entries the pointer tables travel as a
+ * kernel parameter (k_pool_tab), beyond that they are staged (k_pool_ptr); out of order and
+ * overlapping entries, as the compressor's two half-windows are. */
+static void test_pool_device(void) {
+    NEED_GPU();
+    enum { NMAX = 300, W = 520 };
+    float *kvb = malloc(sizeof(float) * NMAX * W), *gb = malloc(sizeof(float) * (NMAX + 1) * W), a[W], g[W];
+    REQUIRE(kvb && gb);
+    fill(kvb, NMAX * W, 4);
+    fill(gb, (NMAX + 1) * W, 5);
+    float *kv_d = gpu.ops->alloc(&gpu, sizeof(float) * NMAX * W);
+    float *g_d = gpu.ops->alloc(&gpu, sizeof(float) * (NMAX + 1) * W);
+    float *o_d = gpu.ops->alloc(&gpu, sizeof(float) * W);
+    REQUIRE(kv_d && g_d && o_d);
+    gpu.ops->upload(&gpu, kv_d, kvb, sizeof(float) * NMAX * W);
+    gpu.ops->upload(&gpu, g_d, gb, sizeof(float) * (NMAX + 1) * W);
+    static const int ns[] = {1, 8, 16, 17, 128, 256, 257, 300};
+    static const int ws[] = {128, 512, 520};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) {
+            int n = ns[i], w = ws[j];
+            const float *kh[NMAX], *gh[NMAX], *kd[NMAX], *gd[NMAX];
+            for (int t = 0; t < n; t++) { /* reversed kv rows; odd gate rows 3 floats on (unaligned) */
+                int rk = n - 1 - t, rg = t;
+                kh[t] = kvb + (size_t)rk * W, gh[t] = gb + (size_t)rg * W + (t & 1 ? 3 : 0);
+                kd[t] = kv_d + (size_t)rk * W, gd[t] = g_d + (size_t)rg * W + (t & 1 ? 3 : 0);
+            }
+            cpu.ops->pool(&cpu, a, kh, gh, n, w);
+            gpu.ops->pool(&gpu, o_d, kd, gd, n, w);
+            gpu.ops->download(&gpu, g, o_d, sizeof(float) * w);
+            CHECK(gpu_ok());
+            double r = rel(g, a, w);
+            if (r > 1e-6 || (n == 300 && w == 520)) printf("  pool (device rows) n %d width %d: rel %.2e\n", n, w, r);
+            CHECK(r <= 1e-6);
+        }
+    gpu.ops->free(&gpu, kv_d);
+    gpu.ops->free(&gpu, g_d);
+    gpu.ops->free(&gpu, o_d);
+    free(kvb);
+    free(gb);
 }
 
 /* ----- router and experts ----- */
@@ -1006,6 +1058,6 @@ static void test_moe_wide(void) {
 }
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
-          test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
+          test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_pool_device, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
           test_device_buffers, test_matmul_multi, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)

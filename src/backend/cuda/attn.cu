@@ -1287,11 +1287,52 @@ __global__ void k_pool_ptr(float *out, const float *const *kv, const float *cons
     out[c] = acc / den;
 }
 
+/* the same with the pointer tables as a kernel parameter (n <= P): no host-to-device copy.  A
+ * decode step's window-end pools (ratio 4: 8 entries, ratio 128: 128) had each staged two
+ * 64-byte tables, and in the kernel traces the pool started 3-50 us after those copies */
+template <int P> struct pool_tab {
+    const float *kv[P], *g[P];
+};
+template <int P>
+__global__ void k_pool_tab(float *out, const __grid_constant__ pool_tab<P> tb, int n, int width) {
+    pdl_enter();
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    float mx = -INFINITY;
+    for (int t = 0; t < n; t++) mx = fmaxf(mx, tb.g[t][c]);
+    float den = 0.0f, acc = 0.0f;
+    for (int t = 0; t < n; t++) {
+        float e = expf(tb.g[t][c] - mx);
+        den += e;
+        acc += e * tb.kv[t][c];
+    }
+    out[c] = acc / den;
+}
+
+template <int P>
+static void pool_by_param(dsv4_backend *b, float *od, const float *const *kv, const float *const *gate, int n,
+                          int width) {
+    pool_tab<P> tb;
+    for (int t = 0; t < n; t++) tb.kv[t] = kv[t], tb.g[t] = gate[t];
+    for (int t = n; t < P; t++) tb.kv[t] = tb.g[t] = NULL;
+    dsv4_launch(k_pool_tab<P>, (width + 127) / 128, 128, 0, CI(b)->stream, od, tb, n, width);
+}
+
 void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width) {
     dsv4_cuda_op_begin(b);
     if (n <= 0 || width <= 0) return;
     int all_dev = 1;
     for (int t = 0; t < n && all_dev; t++) all_dev = dsv4_cuda_is_dev(b, kv[t]) && dsv4_cuda_is_dev(b, gate[t]);
+    if (all_dev && n <= 256) { /* device rows, tables in the kernel parameters */
+        float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * width);
+        if (!od) return;
+        if (n <= 16) pool_by_param<16>(b, od, kv, gate, n, width);
+        else pool_by_param<256>(b, od, kv, gate, n, width);
+        if (CKL(b)) return;
+        dsv4_cuda_commit(b, out, od, sizeof(float) * width);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
+        return;
+    }
     if (all_dev) { /* device rows: only the pointer tables travel, no wait */
         const float **kd = (const float **)dsv4_cuda_stage(b, kv, sizeof(float *) * n);
         const float **gd = (const float **)dsv4_cuda_stage(b, gate, sizeof(float *) * n);
