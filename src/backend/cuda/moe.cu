@@ -1666,7 +1666,9 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
     const uint8_t *g0, *g1;
     float fsc[2];
     b1f_start<UP, FMT, S, V, M>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
-    pdl_wait(); /* as in b1f_run: x / h is the previous kernel's output */
+    /* down: h is the previous kernel's output (as in b1f_run); gate/up (k_moe_bnr's groups of 2..BN_G
+     * slots) reads x, complete before the one-slot launch before it started: no wait here */
+    if (!UP) pdl_wait();
     /* the slots' x vectors, transposed (the threads of column c with p = s mod P copy slot s) */
     for (int s = p; s < NS; s += P) {
         const float4 *xp = (const float4 *)(xs[s] + (int64_t)c * VN);
@@ -1749,7 +1751,13 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                     int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
                                                     int cs, int hsg) {
-    if (UP) pdl_enter();
+    /* The one-slot gate/up follows the plan: wait at once.  The multi-slot gate/up follows the
+     * one-slot one but needs nothing it writes (the plan's groups and x were complete before the
+     * one-slot launch started), so it runs alongside it; only its block 0 waits before it exits, so
+     * that the grid cannot complete before its predecessor (the kernels after it rely on that,
+     * common.cuh's PDL notes).  Down: waits in b1f_run / bn_run, before reading h. */
+    constexpr bool OVL = UP && NSK > 1;
+    if (UP && !OVL) pdl_enter();
     else pdl_trigger();
     extern __shared__ __align__(128) uint8_t bns[];
     int nr = *n_groups - hsg, b = (int)blockIdx.x, gi = -1, chunk = 0;
@@ -1767,7 +1775,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
     float *out0;
     if (gi < 0 || !b1_group<UP, BN_M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs0,
                                       out0, f0, chunk)) {
-        if (!UP) pdl_wait();
+        if (!UP || (OVL && blockIdx.x == 0)) pdl_wait();
         return;
     }
     const group &G = groups[gi];
@@ -1787,6 +1795,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
         }
         if (n <= 2) bn_format<UP, 2>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
         else bn_format<UP, NSK>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        if (OVL && blockIdx.x == 0) pdl_wait();
     }
 }
 
