@@ -138,7 +138,9 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line); /* after a l
  * activation or write anything: only weights, which no kernel writes, and the arguments.  The
  * same kernels, arguments and arithmetic run either way, so the switch changes timing only,
  * never values.  In a graph capture the attribute becomes a programmatic edge between the two
- * kernel nodes. */
+ * kernel nodes.  The multi-wave prefill GEMMs (k_sgemm, k_gemm_fp8, k_mg_up, k_mg_down) only
+ * wait: a kernel that never triggers lets its dependents launch when it completes, so their
+ * early-resident blocks do not take SM slots from its later waves. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_enter() {

@@ -103,7 +103,7 @@ template <int FMT>
 __global__ void __launch_bounds__(256, 2) k_sgemm(float *__restrict__ out, const float *__restrict__ x, int rows,
                                                dweight w, int out_bf16, int vec_out, int64_t ldx, int64_t ldo,
                                                int64_t gN, int64_t gx, int w_bf16) {
-    pdl_enter();
+    pdl_wait(); /* no early launch_dependents: a multi-wave GEMM keeps its SM slots (common.cuh) */
     __shared__ __align__(16) float xs[2][SG_BK][SG_LD];
     __shared__ __align__(16) float ws[2][SG_BK][SG_LD];
     const int tid = threadIdx.x;
@@ -337,7 +337,7 @@ __device__ __forceinline__ void f8_issue(uint8_t *stage, const uint8_t *xq, int 
 __global__ void __launch_bounds__(256) k_gemm_fp8(float *__restrict__ out, const uint8_t *__restrict__ xq,
                                                   const float *__restrict__ xsc, int rows, dweight w, int out_bf16,
                                                   int vec_out) {
-    pdl_enter();
+    pdl_wait(); /* no early launch_dependents: a multi-wave GEMM keeps its SM slots (common.cuh) */
     extern __shared__ __align__(16) uint8_t f8_smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp >> 2, wn = warp & 3; /* warp tile: rows wm*64 .. +64, features wn*32 .. +32 */

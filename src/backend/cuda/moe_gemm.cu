@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(256, 2) k_mg_up(float *H, int64_t ldh, const f
                                                const mg_tile *tiles, const int *n_tiles, int t0, const dexpert *tab,
                                                const int32_t *rowof, const float *pre, int act_fp8, float limit,
                                                int act_bf16) {
-    pdl_enter();
+    pdl_wait(); /* no early launch_dependents: a multi-wave GEMM keeps its SM slots (common.cuh) */
     constexpr int SI = TM / 16;
     __shared__ __align__(16) float xs[2][MG_BK][TM + 4];
     __shared__ __align__(16) float ws[2][MG_BK][MG_LDW];
@@ -206,7 +206,7 @@ template <int FMT, int TM>
 __global__ void __launch_bounds__(256, 2) k_mg_down(float *Y, int64_t dim, const float *H, int64_t ldh,
                                                  const mg_tile *tiles, const int *n_tiles, int t0, const dexpert *tab,
                                                  int act_bf16) {
-    pdl_enter();
+    pdl_wait(); /* no early launch_dependents: a multi-wave GEMM keeps its SM slots (common.cuh) */
     constexpr int SI = TM / 16;
     __shared__ __align__(16) float xs[2][MG_BK][TM + 4];
     __shared__ __align__(16) float ws[2][MG_BK][MG_LDW];
