@@ -22,6 +22,15 @@
  * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0,
  * 40 rows, 516 and 2052 entries (random and 3 values), 9000 entries (above the register
  * kernel's 8192: the general one); host and device outputs.
+ * sparse_attn_rope and indexer_scores_rs (the fused forms: sparse_attn then the inverse RoPE of
+ * the output; rope of q and scale of w folded into the indexer's scores): memcmp against the
+ * separate ops on the CUDA backend (bit-identical: every path, including the fallbacks of odd
+ * head_dim), and against the CPU's separate ops within the tolerances above; q and w must come
+ * back unwritten.  Shapes: Flash decode (64 x 512, rope 64, 640 keys) at rows 1, 4 and 8, the
+ * Flash indexer (64 x 128, rope 64) over 516, 2052 and 8192 keys at rows 1, 3 and 8, odd shapes
+ * (rope 12 of 36, rope 13, the whole head rotated, head_dim 67, host and unaligned keys, rows 40:
+ * positions staged); positions from 0 to 2^31 - 1000 (the sine and cosine's slow argument
+ * reduction).  DSV4_CUDA_ATTN_FUSE=0 must leave both ops NULL.
  * DSV4_ATTN_BENCH=1 adds timings at the Flash shapes: sparse_attn at rows 1 and 4 (200
  * back-to-back calls issued eagerly (host clock), per op with a sync each (ops->profile,
  * events), captured as one CUDA graph (events around the graph launch, ops->stats), and its
@@ -433,6 +442,243 @@ static void test_topk(void) {
     free(sc);
 }
 
+/* ----- the fused forms: sparse_attn_rope, indexer_scores_rs ----- */
+/* RoPE frequencies base^(-2i/rd) (forward.c's table without YaRN; the values do not matter
+ * here, only that both sides use the same) */
+static void rope_freqs(double *f, int rd, double base) {
+    for (int i = 0; i < rd / 2; i++) f[i] = 1.0 / pow(base, (2.0 * i) / rd);
+}
+
+/* sparse_attn then rope(out, inverse) as two GPU ops (fused 0) or one (fused 1); result in res */
+static void run_gpu_rope(aset *s, int bf, int fused, int rd, const int64_t *pos, const double *freq, float *res) {
+    const acase *k = &s->k;
+    int pk = k->mode == MODE_PICKS;
+    float *out = k->dev ? s->o_d : res;
+    memset(res, 0xff, sizeof(float) * s->nq); /* NaN: an output the kernels skipped shows */
+    if (k->dev) gpu.ops->upload(&gpu, s->o_d, res, sizeof(float) * s->nq);
+    const float *q = k->dev ? s->q_d : s->q, *sink = k->dsink ? s->sink_d : s->sink;
+    const float *const *base = k->mode == MODE_NONE ? NULL : s->based;
+    if (fused) {
+        gpu.ops->sparse_attn_rope(&gpu, out, q, k->rows, k->nh, k->hd, s->wind, k->n_win, k->max_win, base, k->n_comp,
+                                  pk ? s->p_d : NULL, pk ? s->np_d : NULL, pk ? k->topk : 0, sink, SCALE, bf, bf, rd,
+                                  pos, freq);
+    } else {
+        gpu.ops->sparse_attn(&gpu, out, q, k->rows, k->nh, k->hd, s->wind, k->n_win, k->max_win, base, k->n_comp,
+                             pk ? s->p_d : NULL, pk ? s->np_d : NULL, pk ? k->topk : 0, sink, SCALE, bf, bf);
+        gpu.ops->rope(&gpu, out, k->rows, k->nh, k->hd, rd, pos, freq, 1, bf);
+    }
+    if (k->dev) gpu.ops->download(&gpu, res, s->o_d, sizeof(float) * s->nq);
+}
+
+static void check_rope_case(const acase *k, int rd, const int64_t *pos) {
+    double freq[512];
+    rope_freqs(freq, rd, 10000.0);
+    aset s;
+    float *sep = malloc(sizeof(float) * (size_t)k->rows * k->nh * k->hd);
+    if (!sep || aset_make(&s, k)) {
+        CHECKF(0, "%s: out of memory", k->name);
+        aset_free(&s);
+        free(sep);
+        return;
+    }
+    for (int bf = 0; bf < 2; bf++) {
+        run_cpu(&s, bf);
+        cpu.ops->rope(&cpu, s.a, k->rows, k->nh, k->hd, rd, pos, freq, 1, bf);
+        run_gpu_rope(&s, bf, 0, rd, pos, freq, sep);
+        run_gpu_rope(&s, bf, 1, rd, pos, freq, s.g);
+        CHECK(gpu_ok());
+        int same = memcmp(sep, s.g, sizeof(float) * s.nq) == 0;
+        double r = rel(s.g, s.a, s.nq), tol = bf ? 4e-3 : 2e-6;
+        printf("  attn+rope %-40s rope %2d bf16 %d: %s the two ops, rel %.2e to the CPU (tol %.0e)\n", k->name, rd,
+               bf, same ? "bit-identical to" : "DIFFERENT from", r, tol);
+        CHECKF(same, "%s bf16 %d: fused differs from sparse_attn + rope", k->name, bf);
+        CHECKF(r <= tol, "%s bf16 %d: rel %.3e", k->name, bf, r);
+    }
+    aset_free(&s);
+    free(sep);
+}
+
+static void test_attn_rope(void) {
+    NEED_GPU();
+    if (!gpu.ops->sparse_attn_rope) {
+        printf("  sparse_attn_rope is NULL (DSV4_CUDA_ATTN_FUSE=0?): nothing to compare\n");
+        return;
+    }
+    static const int w8[8] = {128, 128, 37, 1, 128, 64, 128, 2}, c8[8] = {600, 599, 100, 600, 600, 300, 512, 1},
+                     p8[8] = {512, 512, 100, 0, 512, 300, 512, 1};
+    static const int64_t pos1[1] = {2047}, pos1b[1] = {0}, pos1c[1] = {2147482647};
+    static const int64_t pos8[8] = {0, 1, 7, 2047, 65537, 1000003, 123456789, 2147482647};
+    acase k = {"flash rows 1, 128 + 512 picks", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, w8, c8, p8, 0};
+    check_rope_case(&k, 64, pos1);
+    check_rope_case(&k, 64, pos1b);
+    check_rope_case(&k, 64, pos1c);
+    k.name = "flash rows 4";
+    k.rows = 4;
+    check_rope_case(&k, 64, pos8 + 3);
+    k.name = "flash rows 8";
+    k.rows = 8;
+    check_rope_case(&k, 64, pos8);
+    acase kn = {"flash rows 8, every compressed row", 8, FH, FD, FW, FW, FNC, 0, MODE_ALL, 1, 0, w8, c8, p8, 0};
+    check_rope_case(&kn, 64, pos8);
+    kn.name = "flash rows 8, no compressed rows";
+    kn.mode = MODE_NONE;
+    check_rope_case(&kn, 64, pos8);
+    /* odd shapes: a rope part that starts inside a 32-dim block, head_dim 67 (the two ops), the
+     * whole head rotated, host keys, unaligned keys, a device sink, rows 12 and 40 */
+    static const int w3[3] = {0, 7, 20}, c3[3] = {13, 0, 300}, p3[3] = {5, 0, 17};
+    static const int w1[1] = {9}, c1[1] = {40}, p1[1] = {40};
+    static int w40[40], c40[40], p40[40];
+    static int64_t pos40[40];
+    for (int r = 0; r < 40; r++) w40[r] = r % 21, c40[r] = (r * 7) % 50, p40[r] = c40[r] < 24 ? c40[r] : 24,
+                                pos40[r] = (int64_t)r * 999983;
+    struct {
+        acase k;
+        int rd;
+    } cases[] = {
+        {{"5 heads x 36, picks, device keys", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 0, w3, c3, p3, 0}, 12},
+        {{"5 heads x 36, keys 4 bytes off 16", 3, 5, 36, 20, 23, 300, 24, MODE_PICKS, 1, 1, w3, c3, p3, 0}, 36},
+        {{"5 heads x 67, all compressed (two ops)", 3, 5, 67, 20, 23, 300, 0, MODE_ALL, 1, 0, w3, c3, p3, 0}, 64},
+        {{"17 heads x 128, all compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_ALL, 0, 0, w3, c3, p3, 0}, 64},
+        {{"3 heads x 1024, picks, device keys", 1, 3, 1024, 9, 9, 40, 64, MODE_PICKS, 1, 0, w1, c1, p1, 0}, 64},
+        {{"64 heads x 512, keys 4 bytes off 16", 1, FH, FD, 9, 9, 40, 64, MODE_PICKS, 1, 1, w1, c1, p1, 0}, 64},
+        {{"flash rows 1, device sink", 1, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, w8, c8, p8, 1}, 64},
+        {{"rows 40, 8 heads x 64 (positions staged)", 40, 8, 64, 20, 21, 50, 24, MODE_PICKS, 1, 0, w40, c40, p40, 0},
+         64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_rope_case(&cases[i].k, cases[i].rd, cases[i].k.rows == 40 ? pos40 : pos8 + 4);
+}
+
+/* Fused indexer: rope(q) and scale(w) folded into the scores, against the three ops on the
+ * GPU (memcmp) and on the CPU; q and w must be left as they were.  dev: keys, q, w and the
+ * scores in device memory (else host memory: the slow paths); skew: keys one float past 16. */
+static void check_indexer_rs(const char *name, int rows, int nh, int hd, int max_keys, const int *nk, int dev,
+                             int skew, int rd, const int64_t *pos) {
+    size_t nq = (size_t)rows * nh * hd, nw = (size_t)rows * nh, nkey = (size_t)rows * max_keys * hd,
+           ns = (size_t)rows * max_keys;
+    double freq[512];
+    rope_freqs(freq, rd, 160000.0);
+    float ws = (float)(1.0 / sqrt((double)hd) / sqrt((double)nh));
+    float *q = malloc(sizeof(float) * nq), *w = malloc(sizeof(float) * nw), *keys = malloc(sizeof(float) * nkey);
+    float *qc = malloc(sizeof(float) * nq), *wc = malloc(sizeof(float) * nw);
+    float *a = malloc(sizeof(float) * ns), *g = malloc(sizeof(float) * ns), *sep = malloc(sizeof(float) * ns);
+    const float **kb = malloc(sizeof(float *) * rows), **kbd = malloc(sizeof(float *) * rows);
+    REQUIRE(q && w && keys && qc && wc && a && g && sep && kb && kbd);
+    fill(q, nq, 1);
+    fill(w, nw, 1);
+    fill(keys, nkey, 1);
+    float *kd = NULL, *sd = NULL, *qd = NULL, *wd = NULL;
+    if (dev) {
+        kd = gpu.ops->alloc(&gpu, sizeof(float) * (nkey + 1));
+        sd = gpu.ops->alloc(&gpu, sizeof(float) * ns);
+        qd = gpu.ops->alloc(&gpu, sizeof(float) * nq);
+        wd = gpu.ops->alloc(&gpu, sizeof(float) * nw);
+        REQUIRE(kd && sd && qd && wd);
+        gpu.ops->upload(&gpu, kd + (skew ? 1 : 0), keys, sizeof(float) * nkey);
+    }
+    for (int r = 0; r < rows; r++) {
+        kb[r] = keys + (size_t)r * max_keys * hd;
+        kbd[r] = dev ? kd + (skew ? 1 : 0) + (size_t)r * max_keys * hd : kb[r];
+    }
+    static const int combos[3][2] = {{0, 0}, {1, 1}, {0, 1}}; /* score_bf16, out_bf16 (rope and scale) */
+    for (int ci = 0; ci < 3; ci++) {
+        int sbf = combos[ci][0], obf = combos[ci][1];
+        /* CPU: the three ops */
+        memcpy(qc, q, sizeof(float) * nq);
+        memcpy(wc, w, sizeof(float) * nw);
+        cpu.ops->rope(&cpu, qc, rows, nh, hd, rd, pos, freq, 0, obf);
+        cpu.ops->scale(&cpu, wc, nw, ws, obf);
+        memset(a, 0, sizeof(float) * ns);
+        cpu.ops->indexer_scores(&cpu, a, qc, wc, rows, nh, hd, kb, nk, max_keys, sbf);
+        for (int fused = 0; fused < 2; fused++) {
+            float *res = fused ? g : sep;
+            memset(res, 0, sizeof(float) * ns);
+            memcpy(qc, q, sizeof(float) * nq);
+            memcpy(wc, w, sizeof(float) * nw);
+            float *qx = qc, *wx = wc, *sx = res;
+            if (dev) {
+                gpu.ops->upload(&gpu, qd, q, sizeof(float) * nq);
+                gpu.ops->upload(&gpu, wd, w, sizeof(float) * nw);
+                gpu.ops->upload(&gpu, sd, res, sizeof(float) * ns);
+                qx = qd, wx = wd, sx = sd;
+            }
+            if (fused) {
+                gpu.ops->indexer_scores_rs(&gpu, sx, qx, wx, rows, nh, hd, kbd, nk, max_keys, sbf, rd, pos, freq, ws,
+                                           obf);
+            } else {
+                gpu.ops->rope(&gpu, qx, rows, nh, hd, rd, pos, freq, 0, obf);
+                gpu.ops->scale(&gpu, wx, nw, ws, obf);
+                gpu.ops->indexer_scores(&gpu, sx, qx, wx, rows, nh, hd, kbd, nk, max_keys, sbf);
+            }
+            if (dev) {
+                gpu.ops->download(&gpu, res, sd, sizeof(float) * ns);
+                gpu.ops->download(&gpu, qc, qd, sizeof(float) * nq);
+                gpu.ops->download(&gpu, wc, wd, sizeof(float) * nw);
+            }
+            CHECK(gpu_ok());
+            if (fused) {
+                int kept = !memcmp(qc, q, sizeof(float) * nq) && !memcmp(wc, w, sizeof(float) * nw);
+                CHECKF(kept, "indexer+rs %s: q or w was written", name);
+            }
+        }
+        int same = memcmp(sep, g, sizeof(float) * ns) == 0;
+        double r = rel(g, a, ns), tol = sbf || obf ? 8e-3 : 2e-6;
+        printf("  indexer+rs %-36s rope %2d bf16 %d/%d: %s the three ops, rel %.2e to the CPU (tol %.0e)\n", name, rd,
+               sbf, obf, same ? "bit-identical to" : "DIFFERENT from", r, tol);
+        CHECKF(same, "indexer+rs %s bf16 %d/%d: fused differs from rope + scale + indexer_scores", name, sbf, obf);
+        CHECKF(r <= tol, "indexer+rs %s bf16 %d/%d: rel %.3e", name, sbf, obf, r);
+    }
+    void *dv[] = {kd, sd, qd, wd};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
+        if (dv[i]) gpu.ops->free(&gpu, dv[i]);
+    free(q), free(w), free(keys), free(qc), free(wc), free(a), free(g), free(sep), free(kb), free(kbd);
+}
+
+static void test_indexer_rs(void) {
+    NEED_GPU();
+    if (!gpu.ops->indexer_scores_rs) {
+        printf("  indexer_scores_rs is NULL (DSV4_CUDA_ATTN_FUSE=0?): nothing to compare\n");
+        return;
+    }
+    static const int64_t pos8[8] = {2063, 0, 7, 8191, 65537, 1000003, 123456789, 2147482647};
+    static const int n516[8] = {516, 516, 516, 516, 516, 516, 516, 516}, n2052[1] = {2052},
+                     n3[3] = {IK, 5000, 77}, n9[2] = {9, 1}, o3[3] = {300, 0, 129};
+    static int n40[40];
+    static int64_t pos40[40];
+    for (int r = 0; r < 40; r++) n40[r] = (r * 37) % 150, pos40[r] = (int64_t)r * 999983;
+    check_indexer_rs("flash 64 x 128, 516 keys, rows 1", 1, IH, ID, 600, n516, 1, 0, 64, pos8);
+    check_indexer_rs("flash 64 x 128, 516 keys, rows 1, pos 2^31", 1, IH, ID, 600, n516, 1, 0, 64, pos8 + 7);
+    check_indexer_rs("flash 64 x 128, 516 keys, rows 8", 8, IH, ID, 600, n516, 1, 0, 64, pos8);
+    check_indexer_rs("flash 64 x 128, 2052 keys", 1, IH, ID, 2100, n2052, 1, 0, 64, pos8 + 3);
+    check_indexer_rs("flash 64 x 128, rows 3 (8192/5000/77)", 3, IH, ID, IK, n3, 1, 0, 64, pos8 + 2);
+    check_indexer_rs("48 x 128, rows 2 (9/1 keys)", 2, 48, ID, 16, n9, 1, 0, 64, pos8 + 4);
+    check_indexer_rs("64 x 128, keys 4 bytes off 16", 3, IH, ID, 300, o3, 1, 1, 64, pos8 + 1);
+    check_indexer_rs("5 x 36, rope 13, device keys", 3, 5, 36, 300, o3, 1, 0, 13, pos8 + 3);
+    check_indexer_rs("7 x 64, whole head, host keys", 3, 7, 64, 300, o3, 0, 0, 64, pos8 + 4);
+    check_indexer_rs("8 x 256, rows 40 (positions staged)", 40, 8, 256, 150, n40, 1, 0, 64, pos40);
+}
+
+/* DSV4_CUDA_ATTN_FUSE=0 takes the fused attention ops out of the table (and only them) */
+static void test_attn_fuse_switch(void) {
+    NEED_GPU();
+    const char *old = getenv("DSV4_CUDA_ATTN_FUSE");
+    char saved[64] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("DSV4_CUDA_ATTN_FUSE", "0", 1);
+    dsv4_backend g2;
+    dsv4_err err;
+    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
+    if (old) setenv("DSV4_CUDA_ATTN_FUSE", saved, 1);
+    else unsetenv("DSV4_CUDA_ATTN_FUSE");
+    REQUIRE(rc == 0);
+    printf("  DSV4_CUDA_ATTN_FUSE=0: sparse_attn_rope %s, indexer_scores_rs %s, norm_rope %s\n",
+           g2.ops->sparse_attn_rope ? "set" : "NULL", g2.ops->indexer_scores_rs ? "set" : "NULL",
+           g2.ops->norm_rope ? "set" : "NULL");
+    CHECK(g2.ops->sparse_attn_rope == NULL && g2.ops->indexer_scores_rs == NULL);
+    CHECK(g2.ops->norm_rope == gpu.ops->norm_rope && g2.ops->hc_pre_norm == gpu.ops->hc_pre_norm);
+    dsv4_backend_cuda_free(&g2);
+}
+
 /* ----- timing (DSV4_ATTN_BENCH=1) ----- */
 static double now_s(void) {
     struct timespec t;
@@ -601,4 +847,5 @@ static void test_zz_bench(void) {
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
-          test_bad_picks, test_indexer, test_topk, test_zz_bench)
+          test_bad_picks, test_indexer, test_topk, test_attn_rope, test_indexer_rs, test_attn_fuse_switch,
+          test_zz_bench)

@@ -155,8 +155,9 @@ typedef struct dsv4_backend_ops {
     void (*segment)(dsv4_backend *b, int key);
 
     /* ----- fused pairs (optional: NULL = the forward pass calls the two ops) -----
-     * Each gives, bit for bit, what the two ops it replaces give on the same backend (the CPU
-     * backend calls them); a device backend saves a launch and a round trip through memory. */
+     * Each gives, bit for bit, what the ops it replaces give on the same backend (the CPU
+     * backend's norm_rope and hc_pre_norm call them); a device backend saves launches and round
+     * trips through memory. */
     /* rmsnorm(x, x, rows * n_heads, head_dim, w, eps, out_bf16), then
      * rope(x, rows, n_heads, head_dim, rope_dim, pos, freq, 0, out_bf16). */
     void (*norm_rope)(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, const dsv4_weight *w,
@@ -172,6 +173,22 @@ typedef struct dsv4_backend_ops {
      * times; the CPU backend sets none. */
     void (*matmul_multi)(dsv4_backend *b, int n, float *const *outs, const float *x, int rows,
                          const dsv4_weight *const *ws, const int *act_fp8, const int *out_bf16);
+    /* sparse_attn(out, q, ..., prob_bf16, out_bf16), then the inverse RoPE of the output at the
+     * query positions: rope(out, rows, n_heads, head_dim, rope_dim, pos, freq, 1, out_bf16).
+     * NULL (the CPU backend): the forward pass calls the two ops. */
+    void (*sparse_attn_rope)(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                             const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                             const int *n_comp, const int32_t *picks, const int *n_picks, int topk,
+                             const float *sink, float scale, int prob_bf16, int out_bf16, int rope_dim,
+                             const int64_t *pos, const double *freq);
+    /* The scores of indexer_scores(score, q', w', ...) where q' = rope(q, rows, n_heads, head_dim,
+     * rope_dim, pos, freq, 0, out_bf16) and w' = scale(w, rows * n_heads, w_scale, out_bf16):
+     * rope and scale are applied as q and w are read, and q and w are left as they are (only
+     * score is written).  NULL (the CPU backend): the forward pass calls the three ops. */
+    void (*indexer_scores_rs)(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
+                              int head_dim, const float *const *key_base, const int *n_keys, int max_keys,
+                              int score_bf16, int rope_dim, const int64_t *pos, const double *freq, float w_scale,
+                              int out_bf16);
 } dsv4_backend_ops;
 
 /* What a backend reports about itself (ops->stats). */

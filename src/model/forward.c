@@ -522,9 +522,16 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         run_compressor(m, layer, &L->idx.comp, 1, rows, nseg);
         int inh = c->index_n_heads, ihd = c->index_head_dim;
         op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
-        op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
-        if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
-        op->scale(b, m->iw, (size_t)rows * inh, (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh)), bf);
+        float iw_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh));
+        /* the rope of q and the scale of w folded into the scores op (the same bits; q and w stay
+         * as the projections left them, which nothing reads after the scores) unless a sim runs
+         * between or the layer-diff trace wants q as rotated */
+        int fuse_rs = op->indexer_scores_rs && !m->op_trace && !nm->indexer_sim_fp4;
+        if (!fuse_rs) {
+            op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
+            if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
+            op->scale(b, m->iw, (size_t)rows * inh, iw_scale, bf);
+        }
         int need = 1;
         for (int i = 0; i < rows; i++) {
             int64_t vis = (m->pos[i] + 1) / ratio;
@@ -536,8 +543,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
             m->key_base[i] = sg->st->layers[layer].icomp.rows;
             m->n_keys[i] = (int)((m->pos[i] + 1) / ratio);
         }
-        op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
-                           nm->indexer_score_bf16);
+        if (fuse_rs)
+            op->indexer_scores_rs(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
+                                  nm->indexer_score_bf16, rd, m->pos, freq, iw_scale, bf);
+        else
+            op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
+                               nm->indexer_score_bf16);
         op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
         op_trace(m, "indexer.q", layer, rows, inh * ihd, m->iq, NULL, NULL, m->pos);
         op_trace(m, "indexer.scores", layer, rows, m->max_keys, m->scores, NULL, m->n_keys, m->pos);
@@ -569,10 +580,19 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         m->comp_base[i] = ratio ? ls->comp.rows : NULL;
         m->n_comp[i] = ratio ? (int)((p + 1) / ratio) : 0; /* with the indexer: the bound of a pick */
     }
-    op->sparse_attn(b, m->o, m->q, rows, nh, hd, m->win, m->n_win, W, m->comp_base, m->n_comp,
-                    L->has_indexer ? m->picks : NULL, L->has_indexer ? m->n_picks : NULL, topk, m->sink[layer],
-                    (float)(1.0 / sqrt((double)hd)), nm->attn_prob_bf16, bf);
-    op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf); /* inverse RoPE at the query position */
+    /* then the inverse RoPE at the query position (in the attention's epilogue where the backend
+     * has the fused op: the same bits) */
+    const int32_t *picks = L->has_indexer ? m->picks : NULL;
+    const int *n_picks = L->has_indexer ? m->n_picks : NULL;
+    float ascale = (float)(1.0 / sqrt((double)hd));
+    if (op->sparse_attn_rope && !m->op_trace) {
+        op->sparse_attn_rope(b, m->o, m->q, rows, nh, hd, m->win, m->n_win, W, m->comp_base, m->n_comp, picks, n_picks,
+                             topk, m->sink[layer], ascale, nm->attn_prob_bf16, bf, rd, m->pos, freq);
+    } else {
+        op->sparse_attn(b, m->o, m->q, rows, nh, hd, m->win, m->n_win, W, m->comp_base, m->n_comp, picks, n_picks,
+                        topk, m->sink[layer], ascale, nm->attn_prob_bf16, bf);
+        op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf);
+    }
     op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
     op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
     op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);

@@ -44,7 +44,7 @@
  */
 #include <stdlib.h>
 
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/rope.cuh"
 
 /* 1 if [p, p + bytes) lies inside one buffer of ops->alloc; *hint keeps the index of the
  * last buffer found (key pointers come in runs into the same ring or rows buffer, so
@@ -124,6 +124,23 @@ struct attn_args {
     int max_win, topk, n_heads, head_dim, max_n, prob_bf16, out_bf16;
     float scale;
 };
+
+/* RoPE folded into an attention kernel (sparse_attn_rope: the inverse RoPE of the output in
+ * p.V's epilogue; indexer_scores_rs: the RoPE of q, and w's scale, as the scores kernel loads
+ * them): positions and frequencies by value (pd NULL) or staged (rope_inputs, rope.cuh) */
+struct fused_rope {
+    rope_args ra;
+    const int64_t *pd; /* [rows] or NULL: ra.pos */
+    const float *fd;   /* [rope_dim / 2] or NULL: ra.freq */
+    int rope_dim;      /* <= head_dim (even for p.V); pairs on the last rope_dim dims of each head */
+    int out_bf16;      /* rope's (and scale's) rounding of what they write */
+    float w_scale;     /* indexer_scores_rs: scale's factor for w */
+};
+
+/* the fp32 angle of pair i at row r's position, as k_rope forms it */
+__device__ __forceinline__ float fr_angle(const fused_rope &f, int64_t r, int i) {
+    return f.pd ? (float)f.pd[r] * f.fd[i] : (float)f.ra.pos[r] * f.ra.freq[i];
+}
 
 /* points the host arrays of a at the kernel-parameter blob (its generic address) */
 template <int PB> __device__ __forceinline__ void attn_bind(attn_args &a, const attn_blob<PB> &p) {
@@ -331,8 +348,8 @@ __device__ __forceinline__ void attn_pv_tile(float *acc, const float *const *kt,
  * and recompute exp per tile (the same expression, so the same bits).  The 32 key lanes
  * are summed in a fixed order (shuffles within the warp, then warps in order): only the
  * grouping of the sum over keys differs from the CPU's. */
-template <int VEC>
-__global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a) {
+template <int VEC, int ROPE>
+__global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a, const __grid_constant__ fused_rope fr) {
     pdl_enter();
     __shared__ float4 pt4[AP_TILE * AP_HEADS / 4]; /* p [key][head] */
     __shared__ const float *kt[AP_TILE];
@@ -423,7 +440,20 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_pv(attn_args a) {
     float o = 0.0f;
     for (int w = 0; w < ATTN_THREADS / 32; w++) o += red[(w * 8 + (dd >> 2)) * 33 + hh * 4 + (dd & 3)];
     int h = h0 + hh, d = blockIdx.x * AP_DIMS + dd;
-    if (h < H && d < hd) a.out[((int64_t)r * H + h) * hd + d] = a.out_bf16 ? d_round_bf16(o) : o;
+    float v = a.out_bf16 ? d_round_bf16(o) : o; /* sparse_attn's output */
+    if (ROPE) {
+        /* then rope(out, inverse) of pair (d & ~1, d | 1) from the rounded values, as k_rope
+         * forms it: the pair's dims are lanes dd & ~1 and dd | 1 of this warp (the rope part
+         * starts at an even dim, the host checked), each lane rotates and keeps its own */
+        float u = __shfl_xor_sync(0xffffffffu, v, 1);
+        int c0 = d - (hd - fr.rope_dim);
+        if (c0 >= 0 && d < hd) {
+            float ang = fr_angle(fr, r, c0 >> 1);
+            float2 y = dd & 1 ? d_rope_rot(u, v, ang, 1, fr.out_bf16) : d_rope_rot(v, u, ang, 1, fr.out_bf16);
+            v = dd & 1 ? y.y : y.x;
+        }
+    }
+    if (h < H && d < hd) a.out[((int64_t)r * H + h) * hd + d] = v;
 }
 
 /* Slow path: some key is host memory.  Builds each row's full key list on the host
@@ -629,8 +659,9 @@ template <int VEC, int PB> static int attn_launch_scores(dsv4_backend *b, const 
     return CKL(b);
 }
 
-/* launches the scores kernel (what & 1) and the p.V kernel (what & 2); 0 or -1 */
-static int attn_launch(dsv4_backend *b, const attn_plan *P, int what) {
+/* launches the scores kernel (what & 1) and the p.V kernel (what & 2), the latter with the
+ * inverse RoPE of its output in the epilogue when fr is given; 0 or -1 */
+static int attn_launch(dsv4_backend *b, const attn_plan *P, int what, const fused_rope *fr = NULL) {
     static_assert(AB_LARGE >= AB_SMALL && AB_SMALL >= 16, "blob prefixes");
     if (what & 1) {
         int rc = P->vec4 ? (P->pb == 1 ? attn_launch_scores<4, AB_SMALL>(b, P)
@@ -642,10 +673,13 @@ static int attn_launch(dsv4_backend *b, const attn_plan *P, int what) {
         if (rc) return -1;
     }
     if (what & 2) {
+        fused_rope none;
+        memset(&none, 0, sizeof none);
+        const fused_rope &f = fr ? *fr : none;
         if (P->vec4)
-            dsv4_launch(k_attn_pv<4>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a);
+            dsv4_launch(fr ? k_attn_pv<4, 1> : k_attn_pv<4, 0>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a, f);
         else
-            dsv4_launch(k_attn_pv<1>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a);
+            dsv4_launch(fr ? k_attn_pv<1, 1> : k_attn_pv<1, 0>, P->gp, ATTN_THREADS, 0, CI(b)->stream, P->a, f);
         if (CKL(b)) return -1;
     }
     return 0;
@@ -662,6 +696,39 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
     if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
                     topk, sink, scale, prob_bf16, out_bf16) &&
         !attn_launch(b, P, 3)) {
+        dsv4_cuda_commit(b, out, P->a.out, sizeof(float) * (size_t)rows * n_heads * head_dim);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
+    }
+}
+
+void cu_rope(dsv4_backend *, float *, int, int, int, int, const int64_t *, const double *, int, int); /* norm.cu */
+
+/* sparse_attn then rope(out, inverse) (backend.h): the rotation in k_attn_pv's epilogue, from
+ * the output as sparse_attn rounds it, so one launch less and the same bits.  A head_dim or
+ * rope_dim that is odd (a pair could straddle two p.V blocks), or no rope part: the two ops.
+ * In profiles it counts as sparse_attn. */
+void cu_sparse_attn_rope(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                         const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                         const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                         float scale, int prob_bf16, int out_bf16, int rope_dim, const int64_t *pos,
+                         const double *freq) {
+    if (head_dim % 2 || rope_dim % 2 || rope_dim <= 0 || rope_dim > head_dim) {
+        cu_sparse_attn(b, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
+                       topk, sink, scale, prob_bf16, out_bf16);
+        cu_rope(b, out, rows, n_heads, head_dim, rope_dim, pos, freq, 1, out_bf16);
+        return;
+    }
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || n_heads <= 0) return;
+    attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
+    attn_plan *P = &plan;
+    fused_rope fr;
+    memset(&fr, 0, sizeof fr);
+    fr.rope_dim = rope_dim;
+    fr.out_bf16 = out_bf16;
+    if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
+                    topk, sink, scale, prob_bf16, out_bf16) &&
+        !rope_inputs(b, rows, rope_dim / 2, pos, freq, &fr.ra, &fr.pd, &fr.fd) && !attn_launch(b, P, 3, &fr)) {
         dsv4_cuda_commit(b, out, P->a.out, sizeof(float) * (size_t)rows * n_heads * head_dim);
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
     }
@@ -719,17 +786,65 @@ struct row_params {
     int n[ROW_PARAMS];
 };
 
+/* ----- indexer_scores_rs: rope(q) and scale(w) as the scores kernels load them -----
+ * RS = 1 instances of the kernels below: each block forms its row's rope_dim / 2 cosines and
+ * sines once (cosf / sinf of k_rope's angle) into shared memory, rotates the row's q there after
+ * loading it (d_rope_rot_cs: k_rope's rounded products and sums, and its bf16 rounding), and
+ * scales w as it loads it (k_scale's product and rounding), so the scores are those of the
+ * three ops; q and w in memory are not written.  Shared memory: 2 * (rope_dim / 2) floats
+ * more, after the kernel's own arrays. */
+#define IX_RS_SMEM(fr) (sizeof(float) * (size_t)((fr).rope_dim / 2) * 2)
+
+/* w[i] as scale(w, w_scale, out_bf16) leaves it (RS), else as stored */
+template <int RS> __device__ __forceinline__ float ix_w(const float *w, int64_t i, const fused_rope &fr) {
+    float v = w[i];
+    if (!RS) return v;
+    v = __fmul_rn(v, fr.w_scale);
+    return fr.out_bf16 ? d_round_bf16(v) : v;
+}
+
+/* row r's cosines and sines into cs[0 .. half), sn[0 .. half) (the block's threads) */
+__device__ __forceinline__ void ix_rope_angles(const fused_rope &fr, int r, float *cs, float *sn) {
+    for (int i = threadIdx.x; i < fr.rope_dim / 2; i += blockDim.x) {
+        float a = fr_angle(fr, r, i);
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+}
+
+/* the row's q in shared memory (n_heads x hd floats) rotated in place, every pair of every
+ * head's last rope_dim dims as rope(inverse 0) rotates it; the caller syncs before and after */
+__device__ __forceinline__ void ix_rope_q(float *qs, int n_heads, int hd, const fused_rope &fr, const float *cs,
+                                          const float *sn) {
+    int half = fr.rope_dim / 2, off = hd - fr.rope_dim;
+    for (int t = threadIdx.x; t < n_heads * half; t += blockDim.x) {
+        int h = t / half, i = t - h * half;
+        float *p = qs + h * hd + off + 2 * i;
+        float2 y = d_rope_rot_cs(p[0], p[1], cs[i], sn[i], fr.out_bf16);
+        p[0] = y.x;
+        p[1] = y.y;
+    }
+}
+
 /* General kernel (any head_dim, any alignment): one warp per (row, key), q of the row in
- * shared memory; per head a warp dot, relu, weighted sum in head order. */
+ * shared memory; per head a warp dot, relu, weighted sum in head order.  RS: rope and scale
+ * folded in (above). */
+template <int RS>
 __global__ void k_indexer(float *score, const float *q, const float *w, int n_heads, int head_dim,
                           const float *const *key_base, const int *n_keys, const __grid_constant__ row_params rp,
-                          int max_keys, int score_bf16) {
+                          int max_keys, int score_bf16, const __grid_constant__ fused_rope fr) {
     pdl_enter();
     extern __shared__ float qs[];
     int r = blockIdx.y;
     int64_t nq = (int64_t)n_heads * head_dim;
+    float *cs = qs + nq, *sn = cs + fr.rope_dim / 2; /* RS */
+    if (RS) ix_rope_angles(fr, r, cs, sn);
     for (int64_t i = threadIdx.x; i < nq; i += blockDim.x) qs[i] = q[r * nq + i];
     __syncthreads();
+    if (RS) {
+        ix_rope_q(qs, n_heads, head_dim, fr, cs, sn);
+        __syncthreads();
+    }
     int lane = threadIdx.x & 31;
     int j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int nk = key_base ? n_keys[r] : rp.n[r];
@@ -749,7 +864,7 @@ __global__ void k_indexer(float *score, const float *q, const float *w, int n_he
         for (int d = lane + 256; d < head_dim; d += 32) a += qh[d] * k[d]; /* head_dim > 256 */
         a = warp_sum(a);
         if (a < 0) a = 0;
-        float wh = w[(int64_t)r * n_heads + h];
+        float wh = ix_w<RS>(w, (int64_t)r * n_heads + h, fr);
         if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
         else s += a * wh;
     }
@@ -766,15 +881,17 @@ __global__ void k_indexer(float *score, const float *q, const float *w, int n_he
 #define IX_THREADS 256
 #define IX_LANES 4
 #define IX_KEYS (IX_THREADS / IX_LANES)
-template <int NV>
+template <int NV, int RS>
 __global__ void __launch_bounds__(IX_THREADS)
     k_indexer_v(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
-                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16) {
+                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16,
+                const __grid_constant__ fused_rope fr) {
     pdl_enter();
     extern __shared__ float4 ix_sm4[];
     const int hd = 16 * NV;
     float4 *qs = ix_sm4;                          /* [n_heads][hd / 4] */
     float *ws = (float *)(ix_sm4 + n_heads * (hd / 4)); /* [n_heads] */
+    float *cs = ws + n_heads, *sn = cs + fr.rope_dim / 2; /* RS: [rope_dim / 2] each */
     int r = blockIdx.y, t = threadIdx.x, qt = t & (IX_LANES - 1);
     int nk = min(key_base ? n_keys[r] : rp.n[r], max_keys);
     if ((int)blockIdx.x * IX_KEYS >= nk) return; /* uniform over the block */
@@ -785,9 +902,14 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll
     for (int v = 0; v < NV; v++) kr[v] = j < nk ? __ldg(k + 4 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 *qg = (const float4 *)(q + (int64_t)r * n_heads * hd);
+    if (RS) ix_rope_angles(fr, r, cs, sn);
     for (int i = t; i < n_heads * (hd / 4); i += blockDim.x) qs[i] = qg[i];
-    for (int i = t; i < n_heads; i += blockDim.x) ws[i] = w[(int64_t)r * n_heads + i];
+    for (int i = t; i < n_heads; i += blockDim.x) ws[i] = ix_w<RS>(w, (int64_t)r * n_heads + i, fr);
     __syncthreads();
+    if (RS) {
+        ix_rope_q((float *)qs, n_heads, hd, fr, cs, sn);
+        __syncthreads();
+    }
     float s = 0.0f;
 #pragma unroll 4
     for (int h = 0; h < n_heads; h++) {
@@ -820,16 +942,18 @@ static_assert(IX_LANES == 4, "k_indexer_v: two butterfly steps");
  * one thread per key sums them in head order: the CPU's order of the weighted sum (and
  * its bf16 roundings) is kept whatever the split.  The host launches it for kb <= 32
  * (at kb = 64, one head group, k_indexer_v measured faster). */
-template <int NV>
+template <int NV, int RS>
 __global__ void __launch_bounds__(IX_THREADS)
     k_indexer_s(float *score, const float *q, const float *w, int n_heads, const float *const *key_base,
-                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16, int kb) {
+                const int *n_keys, const __grid_constant__ row_params rp, int max_keys, int score_bf16, int kb,
+                const __grid_constant__ fused_rope fr) {
     pdl_enter();
     extern __shared__ float4 ix_sm4[];
     const int hd = 16 * NV;
     float4 *qs = ix_sm4;                                /* [n_heads][hd / 4] */
     float *ws = (float *)(ix_sm4 + n_heads * (hd / 4)); /* [n_heads] */
     float *dots = ws + n_heads;                         /* [kb][n_heads + 1] when hg_n > 1 */
+    float *cs = dots + kb * (n_heads + 1), *sn = cs + fr.rope_dim / 2; /* RS: [rope_dim / 2] each */
     int r = blockIdx.y, t = threadIdx.x, qt = t & (IX_LANES - 1);
     int nk = min(key_base ? n_keys[r] : rp.n[r], max_keys);
     if ((int)blockIdx.x * kb >= nk) return; /* uniform over the block */
@@ -837,7 +961,8 @@ __global__ void __launch_bounds__(IX_THREADS)
     int j = blockIdx.x * kb + kk;
     const float4 *qg = (const float4 *)(q + (int64_t)r * n_heads * hd);
     for (int i = t; i < n_heads * (hd / 4); i += IX_THREADS) attn_cp16(qs + i, qg + i);
-    for (int i = t; i < n_heads; i += IX_THREADS) ws[i] = w[(int64_t)r * n_heads + i];
+    for (int i = t; i < n_heads; i += IX_THREADS) ws[i] = ix_w<RS>(w, (int64_t)r * n_heads + i, fr);
+    if (RS) ix_rope_angles(fr, r, cs, sn);
     const float *kbase = key_base ? key_base[r] : rp.base[r];
     float4 kr[NV];
     const float4 *k = (const float4 *)(kbase + (int64_t)(j < nk ? j : 0) * hd) + qt;
@@ -845,6 +970,10 @@ __global__ void __launch_bounds__(IX_THREADS)
     for (int v = 0; v < NV; v++) kr[v] = j < nk ? __ldg(k + 4 * v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     attn_cp_wait();
     __syncthreads();
+    if (RS) {
+        ix_rope_q((float *)qs, n_heads, hd, fr, cs, sn);
+        __syncthreads();
+    }
     /* the 4 lanes of a key (head groups of one warp may run different head counts) */
     unsigned gmask = 0xfu << (t & 28);
     float s = 0.0f;
@@ -885,11 +1014,19 @@ __global__ void __launch_bounds__(IX_THREADS)
     }
 }
 
-void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
-                       int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16) {
+/* indexer_scores, and with fr (its positions and frequencies still to be filled from pos and
+ * freq) indexer_scores_rs: the RS instances of the same kernels */
+static void indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
+                           int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16,
+                           fused_rope *fr, const int64_t *pos, const double *freq) {
     dsv4_cuda_op_begin(b);
     if (rows <= 0) return;
     cuda_impl *c = CI(b);
+    fused_rope none;
+    memset(&none, 0, sizeof none);
+    if (fr && fr->rope_dim && rope_inputs(b, rows, fr->rope_dim / 2, pos, freq, &fr->ra, &fr->pd, &fr->fd)) return;
+    const fused_rope &f = fr ? *fr : none;
+    size_t rs_sm = IX_RS_SMEM(f); /* 0 without RS */
     size_t smem = sizeof(float) * (size_t)n_heads * head_dim;
     if (smem > 200 * 1024) {
         dsv4_cuda_fail(b, "indexer: q of one row exceeds 200 KB of shared memory", __FILE__, __LINE__, cudaSuccess);
@@ -965,14 +1102,17 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
          * at 8192 keys, H200) */
         int kb = 64;
         while (kb > 4 && (long)((maxn + kb - 1) / kb) * rows < 128) kb /= 2;
-        size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1);
+        size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1) + rs_sm;
         if (sm > 220 * 1024) kb = 64; /* no room for the dots */
         if (vec && kb < 64) {
             dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
 #define IX_LAUNCH(NV)                                                                                                  \
-    if (CK(b, cudaFuncSetAttribute(k_indexer_s<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;    \
-    dsv4_launch(k_indexer_s<NV>, grid, IX_THREADS, sm, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys,           \
-                score_bf16, kb)
+    {                                                                                                                  \
+        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
+                  int, int, int, const fused_rope) = fr ? k_indexer_s<NV, 1> : k_indexer_s<NV, 0>;                    \
+        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;             \
+        dsv4_launch(k, grid, IX_THREADS, sm, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, kb, f); \
+    }
             if (nv == 2) {
                 IX_LAUNCH(2);
             } else if (nv == 4) {
@@ -984,12 +1124,15 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
             }
 #undef IX_LAUNCH
         } else if (vec) {
-            size_t smv = smem + sizeof(float) * n_heads;
+            size_t smv = smem + sizeof(float) * n_heads + rs_sm;
             dim3 grid((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows);
 #define IX_LAUNCH(NV)                                                                                                  \
-    if (CK(b, cudaFuncSetAttribute(k_indexer_v<NV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return;   \
-    dsv4_launch(k_indexer_v<NV>, grid, IX_THREADS, smv, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys,          \
-                score_bf16)
+    {                                                                                                                  \
+        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
+                  int, int, const fused_rope) = fr ? k_indexer_v<NV, 1> : k_indexer_v<NV, 0>;                         \
+        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return;            \
+        dsv4_launch(k, grid, IX_THREADS, smv, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, f);    \
+    }
             if (nv == 2) {
                 IX_LAUNCH(2);
             } else if (nv == 4) {
@@ -1001,9 +1144,12 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
             }
 #undef IX_LAUNCH
         } else {
-            if (CK(b, cudaFuncSetAttribute(k_indexer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
-            dsv4_launch(k_indexer, dim3((unsigned)((maxn + 7) / 8), rows), 256, smem, c->stream, sd, qd, wd, n_heads,
-                        head_dim, kd, nd, rp, max_keys, score_bf16);
+            void (*k)(float *, const float *, const float *, int, int, const float *const *, const int *,
+                      const row_params, int, int, const fused_rope) = fr ? k_indexer<1> : k_indexer<0>;
+            size_t smg = smem + rs_sm;
+            if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smg))) return;
+            dsv4_launch(k, dim3((unsigned)((maxn + 7) / 8), rows), 256, smg, c->stream, sd, qd, wd, n_heads, head_dim,
+                        kd, nd, rp, max_keys, score_bf16, f);
         }
         if (CKL(b)) return;
     }
@@ -1023,6 +1169,30 @@ void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const floa
         }
     }
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_INDEXER);
+}
+
+void cu_indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
+                       int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16) {
+    indexer_scores(b, score, q, w, rows, n_heads, head_dim, key_base, n_keys, max_keys, score_bf16, NULL, NULL, NULL);
+}
+
+/* rope(q), scale(w), then indexer_scores (backend.h), in the scores kernel: the same bits, q
+ * and w not written, two launches less.  The pairs are k_rope's for any rope_dim <= head_dim
+ * (odd: the last dim stays; < 2: none).  In profiles it counts as indexer_scores. */
+void cu_indexer_scores_rs(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
+                          int head_dim, const float *const *key_base, const int *n_keys, int max_keys, int score_bf16,
+                          int rope_dim, const int64_t *pos, const double *freq, float w_scale, int out_bf16) {
+    if (rope_dim > head_dim) { /* rope would reach into the previous head: not a shape of the model */
+        dsv4_cuda_op_begin(b);
+        dsv4_cuda_fail(b, "indexer_scores_rs: rope_dim above head_dim", __FILE__, __LINE__, cudaSuccess);
+        return;
+    }
+    fused_rope fr;
+    memset(&fr, 0, sizeof fr);
+    fr.rope_dim = rope_dim < 2 ? 0 : rope_dim;
+    fr.out_bf16 = out_bf16;
+    fr.w_scale = w_scale;
+    indexer_scores(b, score, q, w, rows, n_heads, head_dim, key_base, n_keys, max_keys, score_bf16, &fr, pos, freq);
 }
 
 /* ----- top-k ----- */

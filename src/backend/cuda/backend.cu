@@ -47,6 +47,11 @@ void cu_sparse_attn(dsv4_backend *, float *, const float *, int, int, int, const
                     int);
 void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, int, int, int, const float *const *,
                        const int *, int, int);
+void cu_sparse_attn_rope(dsv4_backend *, float *, const float *, int, int, int, const float *const *, const int *,
+                         int, const float *const *, const int *, const int32_t *, const int *, int, const float *,
+                         float, int, int, int, const int64_t *, const double *);
+void cu_indexer_scores_rs(dsv4_backend *, float *, const float *, const float *, int, int, int, const float *const *,
+                          const int *, int, int, int, const int64_t *, const double *, float, int);
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
 void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
@@ -824,16 +829,21 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_norm_rope,
     cu_hc_pre_norm,
     cu_matmul_multi,
+    cu_sparse_attn_rope,
+    cu_indexer_scores_rs,
 };
 
-/* DSV4_CUDA_FUSE=0: the table without the fused pairs (the forward pass then calls the two
- * ops: same results, for A/B timing) */
-static const dsv4_backend_ops CUDA_OPS_UNFUSED = [] {
+/* The table without some fused ops (the forward pass then calls the separate ops: same
+ * results, for A/B timing): [pairs][attn], pairs 0 = DSV4_CUDA_FUSE=0 (norm_rope,
+ * hc_pre_norm), attn 0 = DSV4_CUDA_ATTN_FUSE=0 (sparse_attn_rope, indexer_scores_rs) */
+static dsv4_backend_ops cuda_ops_with(int pairs, int attn) {
     dsv4_backend_ops o = CUDA_OPS;
-    o.norm_rope = NULL;
-    o.hc_pre_norm = NULL;
+    if (!pairs) o.norm_rope = NULL, o.hc_pre_norm = NULL;
+    if (!attn) o.sparse_attn_rope = NULL, o.indexer_scores_rs = NULL;
     return o;
-}();
+}
+static const dsv4_backend_ops CUDA_OPS_SEL[2][2] = {{cuda_ops_with(0, 0), cuda_ops_with(0, 1)},
+                                                    {cuda_ops_with(1, 0), cuda_ops_with(1, 1)}};
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
 
@@ -867,8 +877,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
-    const char *fu = getenv("DSV4_CUDA_FUSE");
-    b->ops = fu && !strcmp(fu, "0") ? &CUDA_OPS_UNFUSED : &CUDA_OPS;
+    const char *fu = getenv("DSV4_CUDA_FUSE"), *fa = getenv("DSV4_CUDA_ATTN_FUSE");
+    b->ops = &CUDA_OPS_SEL[!(fu && !strcmp(fu, "0"))][!(fa && !strcmp(fa, "0"))];
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
         CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);

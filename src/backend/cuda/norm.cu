@@ -31,7 +31,7 @@
  *   so every mode is bit-exact with the CPU's.
  * Layout: fp32 rows, row-major.  Target: sm_90a.
  */
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/rope.cuh"
 
 __global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int has_w, float eps, int out_bf16) {
     pdl_enter();
@@ -136,23 +136,8 @@ void cu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, int dim, 
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
-/* RoPE angles' inputs passed by value (kernel parameters) for small batches, so a decode
- * call stages nothing: no host copy, no upload for the next op to wait on */
-enum { ROPE_ARG_ROWS = 32, ROPE_ARG_HALF = 64 };
-struct rope_args {
-    int64_t pos[ROPE_ARG_ROWS];
-    float freq[ROPE_ARG_HALF];
-};
-
-/* (x0, x1) rotated by angle a (its conjugate when inverse), rounded to bf16 if asked: every
- * product and sum rounded as the CPU's (no fma; intrinsics, so k_rope and k_norm_rope give
- * the same bits whatever either kernel's contraction would be) */
-__device__ __forceinline__ float2 d_rope_rot(float x0, float x1, float a, int inverse, int out_bf16) {
-    float c = cosf(a), s = sinf(a);
-    if (inverse) s = -s;
-    float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), y1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-    return out_bf16 ? make_float2(d_round_bf16(y0), d_round_bf16(y1)) : make_float2(y0, y1);
-}
+/* rope_args, d_rope_rot (the rotation, rounded as the CPU's) and rope_inputs: rope.cuh,
+ * shared with attn.cu's fused ops */
 
 __device__ __forceinline__ void rope_pair(float *x, int64_t r, int h, int i, int n_heads, int head_dim, int rope_dim,
                                           float a, int inverse, int out_bf16) {
@@ -187,9 +172,8 @@ __global__ void k_rope_args(float *x, int rows, int n_heads, int head_dim, int r
     rope_pair(x, r, h, i, n_heads, head_dim, rope_dim, (float)a.pos[r] * a.freq[i], inverse, out_bf16);
 }
 
-/* RoPE's positions and frequencies for a launch: by value up to ROPE_ARG_ROWS rows (a->pos
- * NULL: pd / fd NULL), else staged to the device (*pd, *fd); 1 on error */
-static int rope_inputs(dsv4_backend *b, int rows, int half, const int64_t *pos, const double *freq, rope_args *a,
+/* RoPE's positions and frequencies for a launch (rope.cuh) */
+int rope_inputs(dsv4_backend *b, int rows, int half, const int64_t *pos, const double *freq, rope_args *a,
                        const int64_t **pd, const float **fd) {
     *pd = NULL;
     *fd = NULL;
