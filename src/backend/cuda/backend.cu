@@ -38,6 +38,9 @@ void cu_hc_pre_norm(dsv4_backend *, float *, float *, float *, const float *, in
                     const dsv4_weight *, const dsv4_weight *, int, float, float, int, int, const dsv4_weight *, float);
 void cu_norm_rope(dsv4_backend *, float *, int, int, int, const dsv4_weight *, float, int, const int64_t *,
                   const double *, int);
+void cu_hc_post_pre_norm(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int,
+                         float *, float *, float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
+                         const dsv4_weight *, int, float, float, int, int, const dsv4_weight *, float);
 void cu_hc_post(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int, int, int,
                 int);
 void cu_hc_head(dsv4_backend *, float *, const float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
@@ -813,6 +816,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_segment,
     cu_norm_rope,
     cu_hc_pre_norm,
+    cu_hc_post_pre_norm,
     cu_matmul_multi,
 };
 
@@ -822,6 +826,14 @@ static const dsv4_backend_ops CUDA_OPS_UNFUSED = [] {
     dsv4_backend_ops o = CUDA_OPS;
     o.norm_rope = NULL;
     o.hc_pre_norm = NULL;
+    o.hc_post_pre_norm = NULL;
+    return o;
+}();
+
+/* DSV4_CUDA_HC_FUSE=0: without hc_post_pre_norm only (hc_post, then hc_pre_norm: same bits) */
+static const dsv4_backend_ops CUDA_OPS_NO_HC_FUSE = [] {
+    dsv4_backend_ops o = CUDA_OPS;
+    o.hc_post_pre_norm = NULL;
     return o;
 }();
 
@@ -857,8 +869,10 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
-    const char *fu = getenv("DSV4_CUDA_FUSE");
-    b->ops = fu && !strcmp(fu, "0") ? &CUDA_OPS_UNFUSED : &CUDA_OPS;
+    const char *fu = getenv("DSV4_CUDA_FUSE"), *hf = getenv("DSV4_CUDA_HC_FUSE");
+    b->ops = fu && !strcmp(fu, "0")   ? &CUDA_OPS_UNFUSED
+             : hf && !strcmp(hf, "0") ? &CUDA_OPS_NO_HC_FUSE
+                                      : &CUDA_OPS;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
         CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
