@@ -781,8 +781,9 @@ static void test_hc_fused_pair(void) {
         long cnt[3][8];
         for (int mode = 0; mode < 3; mode++) hc_fused_run(&lm, nums[p], mode, lg[mode], cnt[mode]);
         size_t n = (lm.cfg.n_mtp > 0 ? 6 : 5) * V;
-        CHECKF(!memcmp(lg[1], lg[0], sizeof(float) * n), "profile %d: fused logits differ from the two ops", p);
-        CHECKF(!memcmp(lg[2], lg[0], sizeof(float) * n), "profile %d: logits under a trace differ", p);
+        int same_f = !memcmp(lg[1], lg[0], sizeof(float) * n), same_t = !memcmp(lg[2], lg[0], sizeof(float) * n);
+        CHECKF(same_f, "profile %d: fused logits differ from the two ops", p);
+        CHECKF(same_t, "profile %d: logits under a trace differ", p);
         /* one decode step: unfused 2L hc_pre_norm + 2L hc_post; fused: 2L - 1 fused ops, layer
          * 0's hc_pre_norm and the last layer's hc_post; traced: hc_pre and hc_post apart */
         CHECKF(cnt[0][0] == 0 && cnt[0][2] == 2 * L && cnt[0][3] == 2 * L, "unfused counts %ld %ld %ld", cnt[0][0],
@@ -794,9 +795,9 @@ static void test_hc_fused_pair(void) {
                cnt[2][1], cnt[2][3]);
         for (int i = 0; i < 4; i++)
             CHECKF(cnt[2][4 + i] == L, "trace event %d seen %ld times, expected %d", i, cnt[2][4 + i], L);
-        printf("  profile %d: fused and traced logits = two ops' (%zu floats); decode step: %ld fused ops, %ld "
+        printf("  profile %d: logits (%zu floats) fused %s, traced %s the two ops'; decode step: %ld fused ops, %ld "
                "hc_pre_norm, %ld hc_post\n",
-               p, n, cnt[1][0], cnt[1][2], cnt[1][3]);
+               p, n, same_f ? "=" : "!=", same_t ? "=" : "!=", cnt[1][0], cnt[1][2], cnt[1][3]);
     }
     for (int i = 0; i < 3; i++) free(lg[i]);
     low_close(&lm);
