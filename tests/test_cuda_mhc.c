@@ -19,7 +19,9 @@
  * compared on the device (same inputs: the generator is seeded).
  * Also rmsnorm (src/backend/cuda/norm.cu) at every Flash norm shape, in and out of place, and
  * hc_pre_norm (y normed inside hc_pre's kernels), which must give the bits of hc_pre then
- * rmsnorm on every path (k_hc_dec, k_hc_fused, part + fin, and the two ops where it cannot).
+ * rmsnorm on every path (k_hc_dec, k_hc_fused, part + fin, and the two ops where it cannot),
+ * and hc_post_pre_norm (hc_post inside k_hc_dec), which must give the bits of hc_post then
+ * hc_pre_norm, alone and in a chain like the forward pass's, eager and in graphs.
  * DSV4_MHC_BENCH=2 runs decode-shape kernel phases for tools/device/ktrace.c (test_zy_phases;
  * hc_pre, hc_pre_norm at 20 and 0 Sinkhorn iterations, hc_head, hc_post, rmsnorm, rope).
  * DSV4_MHC_BENCH=1 adds a timing: 200 back-to-back calls at V4-Flash's shapes (hc 4, dim
@@ -444,6 +446,171 @@ static void test_pre_norm_fused(void) {
     }
 }
 
+/* ----- hc_post_pre_norm: hc_post, then the next hc_pre_norm on its output -----
+ * Against the two ops on the GPU (hc_post, then hc_pre_norm): the same bits for Xout, y, post
+ * and comb, on device buffers (one k_hc_dec launch where it takes the call) and host ones (the
+ * two ops); which path ran is read from the op profile (fused: no hc_post call).  Against the
+ * CPU, each half alone: Xout within hc_post's tolerance of the CPU's hc_post (1e-6 fp32, 4e-3
+ * with the bf16 state), and y / post / comb within hc_pre's tolerance (1e-5, y 4e-3 in bf16)
+ * of the CPU's hc_pre_norm on the GPU's Xout.  post_in / comb_in come from the CPU's hc_pre of
+ * R (Sinkhorn-normalized, as in the forward pass).  wfmt < 0: unweighted norm. */
+static long op_calls(const char *name) {
+    dsv4_backend_stats st;
+    memset(&st, 0, sizeof st);
+    gpu.ops->stats(&gpu, &st);
+    for (int i = 0; i < st.n_ops; i++)
+        if (!strcmp(st.op[i], name)) return st.calls[i];
+    return -1;
+}
+
+static void check_post_pre(int rows, int hc, int dim, int wfmt, int bf, int want_fused) {
+    hc_w w = make_hc(hc, dim);
+    tw nw;
+    memset(&nw, 0, sizeof nw);
+    if (wfmt >= 0) nw = make_w((dsv4_wfmt)wfmt, 1, dim, 0);
+    const dsv4_weight *np_ = wfmt >= 0 ? &nw.w : NULL;
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    size_t nout = nx + ny + np + nc; /* Xout, y, post, comb side by side */
+    float *R = malloc(sizeof(float) * nx), *o = malloc(sizeof(float) * ny), *y0 = malloc(sizeof(float) * ny),
+          *pin = malloc(sizeof(float) * np), *cin = malloc(sizeof(float) * nc), *two = malloc(sizeof(float) * nout),
+          *fd = malloc(sizeof(float) * nout), *fh = malloc(sizeof(float) * nout),
+          *ref = malloc(sizeof(float) * nout);
+    REQUIRE(R && o && y0 && pin && cin && two && fd && fh && ref);
+    fill(R, nx, 2);
+    fill(o, ny, 1);
+    cpu.ops->hc_pre(&cpu, y0, pin, cin, R, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    float *Rd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *od = gpu.ops->alloc(&gpu, sizeof(float) * ny),
+          *pind = gpu.ops->alloc(&gpu, sizeof(float) * np), *cind = gpu.ops->alloc(&gpu, sizeof(float) * nc),
+          *outd = gpu.ops->alloc(&gpu, sizeof(float) * nout), *twod = gpu.ops->alloc(&gpu, sizeof(float) * nout);
+    REQUIRE(Rd && od && pind && cind && outd && twod);
+    gpu.ops->upload(&gpu, Rd, R, sizeof(float) * nx);
+    gpu.ops->upload(&gpu, od, o, sizeof(float) * ny);
+    gpu.ops->upload(&gpu, pind, pin, sizeof(float) * np);
+    gpu.ops->upload(&gpu, cind, cin, sizeof(float) * nc);
+    /* the two ops on device buffers */
+    float *X2 = twod, *y2 = twod + nx, *p2 = y2 + ny, *c2 = p2 + np;
+    gpu.ops->hc_post(&gpu, X2, od, Rd, pind, cind, rows, hc, dim, bf);
+    gpu.ops->hc_pre_norm(&gpu, y2, p2, c2, X2, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf, np_,
+                         1e-6f);
+    /* fused, device buffers, under the op profile (which path ran) */
+    float *Xf = outd, *yf = outd + nx, *pf = yf + ny, *cf = pf + np;
+    CHECK(gpu_ok());
+    gpu.ops->profile(&gpu, 1);
+    gpu.ops->hc_post_pre_norm(&gpu, Xf, od, Rd, pind, cind, bf, yf, pf, cf, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20,
+                              1e-6f, 1e-6f, bf, bf, np_, 1e-6f);
+    long posts = op_calls("hc_post");
+    gpu.ops->profile(&gpu, 0);
+    gpu.ops->download(&gpu, two, twod, sizeof(float) * nout);
+    gpu.ops->download(&gpu, fd, outd, sizeof(float) * nout);
+    /* fused, host buffers (the two ops inside) */
+    gpu.ops->hc_post_pre_norm(&gpu, fh, o, R, pin, cin, bf, fh + nx, fh + nx + ny, fh + nx + ny + np, rows, hc, dim,
+                              &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf, np_, 1e-6f);
+    CHECK(gpu_ok());
+    /* the CPU, each half alone */
+    cpu.ops->hc_post(&cpu, ref, o, R, pin, cin, rows, hc, dim, bf);
+    double rx = rel(fd, ref, nx);
+    cpu.ops->hc_pre_norm(&cpu, ref + nx, ref + nx + ny, ref + nx + ny + np, fd, rows, hc, dim, &w.fn.w, &w.wb, &w.ws,
+                         20, 1e-6f, 1e-6f, bf, bf, np_, 1e-6f);
+    double ry = rel(fd + nx, ref + nx, ny), rp = rel(fd + nx + ny, ref + nx + ny, np),
+           rc = rel(fd + nx + ny + np, ref + nx + ny + np, nc);
+    int same = !memcmp(fd, two, sizeof(float) * nout), same_h = !memcmp(fh, two, sizeof(float) * nout);
+    int fused = posts == 0;
+    printf("  hc_post_pre_norm rows %d hc %d dim %4d w %2d bf16 %d: %s, %s, host %s | Xout %.2e y %.2e post %.2e "
+           "comb %.2e  bits %08x\n",
+           rows, hc, dim, wfmt, bf, fused ? "fused" : "two ops", same ? "same bits" : "DIFFERS",
+           same_h ? "same bits" : "DIFFERS", rx, ry, rp, rc, fnv(2166136261u, fd, nout));
+    CHECKF(same && same_h, "hc_post_pre_norm rows %d hc %d dim %d w %d bf16 %d: bits differ from the two ops", rows,
+           hc, dim, wfmt, bf);
+    CHECKF(fused == want_fused, "hc_post_pre_norm rows %d hc %d dim %d: %s, expected %s (hc_post calls %ld)", rows, hc,
+           dim, fused ? "fused" : "two ops", want_fused ? "fused" : "two ops", posts);
+    CHECKF(rx <= (bf ? 4e-3 : 1e-6) && ry <= (bf ? 4e-3 : 1e-5) && rp <= 1e-5 && rc <= 1e-5,
+           "hc_post_pre_norm rows %d hc %d dim %d w %d bf16 %d against the CPU", rows, hc, dim, wfmt, bf);
+    if (!same)
+        for (size_t i = 0, shown = 0; i < nout && shown < 4; i++)
+            if (memcmp(fd + i, two + i, sizeof(float)))
+                printf("    [%zu] two ops %.9g fused %.9g\n", i, two[i], fd[i]), shown++;
+    gpu.ops->free(&gpu, Rd), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, pind), gpu.ops->free(&gpu, cind);
+    gpu.ops->free(&gpu, outd), gpu.ops->free(&gpu, twod);
+    free(R), free(o), free(y0), free(pin), free(cin), free(two), free(fd), free(fh), free(ref);
+    if (wfmt >= 0) free_w(&nw);
+    park_hc(&w);
+}
+
+static void test_post_pre_fused(void) {
+    NEED_GPU();
+    for (int bf = 0; bf < 2; bf++) {
+        for (int rows = 1; rows <= 4; rows++) check_post_pre(rows, 4, 4096, DSV4_WF_BF16, bf, 1); /* V4-Flash */
+        check_post_pre(1, 4, 4096, DSV4_WF_F32, bf, 1);
+        check_post_pre(3, 4, 4096, -1, bf, 1);
+        check_post_pre(2, 4, 4096, DSV4_WF_FP8, bf, 1); /* element-wise norm weights */
+        check_post_pre(2, 4, 384, DSV4_WF_BF16, bf, 1);  /* blocks of 256 columns straddle two streams */
+        check_post_pre(4, 4, 512, DSV4_WF_BF16, bf, 1);  /* 8 blocks; y in runs of 32 float4s */
+        check_post_pre(1, 4, 192, DSV4_WF_BF16, bf, 1);  /* dim % 128 != 0: the fused kernel, then rmsnorm */
+        check_post_pre(3, 4, 64, DSV4_WF_BF16, bf, 1);   /* K = 256: one block */
+        check_post_pre(5, 4, 4096, DSV4_WF_BF16, bf, 0); /* more rows than k_hc_dec: the two ops */
+        check_post_pre(8, 4, 512, DSV4_WF_BF16, bf, 0);
+        check_post_pre(2, 2, 256, DSV4_WF_BF16, bf, 0);  /* hc 2 */
+        check_post_pre(3, 4, 50, DSV4_WF_BF16, bf, 0);   /* dim % 4 != 0 */
+        check_post_pre(2, 6, 128, DSV4_WF_F32, bf, 0);   /* hc 6 */
+    }
+}
+
+/* A chain as the forward pass runs it (two post/comb pairs, X and Xb in turn): hc_pre_norm of
+ * X, then post -> pre into Xb, X, Xb, X, with another o each time; fused against the two ops,
+ * eager, in a new graph and in an updated one: the same bits for every output of the chain. */
+static void test_post_pre_chain(void) {
+    NEED_GPU();
+    const int hc = 4, dim = 4096, steps = 4;
+    for (int rows = 1; rows <= 4; rows += 3) {
+        hc_w w = make_hc(hc, dim);
+        tw nw = make_w(DSV4_WF_BF16, 1, dim, 0);
+        size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+        size_t nout = 2 * nx + ny + 2 * np + 2 * nc;
+        float *X = malloc(sizeof(float) * nx), *o = malloc(sizeof(float) * steps * ny),
+              *ref = malloc(sizeof(float) * nout), *got = malloc(sizeof(float) * nout);
+        REQUIRE(X && o && ref && got);
+        fill(X, nx, 2);
+        fill(o, steps * ny, 1);
+        float *buf = gpu.ops->alloc(&gpu, sizeof(float) * nout), *xin = gpu.ops->alloc(&gpu, sizeof(float) * nx),
+              *od = gpu.ops->alloc(&gpu, sizeof(float) * steps * ny);
+        REQUIRE(buf && xin && od);
+        gpu.ops->upload(&gpu, xin, X, sizeof(float) * nx);
+        gpu.ops->upload(&gpu, od, o, sizeof(float) * steps * ny);
+        float *Xa = buf, *Xb = Xa + nx, *y = Xb + nx, *pa = y + ny, *pb = pa + np, *ca = pb + np, *cb = ca + nc;
+        int bad = 0;
+        for (int mode = 0; mode < 4; mode++) { /* 0: two ops (reference), 1: fused eager, 2: new graph, 3: updated */
+            gpu.ops->copy(&gpu, Xa, xin, sizeof(float) * nx);
+            if (mode >= 2) gpu.ops->segment(&gpu, 0);
+            gpu.ops->hc_pre_norm(&gpu, y, pa, ca, Xa, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0,
+                                 &nw.w, 1e-6f);
+            for (int s = 0; s < steps; s++) {
+                float *R = s & 1 ? Xb : Xa, *Xo = s & 1 ? Xa : Xb, *pi = s & 1 ? pb : pa, *ci = s & 1 ? cb : ca;
+                float *po = s & 1 ? pa : pb, *co = s & 1 ? ca : cb;
+                if (mode == 0) {
+                    gpu.ops->hc_post(&gpu, Xo, od + s * ny, R, pi, ci, rows, hc, dim, 0);
+                    gpu.ops->hc_pre_norm(&gpu, y, po, co, Xo, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f,
+                                         0, 0, &nw.w, 1e-6f);
+                } else {
+                    gpu.ops->hc_post_pre_norm(&gpu, Xo, od + s * ny, R, pi, ci, 0, y, po, co, rows, hc, dim, &w.fn.w,
+                                              &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0, &nw.w, 1e-6f);
+                }
+            }
+            if (mode >= 2) gpu.ops->segment(&gpu, -1);
+            gpu.ops->download(&gpu, mode ? got : ref, buf, sizeof(float) * nout);
+            CHECK(gpu_ok());
+            if (mode) bad += memcmp(got, ref, sizeof(float) * nout) != 0;
+        }
+        printf("  hc_post_pre_norm chain rows %d, %d steps: fused eager / new graph / updated graph %s the two ops' "
+               "bits\n",
+               rows, steps, bad ? "DIFFER from" : "give");
+        CHECKF(bad == 0, "hc_post_pre_norm chain rows %d: %d of 3 runs differ from the two ops", rows, bad);
+        gpu.ops->free(&gpu, buf), gpu.ops->free(&gpu, xin), gpu.ops->free(&gpu, od);
+        free(X), free(o), free(ref), free(got);
+        free_w(&nw);
+        park_hc(&w);
+    }
+}
+
 /* ----- kernel phases for ktrace (DSV4_MHC_BENCH=2) -----
  * Decode-shape calls in phases of PH_N, each phase opened by a 36-byte device-to-device copy
  * (the marker a trace reader cuts at; weight uploads are host-to-device, and a 4-byte one
@@ -543,4 +710,5 @@ static void test_zz_release(void) {
 }
 
 TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_alternating, test_rmsnorm_flash,
-          test_pre_norm_fused, test_zy_bench, test_zy_phases, test_zz_release)
+          test_pre_norm_fused, test_post_pre_fused, test_post_pre_chain, test_zy_bench, test_zy_phases,
+          test_zz_release)

@@ -8,7 +8,10 @@
  * (16), every compression boundary (4, 8) and index_topk (4) < visible rows.
  * The forward pass's contract with a device backend (segment marks, one check per step after
  * the head, nothing committed when the check fails) through a recording wrapper of the CPU
- * backend's ops.
+ * backend's ops.  The fused pair hc_post_pre_norm: the forward pass's bookkeeping around it
+ * (two post/comb pairs, the next layer skipping its own hc_pre, the last layer and the MTP
+ * block unfused, the separate ops under a layer-diff trace) gives the bits of the unfused
+ * pass, with the op counts of each.
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -677,8 +680,131 @@ static void test_segments_and_checks(void) {
     low_close(&lm);
 }
 
+/* ----- hc_post_pre_norm in the forward pass ----- */
+static struct {
+    long fused, pre, pre_norm, post, traced[4];
+} g_hc;
+static const dsv4_backend_ops *g_hc_cpu;
+
+static void cnt_fused(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                      const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows, int hc,
+                      int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                      float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
+                      float y_eps) {
+    g_hc.fused++;
+    g_hc_cpu->hc_post_pre_norm(b, Xout, o, R, post_in, comb_in, state_bf16, y, post, comb, rows, hc, dim, fn, base,
+                               scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, y_norm, y_eps);
+}
+
+static void cnt_pre(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
+                    const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                    float norm_eps, float hc_eps, int gemm_bf16, int out_bf16) {
+    g_hc.pre++;
+    g_hc_cpu->hc_pre(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                     out_bf16);
+}
+
+static void cnt_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc,
+                         int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                         float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
+                         float y_eps) {
+    g_hc.pre_norm++;
+    g_hc_cpu->hc_pre_norm(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                          out_bf16, y_norm, y_eps);
+}
+
+static void cnt_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
+                     const float *comb, int rows, int hc, int dim, int state_bf16) {
+    g_hc.post++;
+    g_hc_cpu->hc_post(b, Xout, o, R, post, comb, rows, hc, dim, state_bf16);
+}
+
+static void hc_trace(void *user, const dsv4_op_info *info) {
+    (void)user;
+    static const char *const names[4] = {"attn.hc_pre", "attn.hc_post", "ffn.hc_pre", "ffn.hc_post"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(info->op, names[i])) g_hc.traced[i]++;
+}
+
+/* mode 0: the op missing (two ops), 1: fused, 2: fused op present with a layer-diff trace set.
+ * Runs a prefill of 19 tokens in sub-batches of 8 rows, two decode steps, a step of two
+ * sequences and an MTP draft; logits of each into lg (5 x vocab); op counts of the decode
+ * step into cnt (the g_hc of that step). */
+static void hc_fused_run(low_model *lm, const dsv4_numerics *num, int mode, float *lg, long cnt[8]) {
+    dsv4_err err = {{0}};
+    dsv4_config *c = &lm->cfg;
+    dsv4_backend_ops ops = *g_hc_cpu;
+    ops.hc_post_pre_norm = mode ? cnt_fused : NULL;
+    ops.hc_pre = cnt_pre;
+    ops.hc_pre_norm = cnt_pre_norm;
+    ops.hc_post = cnt_post;
+    lm->be.ops = &ops;
+    dsv4_model *m = NULL;
+    dsv4_state *s = NULL, *s2 = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, num, 8, &err) == 0);
+    if (mode == 2) dsv4_model_set_op_trace(m, hc_trace, NULL);
+    REQUIRE(dsv4_state_new(&s, c, 0, &err) == 0);
+    REQUIRE(dsv4_state_new(&s2, c, 0, &err) == 0);
+    int32_t tok[32];
+    make_tokens(tok, 32, 123, c->vocab_size);
+    size_t V = (size_t)c->vocab_size;
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 19, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = s2, .tokens = tok + 19, .n = 5, .logits = lg + V};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    memset(&g_hc, 0, sizeof g_hc);
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 24, .n = 1, .logits = lg + 2 * V};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    cnt[0] = g_hc.fused, cnt[1] = g_hc.pre, cnt[2] = g_hc.pre_norm, cnt[3] = g_hc.post;
+    for (int i = 0; i < 4; i++) cnt[4 + i] = g_hc.traced[i];
+    dsv4_fwd_item two[2] = {{.st = s, .tokens = tok + 25, .n = 1, .logits = lg + 3 * V},
+                            {.st = s2, .tokens = tok + 26, .n = 3, .logits = lg + 4 * V}};
+    REQUIRE(dsv4_forward(m, two, 2, &err) == 0);
+    if (c->n_mtp > 0) REQUIRE(dsv4_forward_mtp(m, s, 0, tok[27], lg + 5 * V, &err) == 0);
+    dsv4_state_free(s);
+    dsv4_state_free(s2);
+    dsv4_model_free(m);
+    lm->be.ops = g_hc_cpu;
+}
+
+static void test_hc_fused_pair(void) {
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    g_hc_cpu = lm.be.ops;
+    REQUIRE(g_hc_cpu->hc_post_pre_norm != NULL);
+    size_t V = (size_t)lm.cfg.vocab_size;
+    int L = lm.cfg.n_layers;
+    const dsv4_numerics *nums[2] = {&DSV4_NUMERICS_EXACT, &DSV4_NUMERICS_REFERENCE};
+    float *lg[3];
+    for (int i = 0; i < 3; i++) REQUIRE((lg[i] = calloc(6 * V, sizeof(float))) != NULL);
+    for (int p = 0; p < 2; p++) {
+        long cnt[3][8];
+        for (int mode = 0; mode < 3; mode++) hc_fused_run(&lm, nums[p], mode, lg[mode], cnt[mode]);
+        size_t n = (lm.cfg.n_mtp > 0 ? 6 : 5) * V;
+        int same_f = !memcmp(lg[1], lg[0], sizeof(float) * n), same_t = !memcmp(lg[2], lg[0], sizeof(float) * n);
+        CHECKF(same_f, "profile %d: fused logits differ from the two ops", p);
+        CHECKF(same_t, "profile %d: logits under a trace differ", p);
+        /* one decode step: unfused 2L hc_pre_norm + 2L hc_post; fused: 2L - 1 fused ops, layer
+         * 0's hc_pre_norm and the last layer's hc_post; traced: hc_pre and hc_post apart */
+        CHECKF(cnt[0][0] == 0 && cnt[0][2] == 2 * L && cnt[0][3] == 2 * L, "unfused counts %ld %ld %ld", cnt[0][0],
+               cnt[0][2], cnt[0][3]);
+        CHECKF(cnt[1][0] == 2 * L - 1 && cnt[1][1] == 0 && cnt[1][2] == 1 && cnt[1][3] == 1,
+               "fused counts: %ld fused, %ld hc_pre, %ld hc_pre_norm, %ld hc_post (L = %d)", cnt[1][0], cnt[1][1],
+               cnt[1][2], cnt[1][3], L);
+        CHECKF(cnt[2][0] == 0 && cnt[2][1] == 2 * L && cnt[2][3] == 2 * L, "traced counts %ld %ld %ld", cnt[2][0],
+               cnt[2][1], cnt[2][3]);
+        for (int i = 0; i < 4; i++)
+            CHECKF(cnt[2][4 + i] == L, "trace event %d seen %ld times, expected %d", i, cnt[2][4 + i], L);
+        printf("  profile %d: logits (%zu floats) fused %s, traced %s the two ops'; decode step: %ld fused ops, %ld "
+               "hc_pre_norm, %ld hc_post\n",
+               p, n, same_f ? "=" : "!=", same_t ? "=" : "!=", cnt[1][0], cnt[1][2], cnt[1][3]);
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
+    low_close(&lm);
+}
+
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
 TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
-          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_zz_cleanup)
+          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_zz_cleanup)

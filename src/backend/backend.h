@@ -167,6 +167,16 @@ typedef struct dsv4_backend_ops {
                         int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                         float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
                         float y_eps);
+    /* hc_post(Xout, o, R, post_in, comb_in, rows, hc, dim, state_bf16), then
+     * hc_pre_norm(y, post, comb, Xout, rows, hc, dim, fn, ..., y_norm, y_eps): the next half's
+     * mHC pre on the state the last half's post wrote.  Xout aliases neither o nor R (as for
+     * hc_post); y, post and comb alias none of o, R, post_in, comb_in (a device backend may
+     * still read those while it writes these: the forward pass keeps two post/comb pairs). */
+    void (*hc_post_pre_norm)(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                             const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows,
+                             int hc, int dim, const dsv4_weight *fn, const dsv4_weight *base,
+                             const dsv4_weight *scale, int iters, float norm_eps, float hc_eps, int gemm_bf16,
+                             int out_bf16, const dsv4_weight *y_norm, float y_eps);
     /* matmul(outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]) for i < n, every ws[i] with the
      * same cols (one input): the values of the n matmul calls up to summation order (a device
      * backend streams several weights in one launch).  NULL: the forward pass calls matmul n

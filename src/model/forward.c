@@ -61,7 +61,9 @@ struct dsv4_model {
 
     /* ----- run state (sized for max_rows at init; attention lists grow with context) ----- */
     float *X, *Xb, *Xs;     /* [R][hc*dim] HC state, next state, saved state (MTP input) */
-    float *y, *post, *comb; /* [R][dim], [R][hc], [R][hc*hc] */
+    float *y, *post, *comb; /* [R][dim], [R][hc], [R][hc*hc]: y and the attention half's post/comb */
+    float *fpost, *fcomb;   /* [R][hc], [R][hc*hc] the MoE half's (two pairs: hc_post_pre_norm, backend.h) */
+    int hc_ready;           /* the layer whose attention hc_pre is already in y/post/comb (-1: none) */
     float *qa, *q, *kvc;    /* [R][q_lora], [R][nh*hd], [R][hd] */
     float *ck, *cg;         /* [R][2*hd] compressor projections */
     float *ick, *icg;       /* [R][2*ihd] */
@@ -222,7 +224,7 @@ void dsv4_model_free(dsv4_model *m) {
     /* activations live in backend memory (device memory on a GPU) ... */
     void *dev[] = {m->X,  m->Xb,  m->Xs,  m->y, m->post, m->comb, m->qa,  m->q,       m->kvc,   m->ck,
                    m->cg, m->ick, m->icg, m->iq, m->iw, m->o,    m->low, m->a,       m->rl,    m->hx,
-                   m->logits, m->wts, m->experts, m->picks, m->n_picks};
+                   m->logits, m->wts, m->experts, m->picks, m->n_picks, m->fpost, m->fcomb};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) OPS(m)->free(B_(m), dev[i]);
     if (m->scores) OPS(m)->free(B_(m), m->scores);
@@ -263,6 +265,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->n_all = w->n_layers;
     const char *sl = getenv("DSV4_SEG_LAYERS");
     m->seg_layers = sl && atoi(sl) >= 1 && atoi(sl) <= 64 ? atoi(sl) : 1;
+    m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
     m->freq_comp = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -304,7 +307,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
 #define AL(p, n) (((p) = calloc(nz(n), sizeof *(p))) == NULL)
 #define AB(p, n) (((p) = be->ops->alloc(be, nz(n) * sizeof *(p))) == NULL) /* backend memory, zeroed */
     if (AB(m->X, R * hcd) || AB(m->Xb, R * hcd) || AB(m->Xs, R * hcd) || AB(m->y, R * D) ||
-        AB(m->post, R * c->hc_mult) || AB(m->comb, R * c->hc_mult * c->hc_mult) || AB(m->qa, R * c->q_lora_rank) ||
+        AB(m->post, R * c->hc_mult) || AB(m->comb, R * c->hc_mult * c->hc_mult) || AB(m->fpost, R * c->hc_mult) ||
+        AB(m->fcomb, R * c->hc_mult * c->hc_mult) || AB(m->qa, R * c->q_lora_rank) ||
         AB(m->q, R * qd) || AB(m->kvc, R * c->head_dim) || AB(m->ck, R * 2 * c->head_dim) ||
         AB(m->cg, R * 2 * c->head_dim) || AB(m->ick, R * 2 * c->index_head_dim) ||
         AB(m->icg, R * 2 * c->index_head_dim) || AB(m->iq, R * c->index_n_heads * c->index_head_dim) ||
@@ -391,20 +395,38 @@ static void norm_rope(dsv4_model *m, float *x, int rows, int n_heads, int head_d
 /* hc_pre into m->y, post, comb, the trace of y as hc_pre left it (`tag`), then y normed
  * by y_norm; with a layer-diff trace the two ops run apart, so the trace sees y unnormed */
 static void hc_pre_norm(dsv4_model *m, const float *X, int rows, const dsv4_weight *fn, const dsv4_weight *base,
-                        const dsv4_weight *scale, const dsv4_weight *y_norm, const char *tag, int layer) {
+                        const dsv4_weight *scale, const dsv4_weight *y_norm, float *post, float *comb, const char *tag,
+                        int layer) {
     const dsv4_config *c = m->cfg;
     const dsv4_backend_ops *op = OPS(m);
     int hc = c->hc_mult, D = c->dim, bf = m->num.act_bf16;
     float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
     if (op->hc_pre_norm && !m->op_trace) {
-        op->hc_pre_norm(B_(m), m->y, m->post, m->comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps,
-                        heps, m->num.mhc_gemm_bf16, bf, y_norm, eps);
+        op->hc_pre_norm(B_(m), m->y, post, comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps, heps,
+                        m->num.mhc_gemm_bf16, bf, y_norm, eps);
         return;
     }
-    op->hc_pre(B_(m), m->y, m->post, m->comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps, heps,
+    op->hc_pre(B_(m), m->y, post, comb, X, rows, hc, D, fn, base, scale, c->hc_sinkhorn_iters, eps, heps,
                m->num.mhc_gemm_bf16, bf);
     op_trace(m, tag, layer, rows, D, m->y, NULL, NULL, m->pos);
     op->rmsnorm(B_(m), m->y, m->y, rows, D, y_norm, eps, bf);
+}
+
+/* hc_post of a half (o = m->a) from R into Xout with post_in / comb_in, then the next half's
+ * hc_pre_norm on Xout into m->y, post, comb (weights fn, base, scale, y_norm), as one backend
+ * op.  Returns 0 where the backend has none or a layer-diff trace is set (it must see the
+ * hc_post output and y before its norm): the caller then runs the ops apart. */
+static int hc_post_pre_norm(dsv4_model *m, float *Xout, const float *R, const float *post_in, const float *comb_in,
+                            int rows, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale,
+                            const dsv4_weight *y_norm, float *post, float *comb) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_backend_ops *op = OPS(m);
+    float eps = (float)c->norm_eps;
+    if (!op->hc_post_pre_norm || m->op_trace) return 0;
+    op->hc_post_pre_norm(B_(m), Xout, m->a, R, post_in, comb_in, m->num.hc_state_bf16, m->y, post, comb, rows,
+                         c->hc_mult, c->dim, fn, base, scale, c->hc_sinkhorn_iters, eps, (float)c->hc_eps,
+                         m->num.mhc_gemm_bf16, m->num.act_bf16, y_norm, eps);
+    return 1;
 }
 
 /* Runs one compressor over the rows of the sub-batch: projections for all rows, the
@@ -487,7 +509,10 @@ static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
 /* ----- one block (spec §2.2) ----- */
 static void mark_segment(dsv4_model *m, int key);
 
-static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err *err) {
+/* next: the layer that follows this one in the same pass (-1: none, the head or the MTP
+ * follows); its attention hc_pre then runs inside this layer's last hc_post where the backend
+ * fuses them (hc_post_pre_norm) and that layer skips its own (m->hc_ready) */
+static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next, dsv4_err *err) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
     const dsv4_layer_w *L = &m->w->layers[layer];
@@ -501,8 +526,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
 #define LAY_LAP(i) (ln_ = fwd_now(), m->lay_t[i] += ln_ - lt, lt = ln_)
 
     /* ----- attention ----- */
-    hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, "attn.hc_pre",
-                layer);
+    if (m->hc_ready != layer)
+        hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, m->post,
+                    m->comb, "attn.hc_pre", layer);
+    m->hc_ready = -1;
     y_projections(m, L, rows);
     op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
     op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
@@ -610,16 +637,21 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
             ls->ring_pos[slot] = p;
         }
     }
-    op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
-    op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
-
-    LAY_LAP(4);
     /* layer 0's MoE half is a segment of its own: a device backend then starts the first
      * layer's attention while the host is still building the rest (the device idles at the
-     * start of a step until the first segment is built) */
+     * start of a step until the first segment is built); it starts with the attention half's
+     * hc_post, which the MoE half's hc_pre may be fused into */
     if (layer == 0) mark_segment(m, m->n_all + 2);
+    if (!hc_post_pre_norm(m, m->Xb, m->X, m->post, m->comb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
+                          &L->ffn_norm, m->fpost, m->fcomb)) {
+        op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
+        op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
+        hc_pre_norm(m, m->Xb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale, &L->ffn_norm, m->fpost,
+                    m->fcomb, "ffn.hc_pre", layer);
+    }
+
+    LAY_LAP(4);
     /* ----- MoE (spec §2.6) ----- */
-    hc_pre_norm(m, m->Xb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale, &L->ffn_norm, "ffn.hc_pre", layer);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
@@ -671,8 +703,15 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
             m->trace(m->trace_user, &info);
         }
     }
-    op->hc_post(b, m->X, m->a, m->Xb, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
-    op_trace(m, "ffn.hc_post", layer, rows, hc * D, m->X, NULL, NULL, m->pos);
+    /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
+    const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
+    if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
+                              &N->hc_attn_scale, &N->attn_norm, m->post, m->comb)) {
+        m->hc_ready = next;
+    } else {
+        op->hc_post(b, m->X, m->a, m->Xb, m->fpost, m->fcomb, rows, hc, D, nm->hc_state_bf16);
+        op_trace(m, "ffn.hc_post", layer, rows, hc * D, m->X, NULL, NULL, m->pos);
+    }
     LAY_LAP(5);
 #undef LAY_LAP
     return 0;
@@ -788,9 +827,10 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
          * boundaries, at which a device drains; 2 measured no faster than 1 on 20 Flash layers,
          * H200, 2026-12-01: 3.92 against 3.90 ms per decode step); the key is the segment's
          * first layer */
+        m->hc_ready = -1;
         for (int l = 0; l < c->n_layers && !rc; l++) {
             if (l == 0 || (l - 1) % m->seg_layers == 0) mark_segment(m, l);
-            rc = layer_forward(m, l, rows, nseg, err);
+            rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
         FWD_LAP(2);
@@ -882,7 +922,8 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     op->upload(b, m->X, m->mtp_x, sizeof(float) * (size_t)hc * D);
     dsv4_route_trace_fn saved = m->trace;
     m->trace = NULL;
-    int rc = layer_forward(m, layer, 1, 1, err);
+    m->hc_ready = -1;
+    int rc = layer_forward(m, layer, 1, 1, -1, err);
     m->trace = saved;
     if (rc) return -1;
     head_rows(m, m->X, 1, &L->hc_head_fn, &L->hc_head_base, &L->hc_head_scale, &L->norm);

@@ -605,6 +605,18 @@ static void cpu_moe(dsv4_backend *b, float *out, const float *x, int rows, const
     POP(b, m);
 }
 
+/* the two ops, as the contract says (backend.h): the forward pass takes the same path on
+ * either backend, so the CPU tests run its fused-pair bookkeeping too */
+static void cpu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                                 const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows,
+                                 int hc, int dim, const dsv4_weight *fn, const dsv4_weight *base,
+                                 const dsv4_weight *scale, int iters, float norm_eps, float hc_eps, int gemm_bf16,
+                                 int out_bf16, const dsv4_weight *y_norm, float y_eps) {
+    cpu_hc_post(b, Xout, o, R, post_in, comb_in, rows, hc, dim, state_bf16);
+    cpu_hc_pre_norm(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                    out_bf16, y_norm, y_eps);
+}
+
 static void cpu_upload(dsv4_backend *b, void *dst, const void *src, size_t n) { cpu_copy(b, dst, src, n); }
 
 static const dsv4_backend_ops CPU_OPS = {
@@ -633,6 +645,7 @@ static const dsv4_backend_ops CPU_OPS = {
     .moe = cpu_moe,
     .norm_rope = cpu_norm_rope,
     .hc_pre_norm = cpu_hc_pre_norm,
+    .hc_post_pre_norm = cpu_hc_post_pre_norm,
 };
 
 int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err) {

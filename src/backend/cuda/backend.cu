@@ -38,6 +38,9 @@ void cu_hc_pre_norm(dsv4_backend *, float *, float *, float *, const float *, in
                     const dsv4_weight *, const dsv4_weight *, int, float, float, int, int, const dsv4_weight *, float);
 void cu_norm_rope(dsv4_backend *, float *, int, int, int, const dsv4_weight *, float, int, const int64_t *,
                   const double *, int);
+void cu_hc_post_pre_norm(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int,
+                         float *, float *, float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
+                         const dsv4_weight *, int, float, float, int, int, const dsv4_weight *, float);
 void cu_hc_post(dsv4_backend *, float *, const float *, const float *, const float *, const float *, int, int, int,
                 int);
 void cu_hc_head(dsv4_backend *, float *, const float *, int, int, int, const dsv4_weight *, const dsv4_weight *,
@@ -828,22 +831,27 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_segment,
     cu_norm_rope,
     cu_hc_pre_norm,
+    cu_hc_post_pre_norm,
     cu_matmul_multi,
     cu_sparse_attn_rope,
     cu_indexer_scores_rs,
 };
 
-/* The table without some fused ops (the forward pass then calls the separate ops: same
- * results, for A/B timing): [pairs][attn], pairs 0 = DSV4_CUDA_FUSE=0 (norm_rope,
- * hc_pre_norm), attn 0 = DSV4_CUDA_ATTN_FUSE=0 (sparse_attn_rope, indexer_scores_rs) */
-static dsv4_backend_ops cuda_ops_with(int pairs, int attn) {
-    dsv4_backend_ops o = CUDA_OPS;
-    if (!pairs) o.norm_rope = NULL, o.hc_pre_norm = NULL;
-    if (!attn) o.sparse_attn_rope = NULL, o.indexer_scores_rs = NULL;
-    return o;
+/* The table less what the A/B switches take out (the forward pass then calls the separate ops:
+ * same results, for A/B timing): DSV4_CUDA_FUSE=0 the fused pairs (norm_rope, hc_pre_norm,
+ * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
+ * sparse_attn_rope and indexer_scores_rs.  Each backend keeps its own copy (cuda_impl.ops),
+ * read from the environment at init. */
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
 }
-static const dsv4_backend_ops CUDA_OPS_SEL[2][2] = {{cuda_ops_with(0, 0), cuda_ops_with(0, 1)},
-                                                    {cuda_ops_with(1, 0), cuda_ops_with(1, 1)}};
+static void ops_select(dsv4_backend_ops *o) {
+    *o = CUDA_OPS;
+    if (env_off("DSV4_CUDA_FUSE")) o->norm_rope = NULL, o->hc_pre_norm = NULL, o->hc_post_pre_norm = NULL;
+    if (env_off("DSV4_CUDA_HC_FUSE")) o->hc_post_pre_norm = NULL;
+    if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
+}
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
 
@@ -877,8 +885,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
-    const char *fu = getenv("DSV4_CUDA_FUSE"), *fa = getenv("DSV4_CUDA_ATTN_FUSE");
-    b->ops = &CUDA_OPS_SEL[!(fu && !strcmp(fu, "0"))][!(fa && !strcmp(fa, "0"))];
+    ops_select(&c->ops);
+    b->ops = &c->ops;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
         CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);

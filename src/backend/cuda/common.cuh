@@ -95,6 +95,7 @@ struct cuda_impl {
     struct cuda_devside *devside;
     unsigned devside_flags;     /* the device flags as last fetched (dsv4_cuda_devside_fetch) */
     long ops_since_check;       /* ops begun since the last ops->check */
+    dsv4_backend_ops ops;       /* this backend's op table (backend.cu: ops_select) */
     int flags_fetched;          /* devside_flags were fetched by a download after the last op (cu_copy) */
     /* CUDA graphs (backend.cu, "segments"): the ops between two ops->segment marks are captured
      * and launched as one graph; executables are cached per segment key and structure */

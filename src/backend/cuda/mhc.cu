@@ -490,6 +490,34 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
                 &sm);
 }
 
+/* ----- hc_post's arithmetic -----
+ * 4 adjacent outputs of stream k: post_k o, then + comb[j][k] R_j for j ascending, then the
+ * state's bf16 rounding if asked.  The multiply and the fmas are spelled out (they are what
+ * nvcc made of k_hc_post4's plain expression before: mul.f32, then fma.rn.f32 per j), so
+ * k_hc_post4 and the hc_post inside k_hc_dec (hc_post_pre_norm) form the same bits. */
+__device__ __forceinline__ float4 hc_post_begin(float pk, float4 o) {
+    return make_float4(__fmul_rn(pk, o.x), __fmul_rn(pk, o.y), __fmul_rn(pk, o.z), __fmul_rn(pk, o.w));
+}
+
+__device__ __forceinline__ float4 hc_post_step(float4 v, float cj, float4 r) {
+    return make_float4(__fmaf_rn(cj, r.x, v.x), __fmaf_rn(cj, r.y, v.y), __fmaf_rn(cj, r.z, v.z),
+                       __fmaf_rn(cj, r.w, v.w));
+}
+
+__device__ __forceinline__ float4 hc_post_round(float4 v, int state_bf16) {
+    if (state_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z), v.w = d_round_bf16(v.w);
+    return v;
+}
+
+/* hc_post's inputs when k_hc_dec forms its X itself (hc_post_pre_norm): Xout = hc_post(o, R,
+ * post, comb), device memory; Xout aliases none of o, R (as for hc_post), and k_hc_dec's
+ * outputs y, post, comb alias none of o, R, post, comb (backend.h) */
+struct hc_postin {
+    float *Xout;
+    const float *o, *R, *post, *comb;
+    int state_bf16;
+};
+
 /* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
  * One launch of K / (128 T) blocks of 384 threads (12 warps).  Block b owns columns
  * [128 T b, 128 T (b + 1)): lane l of every warp loads its 16-byte vectors of X (the
@@ -504,10 +532,42 @@ __global__ void __launch_bounds__(HC_THREADS) k_hc_fused(float *y, float *post, 
  * hc_sinkhorn_lanes<4>, the row softmax in the same lanes) and write post / comb, the other
  * warps form pre (a named barrier among them) and y.  Same expressions as hc_fin_rows; only
  * the split of the dot products differs.  POLL also skips the warp sums of absent rows and
- * sums Sinkhorn's terms from the first (hc_lane_sum1): the same bits. */
+ * sums Sinkhorn's terms from the first (hc_lane_sum1): the same bits.
+ * POST (hc_post_pre_norm: the hc_post before this hc_pre in the same launch): X is not read;
+ * warp w < rows T of each block forms its slice's row w / T, tile w % T of hc_post (lane l
+ * its 4 columns, from o, R, post_in, comb_in: k_hc_post4's arithmetic, hc_post_step), stores
+ * it to Xout and in shared memory, and after one barrier every warp takes its X vectors from
+ * there.  The finisher does not read Xout (other blocks write it, with no ordering towards
+ * block 0): it forms each X vector y needs from o and R again, with the same arithmetic, so
+ * the same bits, and its first round of o and R is in flight while it sums the partials as
+ * X was.  post_in / comb_in are read by every block before it stores its partials and are
+ * staged in the finisher's shared memory; the outputs must not alias them anyway (forward.c
+ * keeps two pairs). */
 enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM = (2 + HD_HC) * HD_HC,
        HD_T = 2, /* tiles per lane: at K = 16384, 64 blocks (T = 1: 128 blocks, same time; T = 4: +0.3 us) */
-       HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */ };
+       HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */,
+       HD_PIN = HD_HC + HD_HC * HD_HC /* post_in and comb_in of one row */ };
+
+/* y's inputs at position d of row rr: X's hc vectors there, or (POST) R's and o's (in [HD_HC]) */
+template <int POST>
+__device__ __forceinline__ void hd_y_load(float4 (&xy)[HD_HC + 1], const float *X, const hc_postin &pin, int rr,
+                                          int64_t d, int64_t K, int dim) {
+    const float *xr = (POST ? pin.R : X) + rr * K + d;
+#pragma unroll
+    for (int j = 0; j < HD_HC; j++) xy[j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+    if (POST) xy[HD_HC] = __ldcg((const float4 *)(pin.o + (int64_t)rr * dim + d));
+}
+
+/* X's vector of stream j from hd_y_load's (POST: hc_post of o and R with the row's staged
+ * post_in / comb_in, pc) */
+template <int POST>
+__device__ __forceinline__ float4 hd_y_x(const float4 (&xy)[HD_HC + 1], const float *pc, int j, int state_bf16) {
+    if (!POST) return xy[j];
+    float4 v = hc_post_begin(pc[j], xy[HD_HC]);
+#pragma unroll
+    for (int i = 0; i < HD_HC; i++) v = hc_post_step(v, pc[HD_HC + i * HD_HC + j], xy[i]);
+    return hc_post_round(v, state_bf16);
+}
 
 /* POLL (k_hc_dec's default): every block stores its partials tagged with the launch's tag
  * (64-bit words: tag << 32 | the float's bits, relaxed at gpu scope, so a word is seen whole
@@ -588,14 +648,17 @@ __device__ __forceinline__ float hc_lane_sum1(float cv, int base, int i0, int st
     return sum;
 }
 
-template <int T, int POLL>
+template <int T, int POLL, int POST>
 __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
                                                        unsigned *done, unsigned long long *tg, unsigned *epoch,
                                                        const float *__restrict__ X, int nr, int dim,
                                                        const float *__restrict__ fn, int nm, int splits, dweight base,
                                                        dweight scale, int iters, float norm_eps, float hc_eps,
-                                                       int gemm_bf16, int out_bf16, int head, hc_ynorm yn) {
+                                                       int gemm_bf16, int out_bf16, int head, hc_ynorm yn,
+                                                       hc_postin pin) {
     __shared__ float mix[HD_ROWS][HD_NM + 1], pre[HD_ROWS][HD_HC], bs[HD_NM], sc[3], nss[HD_ROWS][32];
+    __shared__ float4 xs[POST ? HD_ROWS : 1][POST ? T : 1][32]; /* POST: this block's slice of Xout */
+    __shared__ float spin[POST ? HD_ROWS : 1][HD_PIN];          /* POST: post_in, comb_in (the finisher) */
     __shared__ int last;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
@@ -619,11 +682,38 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
          * partial, i.e. after every block has read the epoch */
         tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
+        if (POST) { /* hc_post of this block's slice (banner), then X from shared memory */
+            if ((!POLL || blockIdx.x == 0) && (int)threadIdx.x < nr * HD_PIN) {
+                int r = threadIdx.x / HD_PIN, i = threadIdx.x - r * HD_PIN;
+                spin[r][i] = i < HD_HC ? __ldg(pin.post + r * HD_HC + i) : __ldg(pin.comb + r * HD_HC * HD_HC + i - HD_HC);
+            }
+            if (warp < nr * T) {
+                int r = warp / T, t = warp - r * T, k = (int)((k0 + t * HC_KT) / dim);
+                int64_t d = k0 + t * HC_KT - (int64_t)k * dim;
+                float4 rv[HD_HC];
 #pragma unroll
-        for (int r = 0; r < HD_ROWS; r++)
+                for (int j = 0; j < HD_HC; j++) rv[j] = __ldg((const float4 *)(pin.R + r * K + (int64_t)j * dim + d));
+                float4 v = hc_post_begin(__ldg(pin.post + r * HD_HC + k),
+                                         __ldg((const float4 *)(pin.o + (int64_t)r * dim + d)));
 #pragma unroll
-            for (int t = 0; t < T; t++)
-                xv[r][t] = r < nr ? __ldg((const float4 *)(X + r * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
+                for (int j = 0; j < HD_HC; j++) v = hc_post_step(v, __ldg(pin.comb + r * HD_HC * HD_HC + j * HD_HC + k), rv[j]);
+                v = hc_post_round(v, pin.state_bf16);
+                *(float4 *)(pin.Xout + r * K + k0 + t * HC_KT) = v;
+                xs[POST ? r : 0][POST ? t : 0][lane] = v;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < HD_ROWS; r++)
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    xv[r][t] = r < nr ? xs[POST ? r : 0][POST ? t : 0][lane] : make_float4(0, 0, 0, 0);
+        } else {
+#pragma unroll
+            for (int r = 0; r < HD_ROWS; r++)
+#pragma unroll
+                for (int t = 0; t < T; t++)
+                    xv[r][t] = r < nr ? __ldg((const float4 *)(X + r * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
+        }
         float ss[HD_ROWS], acc[HD_MU][HD_ROWS];
 #pragma unroll
         for (int r = 0; r < HD_ROWS; r++) {
@@ -693,17 +783,15 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     }
     int nsw = head ? 0 : (nr + 1) / 2; /* Sinkhorn warps: two 4x4 matrices per warp */
     int dq = dim / 4, n = nr * dq, tt = (int)threadIdx.x - nsw * 32, nt = HD_THREADS - nsw * 32;
-    float4 xy[HD_YP][HD_HC]; /* y's first round of X, in flight while the partials are summed */
-    uint4 wy[HD_YP];         /* and the norm's weights for those positions (raw bits) */
+    float4 xy[HD_YP][HD_HC + 1]; /* y's first round of X (POST: of R and o), in flight while the partials are summed */
+    uint4 wy[HD_YP];             /* and the norm's weights for those positions (raw bits) */
     if (tt >= 0) {
 #pragma unroll
         for (int p = 0; p < HD_YP; p++) {
             int q = tt + p * nt;
             if (q >= n) break;
             int rr = q / dq;
-            const float *xr = X + rr * K + (int64_t)(q - rr * dq) * 4;
-#pragma unroll
-            for (int j = 0; j < HD_HC; j++) xy[p][j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+            hd_y_load<POST>(xy[p], X, pin, rr, (int64_t)(q - rr * dq) * 4, K, dim);
             if (yn.on) wy[p] = hc_norm_wraw(yn, q - rr * dq);
         }
     }
@@ -789,9 +877,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 int q = q0 + p * nt;
                 if (q >= n) break;
                 int rr = q / dq;
-                const float *xr = X + rr * K + (int64_t)(q - rr * dq) * 4;
-#pragma unroll
-                for (int j = 0; j < HD_HC; j++) xy[p][j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
+                hd_y_load<POST>(xy[p], X, pin, rr, (int64_t)(q - rr * dq) * 4, K, dim);
             }
         }
 #pragma unroll
@@ -803,7 +889,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
 #pragma unroll
             for (int j = 0; j < HD_HC; j++) {
                 float pj = pre[rr][j];
-                v.x += pj * xy[p][j].x, v.y += pj * xy[p][j].y, v.z += pj * xy[p][j].z, v.w += pj * xy[p][j].w;
+                float4 xj = hd_y_x<POST>(xy[p], spin[POST ? rr : 0], j, pin.state_bf16);
+                v.x += pj * xj.x, v.y += pj * xj.y, v.z += pj * xj.z, v.w += pj * xj.w;
             }
             if (!yn.on) {
                 hc_y_store(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4, v, out_bf16);
@@ -904,13 +991,24 @@ static int hc_dec_old(void) {
 
 /* ----- entry points ----- */
 
+/* k_hc_dec takes the call: hc 4, rows 1..4, an f32 fn, K a multiple of 128 T in at most 128
+ * blocks, fn and the buffers it streams (al: their addresses or'ed) 16-byte aligned, and a
+ * done counter for this stream (done) */
+static int hc_dec_takes(int rows, int hc, int dim, const dweight &wf, uintptr_t al, const unsigned *done) {
+    int64_t K = (int64_t)hc * dim;
+    return done && hc == HD_HC && rows >= 1 && rows <= HD_ROWS && wf.fmt == DSV4_WF_F32 && dim % 4 == 0 &&
+           K % (HC_KT * HD_T) == 0 && K / (HC_KT * HD_T) <= 128 && (((uintptr_t)wf.data | al) & 15) == 0;
+}
+
 /* ynorm: also rmsnorm y in place (weights ynw, NULL = unweighted; eps yeps) when the shapes
  * allow it (dim % 128 == 0, dim <= 4096: norm.cu's k_rmsnorm_vec, whose bits it gives; y
- * 16-byte aligned).  Returns 1 when y was normed, 0 when the caller must run rmsnorm. */
+ * 16-byte aligned).  Returns 1 when y was normed, 0 when the caller must run rmsnorm.
+ * pin (hc_post_pre_norm, NULL otherwise): X is pin->Xout, formed in k_hc_dec from pin's
+ * inputs (the caller has checked that k_hc_dec takes the call: hc_post_fits). */
 static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
                      const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                      float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, int head, int ynorm,
-                     const dsv4_weight *ynw, float yeps) {
+                     const dsv4_weight *ynw, float yeps, const hc_postin *pin) {
     dweight wf, wb, ws;
     hc_ynorm yn;
     memset(&yn, 0, sizeof yn);
@@ -933,7 +1031,7 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
     unsigned *epoch = NULL;
     unsigned long long *tagged = NULL;
     unsigned *done = rows <= HC_FUSED_ROWS ? hc_done_counters(b, &epoch, &tagged) : NULL;
-    float *xd = (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * K);
+    float *xd = pin ? pin->Xout : (float *)dsv4_cuda_in(b, X, sizeof(float) * rows * K);
     /* room for either split: k_hc_dec has up to 128 */
     float *part = (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * (nm + 1) * (splits > 128 ? splits : 128));
     float *yd = (float *)dsv4_cuda_out(b, y, sizeof(float) * rows * dim);
@@ -948,19 +1046,28 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
         yn.vw = yn.w.fmt == DSV4_WF_F32 && ((uintptr_t)yn.w.data & 15) == 0    ? 1
                 : yn.w.fmt == DSV4_WF_BF16 && ((uintptr_t)yn.w.data & 7) == 0 ? 2
                                                                                 : 0;
-    int fast = done && hc == HD_HC && rows <= HD_ROWS && wf.fmt == DSV4_WF_F32 && dim % 4 == 0 &&
-               K % (HC_KT * HD_T) == 0 && K / (HC_KT * HD_T) <= 128 &&
-               (((uintptr_t)wf.data | (uintptr_t)xd | (uintptr_t)yd) & 15) == 0;
+    uintptr_t al = (uintptr_t)xd | (uintptr_t)yd;
+    if (pin) al |= (uintptr_t)pin->o | (uintptr_t)pin->R;
+    int fast = hc_dec_takes(rows, hc, dim, wf, al, done);
+    if (pin && !fast) {
+        dsv4_cuda_fail(b, "hc_post_pre_norm: k_hc_dec does not take this call (internal)", __FILE__, __LINE__,
+                       cudaSuccess);
+        return 1;
+    }
     if (fast) {
         int g = (int)(K / (HC_KT * HD_T));
+        hc_postin pi;
+        memset(&pi, 0, sizeof pi);
+        if (pin) pi = *pin, xd = NULL; /* k_hc_dec<.., 1> reads no X: it forms it */
+        const float *wd = (const float *)wf.data;
         if (epoch && g <= HD_PSPLITS && !hc_dec_old())
-            dsv4_launch(k_hc_dec<HD_T, 1>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd,
-                        rows, dim, (const float *)wf.data, nm, g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16,
-                        head, yn);
+            dsv4_launch(pin ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd,
+                        part, done, tagged, epoch, xd, rows, dim, wd, nm, g, wb, ws, iters, norm_eps, hc_eps,
+                        gemm_bf16, out_bf16, head, yn, pi);
         else
-            dsv4_launch(k_hc_dec<HD_T, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, nullptr, nullptr, xd,
-                        rows, dim, (const float *)wf.data, nm, g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16,
-                        head, yn);
+            dsv4_launch(pin ? k_hc_dec<HD_T, 0, 1> : k_hc_dec<HD_T, 0, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd,
+                        part, done, nullptr, nullptr, xd, rows, dim, wd, nm, g, wb, ws, iters, norm_eps, hc_eps,
+                        gemm_bf16, out_bf16, head, yn, pi);
         if (CKL(b)) return 1;
     } else if (done) {
         dsv4_launch(k_hc_fused, dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream, yd, pd, cd,
@@ -988,7 +1095,7 @@ void cu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, const float 
                float hc_eps, int gemm_bf16, int out_bf16) {
     dsv4_cuda_op_begin(b);
     hc_common(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, 0, 0,
-              NULL, 0.0f);
+              NULL, 0.0f, NULL);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
 }
 
@@ -1000,7 +1107,7 @@ void cu_hc_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, const f
                     float y_eps) {
     dsv4_cuda_op_begin(b);
     int normed = hc_common(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
-                           out_bf16, 0, 1, y_norm, y_eps);
+                           out_bf16, 0, 1, y_norm, y_eps, NULL);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
     if (!normed) cu_rmsnorm(b, y, y, rows, dim, y_norm, y_eps, out_bf16);
 }
@@ -1010,7 +1117,7 @@ void cu_hc_head(dsv4_backend *b, float *y, const float *X, int rows, int hc, int
                 int out_bf16) {
     dsv4_cuda_op_begin(b);
     hc_common(b, y, NULL, NULL, X, rows, hc, dim, fn, base, scale, 0, norm_eps, hc_eps, gemm_bf16, out_bf16, 1, 0, NULL,
-              0.0f);
+              0.0f, NULL);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_HEAD);
 }
 
@@ -1026,16 +1133,10 @@ __global__ void k_hc_post4(float *Xout, const float *__restrict__ o, const float
     int64_t r = t / ((int64_t)hc * dq), dim = (int64_t)dq * 4;
     const float *C = comb + r * hc * hc, *Rr = R + r * hc * dim + (int64_t)q * 4;
     float4 ov = __ldg((const float4 *)(o + r * dim) + q);
-    float pk = __ldg(post + r * hc + k);
-    float4 v = make_float4(pk * ov.x, pk * ov.y, pk * ov.z, pk * ov.w);
+    float4 v = hc_post_begin(__ldg(post + r * hc + k), ov);
 #pragma unroll 4
-    for (int j = 0; j < hc; j++) {
-        float cj = __ldg(C + j * hc + k);
-        float4 x = __ldg((const float4 *)(Rr + (int64_t)j * dim));
-        v.x += cj * x.x, v.y += cj * x.y, v.z += cj * x.z, v.w += cj * x.w;
-    }
-    if (state_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z), v.w = d_round_bf16(v.w);
-    *(float4 *)(Xout + (r * hc + k) * dim + (int64_t)q * 4) = v;
+    for (int j = 0; j < hc; j++) v = hc_post_step(v, __ldg(C + j * hc + k), __ldg((const float4 *)(Rr + (int64_t)j * dim)));
+    *(float4 *)(Xout + (r * hc + k) * dim + (int64_t)q * 4) = hc_post_round(v, state_bf16);
 }
 
 /* any dim: one thread per output element */
@@ -1079,4 +1180,44 @@ void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, co
     dsv4_cuda_op_begin(b);
     if (rows > 0 && hc > 0 && dim > 0) hc_post_launch(b, Xout, o, R, post, comb, rows, hc, dim, state_bf16);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_POST);
+}
+
+/* ----- hc_post then the next hc_pre_norm (backend.h hc_post_pre_norm) -----
+ * k_hc_dec with POST where it takes the call (below), one launch instead of k_hc_post4 +
+ * k_hc_dec; otherwise the two ops.  Counted as hc_pre in profiles (as hc_pre_norm). */
+
+/* k_hc_dec<.., 1> takes the call: its shapes, and hc_post's buffers device memory (it reads
+ * and writes them in place: no staging), o, R and Xout 16-byte aligned (y: device memory
+ * aligned, or host, staged in aligned scratch) */
+static int hc_post_fits(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                        const float *comb_in, float *y, int rows, int hc, int dim, const dsv4_weight *fn) {
+    dweight wf;
+    unsigned *epoch = NULL;
+    unsigned long long *tagged = NULL;
+    if (rows < 1 || rows > HD_ROWS || hc != HD_HC || CI(b)->failed) return 0;
+    if (!dsv4_cuda_is_dev(b, Xout) || !dsv4_cuda_is_dev(b, o) || !dsv4_cuda_is_dev(b, R) ||
+        !dsv4_cuda_is_dev(b, post_in) || !dsv4_cuda_is_dev(b, comb_in))
+        return 0;
+    uintptr_t al = (uintptr_t)Xout | (uintptr_t)o | (uintptr_t)R | (dsv4_cuda_is_dev(b, y) ? (uintptr_t)y : 0);
+    if (dsv4_cuda_weight(b, fn, &wf)) return 0;
+    return hc_dec_takes(rows, hc, dim, wf, al, hc_done_counters(b, &epoch, &tagged));
+}
+
+void cu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                         const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows, int hc,
+                         int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
+                         float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
+                         float y_eps) {
+    if (!hc_post_fits(b, Xout, o, R, post_in, comb_in, y, rows, hc, dim, fn)) {
+        cu_hc_post(b, Xout, o, R, post_in, comb_in, rows, hc, dim, state_bf16);
+        cu_hc_pre_norm(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                       out_bf16, y_norm, y_eps);
+        return;
+    }
+    dsv4_cuda_op_begin(b);
+    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16};
+    int normed = hc_common(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
+                           out_bf16, 0, 1, y_norm, y_eps, &pin);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
+    if (!normed) cu_rmsnorm(b, y, y, rows, dim, y_norm, y_eps, out_bf16);
 }
