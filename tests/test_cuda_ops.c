@@ -804,6 +804,64 @@ static void test_matmul_multi(void) {
     check_multi(4096, 1, 2, f5, o5, z, z, z, on ? 1 : 0);
 }
 
+/* copy_list (one launch per 96 device copies; a host end goes through copy) and add_cyclic_pos
+ * (each row's phase in the launch arguments, 64 rows a launch) against the CPU backend's: 200
+ * copies of mixed sizes and alignments (more than one launch, 16-byte words and bytes), one with
+ * a host destination; 150 rows at positions past the period. */
+static void test_copy_list_cyclic(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->copy_list && gpu.ops->add_cyclic_pos);
+    enum { N = 200, SRC = 64 * 1024, R = 150, W = 1024, P = 4 };
+    uint8_t *hs = malloc(SRC), *hd = malloc(2 * SRC), *hg = malloc(2 * SRC), hostdst[40];
+    REQUIRE(hs && hd && hg);
+    for (int i = 0; i < SRC; i++) hs[i] = (uint8_t)urand();
+    memset(hd, 0, 2 * SRC);
+    uint8_t *ds = gpu.ops->alloc(&gpu, SRC), *dd = gpu.ops->alloc(&gpu, 2 * SRC);
+    REQUIRE(ds && dd);
+    gpu.ops->upload(&gpu, ds, hs, SRC);
+    gpu.ops->upload(&gpu, dd, hd, 2 * SRC);
+    void *cd[N + 1], *gd[N + 1];
+    const void *cs[N + 1], *gs[N + 1];
+    size_t nb[N + 1];
+    size_t at = 0;
+    for (int i = 0; i < N; i++) { /* destinations laid out without overlap, sources anywhere */
+        size_t len = i % 3 == 0 ? 16 * (1 + urand() % 64) : 1 + urand() % 700, so = urand() % (SRC - len);
+        if (i % 3 == 0) so &= ~(size_t)15, at = (at + 15) & ~(size_t)15;
+        cd[i] = hd + at, gd[i] = dd + at, cs[i] = hs + so, gs[i] = ds + so, nb[i] = len;
+        at += len + (urand() % 3);
+    }
+    REQUIRE(at <= 2 * SRC);
+    memset(hostdst, 0, sizeof hostdst);
+    cd[N] = hostdst, gd[N] = hostdst, cs[N] = hs + 3, gs[N] = ds + 3, nb[N] = 33; /* device -> host */
+    cpu.ops->copy_list(&cpu, N, cd, cs, nb);
+    gpu.ops->copy_list(&gpu, N + 1, gd, gs, nb);
+    gpu.ops->download(&gpu, hg, dd, 2 * SRC);
+    CHECK(gpu_ok());
+    CHECK(memcmp(hg, hd, 2 * SRC) == 0);
+    CHECK(memcmp(hostdst, hs + 3, 33) == 0);
+    float *x = malloc(sizeof(float) * R * W), *y = malloc(sizeof(float) * P * W), *a = malloc(sizeof(float) * R * W),
+          *g = malloc(sizeof(float) * R * W);
+    int64_t pos[R];
+    REQUIRE(x && y && a && g);
+    fill(x, (size_t)R * W, 1);
+    fill(y, (size_t)P * W, 1);
+    for (int i = 0; i < R; i++) pos[i] = 1000 + 7 * i + (i % 5);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * R * W), *yd = gpu.ops->alloc(&gpu, sizeof(float) * P * W);
+    REQUIRE(xd && yd);
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * R * W);
+    gpu.ops->upload(&gpu, yd, y, sizeof(float) * P * W);
+    memcpy(a, x, sizeof(float) * R * W);
+    cpu.ops->add_cyclic_pos(&cpu, a, y, R, W, P, pos);
+    gpu.ops->add_cyclic_pos(&gpu, xd, yd, R, W, P, pos);
+    gpu.ops->download(&gpu, g, xd, sizeof(float) * R * W);
+    CHECK(gpu_ok());
+    CHECK(memcmp(g, a, sizeof(float) * R * W) == 0); /* one fp32 add per element: the same bits */
+    printf("  copy_list: %d copies (%zu bytes of destinations) and one to the host; add_cyclic_pos %d rows: %s\n", N,
+           at, R, memcmp(g, a, sizeof(float) * R * W) || memcmp(hg, hd, 2 * SRC) ? "DIFFER" : "identical");
+    gpu.ops->free(&gpu, ds), gpu.ops->free(&gpu, dd), gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, yd);
+    free(hs), free(hd), free(hg), free(x), free(y), free(a), free(g);
+}
+
 /* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
  * same results as host ones, in place and out of place, and upload/download/copy move
  * data both ways. */
@@ -1008,4 +1066,4 @@ static void test_moe_wide(void) {
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
           test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
-          test_device_buffers, test_matmul_multi, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)
+          test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)

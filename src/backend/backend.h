@@ -172,6 +172,15 @@ typedef struct dsv4_backend_ops {
      * times; the CPU backend sets none. */
     void (*matmul_multi)(dsv4_backend *b, int n, float *const *outs, const float *x, int rows,
                          const dsv4_weight *const *ws, const int *act_fp8, const int *out_bf16);
+    /* copy(dst[i], src[i], bytes[i]) for i < n (host arrays of backend pointers; no destination
+     * range overlaps another range of the list), in one call: a device backend may do them in
+     * one launch.  NULL: the forward pass calls copy n times. */
+    void (*copy_list)(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes);
+    /* add_cyclic with each row's own phase: x[i][c] += y[pos[i] mod period][c] (pos: host array):
+     * every sequence of a sub-batch in one call.  NULL: the forward pass calls add_cyclic per
+     * sequence. */
+    void (*add_cyclic_pos)(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
+                           const int64_t *pos);
 } dsv4_backend_ops;
 
 /* What a backend reports about itself (ops->stats). */

@@ -38,6 +38,8 @@ typedef struct segment {
     const int32_t *tok;
     int n, row0;
     int64_t pos0;
+    int ci, cne;            /* run_compressor: rows taken so far, rows emitted */
+    int64_t cfirst;         /* run_compressor: the state's compressed rows before this call */
 } segment;
 
 struct dsv4_model {
@@ -90,6 +92,9 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
+    void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
+    const void **cl_src;
+    size_t *cl_bytes;
     int *done;              /* [done_cap] tokens consumed per item of the current call */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
@@ -229,7 +234,8 @@ void dsv4_model_free(dsv4_model *m) {
     /* ... indices, lists and what the host reads stay host memory */
     void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->tok,           m->seg_of,      m->segs,
                     m->h_picks,       m->h_npicks, m->h_experts, m->h_wts,      (void *)m->win, m->n_win,
-                    (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a};
+                    (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a,
+                    (void *)m->cl_dst, (void *)m->cl_src, m->cl_bytes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -316,7 +322,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AB(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AB(m->n_picks, R) ||
         AL(m->h_picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->h_npicks, R) ||
         AL(m->win, R * (size_t)(c->window > 0 ? c->window : 1)) || AL(m->n_win, R) || AL(m->comp_base, R) ||
-        AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R))
+        AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R) || AL(m->cl_dst, 2 * R) ||
+        AL(m->cl_src, 2 * R) || AL(m->cl_bytes, 2 * R))
         goto oom;
 #undef AL
 #undef AB
@@ -348,7 +355,25 @@ static int ensure_scores(dsv4_model *m, int need_keys, dsv4_err *err) {
 /* ----- compressor (spec §2.5) ----- */
 /* Pools the window that position p closes from the decode-state buffers into `out`
  * (backend memory), then, for ratio 4, moves the current window to the previous one. */
-static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
+/* the copy list (m->cl_*): entry n, then its flush (copy_list where the backend has it, else
+ * one copy each) */
+static void cl_add(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
+    m->cl_dst[*n] = dst, m->cl_src[*n] = src, m->cl_bytes[*n] = bytes;
+    (*n)++;
+}
+static void cl_flush(dsv4_model *m, int *n) {
+    const dsv4_backend_ops *op = OPS(m);
+    if (*n > 0 && op->copy_list)
+        op->copy_list(B_(m), *n, m->cl_dst, (const void *const *)m->cl_src, m->cl_bytes);
+    else
+        for (int i = 0; i < *n; i++) op->copy(B_(m), m->cl_dst[i], m->cl_src[i], m->cl_bytes[i]);
+    *n = 0;
+}
+
+/* A window's end: pools the state rows into out, then (ratio 4, two halves) adds the shift of
+ * the current window into the previous one's place to the copy list (the caller flushes it
+ * before the state is written again). */
+static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
     int n = 0;
     if (cs->coff == 2) {
@@ -369,8 +394,8 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
     }
     OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
     if (cs->coff == 2) {
-        OPS(m)->copy(B_(m), cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
-        OPS(m)->copy(B_(m), cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        cl_add(m, ncl, cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        cl_add(m, ncl, cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
     }
 }
 
@@ -420,43 +445,77 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
     /* K = wkv y, G = wgate y (fp32 linears, spec §2.0) are computed with y's other projections
      * (y_projections) */
+    const dsv4_backend_ops *op = OPS(m);
+    if (op->add_cyclic_pos) {
+        op->add_cyclic_pos(B_(m), G, ape, rows, wd, r, m->pos); /* every sequence at once */
+    } else {
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            op->add_cyclic(B_(m), G + (size_t)sg->row0 * wd, ape, sg->n, wd, r, (int)(sg->pos0 % r));
+        }
+    }
+#define CSTATE(sg) (is_idx ? &(sg)->st->layers[layer].icomp : &(sg)->st->layers[layer].comp)
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
-        dsv4_layer_state *ls = &sg->st->layers[layer];
-        dsv4_comp_state *cs = is_idx ? &ls->icomp : &ls->comp;
-        OPS(m)->add_cyclic(B_(m), G + (size_t)sg->row0 * wd, ape, sg->n, wd, r, (int)(sg->pos0 % r));
-        int64_t first = cs->n_rows;
-        int ne = 0;
-        for (int i = 0; i < sg->n;) {
-            int64_t p = sg->pos0 + i;
+        sg->ci = 0, sg->cne = 0, sg->cfirst = CSTATE(sg)->n_rows;
+    }
+    /* Round by round: round k takes the k-th run of positions inside one window of every
+     * sequence (decode: one round), copies them into the state rows (one copy list), then pools
+     * each window that run closed and shifts the ratio-4 state (one more list).  A sequence's
+     * steps keep their order; sequences have their own state, so interleaving them changes
+     * nothing. */
+    for (;;) {
+        int ncl = 0;
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            if (sg->ci >= sg->n) continue;
+            dsv4_comp_state *cs = CSTATE(sg);
+            int64_t p = sg->pos0 + sg->ci;
             int in_win = (int)(p % r), take = r - in_win; /* positions left in this window */
-            if (take > sg->n - i) take = sg->n - i;
-            int slot = (cs->coff == 2 ? r : 0) + in_win, row = sg->row0 + i;
+            if (take > sg->n - sg->ci) take = sg->n - sg->ci;
+            int slot = (cs->coff == 2 ? r : 0) + in_win, row = sg->row0 + sg->ci;
             size_t bytes = sizeof(float) * (size_t)take * wd;
-            OPS(m)->copy(B_(m), cs->kv + (size_t)slot * wd, K + (size_t)row * wd, bytes);
-            OPS(m)->copy(B_(m), cs->score + (size_t)slot * wd, G + (size_t)row * wd, bytes);
-            i += take;
-            int64_t last = p + take - 1;
-            if ((last + 1) % r == 0) {
-                comp_emit(m, cs, cs->rows + (size_t)(first + ne) * d);
-                m->cpos[ne] = last + 1 - r; /* RoPE at the window's first position */
-                ne++;
-            }
+            cl_add(m, &ncl, cs->kv + (size_t)slot * wd, K + (size_t)row * wd, bytes);
+            cl_add(m, &ncl, cs->score + (size_t)slot * wd, G + (size_t)row * wd, bytes);
         }
+        if (!ncl) break;
+        cl_flush(m, &ncl);
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            if (sg->ci >= sg->n) continue;
+            dsv4_comp_state *cs = CSTATE(sg);
+            int64_t p = sg->pos0 + sg->ci;
+            int take = r - (int)(p % r);
+            if (take > sg->n - sg->ci) take = sg->n - sg->ci;
+            sg->ci += take;
+            if ((p + take) % r == 0) /* the run closed its window */
+                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl);
+        }
+        cl_flush(m, &ncl);
+    }
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_comp_state *cs = CSTATE(sg);
+        int ne = sg->cne;
         if (!ne) continue;
-        float *rw = cs->rows + (size_t)first * d;
-        if (nm->act_bf16) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
+        /* RoPE at each closed window's first position: the first window end at or after pos0,
+         * then every r */
+        int64_t e0 = (sg->pos0 / r + 1) * r - 1;
+        for (int j = 0; j < ne; j++) m->cpos[j] = e0 + (int64_t)j * r + 1 - r;
+        float *rw = cs->rows + (size_t)sg->cfirst * d;
+        if (nm->act_bf16) op->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
         norm_rope(m, rw, ne, 1, d, &cw->norm, (float)c->norm_eps, c->rope_dim, m->cpos, m->freq_comp, nm->act_bf16);
         if (!is_idx) {
-            if (nm->kv_sim_fp8) OPS(m)->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
+            if (nm->kv_sim_fp8) op->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
         } else {
-            if (nm->indexer_sim_fp4) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_HAD_FP4_B32);
+            if (nm->indexer_sim_fp4) op->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_HAD_FP4_B32);
             static const int key_mode[] = {0, DSV4_SIM_BF16, DSV4_SIM_FP8_ROW, DSV4_SIM_FP4_B32};
-            if (nm->indexer_keys) OPS(m)->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
+            if (nm->indexer_keys) op->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
         }
         op_trace(m, is_idx ? "indexer.keys" : "attn.comp_rows", layer, ne, d, rw, NULL, NULL, m->cpos);
-        cs->n_rows = first + ne;
+        cs->n_rows = sg->cfirst + ne;
     }
+#undef CSTATE
 }
 
 /* The projections of the attention half's input y, in one backend call (matmul_multi: a
@@ -579,6 +638,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
 
     LAY_LAP(3);
     /* the ring keeps the last `window` rows of each segment */
+    int ncl = 0; /* one copy list for every sequence (at most rows entries) */
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
         dsv4_layer_state *ls = &sg->st->layers[layer];
@@ -586,10 +646,11 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, dsv4_err 
         for (int i = from; i < sg->n; i++) {
             int64_t p = sg->pos0 + i;
             int slot = (int)(p % W);
-            op->copy(b, ls->ring + (size_t)slot * hd, m->kvc + (size_t)(sg->row0 + i) * hd, sizeof(float) * hd);
+            cl_add(m, &ncl, ls->ring + (size_t)slot * hd, m->kvc + (size_t)(sg->row0 + i) * hd, sizeof(float) * hd);
             ls->ring_pos[slot] = p;
         }
     }
+    cl_flush(m, &ncl);
     op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
     op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
 

@@ -49,6 +49,7 @@ void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, in
                        const int *, int, int);
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
 void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
+void cu_add_cyclic_pos(dsv4_backend *, float *, const float *, int, int, int, const int64_t *);
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
@@ -781,6 +782,51 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
     if (!dd) dsv4_cuda_sync(b);
 }
 
+/* copy_list: up to CL_MAX device-to-device copies a launch, grid.y = the entry (16-byte words
+ * where both ends and the size allow, else bytes); entries with a host end go through cu_copy.
+ * The list's ranges do not overlap (backend.h), so their order does not matter. */
+#define CL_MAX 96
+struct cl_table {
+    uint8_t *dst[CL_MAX];
+    const uint8_t *src[CL_MAX];
+    uint32_t bytes[CL_MAX];
+};
+__global__ void k_copy_list(const cl_table t) {
+    pdl_enter();
+    uint8_t *d = t.dst[blockIdx.y];
+    const uint8_t *s = t.src[blockIdx.y];
+    size_t nb = t.bytes[blockIdx.y], i = (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+           stride = (size_t)gridDim.x * blockDim.x;
+    if (((uintptr_t)d | (uintptr_t)s | nb) % 16 == 0)
+        for (size_t v = i; v < nb / 16; v += stride) ((uint4 *)d)[v] = ((const uint4 *)s)[v];
+    else
+        for (size_t v = i; v < nb; v += stride) d[v] = s[v];
+}
+static void cl_launch(dsv4_backend *b, const cl_table &t, int k, size_t most) {
+    size_t blocks = (most / 16 + 255) / 256;
+    if (blocks < 1) blocks = 1;
+    if (blocks > 16) blocks = 16;
+    dsv4_launch(k_copy_list, dim3((unsigned)blocks, (unsigned)k), 256, 0, CI(b)->stream, t);
+    CKL(b);
+}
+static void cu_copy_list(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    cuda_impl *c = CI(b);
+    cl_table t;
+    int k = 0;
+    size_t most = 0;
+    for (int i = 0; i < n && !c->failed; i++) {
+        if (!bytes[i]) continue;
+        if (bytes[i] > 0xffffffffu || !dsv4_cuda_is_dev(b, dst[i]) || !dsv4_cuda_is_dev(b, src[i])) {
+            cu_copy(b, dst[i], src[i], bytes[i]);
+            continue;
+        }
+        t.dst[k] = (uint8_t *)dst[i], t.src[k] = (const uint8_t *)src[i], t.bytes[k] = (uint32_t)bytes[i];
+        if (bytes[i] > most) most = bytes[i];
+        if (++k == CL_MAX) cl_launch(b, t, k, most), k = 0, most = 0;
+    }
+    if (k && !c->failed) cl_launch(b, t, k, most);
+}
+
 static const dsv4_backend_ops CUDA_OPS = {
     "cuda",
     cu_alloc,
@@ -814,6 +860,8 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_norm_rope,
     cu_hc_pre_norm,
     cu_matmul_multi,
+    cu_copy_list,
+    cu_add_cyclic_pos,
 };
 
 /* DSV4_CUDA_FUSE=0: the table without the fused pairs (the forward pass then calls the two
