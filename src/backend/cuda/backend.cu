@@ -50,6 +50,7 @@ void cu_indexer_scores(dsv4_backend *, float *, const float *, const float *, in
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
 void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_add_cyclic_pos(dsv4_backend *, float *, const float *, int, int, int, const int64_t *);
+void cu_op_list(dsv4_backend *, const dsv4_op_task *, int); /* oplist.cu */
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
@@ -454,7 +455,8 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
-    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi"};
+    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi",
+    "op_list"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -862,16 +864,20 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_matmul_multi,
     cu_copy_list,
     cu_add_cyclic_pos,
+    cu_op_list,
 };
 
-/* DSV4_CUDA_FUSE=0: the table without the fused pairs (the forward pass then calls the two
- * ops: same results, for A/B timing) */
-static const dsv4_backend_ops CUDA_OPS_UNFUSED = [] {
+/* The table less what the switches turn off, for A/B timing (same results): DSV4_CUDA_FUSE=0
+ * without the fused pairs (the forward pass then calls the two ops), DSV4_CUDA_OPLIST=0 without
+ * op_list (every task its own op).  Index: fuse off 1, list off 2. */
+static dsv4_backend_ops ops_without(int unfused, int nolist) {
     dsv4_backend_ops o = CUDA_OPS;
-    o.norm_rope = NULL;
-    o.hc_pre_norm = NULL;
+    if (unfused) o.norm_rope = NULL, o.hc_pre_norm = NULL;
+    if (nolist) o.op_list = NULL;
     return o;
-}();
+}
+static const dsv4_backend_ops CUDA_OPS_VARIANT[4] = {ops_without(0, 0), ops_without(1, 0), ops_without(0, 1),
+                                                     ops_without(1, 1)};
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
 
@@ -905,8 +911,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
-    const char *fu = getenv("DSV4_CUDA_FUSE");
-    b->ops = fu && !strcmp(fu, "0") ? &CUDA_OPS_UNFUSED : &CUDA_OPS;
+    const char *fu = getenv("DSV4_CUDA_FUSE"), *ol = getenv("DSV4_CUDA_OPLIST");
+    b->ops = &CUDA_OPS_VARIANT[(fu && !strcmp(fu, "0") ? 1 : 0) + (ol && !strcmp(ol, "0") ? 2 : 0)];
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
         CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
