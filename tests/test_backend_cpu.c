@@ -454,6 +454,33 @@ static void test_sim_modes(void) {
     }
 }
 
+/* add_cyclic_pos against add_cyclic row by row (each row its own phase; positions past the
+ * period and repeated ones), copy_list against copy one by one */
+static void test_cyclic_and_copy_list(void) {
+    enum { R = 5, W = 24, P = 4 };
+    const dsv4_backend_ops *op = B()->ops;
+    REQUIRE(op->add_cyclic_pos && op->copy_list);
+    float x[R * W], a[R * W], y[P * W];
+    fill(x, R * W, 1);
+    fill(y, P * W, 1);
+    memcpy(a, x, sizeof x);
+    const int64_t pos[R] = {7, 0, 130, 3, 7};
+    op->add_cyclic_pos(B(), x, y, R, W, P, pos);
+    for (int i = 0; i < R; i++) op->add_cyclic(B(), a + i * W, y, 1, W, P, (int)(pos[i] % P));
+    CHECK(memcmp(x, a, sizeof x) == 0);
+    float src[64], dst[64], ref[64];
+    fill(src, 64, 1);
+    memset(dst, 0, sizeof dst);
+    memset(ref, 0, sizeof ref);
+    void *d[3] = {dst, dst + 10, dst + 40};
+    const void *s[3] = {src + 5, src, src + 60};
+    size_t nb[3] = {sizeof(float) * 10, sizeof(float) * 7, sizeof(float) * 4};
+    op->copy_list(B(), 3, d, s, nb);
+    for (int i = 0; i < 3; i++) op->copy(B(), (char *)ref + ((char *)d[i] - (char *)dst), s[i], nb[i]);
+    CHECK(memcmp(dst, ref, sizeof dst) == 0);
+    CHECK(dst[0] == src[5] && dst[10] == src[0] && dst[43] == src[63] && dst[44] == 0.0f);
+}
+
 static void test_zz_free(void) {
     if (be_ok) {
         CHECK(dsv4_backend_cpu_spills(B()) >= 0);
@@ -462,4 +489,4 @@ static void test_zz_free(void) {
 }
 
 TEST_MAIN(test_matmul_f32_bf16_fp8, test_matmul_grouped, test_rmsnorm_rope, test_hc_pre_post_head,
-          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_sim_modes, test_zz_free)
+          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_sim_modes, test_cyclic_and_copy_list, test_zz_free)

@@ -856,6 +856,337 @@ static void test_matmul_multi(void) {
     check_multi(4096, 1, 2, f5, o5, z, z, z, on ? 1 : 0);
 }
 
+/* copy_list (one launch per 96 device copies; a host end goes through copy) and add_cyclic_pos
+ * (each row's phase in the launch arguments, 64 rows a launch) against the CPU backend's: 200
+ * copies of mixed sizes and alignments (more than one launch, 16-byte words and bytes), one with
+ * a host destination; 150 rows at positions past the period. */
+static void test_copy_list_cyclic(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->copy_list && gpu.ops->add_cyclic_pos);
+    enum { N = 200, SRC = 64 * 1024, R = 150, W = 1024, P = 4 };
+    uint8_t *hs = malloc(SRC), *hd = malloc(2 * SRC), *hg = malloc(2 * SRC), hostdst[40];
+    REQUIRE(hs && hd && hg);
+    for (int i = 0; i < SRC; i++) hs[i] = (uint8_t)urand();
+    memset(hd, 0, 2 * SRC);
+    uint8_t *ds = gpu.ops->alloc(&gpu, SRC), *dd = gpu.ops->alloc(&gpu, 2 * SRC);
+    REQUIRE(ds && dd);
+    gpu.ops->upload(&gpu, ds, hs, SRC);
+    gpu.ops->upload(&gpu, dd, hd, 2 * SRC);
+    void *cd[N + 1], *gd[N + 1];
+    const void *cs[N + 1], *gs[N + 1];
+    size_t nb[N + 1];
+    size_t at = 0;
+    for (int i = 0; i < N; i++) { /* destinations laid out without overlap, sources anywhere */
+        size_t len = i % 3 == 0 ? 16 * (1 + urand() % 64) : 1 + urand() % 700, so = urand() % (SRC - len);
+        if (i % 3 == 0) so &= ~(size_t)15, at = (at + 15) & ~(size_t)15;
+        cd[i] = hd + at, gd[i] = dd + at, cs[i] = hs + so, gs[i] = ds + so, nb[i] = len;
+        at += len + (urand() % 3);
+    }
+    REQUIRE(at <= 2 * SRC);
+    memset(hostdst, 0, sizeof hostdst);
+    cd[N] = hostdst, gd[N] = hostdst, cs[N] = hs + 3, gs[N] = ds + 3, nb[N] = 33; /* device -> host */
+    cpu.ops->copy_list(&cpu, N, cd, cs, nb);
+    gpu.ops->copy_list(&gpu, N + 1, gd, gs, nb);
+    gpu.ops->download(&gpu, hg, dd, 2 * SRC);
+    CHECK(gpu_ok());
+    CHECK(memcmp(hg, hd, 2 * SRC) == 0);
+    CHECK(memcmp(hostdst, hs + 3, 33) == 0);
+    float *x = malloc(sizeof(float) * R * W), *y = malloc(sizeof(float) * P * W), *a = malloc(sizeof(float) * R * W),
+          *g = malloc(sizeof(float) * R * W);
+    int64_t pos[R];
+    REQUIRE(x && y && a && g);
+    fill(x, (size_t)R * W, 1);
+    fill(y, (size_t)P * W, 1);
+    for (int i = 0; i < R; i++) pos[i] = 1000 + 7 * i + (i % 5);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * R * W), *yd = gpu.ops->alloc(&gpu, sizeof(float) * P * W);
+    REQUIRE(xd && yd);
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * R * W);
+    gpu.ops->upload(&gpu, yd, y, sizeof(float) * P * W);
+    memcpy(a, x, sizeof(float) * R * W);
+    cpu.ops->add_cyclic_pos(&cpu, a, y, R, W, P, pos);
+    gpu.ops->add_cyclic_pos(&gpu, xd, yd, R, W, P, pos);
+    gpu.ops->download(&gpu, g, xd, sizeof(float) * R * W);
+    CHECK(gpu_ok());
+    CHECK(memcmp(g, a, sizeof(float) * R * W) == 0); /* one fp32 add per element: the same bits */
+    printf("  copy_list: %d copies (%zu bytes of destinations) and one to the host; add_cyclic_pos %d rows: %s\n", N,
+           at, R, memcmp(g, a, sizeof(float) * R * W) || memcmp(hg, hd, 2 * SRC) ? "DIFFER" : "identical");
+    gpu.ops->free(&gpu, ds), gpu.ops->free(&gpu, dd), gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, yd);
+    free(hs), free(hd), free(hg), free(x), free(y), free(a), free(g);
+}
+
+/* ----- op_list ----- */
+/* The tasks as their ops one by one (what the forward pass does without op_list). */
+static void run_tasks(dsv4_backend *be, const dsv4_op_task *t, int n) {
+    for (int i = 0; i < n; i++, t++) switch (t->kind) {
+        case DSV4_TASK_RMSNORM:
+            be->ops->rmsnorm(be, t->out, t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16);
+            break;
+        case DSV4_TASK_NORM_ROPE:
+            if (!be->ops->norm_rope) { /* DSV4_CUDA_FUSE=0 */
+                be->ops->rmsnorm(be, t->out, t->out, t->rows * t->n_heads, t->dim, t->w, t->eps, t->out_bf16);
+                be->ops->rope(be, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, 0, t->out_bf16);
+                break;
+            }
+            be->ops->norm_rope(be, t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq,
+                               t->out_bf16);
+            break;
+        case DSV4_TASK_ROPE:
+            be->ops->rope(be, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse,
+                          t->out_bf16);
+            break;
+        case DSV4_TASK_ADD_CYCLIC:
+            be->ops->add_cyclic(be, t->out, t->in, t->rows, t->dim, t->period, t->first);
+            break;
+        case DSV4_TASK_COPY: be->ops->copy(be, t->out, t->in, t->n); break;
+        case DSV4_TASK_SCALE: be->ops->scale(be, t->out, t->n, t->s, t->out_bf16); break;
+        }
+}
+
+/* bytes a task writes from t->out */
+static size_t task_bytes(const dsv4_op_task *t) {
+    switch (t->kind) {
+    case DSV4_TASK_RMSNORM:
+    case DSV4_TASK_ADD_CYCLIC: return sizeof(float) * (size_t)t->rows * t->dim;
+    case DSV4_TASK_NORM_ROPE:
+    case DSV4_TASK_ROPE: return sizeof(float) * (size_t)t->rows * t->n_heads * t->dim;
+    case DSV4_TASK_COPY: return t->n;
+    default: return sizeof(float) * t->n;
+    }
+}
+
+/* A list built over a host arena of floats (each task's output apart from everything else, so
+ * the tasks are independent) and relocated onto two device arenas of the same contents: op_list
+ * on one, the ops one by one on the other (memcmp of the whole arena: the same bits), the ops one
+ * by one on the CPU backend too (rmsnorm, norm_rope, rope within 2e-6 fp32 / 4e-3 rounded to
+ * bf16; copies, adds and scales exact).  One task may copy into a host buffer (hostdst). */
+#define OL_TASKS 400
+typedef struct {
+    float *h;        /* host arena (the CPU's) */
+    size_t cap, top; /* floats */
+    int over;        /* the arena or the task table overflowed (a test bug) */
+    dsv4_op_task t[OL_TASKS];
+    int n, alone;    /* tasks; of which the list kernel does not take */
+    int host_task;   /* the task copying into a host buffer (-1: none) */
+} ol_case;
+
+static float *ol_take(ol_case *c, size_t n) { /* n floats at a 16-byte boundary, a gap after */
+    size_t at = (c->top + 3) & ~(size_t)3;
+    if (at + n + 4 > c->cap) {
+        c->over = 1;
+        return c->h;
+    }
+    c->top = at + n + 4;
+    return c->h + at;
+}
+static void ol_push(ol_case *c, dsv4_op_task t, int alone) {
+    if (c->n == OL_TASKS) {
+        c->over = 1;
+        return;
+    }
+    c->t[c->n++] = t;
+    c->alone += alone;
+}
+
+static void ol_reloc(const ol_case *c, dsv4_op_task *out, void *dbase, void *hostdst) {
+    const char *h0 = (const char *)c->h, *h1 = h0 + sizeof(float) * c->cap;
+    for (int i = 0; i < c->n; i++) {
+        out[i] = c->t[i];
+        const char *o = c->t[i].out, *in = c->t[i].in;
+        if (o >= h0 && o < h1) out[i].out = (char *)dbase + (o - h0);
+        if (in && in >= h0 && in < h1) out[i].in = (const char *)dbase + (in - h0);
+        if (i == c->host_task) out[i].out = hostdst;
+    }
+}
+
+static void ol_check(ol_case *c, const char *what, int bf) {
+    REQUIRE(!c->over);
+    size_t bytes = sizeof(float) * c->top;
+    uint8_t hb[3][64];
+    memset(hb, 0, sizeof hb);
+    if (c->host_task >= 0) c->t[c->host_task].out = hb[0];
+    float *da = gpu.ops->alloc(&gpu, bytes), *db = gpu.ops->alloc(&gpu, bytes);
+    float *ga = malloc(bytes), *gb = malloc(bytes);
+    dsv4_op_task *ta = malloc(sizeof *ta * c->n), *tb = malloc(sizeof *tb * c->n);
+    REQUIRE(da && db && ga && gb && ta && tb);
+    gpu.ops->upload(&gpu, da, c->h, bytes);
+    gpu.ops->upload(&gpu, db, c->h, bytes);
+    ol_reloc(c, ta, da, hb[1]);
+    ol_reloc(c, tb, db, hb[2]);
+    long l0 = dsv4_cuda_op_list_launches(), a0 = dsv4_cuda_op_list_alone();
+    run_tasks(&gpu, ta, c->n);
+    gpu.ops->op_list(&gpu, tb, c->n);
+    long launches = dsv4_cuda_op_list_launches() - l0, alone = dsv4_cuda_op_list_alone() - a0;
+    gpu.ops->download(&gpu, ga, da, bytes);
+    gpu.ops->download(&gpu, gb, db, bytes);
+    CHECK(gpu_ok());
+    run_tasks(&cpu, c->t, c->n);
+    int same = !memcmp(ga, gb, bytes) && !memcmp(hb[1], hb[2], sizeof hb[1]);
+    double worst = 0;
+    int exact_ok = 1;
+    for (int i = 0; i < c->n; i++) { /* the list's outputs against the CPU's */
+        const dsv4_op_task *t = &c->t[i];
+        size_t nb = task_bytes(t);
+        const char *o = t->out, *h = (const char *)c->h;
+        const void *g = i == c->host_task ? (const void *)hb[2] : (const void *)((const char *)gb + (o - h));
+        if (t->kind == DSV4_TASK_RMSNORM || t->kind == DSV4_TASK_NORM_ROPE || t->kind == DSV4_TASK_ROPE) {
+            double r = rel(g, t->out, nb / sizeof(float));
+            if (r > worst) worst = r;
+            CHECKF(r <= (bf ? 4e-3 : 2e-6), "%s: task %d (kind %d) rel %g", what, i, t->kind, r);
+        } else if (memcmp(g, t->out, nb)) {
+            exact_ok = 0;
+            CHECKF(0, "%s: task %d (kind %d) differs from the CPU", what, i, t->kind);
+        }
+    }
+    printf("  op_list %-34s bf16 %d: %3d tasks, %ld launches, %ld alone (want %d): %s, vs CPU worst rel %.2e%s\n",
+           what, bf, c->n, launches, alone, c->alone, same ? "same bits as the ops" : "DIFFERS from the ops", worst,
+           exact_ok ? ", copies/adds/scales exact" : "");
+    CHECKF(same, "%s: op_list differs from the ops one by one", what);
+    CHECK(launches >= 1);
+    CHECK_EQ_INT(alone, c->alone);
+    gpu.ops->free(&gpu, da), gpu.ops->free(&gpu, db);
+    free(ga), free(gb), free(ta), free(tb);
+}
+
+/* The decode step's small ops of a V4-Flash ratio-4 layer at R rows (both lists of the forward
+ * pass in one: qa's rmsnorm, kv's and q's norm_rope, the compressor and indexer-compressor state
+ * copies and position biases, the ring copies, the indexer's rope and scale), hidden-size norms,
+ * odd shapes (dims 384 and 128: other sub-block sizes, which also split the launch; rows past a
+ * window; unaligned copies), and tasks that run alone (k_rmsnorm's dim, norm_rope of head_dim 64,
+ * 70 rows of positions, a copy to host memory). */
+static void ol_flash(ol_case *c, int R, int bf, const dsv4_weight *w1024, const dsv4_weight *w512,
+                     const dsv4_weight *w4096, const dsv4_weight *w128, const int64_t *pos, const int64_t *pos70,
+                     const double *fm, const double *fc) {
+    float eps = 1e-6f;
+    float *qa = ol_take(c, (size_t)R * 1024), *kv = ol_take(c, (size_t)R * 512), *q = ol_take(c, (size_t)R * 32768);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_RMSNORM, .out = qa, .in = qa, .rows = R, .dim = 1024, .w = w1024,
+                              .eps = eps, .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = kv, .rows = R, .n_heads = 1, .dim = 512,
+                              .rope_dim = 64, .w = w512, .eps = eps, .pos = pos, .freq = fc, .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = q, .rows = R, .n_heads = 64, .dim = 512,
+                              .rope_dim = 64, .eps = eps, .pos = pos, .freq = fc, .out_bf16 = bf}, 0);
+    float *ape = ol_take(c, 4 * 1024), *iape = ol_take(c, 4 * 256);
+    for (int r = 0; r < R; r++) {
+        int ph = (int)(pos[r] % 4);
+        float *skv = ol_take(c, 1024), *ssc = ol_take(c, 1024), *ikv = ol_take(c, 256), *isc = ol_take(c, 256);
+        float *ck = ol_take(c, 1024), *cg = ol_take(c, 1024), *ick = ol_take(c, 256), *icg = ol_take(c, 256);
+        float *ring = ol_take(c, 512), *kvr = ol_take(c, 512), *st = ol_take(c, 1024), *ist = ol_take(c, 256);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = skv, .in = ck, .n = 4096}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = ssc, .in = cg, .n = 4096}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = ikv, .in = ick, .n = 1024}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = isc, .in = icg, .n = 1024}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ADD_CYCLIC, .out = st, .in = ape, .rows = 1, .dim = 1024,
+                                  .period = 4, .first = ph}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ADD_CYCLIC, .out = ist, .in = iape, .rows = 1, .dim = 256,
+                                  .period = 4, .first = ph}, 0);
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = ring, .in = kvr, .n = 2048}, 0);
+    }
+    float *iq = ol_take(c, (size_t)R * 64 * 128), *iw = ol_take(c, (size_t)R * 64), *o = ol_take(c, (size_t)R * 512);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ROPE, .out = iq, .rows = R, .n_heads = 64, .dim = 128, .rope_dim = 64,
+                              .pos = pos, .freq = fc, .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_SCALE, .out = iw, .n = (size_t)R * 64, .s = 0.0110485f,
+                              .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ROPE, .out = o, .rows = R, .n_heads = 4, .dim = 128, .rope_dim = 64,
+                              .pos = pos, .freq = fm, .inverse = 1, .out_bf16 = bf}, 0);
+    float *hx = ol_take(c, (size_t)R * 4096), *hy = ol_take(c, (size_t)R * 4096);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_RMSNORM, .out = hy, .in = hx, .rows = R, .dim = 4096, .w = w4096,
+                              .eps = eps, .out_bf16 = bf}, 0);
+    /* odd shapes */
+    float *d384 = ol_take(c, 5 * 384), *d128 = ol_take(c, 7 * 128), *aw = ol_take(c, 3 * 1000),
+          *ay = ol_take(c, 128 * 1000);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_RMSNORM, .out = d384, .in = d384, .rows = 5, .dim = 384, .eps = eps,
+                              .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_RMSNORM, .out = d128, .in = d128, .rows = 7, .dim = 128, .w = w128,
+                              .eps = eps, .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ADD_CYCLIC, .out = aw, .in = ay, .rows = 3, .dim = 1000, .period = 128,
+                              .first = 127}, 0);
+    float *s1 = ol_take(c, 1001), *cs = ol_take(c, 300), *cd = ol_take(c, 300), *ds = ol_take(c, 300),
+          *dd = ol_take(c, 300);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_SCALE, .out = s1, .n = 1001, .s = 0.37f, .out_bf16 = bf}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = (char *)cd + 3, .in = (char *)cs + 1, .n = 37}, 0);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = dd, .in = ds, .n = 1000}, 0);
+    /* alone: k_rmsnorm's dim, head_dim 64 (rmsnorm then rope), 70 rows of positions, a host end */
+    float *d100 = ol_take(c, 3 * 100), *h64 = ol_take(c, 2 * 4 * 64), *r70 = ol_take(c, 70 * 128),
+          *hsrc = ol_take(c, 16);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_RMSNORM, .out = d100, .in = d100, .rows = 3, .dim = 100, .eps = eps,
+                              .out_bf16 = bf}, 1);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = h64, .rows = 2, .n_heads = 4, .dim = 64,
+                              .rope_dim = 32, .eps = eps, .pos = pos70, .freq = fm, .out_bf16 = bf}, 1);
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = r70, .rows = 70, .n_heads = 1, .dim = 128,
+                              .rope_dim = 64, .w = w128, .eps = eps, .pos = pos70, .freq = fm, .out_bf16 = bf}, 1);
+    c->host_task = c->n;
+    ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = NULL, .in = hsrc, .n = 61}, 1);
+}
+
+/* More than a launch holds: 150 copies of mixed sizes and alignments, 60 adds, 12 norm_ropes
+ * with positions of their own (three fit a launch's positions), so the list takes several
+ * launches. */
+static void ol_many(ol_case *c, int bf, const dsv4_weight *w512, int64_t (*pos)[20], const double *fm) {
+    for (int i = 0; i < 150; i++) {
+        size_t n = i % 3 ? 100 + urand() % 3000 : 16 * (1 + urand() % 200);
+        float *s = ol_take(c, n / 4 + 2), *d = ol_take(c, n / 4 + 2);
+        int skew = i % 3 ? (int)(urand() % 4) : 0; /* every third: 16-byte words */
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = (char *)d + skew, .in = (char *)s + (3 - skew) % 4,
+                                  .n = n}, 0);
+    }
+    float *y = ol_take(c, 4 * 512);
+    for (int i = 0; i < 60; i++)
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_ADD_CYCLIC, .out = ol_take(c, 512), .in = y, .rows = 1,
+                                  .dim = 512, .period = 4, .first = i % 4}, 0);
+    for (int i = 0; i < 12; i++)
+        ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = ol_take(c, 20 * 512), .rows = 20, .n_heads = 1,
+                                  .dim = 512, .rope_dim = 64, .w = w512, .eps = 1e-6f, .pos = pos[i], .freq = fm,
+                                  .out_bf16 = bf}, 0);
+}
+
+static void test_op_list(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->op_list && !cpu.ops->op_list);
+    tw w1024 = make_w(DSV4_WF_BF16, 1, 1024, 0), w512 = make_w(DSV4_WF_BF16, 1, 512, 0),
+       w4096 = make_w(DSV4_WF_F32, 1, 4096, 0), w128 = make_w(DSV4_WF_BF16, 1, 128, 0);
+    double fm[32], fc[32];
+    for (int i = 0; i < 32; i++) fm[i] = 1.0 / pow(10000.0, 2.0 * i / 64), fc[i] = 1.0 / pow(160000.0, 2.0 * i / 64);
+    int64_t pos[8], pos70[70], pos20[12][20];
+    for (int r = 0; r < 8; r++) pos[r] = r == 1 ? 1000000 : 2041 + 5 * r; /* one angle on trig's slow path */
+    for (int r = 0; r < 70; r++) pos70[r] = 3 * r + 1;
+    for (int i = 0; i < 12; i++)
+        for (int r = 0; r < 20; r++) pos20[i][r] = 100 * i + 7 * r;
+    ol_case *c = malloc(sizeof *c);
+    REQUIRE(c);
+    c->cap = (size_t)4 << 20;
+    c->h = malloc(sizeof(float) * c->cap);
+    REQUIRE(c->h);
+    static const int rows[] = {1, 3, 8};
+    char what[64];
+    for (int bf = 0; bf < 2; bf++) {
+        for (int k = 0; k < 3; k++) {
+            c->top = 0, c->over = 0, c->n = 0, c->alone = 0, c->host_task = -1;
+            ol_flash(c, rows[k], bf, &w1024.w, &w512.w, &w4096.w, &w128.w, pos, pos70, fm, fc);
+            fill(c->h, c->top, 2);
+            snprintf(what, sizeof what, "Flash decode shapes, rows %d", rows[k]);
+            ol_check(c, what, bf);
+        }
+        c->top = 0, c->over = 0, c->n = 0, c->alone = 0, c->host_task = -1;
+        ol_many(c, bf, &w512.w, pos20, fm);
+        fill(c->h, c->top, 2);
+        ol_check(c, "more than a launch holds", bf);
+    }
+    /* DSV4_CUDA_OPLIST=0: no op_list in the table (the forward pass runs each task as its op) */
+    const char *prev = getenv("DSV4_CUDA_OPLIST");
+    setenv("DSV4_CUDA_OPLIST", "0", 1);
+    dsv4_backend g2;
+    dsv4_err err;
+    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
+    if (prev) setenv("DSV4_CUDA_OPLIST", prev, 1);
+    else unsetenv("DSV4_CUDA_OPLIST");
+    CHECK(rc == 0);
+    if (!rc) {
+        CHECK(g2.ops->op_list == NULL && g2.ops->norm_rope != NULL);
+        dsv4_backend_cuda_free(&g2);
+    }
+    free(c->h), free(c);
+    free_w(&w1024), free_w(&w512), free_w(&w4096), free_w(&w128);
+}
+
 /* Device arguments (what the forward pass hands the ops: buffers from ops->alloc) give the
  * same results as host ones, in place and out of place, and upload/download/copy move
  * data both ways. */
@@ -1060,4 +1391,5 @@ static void test_moe_wide(void) {
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
           test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_pool_device, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
-          test_device_buffers, test_matmul_multi, test_kern_grouped, test_kern_hc, test_moe_wide, test_zz_release)
+          test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped, test_kern_hc,
+          test_moe_wide, test_zz_release)

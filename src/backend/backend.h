@@ -35,6 +35,7 @@
 
 typedef struct dsv4_backend dsv4_backend;
 struct dsv4_backend_stats;
+struct dsv4_op_task;
 
 /* Quantization simulations applied in place by op `sim` on a [rows, stride]
  * buffer, to `width` values starting at column `col0` of each row. */
@@ -199,7 +200,45 @@ typedef struct dsv4_backend_ops {
                               int head_dim, const float *const *key_base, const int *n_keys, int max_keys,
                               int score_bf16, int rope_dim, const int64_t *pos, const double *freq, float w_scale,
                               int out_bf16);
+    /* copy(dst[i], src[i], bytes[i]) for i < n (host arrays of backend pointers; no destination
+     * range overlaps another range of the list), in one call: a device backend may do them in
+     * one launch.  NULL: the forward pass calls copy n times. */
+    void (*copy_list)(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes);
+    /* add_cyclic with each row's own phase: x[i][c] += y[pos[i] mod period][c] (pos: host array):
+     * every sequence of a sub-batch in one call.  NULL: the forward pass calls add_cyclic per
+     * sequence. */
+    void (*add_cyclic_pos)(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
+                           const int64_t *pos);
+    /* Runs n independent small ops (dsv4_op_task below) as one call: the values, bit for bit, of
+     * running each task as its op, in any order, on the same backend (a device backend runs them
+     * in one launch).  Independent: no task reads or writes memory that another task of the list
+     * writes.  Host arrays a task points to (pos, freq) are read during the call only.  NULL: the
+     * forward pass runs the ops one by one; the CPU backend sets none. */
+    void (*op_list)(dsv4_backend *b, const struct dsv4_op_task *tasks, int n);
 } dsv4_backend_ops;
+
+/* One task of op_list: the op named by kind with these arguments (each kind reads the fields
+ * beside it; the contracts are the ops' above). */
+enum {
+    DSV4_TASK_RMSNORM = 1, /* rmsnorm(out, in, rows, dim, w, eps, out_bf16) */
+    DSV4_TASK_NORM_ROPE,   /* norm_rope(out, rows, n_heads, dim, w, eps, rope_dim, pos, freq, out_bf16) */
+    DSV4_TASK_ROPE,        /* rope(out, rows, n_heads, dim, rope_dim, pos, freq, inverse, out_bf16) */
+    DSV4_TASK_ADD_CYCLIC,  /* add_cyclic(out, in, rows, dim, period, first): dim = width */
+    DSV4_TASK_COPY,        /* copy(out, in, n): n bytes */
+    DSV4_TASK_SCALE,       /* scale(out, n, s, out_bf16): n floats */
+};
+typedef struct dsv4_op_task {
+    int kind;                /* DSV4_TASK_* */
+    void *out;               /* written (in place for norm_rope, rope, add_cyclic, scale) */
+    const void *in;          /* rmsnorm's x, add_cyclic's y, copy's source */
+    int rows, n_heads, dim, rope_dim;
+    int period, first, inverse, out_bf16;
+    size_t n;                /* copy: bytes; scale: floats */
+    float eps, s;            /* norms' epsilon; scale's factor */
+    const dsv4_weight *w;    /* norm weight (NULL: unweighted) */
+    const int64_t *pos;      /* host, rows positions */
+    const double *freq;      /* host, rope_dim / 2 */
+} dsv4_op_task;
 
 /* What a backend reports about itself (ops->stats). */
 #define DSV4_BACKEND_MAX_OPS 32

@@ -38,6 +38,8 @@ typedef struct segment {
     const int32_t *tok;
     int n, row0;
     int64_t pos0;
+    int ci, cne;            /* run_compressor: rows taken so far, rows emitted */
+    int64_t cfirst;         /* run_compressor: the state's compressed rows before this call */
 } segment;
 
 struct dsv4_model {
@@ -92,6 +94,11 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
+    void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
+    const void **cl_src;
+    size_t *cl_bytes;
+    dsv4_op_task *ol;       /* [ol_cap] an op list (op_list): independent small ops issued as one call */
+    int n_ol, ol_cap;
     int *done;              /* [done_cap] tokens consumed per item of the current call */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
@@ -231,7 +238,8 @@ void dsv4_model_free(dsv4_model *m) {
     /* ... indices, lists and what the host reads stay host memory */
     void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->tok,           m->seg_of,      m->segs,
                     m->h_picks,       m->h_npicks, m->h_experts, m->h_wts,      (void *)m->win, m->n_win,
-                    (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a};
+                    (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a,
+                    (void *)m->cl_dst, (void *)m->cl_src, m->cl_bytes, m->ol};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m);
 }
@@ -320,8 +328,10 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AB(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AB(m->n_picks, R) ||
         AL(m->h_picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->h_npicks, R) ||
         AL(m->win, R * (size_t)(c->window > 0 ? c->window : 1)) || AL(m->n_win, R) || AL(m->comp_base, R) ||
-        AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R))
+        AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R) || AL(m->cl_dst, 2 * R) ||
+        AL(m->cl_src, 2 * R) || AL(m->cl_bytes, 2 * R) || AL(m->ol, 4 * R + 8))
         goto oom;
+    m->ol_cap = (int)(4 * R + 8); /* a decode step's longest list: 2 tasks + 2 copies per row per compressor */
 #undef AL
 #undef AB
     *out = m;
@@ -352,7 +362,25 @@ static int ensure_scores(dsv4_model *m, int need_keys, dsv4_err *err) {
 /* ----- compressor (spec §2.5) ----- */
 /* Pools the window that position p closes from the decode-state buffers into `out`
  * (backend memory), then, for ratio 4, moves the current window to the previous one. */
-static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
+/* the copy list (m->cl_*): entry n, then its flush (copy_list where the backend has it, else
+ * one copy each) */
+static void cl_add(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
+    m->cl_dst[*n] = dst, m->cl_src[*n] = src, m->cl_bytes[*n] = bytes;
+    (*n)++;
+}
+static void cl_flush(dsv4_model *m, int *n) {
+    const dsv4_backend_ops *op = OPS(m);
+    if (*n > 0 && op->copy_list)
+        op->copy_list(B_(m), *n, m->cl_dst, (const void *const *)m->cl_src, m->cl_bytes);
+    else
+        for (int i = 0; i < *n; i++) op->copy(B_(m), m->cl_dst[i], m->cl_src[i], m->cl_bytes[i]);
+    *n = 0;
+}
+
+/* A window's end: pools the state rows into out, then (ratio 4, two halves) adds the shift of
+ * the current window into the previous one's place to the copy list (the caller flushes it
+ * before the state is written again). */
+static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
     int n = 0;
     if (cs->coff == 2) {
@@ -373,8 +401,8 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out) {
     }
     OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
     if (cs->coff == 2) {
-        OPS(m)->copy(B_(m), cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
-        OPS(m)->copy(B_(m), cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        cl_add(m, ncl, cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
+        cl_add(m, ncl, cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
     }
 }
 
@@ -429,12 +457,81 @@ static int hc_post_pre_norm(dsv4_model *m, float *Xout, const float *R, const fl
     return 1;
 }
 
+/* ----- op lists -----
+ * Independent small ops collected into one op_list call where the backend has it (the same
+ * bits as the ops one by one: backend.h).  Without op_list, with a layer-diff trace (which
+ * sees every op apart), and for a norm_rope the backend runs as two ops (no fused pairs), a
+ * task runs at once as its op: the tasks of a list are independent, so running one early, or
+ * flushing a full list in two, changes nothing. */
+static void ol_run(dsv4_model *m, const dsv4_op_task *t) {
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
+    switch (t->kind) {
+    case DSV4_TASK_RMSNORM: op->rmsnorm(b, t->out, t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16); break;
+    case DSV4_TASK_NORM_ROPE:
+        norm_rope(m, t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq, t->out_bf16);
+        break;
+    case DSV4_TASK_ROPE:
+        op->rope(b, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse, t->out_bf16);
+        break;
+    case DSV4_TASK_ADD_CYCLIC: op->add_cyclic(b, t->out, t->in, t->rows, t->dim, t->period, t->first); break;
+    case DSV4_TASK_COPY: op->copy(b, t->out, t->in, t->n); break;
+    case DSV4_TASK_SCALE: op->scale(b, t->out, t->n, t->s, t->out_bf16); break;
+    }
+}
+static void ol_flush(dsv4_model *m) {
+    if (m->n_ol) OPS(m)->op_list(B_(m), m->ol, m->n_ol);
+    m->n_ol = 0;
+}
+static void ol_add(dsv4_model *m, dsv4_op_task t) {
+    const dsv4_backend_ops *op = OPS(m);
+    if (!op->op_list || m->op_trace || (t.kind == DSV4_TASK_NORM_ROPE && !op->norm_rope)) {
+        ol_run(m, &t);
+        return;
+    }
+    if (m->n_ol == m->ol_cap) ol_flush(m);
+    m->ol[m->n_ol++] = t;
+}
+
+/* A decode step (every segment one row: no run of positions crosses a window end) stages its
+ * compressor rows through the op lists instead of run_compressor's first round: comp_stage
+ * (list 1) copies each row's K and G into its window slot of the state, comp_bias (list 2)
+ * adds the position bias to the G row now in the state: the values of add-then-copy.  Then
+ * run_compressor(..., staged = 1) pools the windows those rows closed. */
+#define CSTATE(sg) (is_idx ? &(sg)->st->layers[layer].icomp : &(sg)->st->layers[layer].comp)
+static void comp_stage(dsv4_model *m, int layer, int is_idx, int nseg) {
+    const float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_comp_state *cs = CSTATE(sg);
+        int r = cs->ratio, wd = cs->coff * cs->dim, slot = (cs->coff == 2 ? r : 0) + (int)(sg->pos0 % r);
+        size_t row = (size_t)sg->row0 * wd, at = (size_t)slot * wd, bytes = sizeof(float) * (size_t)wd;
+        ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = cs->kv + at, .in = K + row, .n = bytes});
+        ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = cs->score + at, .in = G + row, .n = bytes});
+    }
+}
+static void comp_bias(dsv4_model *m, int layer, int is_idx, int nseg) {
+    const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_comp_state *cs = CSTATE(sg);
+        int r = cs->ratio, wd = cs->coff * cs->dim, in_win = (int)(sg->pos0 % r);
+        int slot = (cs->coff == 2 ? r : 0) + in_win;
+        ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_ADD_CYCLIC, .out = cs->score + (size_t)slot * wd, .in = ape,
+                                 .rows = 1, .dim = wd, .period = r, .first = in_win});
+    }
+}
+#undef CSTATE
+
 /* Runs one compressor over the rows of the sub-batch: projections for all rows, the
  * position biases (ape) added on the backend, then the recurrence per segment as
  * backend copies into the state buffers (one copy per run of positions inside a
  * window) and a pool at each window's end; emitted rows are post-processed together
- * (bf16, norm, RoPE at the window's first position, simulation). */
-static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg) {
+ * (bf16, norm, RoPE at the window's first position, simulation).  staged: a decode step
+ * whose rows comp_stage and comp_bias already put in the state (the first round's copies
+ * and the biases are done). */
+static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg,
+                           int staged) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
     float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
@@ -442,43 +539,79 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
     /* K = wkv y, G = wgate y (fp32 linears, spec §2.0) are computed with y's other projections
      * (y_projections) */
+    const dsv4_backend_ops *op = OPS(m);
+    if (!staged && op->add_cyclic_pos) {
+        op->add_cyclic_pos(B_(m), G, ape, rows, wd, r, m->pos); /* every sequence at once */
+    } else if (!staged) {
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            op->add_cyclic(B_(m), G + (size_t)sg->row0 * wd, ape, sg->n, wd, r, (int)(sg->pos0 % r));
+        }
+    }
+#define CSTATE(sg) (is_idx ? &(sg)->st->layers[layer].icomp : &(sg)->st->layers[layer].comp)
     for (int s = 0; s < nseg; s++) {
         segment *sg = &m->segs[s];
-        dsv4_layer_state *ls = &sg->st->layers[layer];
-        dsv4_comp_state *cs = is_idx ? &ls->icomp : &ls->comp;
-        OPS(m)->add_cyclic(B_(m), G + (size_t)sg->row0 * wd, ape, sg->n, wd, r, (int)(sg->pos0 % r));
-        int64_t first = cs->n_rows;
-        int ne = 0;
-        for (int i = 0; i < sg->n;) {
-            int64_t p = sg->pos0 + i;
+        sg->ci = 0, sg->cne = 0, sg->cfirst = CSTATE(sg)->n_rows;
+    }
+    /* Round by round: round k takes the k-th run of positions inside one window of every
+     * sequence (decode: one round), copies them into the state rows (one copy list), then pools
+     * each window that run closed and shifts the ratio-4 state (one more list).  A sequence's
+     * steps keep their order; sequences have their own state, so interleaving them changes
+     * nothing. */
+    for (;; staged = 0) { /* staged: only the first round is done */
+        int ncl = 0, runs = 0;
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            if (sg->ci >= sg->n) continue;
+            runs++;
+            if (staged) continue; /* in the state already */
+            dsv4_comp_state *cs = CSTATE(sg);
+            int64_t p = sg->pos0 + sg->ci;
             int in_win = (int)(p % r), take = r - in_win; /* positions left in this window */
-            if (take > sg->n - i) take = sg->n - i;
-            int slot = (cs->coff == 2 ? r : 0) + in_win, row = sg->row0 + i;
+            if (take > sg->n - sg->ci) take = sg->n - sg->ci;
+            int slot = (cs->coff == 2 ? r : 0) + in_win, row = sg->row0 + sg->ci;
             size_t bytes = sizeof(float) * (size_t)take * wd;
-            OPS(m)->copy(B_(m), cs->kv + (size_t)slot * wd, K + (size_t)row * wd, bytes);
-            OPS(m)->copy(B_(m), cs->score + (size_t)slot * wd, G + (size_t)row * wd, bytes);
-            i += take;
-            int64_t last = p + take - 1;
-            if ((last + 1) % r == 0) {
-                comp_emit(m, cs, cs->rows + (size_t)(first + ne) * d);
-                m->cpos[ne] = last + 1 - r; /* RoPE at the window's first position */
-                ne++;
-            }
+            cl_add(m, &ncl, cs->kv + (size_t)slot * wd, K + (size_t)row * wd, bytes);
+            cl_add(m, &ncl, cs->score + (size_t)slot * wd, G + (size_t)row * wd, bytes);
         }
+        if (!runs) break;
+        cl_flush(m, &ncl);
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            if (sg->ci >= sg->n) continue;
+            dsv4_comp_state *cs = CSTATE(sg);
+            int64_t p = sg->pos0 + sg->ci;
+            int take = r - (int)(p % r);
+            if (take > sg->n - sg->ci) take = sg->n - sg->ci;
+            sg->ci += take;
+            if ((p + take) % r == 0) /* the run closed its window */
+                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl);
+        }
+        cl_flush(m, &ncl);
+    }
+    for (int s = 0; s < nseg; s++) {
+        segment *sg = &m->segs[s];
+        dsv4_comp_state *cs = CSTATE(sg);
+        int ne = sg->cne;
         if (!ne) continue;
-        float *rw = cs->rows + (size_t)first * d;
-        if (nm->act_bf16) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
+        /* RoPE at each closed window's first position: the first window end at or after pos0,
+         * then every r */
+        int64_t e0 = (sg->pos0 / r + 1) * r - 1;
+        for (int j = 0; j < ne; j++) m->cpos[j] = e0 + (int64_t)j * r + 1 - r;
+        float *rw = cs->rows + (size_t)sg->cfirst * d;
+        if (nm->act_bf16) op->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
         norm_rope(m, rw, ne, 1, d, &cw->norm, (float)c->norm_eps, c->rope_dim, m->cpos, m->freq_comp, nm->act_bf16);
         if (!is_idx) {
-            if (nm->kv_sim_fp8) OPS(m)->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
+            if (nm->kv_sim_fp8) op->sim(B_(m), rw, ne, d, 0, d - c->rope_dim, DSV4_SIM_FP8_B64);
         } else {
-            if (nm->indexer_sim_fp4) OPS(m)->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_HAD_FP4_B32);
+            if (nm->indexer_sim_fp4) op->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_HAD_FP4_B32);
             static const int key_mode[] = {0, DSV4_SIM_BF16, DSV4_SIM_FP8_ROW, DSV4_SIM_FP4_B32};
-            if (nm->indexer_keys) OPS(m)->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
+            if (nm->indexer_keys) op->sim(B_(m), rw, ne, d, 0, d, key_mode[nm->indexer_keys]);
         }
         op_trace(m, is_idx ? "indexer.keys" : "attn.comp_rows", layer, ne, d, rw, NULL, NULL, m->cpos);
-        cs->n_rows = first + ne;
+        cs->n_rows = sg->cfirst + ne;
     }
+#undef CSTATE
 }
 
 /* The projections of the attention half's input y, in one backend call (matmul_multi: a
@@ -531,22 +664,58 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                     m->comb, "attn.hc_pre", layer);
     m->hc_ready = -1;
     y_projections(m, L, rows);
-    op->rmsnorm(b, m->qa, m->qa, rows, c->q_lora_rank, &L->q_norm, eps, bf);
-    op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
-    norm_rope(m, m->q, rows, nh, hd, NULL, eps, rd, m->pos, freq, bf); /* per-head unweighted RMS */
-    norm_rope(m, m->kvc, rows, 1, hd, &L->kv_norm, eps, rd, m->pos, freq, bf);
-    if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
+    /* A decode step (every segment one row) issues the small ops around wq_b as two op lists
+     * (op_list: one launch each on a device): what reads only y's projections before wq_b,
+     * what reads the first list's outputs after it.  The ring row is written before attention
+     * here: its slot held position p - W, outside row p's window (p - W, p], and attention reads
+     * row p itself from kvc.  Prefill and multi-row segments keep the ops in this order below. */
+    int dec = 1;
+    for (int s = 0; s < nseg; s++) dec &= m->segs[s].n == 1;
+    dsv4_op_task qa_norm = {.kind = DSV4_TASK_RMSNORM, .out = m->qa, .in = m->qa, .rows = rows,
+                            .dim = c->q_lora_rank, .w = &L->q_norm, .eps = eps, .out_bf16 = bf};
+    dsv4_op_task q_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->q, .rows = rows, .n_heads = nh, .dim = hd,
+                           .rope_dim = rd, .eps = eps, .pos = m->pos, .freq = freq, .out_bf16 = bf}; /* unweighted */
+    dsv4_op_task kv_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->kvc, .rows = rows, .n_heads = 1, .dim = hd,
+                            .rope_dim = rd, .w = &L->kv_norm, .eps = eps, .pos = m->pos, .freq = freq,
+                            .out_bf16 = bf};
+    if (dec) {
+        ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
+        ol_add(m, kv_rope);
+        if (L->has_comp) comp_stage(m, layer, 0, nseg);
+        if (L->has_indexer) comp_stage(m, layer, 1, nseg);
+        ol_flush(m);
+        op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
+        if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
+        ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
+        if (L->has_comp) comp_bias(m, layer, 0, nseg);
+        if (L->has_indexer) comp_bias(m, layer, 1, nseg);
+        for (int s = 0; s < nseg; s++) {
+            segment *sg = &m->segs[s];
+            dsv4_layer_state *ls = &sg->st->layers[layer];
+            int slot = (int)(sg->pos0 % W);
+            ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = ls->ring + (size_t)slot * hd,
+                                     .in = m->kvc + (size_t)sg->row0 * hd, .n = sizeof(float) * hd});
+            ls->ring_pos[slot] = sg->pos0;
+        }
+        ol_flush(m);
+    } else {
+        ol_run(m, &qa_norm);
+        op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
+        ol_run(m, &q_rope);
+        ol_run(m, &kv_rope);
+        if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
+    }
     op_trace(m, "attn.q", layer, rows, nh * hd, m->q, NULL, NULL, m->pos);
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     LAY_LAP(0);
-    if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg);
+    if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
 
     LAY_LAP(1);
     /* lightning indexer (ratio 4): picks per row */
     int topk = c->index_topk;
     if (L->has_indexer) {
-        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg);
+        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
         int inh = c->index_n_heads, ihd = c->index_head_dim;
         op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
         float iw_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh));
@@ -625,18 +794,20 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);
 
     LAY_LAP(3);
-    /* the ring keeps the last `window` rows of each segment */
-    for (int s = 0; s < nseg; s++) {
+    /* the ring keeps the last `window` rows of each segment (a decode step wrote them in list 2) */
+    int ncl = 0; /* one copy list for every sequence (at most rows entries) */
+    for (int s = 0; s < nseg && !dec; s++) {
         segment *sg = &m->segs[s];
         dsv4_layer_state *ls = &sg->st->layers[layer];
         int from = sg->n > W ? sg->n - W : 0;
         for (int i = from; i < sg->n; i++) {
             int64_t p = sg->pos0 + i;
             int slot = (int)(p % W);
-            op->copy(b, ls->ring + (size_t)slot * hd, m->kvc + (size_t)(sg->row0 + i) * hd, sizeof(float) * hd);
+            cl_add(m, &ncl, ls->ring + (size_t)slot * hd, m->kvc + (size_t)(sg->row0 + i) * hd, sizeof(float) * hd);
             ls->ring_pos[slot] = p;
         }
     }
+    cl_flush(m, &ncl);
     /* layer 0's MoE half is a segment of its own: a device backend then starts the first
      * layer's attention while the host is still building the rest (the device idles at the
      * start of a step until the first segment is built); it starts with the attention half's

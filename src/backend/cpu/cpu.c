@@ -489,6 +489,21 @@ static void cpu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, 
     }
 }
 
+static void cpu_add_cyclic_pos(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
+                               const int64_t *pos) {
+    (void)b;
+    for (int i = 0; i < rows; i++) {
+        const float *yr = y + (size_t)(pos[i] % period) * width;
+        float *xr = x + (size_t)i * width;
+        for (int c = 0; c < width; c++) xr[c] += yr[c];
+    }
+}
+
+static void cpu_copy_list(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    (void)b;
+    for (int i = 0; i < n; i++) memmove(dst[i], src[i], bytes[i]);
+}
+
 static void cpu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n,
                      int width) {
     (void)b;
@@ -640,6 +655,8 @@ static const dsv4_backend_ops CPU_OPS = {
     .indexer_scores = cpu_indexer_scores,
     .topk = cpu_topk,
     .add_cyclic = cpu_add_cyclic,
+    .add_cyclic_pos = cpu_add_cyclic_pos,
+    .copy_list = cpu_copy_list,
     .pool = cpu_pool,
     .route = cpu_route,
     .moe = cpu_moe,

@@ -1540,6 +1540,39 @@ __global__ void k_add_cyclic(float *x, const float *y, int width, int period, in
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) xr[c] += yr[c];
 }
 
+/* add_cyclic_pos: each row's phase (pos mod period) travels in the kernel's arguments, ACP_MAX
+ * rows a launch */
+#define ACP_MAX 64
+struct acp_phase {
+    int32_t ph[ACP_MAX];
+};
+__global__ void k_add_cyclic_ph(float *x, const float *y, int width, const acp_phase a) {
+    pdl_enter();
+    const float *yr = y + (int64_t)a.ph[blockIdx.y] * width;
+    float *xr = x + (int64_t)blockIdx.y * width;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) xr[c] += yr[c];
+}
+
+void cu_add_cyclic_pos(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
+                       const int64_t *pos) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || width <= 0 || period <= 0) return;
+    size_t xb = sizeof(float) * (size_t)rows * width;
+    float *xd = (float *)dsv4_cuda_in(b, x, xb);
+    const float *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
+    if (!xd || !yd) return;
+    for (int r0 = 0; r0 < rows; r0 += ACP_MAX) {
+        int nr = rows - r0 < ACP_MAX ? rows - r0 : ACP_MAX;
+        acp_phase a;
+        for (int i = 0; i < nr; i++) a.ph[i] = (int32_t)(pos[r0 + i] % period);
+        dsv4_launch(k_add_cyclic_ph, dim3((unsigned)((width + 255) / 256), (unsigned)nr), 256, 0, CI(b)->stream,
+                    xd + (size_t)r0 * width, yd, width, a);
+        if (CKL(b)) return;
+    }
+    dsv4_cuda_commit(b, x, xd, xb);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_ADD);
+}
+
 void cu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, int first) {
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || width <= 0 || period <= 0) return;

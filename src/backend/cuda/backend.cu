@@ -57,6 +57,8 @@ void cu_indexer_scores_rs(dsv4_backend *, float *, const float *, const float *,
                           const int *, int, int, int, const int64_t *, const double *, float, int);
 void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const int *, int);
 void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
+void cu_add_cyclic_pos(dsv4_backend *, float *, const float *, int, int, int, const int64_t *);
+void cu_op_list(dsv4_backend *, const dsv4_op_task *, int); /* oplist.cu */
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
@@ -462,7 +464,8 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
-    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi"};
+    "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi",
+    "op_list"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -799,6 +802,51 @@ static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
     dsv4_cuda_sync(b);
 }
 
+/* copy_list: up to CL_MAX device-to-device copies a launch, grid.y = the entry (16-byte words
+ * where both ends and the size allow, else bytes); entries with a host end go through cu_copy.
+ * The list's ranges do not overlap (backend.h), so their order does not matter. */
+#define CL_MAX 96
+struct cl_table {
+    uint8_t *dst[CL_MAX];
+    const uint8_t *src[CL_MAX];
+    uint32_t bytes[CL_MAX];
+};
+__global__ void k_copy_list(const cl_table t) {
+    pdl_enter();
+    uint8_t *d = t.dst[blockIdx.y];
+    const uint8_t *s = t.src[blockIdx.y];
+    size_t nb = t.bytes[blockIdx.y], i = (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+           stride = (size_t)gridDim.x * blockDim.x;
+    if (((uintptr_t)d | (uintptr_t)s | nb) % 16 == 0)
+        for (size_t v = i; v < nb / 16; v += stride) ((uint4 *)d)[v] = ((const uint4 *)s)[v];
+    else
+        for (size_t v = i; v < nb; v += stride) d[v] = s[v];
+}
+static void cl_launch(dsv4_backend *b, const cl_table &t, int k, size_t most) {
+    size_t blocks = (most / 16 + 255) / 256;
+    if (blocks < 1) blocks = 1;
+    if (blocks > 16) blocks = 16;
+    dsv4_launch(k_copy_list, dim3((unsigned)blocks, (unsigned)k), 256, 0, CI(b)->stream, t);
+    CKL(b);
+}
+static void cu_copy_list(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    cuda_impl *c = CI(b);
+    cl_table t;
+    int k = 0;
+    size_t most = 0;
+    for (int i = 0; i < n && !c->failed; i++) {
+        if (!bytes[i]) continue;
+        if (bytes[i] > 0xffffffffu || !dsv4_cuda_is_dev(b, dst[i]) || !dsv4_cuda_is_dev(b, src[i])) {
+            cu_copy(b, dst[i], src[i], bytes[i]);
+            continue;
+        }
+        t.dst[k] = (uint8_t *)dst[i], t.src[k] = (const uint8_t *)src[i], t.bytes[k] = (uint32_t)bytes[i];
+        if (bytes[i] > most) most = bytes[i];
+        if (++k == CL_MAX) cl_launch(b, t, k, most), k = 0, most = 0;
+    }
+    if (k && !c->failed) cl_launch(b, t, k, most);
+}
+
 static const dsv4_backend_ops CUDA_OPS = {
     "cuda",
     cu_alloc,
@@ -835,13 +883,16 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_matmul_multi,
     cu_sparse_attn_rope,
     cu_indexer_scores_rs,
+    cu_copy_list,
+    cu_add_cyclic_pos,
+    cu_op_list,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
  * same results, for A/B timing): DSV4_CUDA_FUSE=0 the fused pairs (norm_rope, hc_pre_norm,
  * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
- * sparse_attn_rope and indexer_scores_rs.  Each backend keeps its own copy (cuda_impl.ops),
- * read from the environment at init. */
+ * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op).
+ * Each backend keeps its own copy (cuda_impl.ops), read from the environment at init. */
 static int env_off(const char *name) {
     const char *v = getenv(name);
     return v && !strcmp(v, "0");
@@ -851,6 +902,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_FUSE")) o->norm_rope = NULL, o->hc_pre_norm = NULL, o->hc_post_pre_norm = NULL;
     if (env_off("DSV4_CUDA_HC_FUSE")) o->hc_post_pre_norm = NULL;
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
+    if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }

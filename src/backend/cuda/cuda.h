@@ -8,7 +8,8 @@ enum {
     DSV4_CUDA_OP_EMBED = 0, DSV4_CUDA_OP_MATMUL, DSV4_CUDA_OP_MATMUL_GROUPED, DSV4_CUDA_OP_RMSNORM,
     DSV4_CUDA_OP_ROPE, DSV4_CUDA_OP_SCALE, DSV4_CUDA_OP_SIM, DSV4_CUDA_OP_HC_PRE, DSV4_CUDA_OP_HC_POST,
     DSV4_CUDA_OP_HC_HEAD, DSV4_CUDA_OP_SPARSE_ATTN, DSV4_CUDA_OP_INDEXER, DSV4_CUDA_OP_TOPK, DSV4_CUDA_OP_POOL,
-    DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_OP_ADD, DSV4_CUDA_OP_MATMUL_MULTI, DSV4_CUDA_N_OPS
+    DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_OP_ADD, DSV4_CUDA_OP_MATMUL_MULTI, DSV4_CUDA_OP_LIST,
+    DSV4_CUDA_N_OPS
 };
 
 struct dsv4_backend;
@@ -23,5 +24,9 @@ long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 long dsv4_cuda_gemv_multi_launches(struct dsv4_backend *b);
 /* grouped matmuls (wo_a) of many rows that took the SGEMM (gemm.cu), all backends of the process */
 long dsv4_cuda_sgemm_grouped_calls(void);
+/* op_list (oplist.cu), all backends of the process: k_op_list launches, and tasks that ran alone
+ * as their op because the list kernel does not take them */
+long dsv4_cuda_op_list_launches(void);
+long dsv4_cuda_op_list_alone(void);
 
 #endif

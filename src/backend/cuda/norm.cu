@@ -71,15 +71,31 @@ __device__ __forceinline__ float d_sq4(float4 v) {
                      __fmul_rn(v.w, v.w));
 }
 
-/* thread t's float4 of the vector at xr (dim = 4 * blockDim.x), normed: its weights loaded with
- * it (one memory round trip before the block sum instead of three), then x * s * w rounded to
- * bf16 if asked.  k_rmsnorm_vec and k_norm_rope both call it: the same bits. */
+/* block_sum (common.cuh) over nt threads of the block (a multiple of 32), lt this thread's index
+ * among them, sh their nt/32 slots: block_sum's arithmetic with blockDim.x = nt (a warp xor tree,
+ * then the warps' partials in lanes, zeros past them, by a second xor tree), so a vector normed by
+ * nt threads of a larger block (k_op_list) gets the bits of a block of its own.  Every thread of
+ * the block calls it (two __syncthreads). */
+__device__ __forceinline__ float d_part_sum(float v, float *sh, int lt, int nt) {
+    int lane = lt & 31, wid = lt >> 5, nw = nt >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+/* float4 lt of the vector at xr (dim = 4 * nt: nt threads, lt this one among them, sh their
+ * nt/32 slots), normed: its weights loaded with it (one memory round trip before the block sum
+ * instead of three), then x * s * w rounded to bf16 if asked.  k_rmsnorm_vec, k_norm_rope and
+ * k_op_list all call it: the same bits. */
 __device__ __forceinline__ float4 d_rmsnorm4(const float4 *xr, int dim, const dweight &w, int has_w, int vw,
-                                             float eps, int out_bf16, float *sh) {
-    int t = threadIdx.x;
+                                             float eps, int out_bf16, float *sh, int lt, int nt) {
+    int t = lt;
     float4 v = __ldg(xr + t), wv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     if (has_w) wv = d_weight4(w, t, vw);
-    float ss = block_sum(d_sq4(v), sh);
+    float ss = d_part_sum(d_sq4(v), sh, lt, nt);
     float s = 1.0f / sqrtf(ss / (float)dim + eps);
     float4 o = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
     if (has_w) o.x *= wv.x, o.y *= wv.y, o.z *= wv.z, o.w *= wv.w;
@@ -94,21 +110,21 @@ __global__ void k_rmsnorm_vec(float *out, const float *x, int dim, dweight w, in
     pdl_enter();
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
-    float4 o = d_rmsnorm4((const float4 *)(x + r * dim), dim, w, has_w, vw, eps, out_bf16, sh);
+    float4 o = d_rmsnorm4((const float4 *)(x + r * dim), dim, w, has_w, vw, eps, out_bf16, sh, threadIdx.x, blockDim.x);
     ((float4 *)(out + r * dim))[threadIdx.x] = o;
 }
 
 /* the vector path's geometry for `rows` vectors of dim at xd -> od: 1 and its thread count in *th
  * (dim/4: one float4 per thread, at most 1024) when dim is a multiple of 128 up to 4096 and the rows
  * are 16-byte aligned; 0 = k_rmsnorm */
-static int rmsnorm_vec_threads(int dim, const void *xd, const void *od, int *th) {
+int rmsnorm_vec_threads(int dim, const void *xd, const void *od, int *th) {
     int nv4 = dim / 4;
     *th = nv4;
     return dim > 0 && dim % 128 == 0 && dim <= 4096 && (((uintptr_t)xd | (uintptr_t)od) & 15) == 0;
 }
 
 /* bf16 / f32 weights as one 8- / 16-byte load per 4 where aligned (d_weight4), else 0 */
-static int rmsnorm_vw(const dsv4_weight *w, const dweight &dw) {
+int rmsnorm_vw(const dsv4_weight *w, const dweight &dw) {
     return !w ? 0
            : dw.fmt == DSV4_WF_F32 && ((uintptr_t)dw.data & 15) == 0 ? 1
            : dw.fmt == DSV4_WF_BF16 && ((uintptr_t)dw.data & 7) == 0 ? 2
@@ -216,6 +232,12 @@ void cu_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim, int
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROPE);
 }
 
+/* the two pairs of a float4 in the rope part rotated by angles a0 and a1 (k_norm_rope, k_op_list) */
+__device__ __forceinline__ float4 d_rope4(float4 o, float a0, float a1, int out_bf16) {
+    float2 y0 = d_rope_rot(o.x, o.y, a0, 0, out_bf16), y1 = d_rope_rot(o.z, o.w, a1, 0, out_bf16);
+    return make_float4(y0.x, y0.y, y1.x, y1.y);
+}
+
 /* ----- norm_rope: rmsnorm of each head, then RoPE of its last rope_dim dims, one launch -----
  * One block per vector (row r, head h) of head_dim = 4 * blockDim.x floats, thread t holding
  * float4 t: k_rmsnorm_vec<1>'s code and launch shape (same sum order, same bits), then the
@@ -228,15 +250,14 @@ __global__ void k_norm_rope(float *x, int n_heads, int head_dim, dweight w, int 
     int64_t vi = blockIdx.x;
     float4 *xr = (float4 *)(x + vi * head_dim);
     int t = threadIdx.x;
-    float4 o = d_rmsnorm4(xr, head_dim, w, has_w, vw, eps, out_bf16, sh);
+    float4 o = d_rmsnorm4(xr, head_dim, w, has_w, vw, eps, out_bf16, sh, t, blockDim.x);
     int c0 = 4 * t - (head_dim - rope_dim); /* this float4's column in the rope part: pairs c0/2, c0/2 + 1 */
     if (c0 >= 0) {
         int64_t r = vi / n_heads;
         int i = c0 / 2;
         float p = pd ? (float)pd[r] : (float)a.pos[r];
         float f0 = pd ? fd[i] : a.freq[i], f1 = pd ? fd[i + 1] : a.freq[i + 1];
-        float2 y0 = d_rope_rot(o.x, o.y, p * f0, 0, out_bf16), y1 = d_rope_rot(o.z, o.w, p * f1, 0, out_bf16);
-        o = make_float4(y0.x, y0.y, y1.x, y1.y);
+        o = d_rope4(o, p * f0, p * f1, out_bf16);
     }
     xr[t] = o;
 }
@@ -267,10 +288,15 @@ void cu_norm_rope(dsv4_backend *b, float *x, int rows, int n_heads, int head_dim
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_RMSNORM);
 }
 
+/* x * s, rounded to bf16 if asked (k_scale, k_op_list) */
+__device__ __forceinline__ float d_scale1(float x, float s, int out_bf16) {
+    return out_bf16 ? d_round_bf16(x * s) : x * s;
+}
+
 __global__ void k_scale(float *x, size_t n, float s, int out_bf16) {
     pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = out_bf16 ? d_round_bf16(x[i] * s) : x[i] * s;
+    if (i < n) x[i] = d_scale1(x[i], s, out_bf16);
 }
 
 void cu_scale(dsv4_backend *b, float *x, size_t n, float s, int out_bf16) {
@@ -378,4 +404,85 @@ void cu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width
     if (CKL(b)) return;
     dsv4_cuda_commit(b, x, xd, sizeof(float) * n);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_SIM);
+}
+
+/* ----- op lists (op_list): independent small ops in one launch -----
+ * k_op_list runs the tasks of one table (oplist.cuh): block bi finds its task in the prefix
+ * table (a binary search over the parameters), then does that task's share of the work with the
+ * standalone kernels' device functions, so each task gets the bits of its own op:
+ *   rmsnorm / norm_rope: k_rmsnorm_vec's / k_norm_rope's code (d_rmsnorm4, d_rope4) on sub-blocks
+ *     of nt = dim/4 threads, blockDim/nt vectors a block (d_part_sum is block_sum over nt
+ *     threads); a sub-block past the last vector norms the last one again without storing it, so
+ *     every thread reaches the block's barriers;
+ *   rope: rope_pair per (row, pair, head) at angle (float)pos * freq, as k_rope / k_rope_args;
+ *   add_cyclic: one fp32 add per element, as k_add_cyclic; copy: 16-byte words or bytes;
+ *   scale: d_scale1, as k_scale.
+ * Elementwise tasks walk their elements in strides of their blocks.  The host (oplist.cu) gives
+ * the list a norm task only where the standalone op runs the vector kernel, and picks blockDim as
+ * a multiple of every norm task's nt. */
+#include "backend/cuda/oplist.cuh"
+
+__global__ void k_op_list(const __grid_constant__ ol_params p) {
+    pdl_enter();
+    __shared__ float sh[32];
+    int bi = blockIdx.x, lo = 0, hi = p.n - 1;
+    while (lo < hi) { /* the last task whose first block is <= bi */
+        int mid = (lo + hi + 1) >> 1;
+        if (p.first[mid] <= bi) lo = mid;
+        else hi = mid - 1;
+    }
+    const ol_task &t = p.t[lo];
+    int tb = bi - p.first[lo], nb = p.first[lo + 1] - p.first[lo], T = blockDim.x, bf = t.flags & 1;
+    if (t.kind == OL_RMSNORM || t.kind == OL_NORM_ROPE) {
+        int dim = t.n2, nt = dim / 4, sub = threadIdx.x / nt, lt = threadIdx.x - sub * nt, vw = (t.flags >> 2) & 3;
+        int64_t nvec = t.kind == OL_RMSNORM ? (int64_t)t.n0 : (int64_t)t.n0 * t.n1;
+        int64_t v = (int64_t)tb * (T / nt) + sub;
+        int live = v < nvec;
+        if (!live) v = nvec - 1;
+        dweight w = {};
+        w.fmt = vw == 1 ? DSV4_WF_F32 : DSV4_WF_BF16;
+        w.data = (const uint8_t *)t.w;
+        float4 o = d_rmsnorm4((const float4 *)((const float *)t.y + v * dim), dim, w, t.w != NULL, vw, t.f, bf,
+                              sh + sub * (nt >> 5), lt, nt);
+        if (t.kind == OL_NORM_ROPE) {
+            int c0 = 4 * lt - (dim - t.n3); /* as k_norm_rope */
+            if (c0 >= 0) {
+                int i = c0 / 2;
+                float pp = (float)p.pos[t.pos_at + v / t.n1];
+                o = d_rope4(o, pp * p.freq[t.freq_at + i], pp * p.freq[t.freq_at + i + 1], bf);
+            }
+        }
+        if (live) ((float4 *)((float *)t.x + v * dim))[lt] = o;
+        return;
+    }
+    int64_t step = (int64_t)nb * T, e0 = (int64_t)tb * T + threadIdx.x;
+    if (t.kind == OL_ROPE) {
+        int heads = t.n1, half = t.n3 / 2, inv = (t.flags >> 1) & 1;
+        int64_t total = (int64_t)t.n0 * half * heads;
+        for (int64_t e = e0; e < total; e += step) {
+            int h = (int)(e % heads), i = (int)((e / heads) % half);
+            int64_t r = e / ((int64_t)heads * half);
+            rope_pair((float *)t.x, r, h, i, heads, t.n2, t.n3, (float)p.pos[t.pos_at + r] * p.freq[t.freq_at + i],
+                      inv, bf);
+        }
+    } else if (t.kind == OL_ADD_CYCLIC) {
+        int width = t.n1;
+        int64_t total = (int64_t)t.n0 * width;
+        for (int64_t e = e0; e < total; e += step) {
+            int i = (int)(e / width), c = (int)(e - (int64_t)i * width);
+            const float *yr = (const float *)t.y + (int64_t)((t.n3 + i) % t.n2) * width;
+            ((float *)t.x)[e] += yr[c];
+        }
+    } else if (t.kind == OL_COPY16) {
+        for (int64_t e = e0; e < t.n0; e += step) ((uint4 *)t.x)[e] = ((const uint4 *)t.y)[e];
+    } else if (t.kind == OL_COPY1) {
+        for (int64_t e = e0; e < t.n0; e += step) ((uint8_t *)t.x)[e] = ((const uint8_t *)t.y)[e];
+    } else if (t.kind == OL_SCALE) {
+        for (int64_t e = e0; e < t.n0; e += step) ((float *)t.x)[e] = d_scale1(((float *)t.x)[e], t.f, bf);
+    }
+}
+
+int dsv4_cuda_op_list_launch(dsv4_backend *b, const ol_params &p, unsigned blocks, int threads) {
+    dsv4_launch(k_op_list, blocks, threads, 0, CI(b)->stream, p);
+    return CKL(b);
 }
