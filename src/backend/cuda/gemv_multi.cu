@@ -159,9 +159,23 @@ template <int FMT, int VPL, int RPW> static void gm_go(const gm_table &t, const 
     dsv4_launch(k_gemv_multi<FMT, VPL, RPW>, (unsigned)((tasks + 7) / 8), 256, smem, st, t, x);
 }
 
+/* DSV4_CUDA_GM_ONE_ROW=1 (A/B, read once): FP8 at 8 vectors a lane takes one row a warp when two
+ * rows a warp leave fewer than two blocks per SM (wq_a + wkv of Flash, 1536 rows: 96 blocks at two
+ * rows, 192 at one).  That was the default from 23083cc (2026-12-01 23:11Z, never timed alone)
+ * until the decode trace of 2026-12-02 ~01:55Z, where the FP8 launch of a ratio-128 layer took
+ * 9.4 us after the bf16 one ended, against 5.9 us at two rows a warp in the trace of 2026-12-01
+ * ~22:57Z (other kernels changed between the two: not a clean A/B, so the switch stays). */
+static int gm_one_row(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_GM_ONE_ROW");
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
 /* one launch over t (format fmt, VPL vpl; RPW from the vectors per lane: up to 16 loads in
- * flight per lane, except FP8 at 8 vectors a lane when two rows a warp leave fewer than two
- * blocks per SM: one row a warp then (wq_a + wkv of Flash, 1536 rows: 96 blocks at two rows) */
+ * flight per lane; gm_one_row above) */
 static void gm_launch(const gm_table &t, int fmt, int vpl, const float *x, cudaStream_t st, int nsm) {
     if (fmt == GM_BF16) {
         if (vpl == 16)
@@ -173,7 +187,7 @@ static void gm_launch(const gm_table &t, int fmt, int vpl, const float *x, cudaS
     } else {
         if (vpl == 16)
             gm_go<GM_FP8, 16, 1>(t, x, st);
-        else if (vpl == 8 && (t.total / 2 + 7) / 8 < 2 * nsm)
+        else if (vpl == 8 && gm_one_row() && (t.total / 2 + 7) / 8 < 2 * nsm)
             gm_go<GM_FP8, 8, 1>(t, x, st);
         else if (vpl == 8)
             gm_go<GM_FP8, 8, 2>(t, x, st);
