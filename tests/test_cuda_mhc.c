@@ -383,15 +383,21 @@ static void test_rmsnorm_flash(void) {
         }
 }
 
+/* y's norm weight of format wfmt (< 0: none, NULL) in *nw */
+static const dsv4_weight *norm_weight(tw *nw, int wfmt, int dim) {
+    memset(nw, 0, sizeof *nw);
+    if (wfmt < 0) return NULL;
+    *nw = make_w((dsv4_wfmt)wfmt, 1, dim, 0);
+    return &nw->w;
+}
+
 /* hc_pre_norm (y normed inside hc_pre's kernel) against hc_pre then rmsnorm on the GPU:
  * the same bits for y, post and comb, on host and device buffers; y within hc_pre's
  * tolerance of the CPU's pair (1e-5 fp32, 4e-3 rounded to bf16).  wfmt < 0: unweighted. */
 static void check_pre_norm(int rows, int hc, int dim, int wfmt, int bf) {
     hc_w w = make_hc(hc, dim);
     tw nw;
-    memset(&nw, 0, sizeof nw);
-    if (wfmt >= 0) nw = make_w((dsv4_wfmt)wfmt, 1, dim, 0);
-    const dsv4_weight *np_ = wfmt >= 0 ? &nw.w : NULL;
+    const dsv4_weight *np_ = norm_weight(&nw, wfmt, dim);
     size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
     size_t nout = ny + np + nc;
     float *X = malloc(sizeof(float) * nx), *ref = malloc(sizeof(float) * nout), *a = malloc(sizeof(float) * nout),
@@ -466,9 +472,7 @@ static long op_calls(const char *name) {
 static void check_post_pre(int rows, int hc, int dim, int wfmt, int bf, int want_fused) {
     hc_w w = make_hc(hc, dim);
     tw nw;
-    memset(&nw, 0, sizeof nw);
-    if (wfmt >= 0) nw = make_w((dsv4_wfmt)wfmt, 1, dim, 0);
-    const dsv4_weight *np_ = wfmt >= 0 ? &nw.w : NULL;
+    const dsv4_weight *np_ = norm_weight(&nw, wfmt, dim);
     size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
     size_t nout = nx + ny + np + nc; /* Xout, y, post, comb side by side */
     float *R = malloc(sizeof(float) * nx), *o = malloc(sizeof(float) * ny), *y0 = malloc(sizeof(float) * ny),

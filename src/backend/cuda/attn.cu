@@ -1553,14 +1553,24 @@ __global__ void k_add_cyclic_ph(float *x, const float *y, int width, const acp_p
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) xr[c] += yr[c];
 }
 
+/* the op start both add_cyclic ops share: x and y on the device (*xd, *yd), x's bytes in *xb; 0 =
+ * nothing to launch (empty, or a staging failure left the sticky error) */
+static int add_cyclic_begin(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, float **xd,
+                            const float **yd, size_t *xb) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || width <= 0 || period <= 0) return 0;
+    *xb = sizeof(float) * (size_t)rows * width;
+    *xd = (float *)dsv4_cuda_in(b, x, *xb);
+    *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
+    return *xd && *yd;
+}
+
 void cu_add_cyclic_pos(dsv4_backend *b, float *x, const float *y, int rows, int width, int period,
                        const int64_t *pos) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0 || width <= 0 || period <= 0) return;
-    size_t xb = sizeof(float) * (size_t)rows * width;
-    float *xd = (float *)dsv4_cuda_in(b, x, xb);
-    const float *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
-    if (!xd || !yd) return;
+    float *xd;
+    const float *yd;
+    size_t xb;
+    if (!add_cyclic_begin(b, x, y, rows, width, period, &xd, &yd, &xb)) return;
     for (int r0 = 0; r0 < rows; r0 += ACP_MAX) {
         int nr = rows - r0 < ACP_MAX ? rows - r0 : ACP_MAX;
         acp_phase a;
@@ -1574,12 +1584,10 @@ void cu_add_cyclic_pos(dsv4_backend *b, float *x, const float *y, int rows, int 
 }
 
 void cu_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, int first) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0 || width <= 0 || period <= 0) return;
-    size_t xb = sizeof(float) * (size_t)rows * width;
-    float *xd = (float *)dsv4_cuda_in(b, x, xb);
-    const float *yd = (const float *)dsv4_cuda_in(b, y, sizeof(float) * (size_t)period * width);
-    if (!xd || !yd) return;
+    float *xd;
+    const float *yd;
+    size_t xb;
+    if (!add_cyclic_begin(b, x, y, rows, width, period, &xd, &yd, &xb)) return;
     dsv4_launch(k_add_cyclic, dim3((unsigned)((width + 255) / 256), (unsigned)rows), 256, 0, CI(b)->stream, xd, yd,
                 width, period, first);
     if (CKL(b)) return;

@@ -355,15 +355,22 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-/* block-wide sum/max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result */
-__device__ __forceinline__ float block_sum(float v, float *sh /* 32 floats */) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+/* The sum over nt threads (a multiple of 32; lt this thread's index among them, sh their nt/32
+ * slots): a warp xor tree, then the warps' partials in lanes, zeros past them, by a second xor
+ * tree; every thread gets it.  Every thread of the block calls it (two __syncthreads), so a vector
+ * summed by nt threads of a larger block (k_op_list) gets the bits of a block of its own. */
+__device__ __forceinline__ float d_part_sum(float v, float *sh, int lt, int nt) {
+    int lane = lt & 31, wid = lt >> 5, nw = nt >> 5;
     v = warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     v = lane < nw ? sh[lane] : 0.0f;
     return warp_sum(v);
+}
+/* block-wide sum/max for blockDim.x a multiple of 32 (<= 1024); every thread gets the result */
+__device__ __forceinline__ float block_sum(float v, float *sh /* 32 floats */) {
+    return d_part_sum(v, sh, (int)threadIdx.x, (int)(blockDim.x + 31) & ~31);
 }
 __device__ __forceinline__ float block_max(float v, float *sh) {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

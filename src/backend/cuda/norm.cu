@@ -71,21 +71,6 @@ __device__ __forceinline__ float d_sq4(float4 v) {
                      __fmul_rn(v.w, v.w));
 }
 
-/* block_sum (common.cuh) over nt threads of the block (a multiple of 32), lt this thread's index
- * among them, sh their nt/32 slots: block_sum's arithmetic with blockDim.x = nt (a warp xor tree,
- * then the warps' partials in lanes, zeros past them, by a second xor tree), so a vector normed by
- * nt threads of a larger block (k_op_list) gets the bits of a block of its own.  Every thread of
- * the block calls it (two __syncthreads). */
-__device__ __forceinline__ float d_part_sum(float v, float *sh, int lt, int nt) {
-    int lane = lt & 31, wid = lt >> 5, nw = nt >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(v);
-}
-
 /* float4 lt of the vector at xr (dim = 4 * nt: nt threads, lt this one among them, sh their
  * nt/32 slots), normed: its weights loaded with it (one memory round trip before the block sum
  * instead of three), then x * s * w rounded to bf16 if asked.  k_rmsnorm_vec, k_norm_rope and
