@@ -200,12 +200,16 @@ for i in $(seq 1 $N); do
 done
 for i in $(seq 1 $N); do post /v1/chat/completions @"$TMP/req$i.json" "$TMP/seq$i.sse" >/dev/null; done
 pids=()
-for i in $(seq 1 $N); do post /v1/chat/completions @"$TMP/req$i.json" "$TMP/par$i.sse" >/dev/null & pids+=($!); done
+for i in $(seq 1 $N); do post /v1/chat/completions @"$TMP/req$i.json" "$TMP/par$i.sse" >"$TMP/par$i.code" & pids+=($!); done
 wait "${pids[@]}"
 ok=1
 for i in $(seq 1 $N); do
   a=$(sse_text "$TMP/seq$i.sse") || ok=0; b=$(sse_text "$TMP/par$i.sse") || ok=0
-  [ "$a" = "$b" ] && [ -n "$a" ] || { ok=0; echo "  request $i: one at a time '$a' vs concurrent '$b'"; }
+  [ "$a" = "$b" ] && [ -n "$a" ] || {
+    ok=0; echo "  request $i: one at a time '$a' vs concurrent '$b' (HTTP $(cat "$TMP/par$i.code"))"
+    echo "  concurrent body, first 400 bytes: $(head -c 400 "$TMP/par$i.sse" | tr '\n' '|')"
+    echo "  server log, last 5 lines:"; tail -5 "$TMP/server.log" | sed 's/^/    /'
+  }
 done
 check concurrent_equals_sequential [ $ok = 1 ]
 
