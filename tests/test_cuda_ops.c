@@ -376,9 +376,7 @@ static void test_attn_chain(void) {
  * op's own fetch); 1: in device memory, then a download of it and the check (the download
  * fetches the device flags, so the check must report them without a new fetch); 2: as 1 with a
  * clean op after the download (the check must fetch again, and still see the flag). */
-static void test_bad_pick_reported(void) {
-    NEED_GPU();
-    for (int mode = 0; mode < 3; mode++) {
+static void bad_pick_case(int mode) {
     enum { NH = 2, HD = 128, NC = 8, TK = 4 };
     dsv4_backend g2;
     dsv4_err err;
@@ -407,7 +405,11 @@ static void test_bad_pick_reported(void) {
     printf("  corrupt pick (mode %d): check -> %d (%s)\n", mode, rc, rc ? err.msg : "no error");
     CHECK(rc != 0 && strstr(err.msg, "pick") != NULL);
     dsv4_backend_cuda_free(&g2);
-    }
+}
+
+static void test_bad_pick_reported(void) {
+    NEED_GPU();
+    for (int mode = 0; mode < 3; mode++) bad_pick_case(mode);
 }
 
 static void test_indexer_topk(void) {
