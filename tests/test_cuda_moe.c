@@ -24,6 +24,12 @@
  * FP8 shared expert (groups of 2, 3, 4 rows and a last group of 1 at 17 rows), an expert id
  * repeated within a row, experts with more than 4 slots (two groups), weights before or after w2,
  * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls).
+ route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
+ * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
+ * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
+ * act_fp8, host outputs; hash ids and 36 slots (the op falls back to the two ops); k > n_routed
+ * (ids -1 skipped and reported by both); against the CPU's route then moe; the path taken
+ * (dsv4_cuda_route_plan_calls); DSV4_CUDA_ROUTE_PLAN=0 leaves the op NULL.
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -384,4 +390,178 @@ static void test_batch(void) {
         for (int k = 0; k < NBN; k++) dsv4_backend_cuda_free(&g_bn[k]);
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_batch)
+/* ----- route_moe: the router and the plan in one launch (k_route_plan_w) ----- */
+
+/* Flash's router (hidden 4096, 256 routed experts, k 6) over MXFP4 experts of inter 1024 (Flash:
+ * 2048; 1024 keeps the 768 weights at 1.5 GB, and k_moe_b1r / k_moe_bnr still take them) and an
+ * FP8 shared expert of 2048, every expert its own weights (a wrong group shows in out) */
+enum { DR = 4096, NER = 256, KR = 6, IR = 1024 };
+static tw rm_parts[3 * NER + 3];
+static dsv4_ffn_w rm_ex[NER], rm_sh;
+static int rm_made;
+
+static void make_rm(void) {
+    if (rm_made) return;
+    rm_made = 1;
+    for (int x = 0; x <= NER; x++) {
+        dsv4_wfmt f = x < NER ? DSV4_WF_MXFP4 : DSV4_WF_FP8;
+        int64_t in = x < NER ? IR : 2048;
+        rm_parts[3 * x] = make_w(f, in, DR, 0);
+        rm_parts[3 * x + 1] = make_w(f, DR, in, 0);
+        rm_parts[3 * x + 2] = make_w(f, in, DR, 0);
+        dsv4_ffn_w fw = {.w1 = rm_parts[3 * x].w, .w2 = rm_parts[3 * x + 1].w, .w3 = rm_parts[3 * x + 2].w};
+        if (x < NER) rm_ex[x] = fw;
+        else rm_sh = fw;
+    }
+}
+
+/* One call's buffers on the GPU backend g: logits and x uploaded, experts / weights / out device
+ * outputs (as the forward pass's) */
+typedef struct {
+    float *lg, *x, *w, *o;
+    int32_t *e;
+} rm_dev;
+
+static int rm_alloc(dsv4_backend *g, rm_dev *d, const float *lg, const float *x, int R, int NR) {
+    *d = (rm_dev){g->ops->alloc(g, sizeof(float) * R * NR), g->ops->alloc(g, sizeof(float) * R * DR),
+                  g->ops->alloc(g, sizeof(float) * R * KR), g->ops->alloc(g, sizeof(float) * R * DR),
+                  g->ops->alloc(g, sizeof(int32_t) * R * KR)};
+    if (!d->lg || !d->x || !d->w || !d->o || !d->e) return 1;
+    g->ops->upload(g, d->lg, lg, sizeof(float) * R * NR);
+    g->ops->upload(g, d->x, x, sizeof(float) * R * DR);
+    return 0;
+}
+
+static void rm_free(dsv4_backend *g, rm_dev *d) {
+    void *p[] = {d->lg, d->x, d->w, d->o, d->e};
+    for (int i = 0; i < 5; i++) g->ops->free(g, p[i]);
+}
+
+/* the results of one call, downloaded */
+typedef struct {
+    float o[8 * DR], w[8 * KR];
+    int32_t e[8 * KR];
+} rm_out;
+
+static void rm_get(dsv4_backend *g, const rm_dev *d, rm_out *h, int R) {
+    g->ops->download(g, h->o, d->o, sizeof(float) * R * DR);
+    g->ops->download(g, h->w, d->w, sizeof(float) * R * KR);
+    g->ops->download(g, h->e, d->e, sizeof(int32_t) * R * KR);
+}
+
+static int rm_same(const rm_out *a, const rm_out *b, int R) {
+    return !memcmp(a->o, b->o, sizeof(float) * R * DR) && !memcmp(a->w, b->w, sizeof(float) * R * KR) &&
+           !memcmp(a->e, b->e, sizeof(int32_t) * R * KR);
+}
+
+/* route_moe against route then moe on the GPU (memcmp of out, experts and weights: the same
+ * bits), with device outputs and once more with host ones; against the CPU's route then moe
+ * (ids identical, weights rel <= 1e-6 as test_cuda_ops' route, out as the tolerances above);
+ * fused: 1 if k_route_plan_w must have run (else the op falls back to the two ops) */
+static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2, int act_fp8, int fused) {
+    static rm_out sep, fus, hst, ref;
+    float *lg = malloc(sizeof(float) * R * NER), *x = malloc(sizeof(float) * R * DR), bias[NER];
+    int32_t hid[8 * KR];
+    REQUIRE(lg && x && R <= 8);
+    fill(lg, (size_t)R * NER, 4);
+    fill(x, (size_t)R * DR, 1);
+    fill(bias, NER, 0.1f);
+    for (int i = 0; i < R * KR; i++) hid[i] = (int32_t)((i / KR * 37 + (i % KR) * 11) % NER);
+    const float *bp = with_bias && !hash ? bias : NULL;
+    const int32_t *hp = hash ? hid : NULL;
+    REQUIRE(gpu.ops->route_moe);
+    rm_dev a, f;
+    REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&gpu, &f, lg, x, R, NER));
+    gpu.ops->route(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f);
+    gpu.ops->moe(&gpu, a.o, a.x, R, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, before_w2, act_fp8, 0, 2.5f);
+    long n0 = dsv4_cuda_route_plan_calls(&gpu);
+    gpu.ops->route_moe(&gpu, f.e, f.w, f.lg, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, before_w2,
+                       act_fp8, 0, 2.5f);
+    long took = dsv4_cuda_route_plan_calls(&gpu) - n0;
+    /* host outputs (the op stages them and copies them back at its end) */
+    gpu.ops->route_moe(&gpu, hst.e, hst.w, f.lg, R, NER, KR, bp, hp, 1.5f, hst.o, f.x, rm_ex, &rm_sh, 6.0f,
+                       before_w2, act_fp8, 0, 2.5f);
+    rm_get(&gpu, &a, &sep, R);
+    rm_get(&gpu, &f, &fus, R);
+    CHECK(gpu_ok());
+    cpu.ops->route(&cpu, ref.e, ref.w, lg, R, NER, KR, bp, hp, 1.5f);
+    cpu.ops->moe(&cpu, ref.o, x, R, rm_ex, NER, ref.e, ref.w, KR, &rm_sh, 6.0f, before_w2, act_fp8, 0, 2.5f);
+    int same = rm_same(&sep, &fus, R), same_h = rm_same(&sep, &hst, R);
+    int ids = !memcmp(ref.e, fus.e, sizeof(int32_t) * R * KR);
+    double rw = rel(fus.w, ref.w, (size_t)R * KR), ro = rel(fus.o, ref.o, (size_t)R * DR);
+    double tol = act_fp8 ? 2e-3 : 1e-5;
+    printf("  route_moe rows %d%s%s, before_w2 %d, act_fp8 %d: %s, vs two ops %s (host outputs %s); vs cpu ids %s, "
+           "weights rel %.2e, out rel %.2e (tol %.0e)\n",
+           R, hash ? ", hash ids" : "", bp ? ", bias" : "", before_w2, act_fp8,
+           took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER", same_h ? "same" : "DIFFER",
+           ids ? "same" : "DIFFER", rw, ro, tol);
+    CHECK(same);
+    CHECK(same_h);
+    CHECK(ids);
+    CHECKF(rw <= 1e-6, "route_moe weights rel %g", rw);
+    CHECKF(ro <= tol, "route_moe out rel %g", ro);
+    CHECKF(took == fused, "k_route_plan_w ran %ld times, expected %d", took, fused);
+    rm_free(&gpu, &a);
+    rm_free(&gpu, &f);
+    free(lg), free(x);
+}
+
+/* k > n_routed (4 experts, k 6): picks 4 and 5 are no expert (id -1, weight 0); the plan skips
+ * them and reports it.  Two ops on one backend, route_moe on another (the error is sticky):
+ * the same bits and the same report */
+static void check_route_moe_bad_ids(void) {
+    enum { R = 2, NR = 4 };
+    dsv4_backend g2, g3;
+    dsv4_err err;
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    REQUIRE(dsv4_backend_cuda_init(&g3, 0, &err) == 0);
+    static rm_out sep, fus;
+    float lg[R * NR], x[R * DR];
+    fill(lg, R * NR, 4);
+    fill(x, R * DR, 1);
+    rm_dev a, f;
+    REQUIRE(!rm_alloc(&g2, &a, lg, x, R, NR) && !rm_alloc(&g3, &f, lg, x, R, NR));
+    g2.ops->route(&g2, a.e, a.w, a.lg, R, NR, KR, NULL, NULL, 1.5f);
+    g2.ops->moe(&g2, a.o, a.x, R, rm_ex, NR, a.e, a.w, KR, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
+    g3.ops->route_moe(&g3, f.e, f.w, f.lg, R, NR, KR, NULL, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
+    long took = dsv4_cuda_route_plan_calls(&g3);
+    rm_get(&g2, &a, &sep, R);
+    rm_get(&g3, &f, &fus, R);
+    int rc2 = g2.ops->check(&g2, &err), rc3 = g3.ops->check(&g3, &err);
+    int same = rm_same(&sep, &fus, R);
+    printf("  route_moe, k 6 of 4 experts: %s, vs two ops %s, ids %d %d, check %d / %d (%s)\n",
+           took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER", fus.e[4], fus.e[5], rc2, rc3,
+           rc3 ? err.msg : "no error");
+    CHECK(same);
+    CHECK(took == 1);
+    CHECK(fus.e[4] == -1 && fus.e[5] == -1 && fus.w[5] == 0.0f);
+    CHECK(rc2 != 0 && rc3 != 0 && strstr(err.msg, "expert id") != NULL);
+    dsv4_backend_cuda_free(&g2);
+    dsv4_backend_cuda_free(&g3);
+}
+
+static void test_route_moe(void) {
+    NEED_GPU();
+    make_rm();
+    for (int R = 1; R <= 5; R++) check_route_moe_fused(R, 1, 0, 0, 0, 1);
+    check_route_moe_fused(1, 0, 0, 1, 0, 1);  /* no bias, weights before w2 */
+    check_route_moe_fused(3, 1, 0, 0, 1, 1);  /* act_fp8 */
+    check_route_moe_fused(2, 1, 1, 0, 0, 0);  /* hash ids: route then moe */
+    check_route_moe_fused(6, 1, 0, 0, 0, 0);  /* 36 slots: past the one-warp plan */
+    check_route_moe_bad_ids();
+    /* DSV4_CUDA_ROUTE_PLAN=0: the op is left out (the forward pass calls route and moe) */
+    dsv4_backend g2;
+    dsv4_err err;
+    setenv("DSV4_CUDA_ROUTE_PLAN", "0", 1);
+    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
+    unsetenv("DSV4_CUDA_ROUTE_PLAN");
+    REQUIRE(rc == 0);
+    CHECK(g2.ops->route_moe == NULL);
+    CHECK(gpu.ops->route_moe != NULL);
+    dsv4_backend_cuda_free(&g2);
+    for (int i = 0; i < 3 * NER + 3; i++) free_w(&rm_parts[i]);
+    rm_made = 0;
+}
+
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_batch,
+          test_route_moe)

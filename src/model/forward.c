@@ -840,9 +840,19 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     float rs = (float)c->routed_scale;
     float router_scale = nm->route_scale == DSV4_RSCALE_OUTPUT ? 1.0f : rs;
     float out_scale = nm->route_scale == DSV4_RSCALE_ROUTER ? 1.0f : rs;
-    op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, hash ? NULL : m->bias[layer], hash, router_scale);
-    op->moe(b, m->a, m->y, rows, L->experts, c->n_routed, m->experts, m->wts, k, c->n_shared > 0 ? &L->shared : NULL,
-            (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    const float *rbias = hash ? NULL : m->bias[layer];
+    const dsv4_ffn_w *shared = c->n_shared > 0 ? &L->shared : NULL;
+    /* route then moe, in one call where the backend fuses them (a device backend may route and
+     * plan in one launch; it falls back to the two ops itself, e.g. for hash layers); nothing is
+     * traced between the two, but the layer-diff trace keeps the separate ops, as elsewhere */
+    if (op->route_moe && !m->op_trace) {
+        op->route_moe(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale, m->a, m->y,
+                      L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    } else {
+        op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale);
+        op->moe(b, m->a, m->y, rows, L->experts, c->n_routed, m->experts, m->wts, k, shared, (float)c->swiglu_limit,
+                nm->moe_before_w2, a8, bf, out_scale);
+    }
     if (m->op_trace || m->trace) { /* host copies only for the traces */
         op->download(b, m->h_experts, m->experts, sizeof(int32_t) * (size_t)rows * k);
         op->download(b, m->h_wts, m->wts, sizeof(float) * (size_t)rows * k);

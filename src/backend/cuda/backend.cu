@@ -64,6 +64,8 @@ void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, 
               float);
 void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int, const int32_t *, const float *,
             int, const dsv4_ffn_w *, float, int, int, int, float);
+void cu_route_moe(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
+                  float, float *, const float *, const dsv4_ffn_w *, const dsv4_ffn_w *, float, int, int, int, float);
 
 /* host clock in milliseconds (per-op issue time, capture ends) */
 static double host_ms(void) {
@@ -465,7 +467,7 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
     "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi",
-    "op_list"};
+    "op_list", "route_moe"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -886,12 +888,14 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_copy_list,
     cu_add_cyclic_pos,
     cu_op_list,
+    cu_route_moe,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
  * same results, for A/B timing): DSV4_CUDA_FUSE=0 the fused pairs (norm_rope, hc_pre_norm,
  * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
- * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op).
+ * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op),
+ * DSV4_CUDA_ROUTE_PLAN=0 route_moe (route and moe as two ops: the router and plan two launches).
  * Each backend keeps its own copy (cuda_impl.ops), read from the environment at init. */
 static int env_off(const char *name) {
     const char *v = getenv(name);
@@ -903,6 +907,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_HC_FUSE")) o->hc_post_pre_norm = NULL;
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
+    if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }

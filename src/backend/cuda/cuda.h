@@ -9,6 +9,7 @@ enum {
     DSV4_CUDA_OP_ROPE, DSV4_CUDA_OP_SCALE, DSV4_CUDA_OP_SIM, DSV4_CUDA_OP_HC_PRE, DSV4_CUDA_OP_HC_POST,
     DSV4_CUDA_OP_HC_HEAD, DSV4_CUDA_OP_SPARSE_ATTN, DSV4_CUDA_OP_INDEXER, DSV4_CUDA_OP_TOPK, DSV4_CUDA_OP_POOL,
     DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_OP_ADD, DSV4_CUDA_OP_MATMUL_MULTI, DSV4_CUDA_OP_LIST,
+    DSV4_CUDA_OP_ROUTE_MOE,
     DSV4_CUDA_N_OPS
 };
 
@@ -18,6 +19,8 @@ struct dsv4_backend;
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
 long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
+/* route_moe calls that routed and planned in one launch (k_route_plan_w) on this backend */
+long dsv4_cuda_route_plan_calls(struct dsv4_backend *b);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */

@@ -145,14 +145,11 @@ __device__ __forceinline__ unsigned route_key(float v) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* k_route_w's body for row r, on the calling warp (all 32 lanes); k_route_plan_w calls it too */
 template <int NPL>
-__global__ void __launch_bounds__(32 * ROUTE_WARPS)
-    k_route_w(int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k, const float *bias,
-              float scale) {
-    pdl_enter();
+__device__ __forceinline__ void d_route_w(int32_t *experts, float *weights, const float *logits, int64_t r,
+                                          int n_routed, int k, const float *bias, float scale) {
     int lane = threadIdx.x & 31;
-    int64_t r = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
     const float *lr = logits + r * n_routed;
     float lv[NPL], bv[NPL], s[NPL];
     unsigned key[NPL], live = 0;
@@ -196,43 +193,86 @@ __global__ void __launch_bounds__(32 * ROUTE_WARPS)
     }
 }
 
+template <int NPL>
+__global__ void __launch_bounds__(32 * ROUTE_WARPS)
+    k_route_w(int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k, const float *bias,
+              float scale) {
+    pdl_enter();
+    int64_t r = (int64_t)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    d_route_w<NPL>(experts, weights, logits, r, n_routed, k, bias, scale);
+}
+
 /* device-side state (its section below): the small-kernel switch and the router's bias copies */
 struct cuda_devside;
 static cuda_devside *devside(dsv4_backend *b);
 static const float *route_bias(dsv4_backend *b, cuda_devside *d, const float *bias, int n);
 static int small_kernels(const cuda_devside *d);
 
+/* One route call's device operands (route_stage) and which kernel takes it (npl: k_route_w<8> or
+ * <16>; 0: the block kernel k_route). */
+struct route_dev {
+    int32_t *ed;
+    float *wd;
+    const float *ld, *bd;
+    const int32_t *hd;
+    int rows, n_routed, k, npl;
+    float scale;
+};
+
+/* The bias's device copy; called before any staging, as a new copy ends a graph capture.  The
+ * bias lives as long as the model: a device copy kept per host array (checked against the host
+ * values on every call) instead of a 1 KB upload per call.  1 on failure (sticky error set). */
+static int route_bias_dev(dsv4_backend *b, cuda_devside *d, const float *bias, int n_routed, const float **bd) {
+    *bd = NULL;
+    if (bias) *bd = small_kernels(d) ? route_bias(b, d, bias, n_routed)
+                                     : (const float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed);
+    return bias && !*bd;
+}
+
+/* Stages the logits and hash ids and maps the outputs (device outputs, the forward pass's, are
+ * written in place; host ones come back at op end, route_commit); picks the kernel.  1 on failure. */
+static int route_stage(dsv4_backend *b, const cuda_devside *d, route_dev *r, int32_t *experts, float *weights,
+                       const float *logits, int rows, int n_routed, int k, const float *bd, const int32_t *hash_ids,
+                       float scale) {
+    r->ld = (const float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
+    r->bd = bd;
+    r->hd = hash_ids ? (const int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
+    r->ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
+    r->wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
+    r->rows = rows, r->n_routed = n_routed, r->k = k, r->scale = scale;
+    int npl = (n_routed + 31) / 32, warp = small_kernels(d) && !hash_ids && k <= 32;
+    r->npl = warp && npl <= 8 ? 8 : warp && npl <= 16 ? 16 : 0;
+    return !r->ld || (hash_ids && !r->hd) || !r->ed || !r->wd;
+}
+
+static void route_commit(dsv4_backend *b, int32_t *experts, float *weights, const route_dev *r) {
+    dsv4_cuda_commit(b, experts, r->ed, sizeof(int32_t) * r->rows * r->k);
+    dsv4_cuda_commit(b, weights, r->wd, sizeof(float) * r->rows * r->k);
+}
+
 void cu_route(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed, int k,
               const float *bias, const int32_t *hash_ids, float scale) {
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0) return;
     cuda_devside *d = devside(b);
-    if (!d) return;
-    /* the bias lives as long as the model: a device copy kept per host array (checked against
-     * the host values on every call) instead of a 1 KB upload per call; looked up first, as a
-     * new copy ends a graph capture */
-    int small = small_kernels(d);
-    const float *bd = NULL;
-    if (bias) bd = small ? route_bias(b, d, bias, n_routed)
-                         : (const float *)dsv4_cuda_stage(b, bias, sizeof(float) * n_routed);
-    float *ld = (float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
-    int32_t *hd = hash_ids ? (int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
-    /* device outputs (the forward pass's) are written in place; host ones come back at op end */
-    int32_t *ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
-    float *wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
-    if (!ld || (bias && !bd) || (hash_ids && !hd) || !ed || !wd) return;
-    int npl = (n_routed + 31) / 32, warp = small && !hash_ids && k <= 32;
+    const float *bd;
+    route_dev r;
+    if (!d || route_bias_dev(b, d, bias, n_routed, &bd) ||
+        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, hash_ids, scale))
+        return;
     unsigned nb = (unsigned)((rows + ROUTE_WARPS - 1) / ROUTE_WARPS);
-    if (warp && npl <= 8)
-        dsv4_launch(k_route_w<8>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, ed, wd, ld, rows, n_routed, k, bd, scale);
-    else if (warp && npl <= 16)
-        dsv4_launch(k_route_w<16>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, ed, wd, ld, rows, n_routed, k, bd, scale);
-    else
-        dsv4_launch(k_route, rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream, ed, wd, ld, n_routed, k, bd, hd,
+    if (r.npl == 8)
+        dsv4_launch(k_route_w<8>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, r.ed, r.wd, r.ld, rows, n_routed, k, r.bd,
                     scale);
+    else if (r.npl == 16)
+        dsv4_launch(k_route_w<16>, nb, 32 * ROUTE_WARPS, 0, CI(b)->stream, r.ed, r.wd, r.ld, rows, n_routed, k, r.bd,
+                    scale);
+    else
+        dsv4_launch(k_route, rows, 256, sizeof(float) * 3 * n_routed, CI(b)->stream, r.ed, r.wd, r.ld, n_routed, k,
+                    r.bd, r.hd, scale);
     if (CKL(b)) return;
-    dsv4_cuda_commit(b, experts, ed, sizeof(int32_t) * rows * k);
-    dsv4_cuda_commit(b, weights, wd, sizeof(float) * rows * k);
+    route_commit(b, experts, weights, &r);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROUTE);
 }
 
@@ -1969,12 +2009,11 @@ __global__ void k_moe_combine_u(float *out, const float *y, int64_t dim, int row
  * increasing expert id (a group's index: the groups of smaller ids, summed over the warp),
  * the shared expert's groups last, one weight-byte count per group; each row's combine
  * order (its slots by (id, slot): the block kernel's stable insertion sort) and weights. */
-__global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups, int max_groups, int32_t *order,
-                                                  float *cw, const int32_t *e, const float *wgt, int rows, int k,
-                                                  int n_routed, int has_shared, int before_w2, const dexpert *tab,
-                                                  unsigned long long *wbytes, unsigned *flags, int gmax) {
-    pdl_enter();
-    int i = threadIdx.x, nrs = rows * k, in = i < nrs;
+__device__ __forceinline__ void d_moe_plan_w(group *groups, int *n_groups, int max_groups, int32_t *order, float *cw,
+                                             const int32_t *e, const float *wgt, int rows, int k, int n_routed,
+                                             int has_shared, int before_w2, const dexpert *tab,
+                                             unsigned long long *wbytes, unsigned *flags, int gmax) {
+    int i = threadIdx.x & 31, nrs = rows * k, in = i < nrs;
     int x = in ? e[i] : 0;
     float w = in ? wgt[i] : 0.0f;
     int ok = in && (unsigned)x < (unsigned)n_routed;
@@ -2014,6 +2053,37 @@ __global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups,
     }
     plan_shared_groups(groups, n_groups, g0, has_shared ? (rows + gmax - 1) / gmax : 0, i, 32, max_groups, gmax,
                        rows, nrs, n_routed, flags);
+}
+
+__global__ void __launch_bounds__(32) k_moe_plan_w(group *groups, int *n_groups, int max_groups, int32_t *order,
+                                                  float *cw, const int32_t *e, const float *wgt, int rows, int k,
+                                                  int n_routed, int has_shared, int before_w2, const dexpert *tab,
+                                                  unsigned long long *wbytes, unsigned *flags, int gmax) {
+    pdl_enter();
+    d_moe_plan_w(groups, n_groups, max_groups, order, cw, e, wgt, rows, k, n_routed, has_shared, before_w2, tab,
+                 wbytes, flags, gmax);
+}
+
+/* route, then plan, in one launch (decode: the router's k_route_w<NPL> and the MoE's
+ * k_moe_plan_w, two dependent launches of ~2.5 us each, where no weights stream): one block of
+ * 32 * rows threads (rows <= RP_WARPS), warp r routes row r by k_route_w's body, then, after the
+ * block barrier (which makes the warps' global writes of experts and weights visible to the
+ * block), warp 0 plans from them by k_moe_plan_w's body: the same bits as the two kernels.
+ * Every warp reaches the barrier (none returns early), after pdl_enter. */
+#define RP_WARPS 8
+template <int NPL>
+__global__ void __launch_bounds__(32 * RP_WARPS)
+    k_route_plan_w(int32_t *experts, float *weights, const float *logits, int n_routed, const float *bias,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int rows,
+                   int k, int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes,
+                   unsigned *flags, int gmax) {
+    pdl_enter();
+    int warp = threadIdx.x >> 5;
+    if (warp < rows) d_route_w<NPL>(experts, weights, logits, warp, n_routed, k, bias, scale);
+    __syncthreads();
+    if (warp == 0)
+        d_moe_plan_w(groups, n_groups, max_groups, order, cw, experts, weights, rows, k, n_routed, has_shared,
+                     before_w2, tab, wbytes, flags, gmax);
 }
 
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
@@ -2057,6 +2127,7 @@ struct cuda_devside {
                                      * it (DSV4_CUDA_MOE_BN=0 / =2, A/B runs) */
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
+    long rp_calls;                  /* route_moe calls that took k_route_plan_w */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
     struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
@@ -2078,6 +2149,12 @@ long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
 extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->bn_calls : 0;
+}
+
+/* route_moe calls that took k_route_plan_w (cuda.h), for the tests */
+extern "C" long dsv4_cuda_route_plan_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->rp_calls : 0;
 }
 
 static cuda_devside *devside(dsv4_backend *b) {
@@ -2403,36 +2480,18 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
                     out_scale, act_bf16);
 }
 
-void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
-            const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
-            int act_fp8, int act_bf16, float out_scale) {
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0 || k <= 0 || n_routed <= 0) return;
+/* The moe op on the slot kernels, after its expert table t (cu_moe, cu_route_moe): stages, plans,
+ * runs the experts and the combine, and commits out; the caller ends the op (0) or not (1: a
+ * failure, sticky error set).  ra NULL: the plan reads the ids and weights e / wgt (k_moe_plan_w
+ * or k_moe_plan); else ra is a staged route call (route_stage, a warp router: npl 8 or 16) whose
+ * outputs are the ids and weights (e / wgt unused), and k_route_plan_w routes and plans in one
+ * launch (the caller checked ds->small, rows <= RP_WARPS and rows * k <= 32).  Only that launch
+ * differs: the same scratch in the same order, the same kernels after it. */
+static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
+                    int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
+                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra) {
     cuda_impl *c = CI(b);
-    moe_table *t = expert_table(b, experts, n_routed, shared);
-    if (!t) return;
     int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
-    int gmin = dsv4_cuda_moe_gemm_min_rows();
-    if (gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(experts, n_routed, shared)) {
-        /* many rows (prefill): the gathered GEMMs of moe_gemm.cu */
-        int64_t gdim = experts[0].w1.cols;
-        const int32_t *ed = (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * rows * k);
-        const float *wd = (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * rows * k);
-        float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * gdim);
-        float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * gdim) : xd;
-        float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * gdim);
-        cuda_devside *ds = c->devside;
-        if (!ed || !wd || !xd || !xq || !od || !ds) return;
-        if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, gdim, 128);
-        if (dsv4_cuda_moe_gemm(b, od, xd, xq, rows, experts, n_routed, shared, t->dev, ed, wd, k, limit, before_w2,
-                               act_fp8, act_bf16, out_scale, ds->wbytes, ds->flags, DSV4_DEVFLAG_EXPERT)) {
-            if (c->failed) return;
-            dsv4_cuda_commit(b, out, od, sizeof(float) * rows * gdim);
-            dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
-            return;
-        }
-        /* not taken (an unaligned x): the kernels below, which stage and quantize again */
-    }
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
     int64_t dim = shared ? shared->w1.cols : t->dim;
     int64_t inter_max = t->inter;
@@ -2451,9 +2510,9 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     size_t plan_smem = sizeof(int) * (3 * (size_t)n_routed + 1);
     if (plan_smem > 48 * 1024 &&
         CK(b, cudaFuncSetAttribute(k_moe_plan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)plan_smem)))
-        return;
-    const int32_t *ed = (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * nrs);
-    const float *wd = (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * nrs);
+        return 1;
+    const int32_t *ed = ra ? ra->ed : (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * nrs);
+    const float *wd = ra ? ra->wd : (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * nrs);
     group *gd = (group *)dsv4_cuda_scratch(b, sizeof(group) * (size_t)max_groups);
     int *ngd = (int *)dsv4_cuda_scratch(b, sizeof(int));
     int32_t *orderd = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * nrs);
@@ -2465,7 +2524,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
     float *y = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * dim);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * dim);
     cuda_devside *ds = c->devside;
-    if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return;
+    if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return 1;
     int vec = dim % 4 == 0 && inter_max % 4 == 0 && !(((uintptr_t)xd | (uintptr_t)xq | (uintptr_t)h) & 15);
     int bn = bn_want && vec;
     int bulk = !bn && rows <= MOE_G && t->bulk && ds->mb_grid > 0 && vec && max_groups <= MB_MAXG;
@@ -2473,13 +2532,21 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
-    if (ds->small && nrs <= 32) /* decode: one warp */
+    if (ra && ra->npl == 8) /* decode: route and plan in one launch */
+        dsv4_launch(k_route_plan_w<8>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
+                    gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
+                    gmax);
+    else if (ra)
+        dsv4_launch(k_route_plan_w<16>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd,
+                    ra->scale, gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes,
+                    ds->flags, gmax);
+    else if (ds->small && nrs <= 32) /* decode: one warp */
         dsv4_launch(k_moe_plan_w, 1, 32, 0, c->stream, gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
                     shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
     else
         dsv4_launch(k_moe_plan, 1, 1024, plan_smem, c->stream, gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows,
                     k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-    if (CKL(b)) return;
+    if (CKL(b)) return 1;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + gmax - 1) / gmax);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
@@ -2580,7 +2647,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                         act_bf16, kw_up, vec);
             break;
     }
-    if (CKL(b)) return;
+    if (CKL(b)) return 1;
     if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
         int64_t ri = t->inter;
         if (t->w2_quant) {
@@ -2632,9 +2699,78 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
                         vec);
             break;
     }
-    if (CKL(b)) return;
+    if (CKL(b)) return 1;
     dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16, ds->small);
-    if (CKL(b)) return;
+    if (CKL(b)) return 1;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
-    dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
+    return 0;
+}
+
+void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
+            const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
+            int act_fp8, int act_bf16, float out_scale) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || k <= 0 || n_routed <= 0) return;
+    cuda_impl *c = CI(b);
+    moe_table *t = expert_table(b, experts, n_routed, shared);
+    if (!t) return;
+    int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
+    int gmin = dsv4_cuda_moe_gemm_min_rows();
+    if (gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(experts, n_routed, shared)) {
+        /* many rows (prefill): the gathered GEMMs of moe_gemm.cu */
+        int64_t gdim = experts[0].w1.cols;
+        const int32_t *ed = (const int32_t *)dsv4_cuda_in(b, e, sizeof(int32_t) * rows * k);
+        const float *wd = (const float *)dsv4_cuda_in(b, wgt, sizeof(float) * rows * k);
+        float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * gdim);
+        float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * gdim) : xd;
+        float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * gdim);
+        cuda_devside *ds = c->devside;
+        if (!ed || !wd || !xd || !xq || !od || !ds) return;
+        if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, gdim, 128);
+        if (dsv4_cuda_moe_gemm(b, od, xd, xq, rows, experts, n_routed, shared, t->dev, ed, wd, k, limit, before_w2,
+                               act_fp8, act_bf16, out_scale, ds->wbytes, ds->flags, DSV4_DEVFLAG_EXPERT)) {
+            if (c->failed) return;
+            dsv4_cuda_commit(b, out, od, sizeof(float) * rows * gdim);
+            dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
+            return;
+        }
+        /* not taken (an unaligned x): the kernels below, which stage and quantize again */
+    }
+    if (!moe_body(b, t, out, x, rows, experts, n_routed, e, wgt, k, shared, limit, before_w2, act_fp8, act_bf16,
+                  out_scale, NULL))
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
+}
+
+/* route(...) then moe(...) (backend.h, route_moe).  Decode (the warp router without hash ids,
+ * rows <= RP_WARPS and rows * k <= 32 slots: the one-warp plan) takes one launch for both,
+ * k_route_plan_w, with the rest of moe_body unchanged; any other call is the two ops. */
+void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
+                  int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out, const float *x,
+                  const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int act_fp8,
+                  int act_bf16, float out_scale) {
+    cuda_devside *d = CI(b)->failed ? NULL : devside(b);
+    int gmin = dsv4_cuda_moe_gemm_min_rows();
+    int fuse = d && small_kernels(d) && !hash_ids && n_routed > 0 && (n_routed + 31) / 32 <= 16 && k > 0 &&
+               k <= 32 && rows > 0 && rows <= RP_WARPS && rows * k <= 32 &&
+               !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
+    if (!fuse) {
+        cu_route(b, experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale);
+        cu_moe(b, out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, act_fp8, act_bf16,
+               out_scale);
+        return;
+    }
+    dsv4_cuda_op_begin(b);
+    /* the order of the two ops: the bias copy, then the expert table (each may end a graph
+     * capture: before any staging), then the router's staging, then the moe's */
+    const float *bd;
+    moe_table *t;
+    route_dev r;
+    if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
+        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
+        moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
+                 out_scale, &r))
+        return;
+    d->rp_calls++;
+    route_commit(b, experts, weights, &r);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROUTE_MOE);
 }
