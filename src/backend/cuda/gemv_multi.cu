@@ -159,18 +159,17 @@ template <int FMT, int VPL, int RPW> static void gm_go(const gm_table &t, const 
     dsv4_launch(k_gemv_multi<FMT, VPL, RPW>, (unsigned)((tasks + 7) / 8), 256, smem, st, t, x);
 }
 
-/* FP8 at 8 vectors a lane takes one row a warp when two rows a warp leave fewer than two blocks
- * per SM (wq_a + wkv of Flash, 1536 rows: 96 blocks at two rows, 192 at one; commit 23083cc).
- * DSV4_CUDA_GM_ROWS=2 (A/B, read once) keeps two rows a warp there.  The step times did not tell the
- * two apart (2026-12-01: 3.52 ms/step at two rows, 22:52Z; 3.53 at one row, 23:07Z; two leases),
- * but in the decode trace of 2026-12-02 ~01:55Z the FP8 launch of a ratio-128 layer ran 9.4 us
- * after the bf16 one ended, against 5.9 us at two rows in the trace of 2026-12-01 ~22:57Z (other
- * kernels changed in between: not a clean A/B). */
+/* FP8 at 8 vectors a lane keeps two rows a warp (the default since 2026-12-02) even where that
+ * leaves fewer than two blocks per SM (wq_a + wkv of Flash, 1536 rows: 96 blocks at two rows, 192
+ * at one; commit 23083cc had taken one row a warp there).  A/B on the H200, 20 Flash layers, 2K,
+ * batch 1, same lease, alternating (2026-12-02 ~03:33Z): 3.25 / 3.25 ms per step with two rows
+ * against 3.35 / 3.31 with one.  DSV4_CUDA_GM_ROWS=1 (read once) takes one row a warp there again;
+ * both give the same bits. */
 static int gm_one_row(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_GM_ROWS");
-        v = !(e && !strcmp(e, "2"));
+        v = e && !strcmp(e, "1");
     }
     return v;
 }
