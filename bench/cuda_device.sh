@@ -18,6 +18,9 @@ for stage in "$@"; do
   case $stage in
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
+    # the one-row FP8 layout of k_gemv_multi (DSV4_CUDA_GM_ROWS=1, read once per process)
+    DSV4_CUDA_GM_ROWS=1 timeout 120 $bin/test_cuda_ops test_matmul_multi >"$OUT/ops_gm1.log" 2>&1
+    note "ops test_matmul_multi GM_ROWS=1 rc=$? $(tail -1 "$OUT/ops_gm1.log")"
     grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary"
     for t in test_cuda_attn test_cuda_mhc test_cuda_linear test_cuda_moe; do
       [ -x $bin/$t ] || continue
