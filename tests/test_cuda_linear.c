@@ -20,8 +20,6 @@
  *     scales and rounds differently by ~1 ulp of the partial for f32 scales);
  *   outputs rounded to bf16 (out_bf16, grouped in/out_bf16) 4e-3: one bf16 ulp may flip.
  * Every output is preset to NaN so an unwritten row fails.
- * test_prefetch: ops->prefetch inside graph captures leaves the following matmuls' bits unchanged
- *   and launches one side-stream node per call (only while capturing).
  * test_fresh_weights: weights never seen before, used at once (the upload must be complete
  *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
  * test_timing: the Flash decode shapes (wq_b, grouped wo_a, wo_b, wq_a, wkv, indexer wq_b,
@@ -37,7 +35,6 @@
 #define CUDA_TEST_SEED 4242
 #define CUDA_TEST_NAME "test_cuda_linear"
 #include "cuda_test_util.h"
-#include "backend/cuda/cuda.h"
 
 static int check_mm(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, int act_fp8, int out_bf16,
                     const char *what) {
@@ -184,65 +181,6 @@ static void test_fresh_weights(void) {
     printf("  fresh weights: %d of %d calls wrong\n", bad, runs);
 }
 
-/* ops->prefetch (prefetch.cu) inside a graph capture: a side-stream node that only warms L2.
- * The matmuls after it (wq_b-like FP8 32768 x 1024 and wo_b-like 4096 x 8192, device buffers)
- * must give the bits of the same matmuls run eagerly, on the first capture (instantiated) and on
- * the next two (updated in place), and each capture must have launched one k_prefetch_l2 per call
- * (none outside a capture).  DSV4_CUDA_PREFETCH=0 leaves the op out of the table (checked). */
-static void test_prefetch(void) {
-    NEED_GPU();
-    const char *e = getenv("DSV4_CUDA_PREFETCH");
-    if (e && !strcmp(e, "0")) {
-        CHECKF(gpu.ops->prefetch == NULL, "DSV4_CUDA_PREFETCH=0 must leave ops->prefetch out");
-        return;
-    }
-    REQUIRE(gpu.ops->prefetch != NULL && gpu.ops->segment != NULL);
-    tw w1 = make_w(DSV4_WF_FP8, 32768, 1024, 0), w2 = make_w(DSV4_WF_FP8, 4096, 8192, 0);
-    size_t n1 = 32768, n2 = 4096;
-    float *x = malloc(sizeof(float) * 8192), *ref1 = malloc(sizeof(float) * n1), *ref2 = malloc(sizeof(float) * n2),
-          *h1 = malloc(sizeof(float) * n1), *h2 = malloc(sizeof(float) * n2);
-    REQUIRE(x && ref1 && ref2 && h1 && h2);
-    fill(x, 8192, 2);
-    float *dx = gpu.ops->alloc(&gpu, sizeof(float) * 8192), *d1 = gpu.ops->alloc(&gpu, sizeof(float) * n1),
-          *d2 = gpu.ops->alloc(&gpu, sizeof(float) * n2);
-    REQUIRE(dx && d1 && d2);
-    gpu.ops->upload(&gpu, dx, x, sizeof(float) * 8192);
-    gpu.ops->matmul(&gpu, d1, dx, 1, &w1.w, 0, 0); /* eager, no prefetch: the reference bits */
-    gpu.ops->matmul(&gpu, d2, dx, 1, &w2.w, 0, 0);
-    gpu.ops->download(&gpu, ref1, d1, sizeof(float) * n1);
-    gpu.ops->download(&gpu, ref2, d2, sizeof(float) * n2);
-    CHECK(gpu_ok());
-    const dsv4_weight *both[2] = {&w1.w, &w2.w};
-    long l0 = dsv4_cuda_prefetch_launches(&gpu);
-    gpu.ops->prefetch(&gpu, both, 2); /* not capturing: nothing launched */
-    CHECKF(dsv4_cuda_prefetch_launches(&gpu) == l0, "prefetch outside a capture launched a kernel");
-    for (int rep = 0; rep < 3; rep++) {
-        for (size_t i = 0; i < n1; i++) h1[i] = NAN;
-        for (size_t i = 0; i < n2; i++) h2[i] = NAN;
-        gpu.ops->upload(&gpu, d1, h1, sizeof(float) * n1);
-        gpu.ops->upload(&gpu, d2, h2, sizeof(float) * n2);
-        long before = dsv4_cuda_prefetch_launches(&gpu);
-        gpu.ops->segment(&gpu, 3);
-        gpu.ops->prefetch(&gpu, both, 2);          /* root node beside the first matmul */
-        gpu.ops->matmul(&gpu, d1, dx, 1, &w1.w, 0, 0);
-        gpu.ops->prefetch(&gpu, both + 1, 1);      /* forks after the first matmul */
-        gpu.ops->matmul(&gpu, d2, dx, 1, &w2.w, 0, 0);
-        gpu.ops->segment(&gpu, -1);
-        gpu.ops->download(&gpu, h1, d1, sizeof(float) * n1);
-        gpu.ops->download(&gpu, h2, d2, sizeof(float) * n2);
-        int ok = gpu_ok();
-        long launched = dsv4_cuda_prefetch_launches(&gpu) - before;
-        int same = ok && !memcmp(h1, ref1, sizeof(float) * n1) && !memcmp(h2, ref2, sizeof(float) * n2);
-        printf("  prefetch in a capture, pass %d: %ld prefetch launches, matmul bits %s\n", rep, launched,
-               same ? "identical" : "DIFFER");
-        CHECKF(ok && same, "pass %d: matmuls after a prefetch differ from eager ones", rep);
-        CHECKF(launched == 2, "pass %d: %ld prefetch launches in the capture (want 2)", rep, launched);
-    }
-    gpu.ops->free(&gpu, dx), gpu.ops->free(&gpu, d1), gpu.ops->free(&gpu, d2);
-    free(x), free(ref1), free(ref2), free(h1), free(h2);
-    free_w(&w1), free_w(&w2);
-}
-
 /* ----- timing (figures only) ----- */
 /* Cold: every call is preceded by a 256 MB device copy (L2 is 50-60 MB), so the weights
  * come from DRAM as in a decode step; device time per op from the backend's event pair
@@ -324,4 +262,4 @@ static void test_timing(void) {
     gpu.ops->free(&gpu, fc);
 }
 
-TEST_MAIN(test_stream_shapes, test_gemv8, test_batched, test_other_shapes, test_fresh_weights, test_prefetch, test_timing)
+TEST_MAIN(test_stream_shapes, test_gemv8, test_batched, test_other_shapes, test_fresh_weights, test_timing)

@@ -803,80 +803,8 @@ static void test_hc_fused_pair(void) {
     low_close(&lm);
 }
 
-/* ops->prefetch (a hint a device backend may use; the CPU backend has none): a counting op put in
- * the table must be called only in decode steps, 4 L - 1 times a one-row step (wq_b at the layer's
- * start, wo_a after wq_b, the gate and shared expert before the MoE half, the next layer's
- * projections before the last hc_post: every layer but the last), never in a prefill sub-batch,
- * with weights that have data; and the logits must be the bits of the table without it. */
-static struct {
-    long calls, weights, bad;
-} g_pf;
-static void cnt_prefetch(dsv4_backend *b, const dsv4_weight *const *w, int n) {
-    (void)b;
-    g_pf.calls++;
-    if (n <= 0 || n > 8) g_pf.bad++;
-    for (int i = 0; i < n; i++) {
-        g_pf.weights++;
-        if (!w[i] || !w[i]->data || w[i]->fmt == DSV4_WF_NONE) g_pf.bad++;
-    }
-}
-
-static void test_prefetch_hints(void) {
-    low_model lm;
-    REQUIRE(low_open(&lm) == 0);
-    const dsv4_backend_ops *cpu_ops = lm.be.ops;
-    REQUIRE(cpu_ops->prefetch == NULL);
-    dsv4_config *c = &lm.cfg;
-    size_t V = (size_t)c->vocab_size;
-    int L = c->n_layers;
-    float *lg[2];
-    long pre_calls[2] = {0}, dec_calls[2] = {0}, two_calls[2] = {0};
-    for (int i = 0; i < 2; i++) REQUIRE((lg[i] = calloc(3 * V, sizeof(float))) != NULL);
-    for (int mode = 0; mode < 2; mode++) {
-        dsv4_backend_ops ops = *cpu_ops;
-        ops.prefetch = mode ? cnt_prefetch : NULL;
-        lm.be.ops = &ops;
-        dsv4_err err = {{0}};
-        dsv4_model *m = NULL;
-        dsv4_state *s = NULL, *s2 = NULL;
-        REQUIRE(dsv4_model_init(&m, &lm.w, &lm.be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
-        REQUIRE(dsv4_state_new(&s, c, 0, &err) == 0);
-        REQUIRE(dsv4_state_new(&s2, c, 0, &err) == 0);
-        int32_t tok[32];
-        make_tokens(tok, 32, 321, c->vocab_size);
-        memset(&g_pf, 0, sizeof g_pf);
-        dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 19, .logits = lg[mode]};
-        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
-        pre_calls[mode] = g_pf.calls;
-        it = (dsv4_fwd_item){.st = s2, .tokens = tok + 19, .n = 1, .logits = lg[mode] + V};
-        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
-        dec_calls[mode] = g_pf.calls - pre_calls[mode];
-        dsv4_fwd_item two[2] = {{.st = s, .tokens = tok + 20, .n = 1, .logits = lg[mode] + 2 * V},
-                                {.st = s2, .tokens = tok + 21, .n = 1, .logits = NULL}};
-        REQUIRE(dsv4_forward(m, two, 2, &err) == 0);
-        two_calls[mode] = g_pf.calls - pre_calls[mode] - dec_calls[mode];
-        CHECKF(g_pf.bad == 0, "prefetch named %ld bad weights", g_pf.bad);
-        dsv4_state_free(s);
-        dsv4_state_free(s2);
-        dsv4_model_free(m);
-    }
-    lm.be.ops = cpu_ops;
-    int same = !memcmp(lg[0], lg[1], sizeof(float) * 3 * V);
-    printf("  prefetch hints: prefill %ld calls, one-row step %ld, two-sequence step %ld (L = %d); logits %s\n",
-           pre_calls[1], dec_calls[1], two_calls[1], L, same ? "identical" : "DIFFER");
-    CHECKF(same, "logits with a prefetch op differ from those without");
-    CHECKF(pre_calls[1] == 0, "prefill called prefetch %ld times", pre_calls[1]);
-    CHECKF(dec_calls[1] == 4L * L - 1, "a one-row decode step called prefetch %ld times (want %d)", dec_calls[1],
-           4 * L - 1);
-    CHECKF(two_calls[1] == 4L * L - 1, "a step of two one-row sequences called prefetch %ld times (want %d)",
-           two_calls[1], 4 * L - 1);
-    for (int i = 0; i < 2; i++) free(lg[i]);
-    low_close(&lm);
-}
-
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
 TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
-          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_prefetch_hints,
-          test_zz_cleanup)
+          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_zz_cleanup)

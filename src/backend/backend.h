@@ -225,10 +225,6 @@ typedef struct dsv4_backend_ops {
                       int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out,
                       const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2,
                       int act_fp8, int act_bf16, float out_scale);
-    /* A hint, no values change: the weights w[0..n) (values and scales) are read by an op soon
-     * after this call; a device backend may start moving them into a cache while the ops
-     * issued in between run.  NULL (the CPU backend): nothing. */
-    void (*prefetch)(dsv4_backend *b, const dsv4_weight *const *w, int n);
 } dsv4_backend_ops;
 
 /* One task of op_list: the op named by kind with these arguments (each kind reads the fields

@@ -642,18 +642,6 @@ static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
 /* ----- one block (spec §2.2) ----- */
 static void mark_segment(dsv4_model *m, int key);
 
-/* ops->prefetch at a decode step: the weights named (NULL or absent ones skipped) are read soon
- * by a large op, and the ops issued before it are bound by latency; a device backend moves them
- * towards the cores meanwhile.  A hint: no value depends on it. */
-static void prefetch(dsv4_model *m, int dec, const dsv4_weight *const *w, int n) {
-    const dsv4_weight *keep[8];
-    int k = 0;
-    if (!dec || !OPS(m)->prefetch) return;
-    for (int i = 0; i < n && k < 8; i++)
-        if (w[i] && w[i]->fmt != DSV4_WF_NONE && w[i]->data) keep[k++] = w[i];
-    if (k) OPS(m)->prefetch(B_(m), keep, k);
-}
-
 /* next: the layer that follows this one in the same pass (-1: none, the head or the MTP
  * follows); its attention hc_pre then runs inside this layer's last hc_post where the backend
  * fuses them (hc_post_pre_norm) and that layer skips its own (m->hc_ready) */
@@ -670,11 +658,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     double lt = fwd_now(), ln_;
 #define LAY_LAP(i) (ln_ = fwd_now(), m->lay_t[i] += ln_ - lt, lt = ln_)
 
-    int dec = 1; /* a decode step: every segment one row */
-    for (int s = 0; s < nseg; s++) dec &= m->segs[s].n == 1;
-    /* wq_b streams after y's projections and the first op list: fetched during them */
-    prefetch(m, dec, (const dsv4_weight *[]){&L->wq_b}, 1);
-
     /* ----- attention ----- */
     if (m->hc_ready != layer)
         hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, m->post,
@@ -686,6 +669,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * what reads the first list's outputs after it.  The ring row is written before attention
      * here: its slot held position p - W, outside row p's window (p - W, p], and attention reads
      * row p itself from kvc.  Prefill and multi-row segments keep the ops in this order below. */
+    int dec = 1;
+    for (int s = 0; s < nseg; s++) dec &= m->segs[s].n == 1;
     dsv4_op_task qa_norm = {.kind = DSV4_TASK_RMSNORM, .out = m->qa, .in = m->qa, .rows = rows,
                             .dim = c->q_lora_rank, .w = &L->q_norm, .eps = eps, .out_bf16 = bf};
     dsv4_op_task q_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->q, .rows = rows, .n_heads = nh, .dim = hd,
@@ -700,8 +685,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
         if (L->has_indexer) comp_stage(m, layer, 1, nseg);
         ol_flush(m);
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
-        /* wo_a streams after the compressors, the indexer and the attention: fetched during them */
-        prefetch(m, dec, (const dsv4_weight *[]){&L->wo_a}, 1);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
         if (L->has_comp) comp_bias(m, layer, 0, nseg);
@@ -830,9 +813,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * start of a step until the first segment is built); it starts with the attention half's
      * hc_post, which the MoE half's hc_pre may be fused into */
     if (layer == 0) mark_segment(m, m->n_all + 2);
-    /* the router's gate and the shared expert stream after the MoE half's hc and the routing */
-    prefetch(m, dec, (const dsv4_weight *[]){&L->gate, &L->shared.w1, &L->shared.w3, &L->shared.w2},
-             c->n_shared > 0 ? 4 : 1);
     if (!hc_post_pre_norm(m, m->Xb, m->X, m->post, m->comb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
                           &L->ffn_norm, m->fpost, m->fcomb)) {
         op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
@@ -906,13 +886,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
-    if (N) /* y's projections of the next layer (y_projections) stream after that hc */
-        prefetch(m, dec,
-                 (const dsv4_weight *[]){&N->wq_a, &N->wkv, N->has_comp ? &N->comp.wkv : NULL,
-                                         N->has_comp ? &N->comp.wgate : NULL, N->has_indexer ? &N->idx.comp.wkv : NULL,
-                                         N->has_indexer ? &N->idx.comp.wgate : NULL,
-                                         N->has_indexer ? &N->idx.weights_proj : NULL},
-                 7);
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
                               &N->hc_attn_scale, &N->attn_norm, m->post, m->comb)) {
         m->hc_ready = next;

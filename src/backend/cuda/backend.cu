@@ -59,7 +59,6 @@ void cu_topk(dsv4_backend *, int32_t *, int *, const float *, int, int, const in
 void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_add_cyclic_pos(dsv4_backend *, float *, const float *, int, int, int, const int64_t *);
 void cu_op_list(dsv4_backend *, const dsv4_op_task *, int); /* oplist.cu */
-void cu_prefetch(dsv4_backend *, const dsv4_weight *const *, int); /* prefetch.cu */
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
@@ -162,7 +161,6 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
 
 static void seg_end_timed(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    dsv4_cuda_pf_join(b); /* a prefetch fork joins before the capture ends, on every path */
     c->capturing = 0;
     if (last_error(b, "an unchecked call inside a graph capture")) { /* still end the capture */
         cudaGraph_t g0 = NULL;
@@ -605,8 +603,6 @@ static size_t scale_bytes(const dsv4_weight *w) {
 }
 
 static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
-size_t dsv4_cuda_weight_data_bytes(const dsv4_weight *w) { return data_bytes(w); }
-size_t dsv4_cuda_weight_scale_bytes(const dsv4_weight *w) { return scale_bytes(w); }
 
 /* uploads w into dst (pool space) or a fresh allocation; records it in the map */
 static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
@@ -893,7 +889,6 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_add_cyclic_pos,
     cu_op_list,
     cu_route_moe,
-    cu_prefetch,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
@@ -913,7 +908,6 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
-    if (env_off("DSV4_CUDA_PREFETCH")) o->prefetch = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
@@ -951,10 +945,7 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     ops_select(&c->ops);
     b->ops = &c->ops;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1)) ||
-        CK(b, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreateWithFlags(&c->pf_fork, cudaEventDisableTiming)) ||
-        CK(b, cudaEventCreateWithFlags(&c->pf_join, cudaEventDisableTiming))) {
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
         dsv4_backend_cuda_free(b);
         return -1;
@@ -979,14 +970,12 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (!b || !b->impl) return;
     cuda_impl *c = CI(b);
     if (c->capturing) { /* end a capture left open (an error path): its graph is dropped */
-        dsv4_cuda_pf_join(b);
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(c->stream, &g);
         if (g) cudaGraphDestroy(g);
         c->capturing = 0;
     }
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->side) cudaStreamSynchronize(c->side);
     dsv4_cuda_devside_free(b);
     graphs_free(c);
     if (c->pool) cudaFree(c->pool);
@@ -1006,9 +995,6 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->ev1) cudaEventDestroy(c->ev1);
     for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
     free(c->dev);
-    if (c->pf_fork) cudaEventDestroy(c->pf_fork);
-    if (c->pf_join) cudaEventDestroy(c->pf_join);
-    if (c->side) cudaStreamDestroy(c->side);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     b->impl = NULL;

@@ -117,13 +117,6 @@ struct cuda_impl {
     cudaEvent_t gev[2][64];
     int n_gev;
     double graph_gpu_s;
-    /* ops->prefetch (prefetch.cu): the side stream its kernels run on while capturing, the fork
-     * and join events, whether a fork waits for its join, and counters for tests and bench */
-    cudaStream_t side;
-    cudaEvent_t pf_fork, pf_join;
-    int pf_pending;
-    long pf_launches;
-    size_t pf_bytes;
 };
 #define DSV4_CUDA_GVARIANTS 6
 
@@ -186,12 +179,6 @@ static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, 
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelExC(&cfg, k, args);
 }
-
-/* bytes of a weight's values and of its scales as uploaded (backend.cu) */
-size_t dsv4_cuda_weight_data_bytes(const dsv4_weight *w);
-size_t dsv4_cuda_weight_scale_bytes(const dsv4_weight *w);
-/* joins the prefetch side stream into the main stream before a capture ends (prefetch.cu) */
-void dsv4_cuda_pf_join(dsv4_backend *b);
 
 /* device scratch: NULL (and sticky error) on failure; valid until the next op */
 void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);
