@@ -956,6 +956,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     c->graph_log = gl && !strcmp(gl, "1");
     const char *pd = getenv("DSV4_CUDA_PDL");
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
+    const char *me = getenv("DSV4_CUDA_MOE_EARLY"); /* at init, like the op table's switches */
+    c->moe_early = !(me && !strcmp(me, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;

@@ -123,6 +123,7 @@ struct cuda_impl {
     cudaStream_t side;
     cudaEvent_t fork_ev, join_ev;
     int side_pending;
+    int moe_early;              /* DSV4_CUDA_MOE_EARLY, read at init (moe.cu: moe_early_launch) */
 };
 #define DSV4_CUDA_GVARIANTS 6
 

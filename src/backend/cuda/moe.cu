@@ -2186,8 +2186,7 @@ static cuda_devside *devside(dsv4_backend *b) {
     d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
     const char *rs = getenv("DSV4_CUDA_ROUTE_SMALL");
     d->small = !(rs && rs[0] == '0');
-    const char *me = getenv("DSV4_CUDA_MOE_EARLY");
-    d->early = !(me && me[0] == '0');
+    d->early = c->moe_early; /* DSV4_CUDA_MOE_EARLY, read at backend init */
     c->devside = d;
     return d;
 }
