@@ -215,18 +215,16 @@ typedef struct dsv4_backend_ops {
      * writes.  Host arrays a task points to (pos, freq) are read during the call only.  NULL: the
      * forward pass runs the ops one by one; the CPU backend sets none. */
     void (*op_list)(dsv4_backend *b, const struct dsv4_op_task *tasks, int n);
-    /* With gate NULL: route(experts, weights, logits, rows, n_routed, k, bias, hash_ids,
-     * route_scale), then moe(out, x, rows, ffn, n_routed, experts, weights, k, shared, limit,
-     * before_w2, act_fp8, act_bf16, out_scale).  With gate: first logits = matmul(x, gate) (fp32,
-     * no act_fp8, no out_bf16: the router's linear; logits is then an output, rows x n_routed),
-     * then the same.  The same bits in out, experts, weights (and logits) as the ops one by one
-     * (experts and weights are still written: the routing traces read them).  A device backend
-     * routes and plans in one launch where it can, and may run the shared expert beside the
-     * router; else it calls the ops.  NULL (the CPU backend): the forward pass calls them. */
-    void (*route_moe)(dsv4_backend *b, int32_t *experts, float *weights, float *logits, const dsv4_weight *gate,
-                      int rows, int n_routed, int k, const float *bias, const int32_t *hash_ids, float route_scale,
-                      float *out, const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit,
-                      int before_w2, int act_fp8, int act_bf16, float out_scale);
+    /* route(experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale), then
+     * moe(out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, act_fp8,
+     * act_bf16, out_scale): the same bits in out, experts and weights as the two ops (experts and
+     * weights are still written: the routing traces read them).  A device backend routes and
+     * plans in one launch where it can, else calls the two ops.  NULL (the CPU backend): the
+     * forward pass calls route and moe. */
+    void (*route_moe)(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
+                      int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out,
+                      const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2,
+                      int act_fp8, int act_bf16, float out_scale);
 } dsv4_backend_ops;
 
 /* One task of op_list: the op named by kind with these arguments (each kind reads the fields

@@ -823,12 +823,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
 
     LAY_LAP(4);
     /* ----- MoE (spec §2.6) ----- */
-    /* the router's linear (fp32) runs inside route_moe where the backend has it (below) */
-    int fused_moe = op->route_moe && !m->op_trace;
-    if (!fused_moe) {
-        op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
-        op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
-    }
+    op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
+    op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
     if (L->is_hash) {
@@ -846,13 +842,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     float out_scale = nm->route_scale == DSV4_RSCALE_ROUTER ? 1.0f : rs;
     const float *rbias = hash ? NULL : m->bias[layer];
     const dsv4_ffn_w *shared = c->n_shared > 0 ? &L->shared : NULL;
-    /* the router's linear, route and moe in one call where the backend fuses them (a device
-     * backend may route and plan in one launch and run the shared expert beside the router; it
-     * falls back to the ops itself, e.g. for hash layers); nothing is traced between them, but
-     * the layer-diff trace keeps the separate ops, as elsewhere */
-    if (fused_moe) {
-        op->route_moe(b, m->experts, m->wts, m->rl, &L->gate, rows, c->n_routed, k, rbias, hash, router_scale, m->a,
-                      m->y, L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
+    /* route then moe, in one call where the backend fuses them (a device backend may route and
+     * plan in one launch; it falls back to the two ops itself, e.g. for hash layers); nothing is
+     * traced between the two, but the layer-diff trace keeps the separate ops, as elsewhere */
+    if (op->route_moe && !m->op_trace) {
+        op->route_moe(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale, m->a, m->y,
+                      L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, a8, bf, out_scale);
     } else {
         op->route(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale);
         op->moe(b, m->a, m->y, rows, L->experts, c->n_routed, m->experts, m->wts, k, shared, (float)c->swiglu_limit,

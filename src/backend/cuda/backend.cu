@@ -64,9 +64,8 @@ void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, 
               float);
 void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int, const int32_t *, const float *,
             int, const dsv4_ffn_w *, float, int, int, int, float);
-void cu_route_moe(dsv4_backend *, int32_t *, float *, float *, const dsv4_weight *, int, int, int, const float *,
-                  const int32_t *, float, float *, const float *, const dsv4_ffn_w *, const dsv4_ffn_w *, float, int,
-                  int, int, float);
+void cu_route_moe(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
+                  float, float *, const float *, const dsv4_ffn_w *, const dsv4_ffn_w *, float, int, int, int, float);
 
 /* host clock in milliseconds (per-op issue time, capture ends) */
 static double host_ms(void) {
@@ -162,7 +161,6 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
 
 static void seg_end_timed(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    dsv4_cuda_side_join(b); /* a fork joins before the capture ends, on every path */
     c->capturing = 0;
     if (last_error(b, "an unchecked call inside a graph capture")) { /* still end the capture */
         cudaGraph_t g0 = NULL;
@@ -237,21 +235,6 @@ static void seg_end_timed(dsv4_backend *b) {
     if (CK(b, cudaGraphLaunch(use->exec, c->stream))) return;
     c->g_launch++;
     if (ev && !CK(b, cudaEventRecord(c->gev[1][c->n_gev], c->stream))) c->n_gev++;
-}
-
-int dsv4_cuda_side_fork(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    if (CK(b, cudaEventRecord(c->fork_ev, c->stream)) || CK(b, cudaStreamWaitEvent(c->side, c->fork_ev, 0))) return 1;
-    c->side_pending = 1;
-    return 0;
-}
-
-void dsv4_cuda_side_join(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    if (!c->side_pending) return;
-    c->side_pending = 0;
-    if (cudaEventRecord(c->join_ev, c->side) != cudaSuccess || cudaStreamWaitEvent(c->stream, c->join_ev, 0) != cudaSuccess)
-        dsv4_cuda_fail(b, "joining the side stream", __FILE__, __LINE__, cudaGetLastError());
 }
 
 int dsv4_cuda_sync(dsv4_backend *b) {
@@ -956,18 +939,13 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     c->graph_log = gl && !strcmp(gl, "1");
     const char *pd = getenv("DSV4_CUDA_PDL");
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
-    const char *me = getenv("DSV4_CUDA_MOE_EARLY"); /* at init, like the op table's switches */
-    c->moe_early = !(me && !strcmp(me, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     b->impl = c;
     ops_select(&c->ops);
     b->ops = &c->ops;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1)) ||
-        CK(b, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreateWithFlags(&c->fork_ev, cudaEventDisableTiming)) ||
-        CK(b, cudaEventCreateWithFlags(&c->join_ev, cudaEventDisableTiming))) {
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
         dsv4_backend_cuda_free(b);
         return -1;
@@ -992,14 +970,12 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (!b || !b->impl) return;
     cuda_impl *c = CI(b);
     if (c->capturing) { /* end a capture left open (an error path): its graph is dropped */
-        dsv4_cuda_side_join(b);
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(c->stream, &g);
         if (g) cudaGraphDestroy(g);
         c->capturing = 0;
     }
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->side) cudaStreamSynchronize(c->side);
     dsv4_cuda_devside_free(b);
     graphs_free(c);
     if (c->pool) cudaFree(c->pool);
@@ -1019,9 +995,6 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (c->ev1) cudaEventDestroy(c->ev1);
     for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
     free(c->dev);
-    if (c->fork_ev) cudaEventDestroy(c->fork_ev);
-    if (c->join_ev) cudaEventDestroy(c->join_ev);
-    if (c->side) cudaStreamDestroy(c->side);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     b->impl = NULL;

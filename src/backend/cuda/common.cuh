@@ -117,13 +117,6 @@ struct cuda_impl {
     cudaEvent_t gev[2][64];
     int n_gev;
     double graph_gpu_s;
-    /* a second stream for work that runs beside the main stream inside a graph capture (moe.cu:
-     * the shared expert of a decode step's MoE); forked from the main stream by fork_ev and
-     * joined back by join_ev (dsv4_cuda_side_join) before the capture ends */
-    cudaStream_t side;
-    cudaEvent_t fork_ev, join_ev;
-    int side_pending;
-    int moe_early;              /* DSV4_CUDA_MOE_EARLY, read at init (moe.cu: moe_early_launch) */
 };
 #define DSV4_CUDA_GVARIANTS 6
 
@@ -186,13 +179,6 @@ static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, 
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelExC(&cfg, k, args);
 }
-
-/* side stream (backend.cu): dsv4_cuda_side_fork makes the side stream wait for the work issued
- * so far on the main stream (0, or nonzero with the sticky error set); dsv4_cuda_side_join makes
- * the main stream wait for the side stream's work (no-op without a fork since the last join; the
- * end of a capture joins too) */
-int dsv4_cuda_side_fork(dsv4_backend *b);
-void dsv4_cuda_side_join(dsv4_backend *b);
 
 /* device scratch: NULL (and sticky error) on failure; valid until the next op */
 void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);

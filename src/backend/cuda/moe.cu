@@ -206,7 +206,6 @@ __global__ void __launch_bounds__(32 * ROUTE_WARPS)
 /* device-side state (its section below): the small-kernel switch and the router's bias copies */
 struct cuda_devside;
 static cuda_devside *devside(dsv4_backend *b);
-void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 static const float *route_bias(dsv4_backend *b, cuda_devside *d, const float *bias, int n);
 static int small_kernels(const cuda_devside *d);
 
@@ -2129,15 +2128,6 @@ struct cuda_devside {
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
     long rp_calls;                  /* route_moe calls that took k_route_plan_w */
-    int early;                      /* 1: a captured one-row route_moe with the gate runs the shared
-                                     * expert on the side stream beside the router (moe_early_launch;
-                                     * DSV4_CUDA_MOE_EARLY=0: off, A/B runs) */
-    long early_calls;               /* route_moe calls that did */
-    float *eh, *ey;                 /* their h and y (device, eh_n / ey_n floats) */
-    size_t eh_n, ey_n;
-    void *sg;                       /* device: the shared expert's one-row plan (a group, then its
-                                     * count at SG_COUNT) for sg_nr routed experts and k slots */
-    int sg_nr, sg_k;
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
     struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
@@ -2186,7 +2176,6 @@ static cuda_devside *devside(dsv4_backend *b) {
     d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
     const char *rs = getenv("DSV4_CUDA_ROUTE_SMALL");
     d->small = !(rs && rs[0] == '0');
-    d->early = c->moe_early; /* DSV4_CUDA_MOE_EARLY, read at backend init */
     c->devside = d;
     return d;
 }
@@ -2289,9 +2278,6 @@ void dsv4_cuda_devside_free(dsv4_backend *b) {
         free(d->bias[i].shadow);
     }
     free(d->bias);
-    if (d->eh) cudaFree(d->eh);
-    if (d->ey) cudaFree(d->ey);
-    if (d->sg) cudaFree(d->sg);
     cudaFree(d->flags);
     free(d);
     c->devside = NULL;
@@ -2501,103 +2487,9 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
  * outputs are the ids and weights (e / wgt unused), and k_route_plan_w routes and plans in one
  * launch (the caller checked ds->small, rows <= RP_WARPS and rows * k <= 32).  Only that launch
  * differs: the same scratch in the same order, the same kernels after it. */
-/* ----- the shared expert beside the router (decode, one row, inside a graph capture) -----
- * The shared expert's weights (Flash: 25 MB of a layer's 100 MB of experts) do not depend on the
- * routing, but k_moe_b1r's grid streamed them with the routed experts, after the router's linear,
- * the route and the plan (~7 us a layer, ~60 % of them with no weights streaming).  route_moe with
- * its gate (the forward pass at decode) now forks the side stream first and runs the shared
- * expert's two k_moe_b1r launches there, on a static one-group plan (the group the plan writes for
- * it: expert n_routed, slot k, row 0, weight 1) and persistent h / y (the shared rows of the
- * call's h and y); the main stream runs the linear, k_route_plan_w and k_moe_b1r over the routed
- * groups only (cs 0: the shared chunks are not in the grid), then waits for the side stream
- * (dsv4_cuda_side_join) before the combine.  Every block computes what it computed in one launch,
- * so out is the same bits (test_cuda_moe test_route_moe_gate).  Taken where moe_body takes
- * k_moe_b1r for one row (b1 geometry with a grid of real blocks, experts that fit it, an aligned
- * device x, no act_fp8) and only while capturing; DSV4_CUDA_MOE_EARLY=0 turns it off. */
-#define SG_COUNT 256 /* byte offset of the count after the group in ds->sg */
-static_assert(sizeof(group) <= SG_COUNT, "group larger than SG_COUNT");
-struct moe_early {
-    float *h, *y;
-};
-
-/* 1: the side stream runs the shared expert of this call into se->h / se->y; 0: not taken (a first
- * use also allocates here, outside the capture, and the call then runs as before) */
-static int moe_early_launch(dsv4_backend *b, cuda_devside *d, const moe_table *t, const float *x, int rows, int k,
-                            int n_routed, const dsv4_ffn_w *shared, float limit, int act_fp8, int act_bf16,
-                            moe_early *se) {
-    cuda_impl *c = CI(b);
-    if (!d->early || !c->capturing || c->failed || rows != 1 || !shared || act_fp8 || !c->side || d->b1 <= 0 ||
-        !t->bulk || d->mb_grid <= 0 || !t->b1_fit || k <= 0)
-        return 0;
-    const b1_geom *bg = &b1_geoms[d->b1 - 1];
-    int nrs = k, S = nrs + 1;
-    int64_t dim = shared->w1.cols, inter_max = t->inter;
-    if (shared->w1.rows > inter_max) inter_max = shared->w1.rows;
-    int max_groups = S / MOE_G + (n_routed < nrs ? n_routed : nrs) + 2; /* moe_body's bound */
-    if (!bg->real || max_groups > MB_MAXG || dim % 4 || inter_max % 4 || ((uintptr_t)x & 15) ||
-        !dsv4_cuda_is_dev(b, x))
-        return 0;
-    size_t nh = (size_t)S * inter_max, ny = (size_t)S * dim;
-    if (d->eh_n < nh || d->ey_n < ny || !d->sg || d->sg_nr != n_routed || d->sg_k != k) {
-        /* allocations and a blocking copy, outside the capture (first use, or another model's
-         * shapes): after the work in flight, which may still read the old buffers (every later
-         * capture takes the new pointers) */
-        dsv4_cuda_seg_end(b);
-        if (CK(b, cudaStreamSynchronize(c->stream))) return 0;
-        if (d->eh_n < nh) {
-            if (d->eh) cudaFree(d->eh);
-            d->eh = NULL, d->eh_n = 0;
-            if (CK(b, cudaMalloc((void **)&d->eh, sizeof(float) * nh))) return 0;
-            d->eh_n = nh;
-        }
-        if (d->ey_n < ny) {
-            if (d->ey) cudaFree(d->ey);
-            d->ey = NULL, d->ey_n = 0;
-            if (CK(b, cudaMalloc((void **)&d->ey, sizeof(float) * ny))) return 0;
-            d->ey_n = ny;
-        }
-        if (!d->sg && CK(b, cudaMalloc(&d->sg, SG_COUNT + 16))) return 0;
-        uint8_t host[SG_COUNT + 16] = {0};
-        group g;
-        memset(&g, 0, sizeof g);
-        g.ex = n_routed, g.n = 1, g.slot[0] = nrs, g.row[0] = 0, g.pre[0] = 1.0f; /* plan_shared_groups' */
-        int one = 1;
-        memcpy(host, &g, sizeof g);
-        memcpy(host + SG_COUNT, &one, sizeof one);
-        if (CK(b, cudaMemcpy(d->sg, host, sizeof host, cudaMemcpyHostToDevice))) return 0;
-        d->sg_nr = n_routed, d->sg_k = k;
-        return 0;
-    }
-    unsigned su = b1_chunks(&shared->w1, shared->w1.rows, bg->mup),
-             sd = b1_chunks(&shared->w2, shared->w2.rows < dim ? shared->w2.rows : dim, bg->mdn);
-    const group *g = (const group *)d->sg;
-    const int *ng = (const int *)((const uint8_t *)d->sg + SG_COUNT);
-    const dexpert *tab = t->dev;
-    const float *xs = x, *xq = x;
-    float *h = d->eh, *y = d->ey;
-    int64_t ldh = inter_max;
-    int a8 = 0, cr = 1, csu = (int)su, csd = (int)sd, hs = 1;
-    void *au[] = {&g, &ng, &tab, &xs, &xq, &h, &ldh, &y, &dim, &a8, &limit, &act_bf16, &cr, &csu, &hs};
-    void *ad[] = {&g, &ng, &tab, &xs, &xq, &h, &ldh, &y, &dim, &a8, &limit, &act_bf16, &cr, &csd, &hs};
-    if (dsv4_cuda_side_fork(b)) return 0;
-    if (CK(b, dsv4_launch_ptr(bg->up, dim3(su), dim3(256), au, (size_t)bg->smem_up, c->side)) || CKL(b) ||
-        CK(b, dsv4_launch_ptr(bg->dn, dim3(sd), dim3(256), ad, (size_t)bg->smem_dn, c->side)) || CKL(b))
-        return 0; /* sticky error: the op fails; the capture end joins the side stream */
-    se->h = d->eh, se->y = d->ey;
-    d->early_calls++;
-    return 1;
-}
-
-/* route_moe calls that ran the shared expert beside the router (cuda.h), for the tests */
-extern "C" long dsv4_cuda_moe_early_calls(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    return c->devside ? c->devside->early_calls : 0;
-}
-
 static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
-                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra,
-                    const moe_early *se) {
+                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra) {
     cuda_impl *c = CI(b);
     int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
@@ -2628,8 +2520,8 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     int32_t *sorted = (int32_t *)dsv4_cuda_scratch(b, sizeof(int32_t) * nrs);
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * rows * dim);
     float *xq = any_q ? (float *)dsv4_cuda_scratch(b, sizeof(float) * rows * dim) : xd;
-    float *h = se ? se->h : (float *)dsv4_cuda_scratch(b, sizeof(float) * S * inter_max);
-    float *y = se ? se->y : (float *)dsv4_cuda_scratch(b, sizeof(float) * S * dim);
+    float *h = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * inter_max);
+    float *y = (float *)dsv4_cuda_scratch(b, sizeof(float) * S * dim);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * dim);
     cuda_devside *ds = c->devside;
     if (!ed || !wd || !gd || !ngd || !orderd || !cwd || !sorted || !xd || !xq || !h || !y || !od || !ds) return 1;
@@ -2711,15 +2603,6 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
          * shared one); the others: the larger chunk count x max_groups */
         b1_gu = bg->real ? dim3((unsigned)(nrs * b1_cru + b1_csu)) : dim3(b1_up, max_groups);
         b1_gd = bg->real ? dim3((unsigned)(nrs * b1_crd + b1_csd)) : dim3(b1_dn, max_groups);
-    }
-    if (se) { /* the shared chunks ran on the side stream (moe_early_launch): routed blocks only */
-        if (!b1 || !bg->real) {
-            dsv4_cuda_fail(b, "moe: the shared expert ran early but the call did not take k_moe_b1r (internal)",
-                           __FILE__, __LINE__, cudaSuccess);
-            return 1;
-        }
-        b1_csu = 0, b1_csd = 0;
-        b1_gu = dim3((unsigned)(nrs * b1_cru)), b1_gd = dim3((unsigned)(nrs * b1_crd));
     }
     /* k_moe_b1_prev's arguments, in its parameter order and types */
     const group *b1g = gd;
@@ -2817,7 +2700,6 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             break;
     }
     if (CKL(b)) return 1;
-    if (se) dsv4_cuda_side_join(b); /* the shared expert's y row */
     dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16, ds->small);
     if (CKL(b)) return 1;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
@@ -2855,54 +2737,38 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         /* not taken (an unaligned x): the kernels below, which stage and quantize again */
     }
     if (!moe_body(b, t, out, x, rows, experts, n_routed, e, wgt, k, shared, limit, before_w2, act_fp8, act_bf16,
-                  out_scale, NULL, NULL))
+                  out_scale, NULL))
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
 }
 
-/* [logits = matmul(x, gate),] route(...), then moe(...) (backend.h, route_moe).  Decode (the warp
- * router without hash ids, rows <= RP_WARPS and rows * k <= 32 slots: the one-warp plan) takes one
- * launch for route and plan, k_route_plan_w, with the rest of moe_body unchanged, and with the gate
- * given and a capture in progress, the shared expert on the side stream (moe_early_launch) before
- * the linear; any other call is the ops one by one. */
-void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, float *logits, const dsv4_weight *gate, int rows,
-                  int n_routed, int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out,
-                  const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2,
-                  int act_fp8, int act_bf16, float out_scale) {
+/* route(...) then moe(...) (backend.h, route_moe).  Decode (the warp router without hash ids,
+ * rows <= RP_WARPS and rows * k <= 32 slots: the one-warp plan) takes one launch for both,
+ * k_route_plan_w, with the rest of moe_body unchanged; any other call is the two ops. */
+void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
+                  int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out, const float *x,
+                  const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int act_fp8,
+                  int act_bf16, float out_scale) {
     cuda_devside *d = CI(b)->failed ? NULL : devside(b);
     int gmin = dsv4_cuda_moe_gemm_min_rows();
     int fuse = d && small_kernels(d) && !hash_ids && n_routed > 0 && (n_routed + 31) / 32 <= 16 && k > 0 &&
                k <= 32 && rows > 0 && rows <= RP_WARPS && rows * k <= 32 &&
                !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
     if (!fuse) {
-        if (gate) cu_matmul_any(b, logits, x, rows, gate, 0, 0);
         cu_route(b, experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale);
         cu_moe(b, out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, act_fp8, act_bf16,
                out_scale);
         return;
     }
-    /* the order of the ops: the bias copy, then the expert table (each may end a graph capture:
-     * before any staging), [the shared expert on the side stream, the router's linear,] then the
-     * router's staging, then the moe's */
+    dsv4_cuda_op_begin(b);
+    /* the order of the two ops: the bias copy, then the expert table (each may end a graph
+     * capture: before any staging), then the router's staging, then the moe's */
     const float *bd;
     moe_table *t;
     route_dev r;
-    moe_early se, *sep = NULL;
-    if (gate) {
-        if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared))) return;
-        if (moe_early_launch(b, d, t, x, rows, k, n_routed, shared, limit, act_fp8, act_bf16, &se)) sep = &se;
-        cu_matmul_any(b, logits, x, rows, gate, 0, 0);
-        if (CI(b)->failed) return;
-        /* a first use inside the linear (its weight upload) may have ended the capture after the
-         * fork: the join (at that capture's end) already ordered the side stream's work, and the
-         * rest of the call runs eagerly, after it in stream order */
-        dsv4_cuda_op_begin(b);
-    } else {
-        dsv4_cuda_op_begin(b);
-        if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared))) return;
-    }
-    if (route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
+    if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
+        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
-                 out_scale, &r, sep))
+                 out_scale, &r))
         return;
     d->rp_calls++;
     route_commit(b, experts, weights, &r);
