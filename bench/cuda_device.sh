@@ -2,7 +2,9 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu nsys
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu nsys opb
+#        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
+#        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cuda-out}
@@ -14,7 +16,14 @@ summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 note "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
-for stage in "$@"; do
+stages=()
+for a in "$@"; do
+  if [ "$a" = all ]; then stages+=(ops gemm e2e flash2 hf f20 ab ktrace f20long); else stages+=("$a"); fi
+done
+for stage in "${stages[@]}"; do
+  # a dsv4 left by a stage that timed out still holds its copy of the weights (a second copy of the
+  # 20-layer model's 74 GB does not fit): gone before the next stage (exact name: not this shell)
+  pkill -x dsv4 2>/dev/null && sleep 1
   case $stage in
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
@@ -138,6 +147,13 @@ for stage in "$@"; do
       head -25 /tmp/profstats_cuda_api_sum.csv >"$OUT/nsys_api.csv" 2>/dev/null
       note "nsys rc=$? on $m"; head -15 "$OUT/nsys_kern.csv" >>"$summary"
     else note "nsys: not installed ($(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ' | head -c 300))"; fi ;;
+  opb)
+    # each weight-reading op of one decode layer alone (dsv4 opbench): warm (weights in L2 where
+    # they fit) and cold (after a 256 MB copy) device times; OPB_LAYER (default 3, a ratio-4 layer)
+    m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
+    timeout 120 $bin/dsv4 opbench --model $m --backend cuda --layer ${OPB_LAYER:-3} --reps 100 --flush-mb 256 \
+      >"$OUT/opb.log" 2>&1
+    note "opbench on $m rc=$?"; grep -v uploading "$OUT/opb.log" | head -40 >>"$summary" ;;
   *) note "unknown stage $stage" ;;
   esac
 done
