@@ -57,6 +57,23 @@ static int ready(void) {
         if (!ready()) return;                                                                                        \
     } while (0)
 
+/* dsv4_backend_cuda_init(g, 0) with the environment variable name set to value during the call,
+ * then name as it was (for the switches the backend reads at init: the op table's); 0 on success,
+ * else the error printed */
+static inline int cuda_init_env(dsv4_backend *g, const char *name, const char *value) {
+    const char *was = getenv(name);
+    char saved[256];
+    int had = was != NULL;
+    if (had) snprintf(saved, sizeof saved, "%s", was); /* setenv may free what getenv returned */
+    setenv(name, value, 1);
+    dsv4_err err;
+    int rc = dsv4_backend_cuda_init(g, 0, &err);
+    if (had) setenv(name, saved, 1);
+    else unsetenv(name);
+    if (rc) fprintf(stderr, "  backend with %s=%s: %s\n", name, value, err.msg);
+    return rc;
+}
+
 static int gpu_ok(void) {
     dsv4_err err;
     if (gpu.ops->check(&gpu, &err)) {

@@ -661,16 +661,8 @@ static void test_indexer_rs(void) {
 /* DSV4_CUDA_ATTN_FUSE=0 takes the fused attention ops out of the table (and only them) */
 static void test_attn_fuse_switch(void) {
     NEED_GPU();
-    const char *old = getenv("DSV4_CUDA_ATTN_FUSE");
-    char saved[64] = "";
-    if (old) snprintf(saved, sizeof saved, "%s", old);
-    setenv("DSV4_CUDA_ATTN_FUSE", "0", 1);
     dsv4_backend g2;
-    dsv4_err err;
-    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
-    if (old) setenv("DSV4_CUDA_ATTN_FUSE", saved, 1);
-    else unsetenv("DSV4_CUDA_ATTN_FUSE");
-    REQUIRE(rc == 0);
+    REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_ATTN_FUSE", "0") == 0);
     printf("  DSV4_CUDA_ATTN_FUSE=0: sparse_attn_rope %s, indexer_scores_rs %s, norm_rope %s\n",
            g2.ops->sparse_attn_rope ? "set" : "NULL", g2.ops->indexer_scores_rs ? "set" : "NULL",
            g2.ops->norm_rope ? "set" : "NULL");

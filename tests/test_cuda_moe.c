@@ -551,11 +551,7 @@ static void test_route_moe(void) {
     check_route_moe_bad_ids();
     /* DSV4_CUDA_ROUTE_PLAN=0: the op is left out (the forward pass calls route and moe) */
     dsv4_backend g2;
-    dsv4_err err;
-    setenv("DSV4_CUDA_ROUTE_PLAN", "0", 1);
-    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
-    unsetenv("DSV4_CUDA_ROUTE_PLAN");
-    REQUIRE(rc == 0);
+    REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_ROUTE_PLAN", "0") == 0);
     CHECK(g2.ops->route_moe == NULL);
     CHECK(gpu.ops->route_moe != NULL);
     dsv4_backend_cuda_free(&g2);

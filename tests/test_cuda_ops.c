@@ -518,11 +518,15 @@ static int old_kernels(dsv4_backend *g2) {
     float lg[8] = {0}, w[1];
     int32_t e[1];
     gpu.ops->route(&gpu, e, w, lg, 1, 8, 1, NULL, NULL, 1.0f);
-    const char *prev = getenv("DSV4_CUDA_ROUTE_SMALL");
+    /* the switch is read with the device state, at the backend's first route: set until then */
+    const char *was = getenv("DSV4_CUDA_ROUTE_SMALL");
+    char prev[64];
+    int had = was != NULL;
+    if (had) snprintf(prev, sizeof prev, "%s", was); /* setenv may free what getenv returned */
     setenv("DSV4_CUDA_ROUTE_SMALL", "0", 1);
     int rc = dsv4_backend_cuda_init(g2, 0, &err);
     if (!rc) g2->ops->route(g2, e, w, lg, 1, 8, 1, NULL, NULL, 1.0f);
-    if (prev) setenv("DSV4_CUDA_ROUTE_SMALL", prev, 1);
+    if (had) setenv("DSV4_CUDA_ROUTE_SMALL", prev, 1);
     else unsetenv("DSV4_CUDA_ROUTE_SMALL");
     if (rc) fprintf(stderr, "  second backend: %s\n", err.msg);
     return rc;
@@ -1174,13 +1178,8 @@ static void test_op_list(void) {
         ol_check(c, "more than a launch holds", bf);
     }
     /* DSV4_CUDA_OPLIST=0: no op_list in the table (the forward pass runs each task as its op) */
-    const char *prev = getenv("DSV4_CUDA_OPLIST");
-    setenv("DSV4_CUDA_OPLIST", "0", 1);
     dsv4_backend g2;
-    dsv4_err err;
-    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
-    if (prev) setenv("DSV4_CUDA_OPLIST", prev, 1);
-    else unsetenv("DSV4_CUDA_OPLIST");
+    int rc = cuda_init_env(&g2, "DSV4_CUDA_OPLIST", "0");
     CHECK(rc == 0);
     if (!rc) {
         CHECK(g2.ops->op_list == NULL && g2.ops->norm_rope != NULL);
