@@ -216,7 +216,7 @@ struct route_dev {
     float *wd;
     const float *ld, *bd;
     const int32_t *hd;
-    int rows, n_routed, k, npl;
+    int rows, k, npl;
     float scale;
 };
 
@@ -240,7 +240,7 @@ static int route_stage(dsv4_backend *b, const cuda_devside *d, route_dev *r, int
     r->hd = hash_ids ? (const int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
     r->ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
     r->wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
-    r->rows = rows, r->n_routed = n_routed, r->k = k, r->scale = scale;
+    r->rows = rows, r->k = k, r->scale = scale;
     int npl = (n_routed + 31) / 32, warp = small_kernels(d) && !hash_ids && k <= 32;
     r->npl = warp && npl <= 8 ? 8 : warp && npl <= 16 ? 16 : 0;
     return !r->ld || (hash_ids && !r->hd) || !r->ed || !r->wd;
