@@ -89,13 +89,14 @@ for stage in "${stages[@]}"; do
   ab)
     # A/B of environment settings on the 20-layer model (after f20): decode batch 1 at 2K, --gen 32,
     # each setting twice, alternating (the first bench after synth runs slow: a warm-up run first).
-    # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none);
+    # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none; a comma joins
+    # several variables into one setting: "A=1,B=2");
     # AB_BATCH: the decode batch of ab and abbin (default 1).
     [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
     timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 8 --op-profile 0 >/dev/null 2>&1
     for round in 1 2; do
       for setting in ${AB_ENVS:--}; do
-        envs=(); [ "$setting" = "-" ] || envs=("$setting")
+        envs=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
