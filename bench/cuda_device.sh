@@ -31,6 +31,14 @@ for stage in "${stages[@]}"; do
     DSV4_CUDA_GM_ROWS=1 timeout 120 $bin/test_cuda_ops test_matmul_multi >"$OUT/ops_gm1.log" 2>&1
     note "ops test_matmul_multi GM_ROWS=1 rc=$? $(tail -1 "$OUT/ops_gm1.log")"
     grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary"
+    # the indexer's and top-k's other kernels (IX_TILE=0: k_indexer_v / k_indexer_s everywhere; 4: k_indexer_t from
+    # 16 keys a block, also below 16; TOPK_SMEM=1: k_topk_s for every row above k)
+    DSV4_CUDA_IX_TILE=0 timeout 120 $bin/test_cuda_attn test_indexer test_indexer_rs >"$OUT/attn_ix0.log" 2>&1
+    note "attn test_indexer IX_TILE=0 rc=$? $(tail -1 "$OUT/attn_ix0.log")"
+    DSV4_CUDA_IX_TILE=4 timeout 120 $bin/test_cuda_attn test_indexer test_indexer_rs >"$OUT/attn_ix4.log" 2>&1
+    note "attn test_indexer IX_TILE=4 rc=$? $(tail -1 "$OUT/attn_ix4.log")"
+    DSV4_CUDA_TOPK_SMEM=1 timeout 120 $bin/test_cuda_attn test_topk >"$OUT/attn_tk1.log" 2>&1
+    note "attn test_topk TOPK_SMEM=1 rc=$? $(tail -1 "$OUT/attn_tk1.log")"
     for t in test_cuda_attn test_cuda_mhc test_cuda_linear test_cuda_moe; do
       [ -x $bin/$t ] || continue
       timeout 300 $bin/$t >"$OUT/$t.log" 2>&1; note "$t rc=$? $(tail -1 "$OUT/$t.log")"

@@ -20,8 +20,12 @@
  * with bf16 scores (the order of a dot product can flip one bf16 ulp).  topk: ids and
  * counts identical to the CPU's, on the indexer's scores at 8192 keys, on scores with many
  * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0,
- * 40 rows, 516 and 2052 entries (random and 3 values), 9000 entries (above the register
- * kernel's 8192: the general one); host and device outputs.
+ * 40 rows, 516 and 2052 entries (random and 3 values), 9000, 8198 and 40000 entries (above
+ * the register kernel's 8192: the shared-memory one, random and 5 values, k 512 and 2000) and
+ * 60000 (above its 49152: the general one); host and device outputs.  Indexer shapes of the tile
+ * kernel (k_indexer_t, 32 or 64 keys a block by default): 8192 keys at head_dim 128 and 256, 4100
+ * keys at rows 1 and 2, 8 rows of <= 600 keys; at 16 keys a block (2052 keys, and every shape with
+ * DSV4_CUDA_IX_TILE=4) when run with DSV4_CUDA_IX_TILE=16 or 4 (bench/cuda_device.sh ops does).
  * sparse_attn_rope and indexer_scores_rs (the fused forms: sparse_attn then the inverse RoPE of
  * the output; rope of q and scale of w folded into the indexer's scores): memcmp against the
  * separate ops on the CUDA backend (bit-identical: every path, including the fallbacks of odd
@@ -36,7 +40,7 @@
  * events), captured as one CUDA graph (events around the graph launch, ops->stats), and its
  * kernels alone in a graph through dsv4_cuda_attn_kernel_us: both, scores only, p.V only);
  * indexer_scores and topk over 8192 keys (rows 1 and 4), 516 and 2052 keys (rows 1) in a
- * graph, each alone and the two together.
+ * graph, each alone and the two together (graph times need DSV4_CUDA_GRAPH_TIMES=1; -1 without).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -371,7 +375,13 @@ static void test_indexer(void) {
     check_indexer("flash 64 x 128, rows 3 (8192/5000/77)", 3, IH, ID, IK, n3, 1, 0);
     static const int n516[1] = {516}, n2052[1] = {2052}, n9[2] = {9, 1};
     check_indexer("flash 64 x 128, 516 keys (4 per block)", 1, IH, ID, 600, n516, 1, 0);
-    check_indexer("flash 64 x 128, 2052 keys (16 per block)", 1, IH, ID, 2100, n2052, 1, 0);
+    check_indexer("flash 64 x 128, 2052 keys (16 a block)", 1, IH, ID, 2100, n2052, 1, 0);
+    static const int n4100[2] = {4100, 4097}, n8r[8] = {516, 520, 511, 3, 0, 516, 600, 17};
+    check_indexer("flash 64 x 128, 4100 keys (32 per block)", 1, IH, ID, 4100, n4100, 1, 0);
+    check_indexer("flash 64 x 128, rows 2, 4100 keys (64 per block)", 2, IH, ID, 4100, n4100, 1, 0);
+    check_indexer("flash 64 x 128, rows 8 of <= 600 keys (32/block)", 8, IH, ID, 600, n8r, 1, 0);
+    static const int n256[1] = {8192};
+    check_indexer("64 x 256, 8192 keys", 1, IH, 256, IK, n256, 1, 0);
     check_indexer("48 x 128, rows 2 (9/1 keys)", 2, 48, ID, 16, n9, 1, 0);
     check_indexer("64 x 128, keys 4 bytes off 16", 3, IH, ID, 300, o3, 1, 1);
     check_indexer("5 x 36, device keys", 3, 5, 36, 300, o3, 1, 0);
@@ -437,6 +447,22 @@ static void test_topk(void) {
     int n516[2] = {516, 2052}, n9000[1] = {9000};
     check_topk("random, 516 and 2052 keys, k 512", sc, 2, 2100, n516, ITK, 1);
     check_topk("random, 9000 keys, k 512", sc, 1, 9000, n9000, ITK, 1);
+    free(sc);
+    /* past 8192 entries: shared-memory kernel up to 49152, the general one above */
+    enum { BIG = 60000 };
+    sc = malloc(sizeof(float) * 2 * BIG);
+    REQUIRE(sc);
+    fill(sc, (size_t)2 * BIG, 3);
+    int nb[2] = {40000, 8198}, nh[1] = {BIG};
+    check_topk("random, 40000 and 8198 keys, k 512", sc, 2, BIG, nb, ITK, 1);
+    check_topk("random, 60000 keys, k 512", sc, 1, BIG, nh, ITK, 1);
+    for (size_t i = 0; i < (size_t)2 * BIG; i++) sc[i] = (float)(urand() % 5) - 2.0f; /* ties across the cut */
+    check_topk("5 values, 40000 and 8198 keys, k 512", sc, 2, BIG, nb, ITK, 1);
+    check_topk("5 values, 40000 and 8198 keys, k 2000", sc, 2, BIG, nb, 2000, 0);
+    free(sc);
+    sc = malloc(sizeof(float) * R * S);
+    REQUIRE(sc);
+    fill(sc, (size_t)R * S, 1);
     for (size_t i = 0; i < 2 * 2100; i++) sc[i] = (float)(urand() % 3) - 1.0f; /* ties across the cut */
     check_topk("3 values, 516 and 2052 keys, k 512", sc, 2, 2100, n516, ITK, 1);
     free(sc);
@@ -759,21 +785,22 @@ static double graph_us(void (*f)(void *), void *ctx, int n) {
     return st.graph_gpu_s > g0 ? (st.graph_gpu_s - g0) / n * 1e6 : -1;
 }
 
+enum { IBK = IK + 64 }; /* room for 8198 keys (32K context and a few steps) */
 typedef struct {
-    int rows, nk[4];
+    int rows, nk[8];
     float *q_d, *w_d, *k_d, *s_d;
     int32_t *p_d;
     int *np_d;
-    const float *kb[4];
+    const float *kb[8];
 } ibench;
 
 static void ib_indexer(void *p) {
     ibench *c = p;
-    gpu.ops->indexer_scores(&gpu, c->s_d, c->q_d, c->w_d, c->rows, IH, ID, c->kb, c->nk, IK, 0);
+    gpu.ops->indexer_scores(&gpu, c->s_d, c->q_d, c->w_d, c->rows, IH, ID, c->kb, c->nk, IBK, 0);
 }
 static void ib_topk(void *p) {
     ibench *c = p;
-    gpu.ops->topk(&gpu, c->p_d, c->np_d, c->s_d, c->rows, IK, c->nk, ITK);
+    gpu.ops->topk(&gpu, c->p_d, c->np_d, c->s_d, c->rows, IBK, c->nk, ITK);
 }
 static void ib_both(void *p) {
     ib_indexer(p);
@@ -785,7 +812,7 @@ static void bench_indexer(int rows, int nk) {
     ibench c;
     memset(&c, 0, sizeof c);
     c.rows = rows;
-    size_t nq = (size_t)rows * IH * ID, nkey = (size_t)rows * IK * ID;
+    size_t nq = (size_t)rows * IH * ID, nkey = (size_t)rows * IBK * ID;
     float *h = malloc(sizeof(float) * (nkey > nq ? nkey : nq));
     REQUIRE(h);
     fill(h, nkey, 1);
@@ -793,11 +820,11 @@ static void bench_indexer(int rows, int nk) {
     fill(h, nq, 1);
     c.q_d = dev_copy(h, sizeof(float) * nq);
     c.w_d = dev_copy(h, sizeof(float) * rows * IH);
-    c.s_d = gpu.ops->alloc(&gpu, sizeof(float) * rows * IK);
+    c.s_d = gpu.ops->alloc(&gpu, sizeof(float) * rows * IBK);
     c.p_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * rows * ITK);
     c.np_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
     REQUIRE(c.k_d && c.q_d && c.w_d && c.s_d && c.p_d && c.np_d);
-    for (int r = 0; r < rows; r++) c.nk[r] = nk, c.kb[r] = c.k_d + (size_t)r * IK * ID;
+    for (int r = 0; r < rows; r++) c.nk[r] = nk, c.kb[r] = c.k_d + (size_t)r * IBK * ID;
     for (int i = 0; i < 3; i++) ib_both(&c);
     CHECK(gpu_ok());
     double per[2] = {-1, -1};
@@ -836,6 +863,9 @@ static void test_zz_bench(void) {
     bench_indexer(4, IK);
     bench_indexer(1, 516); /* 2K context: 516 compressed rows, k 512 */
     bench_indexer(1, 2052); /* 8K context */
+    bench_indexer(1, 4100); /* 16K context */
+    bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 */
+    bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,

@@ -31,14 +31,17 @@
  *   of 64 keys would leave fewer than 128 blocks (decode below ~32K context: 516 keys at
  *   2K make 9 blocks) a block takes 4..32 keys and splits the heads among its threads
  *   (k_indexer_s), the relu'd dots meeting in shared memory for the weighted sum in head
- *   order; other head_dims or alignments: one warp per (row, key).  Per head a dot, relu,
- *   weighted sum in head order (score_bf16 rounds like the CPU).
+ *   order; with 64 heads and 32 or 64 keys a block (decode from ~16K context, batched decode)
+ *   a block is an fp32 GEMM tile of 64 heads x 32..64 keys (k_indexer_t); other head_dims or
+ *   alignments: one warp per (row, key).  Per head a dot, relu, weighted sum in head order
+ *   (score_bf16 rounds like the CPU).
  * topk: one block per row, radix select (up to four 8-bit passes) of the k-th largest
  *   value, then a block scan writes the entries above it and the lowest-index ties, in
  *   ascending index order (the CPU's choice: value descending, ties to the lower index),
  *   straight into the caller's device buffers.  O(n) per row.  Rows of <= 8192 entries
  *   keep their keys in registers and stop the passes once the digit holding the k-th
- *   largest is taken whole (k_topk_r).
+ *   largest is taken whole (k_topk_r); rows of up to 49152 in shared memory, the same way,
+ *   with one scan over contiguous runs at the end (k_topk_s).
  * pool: one thread per channel, softmax over the window in entry order.
  * Target: sm_90a.
  */
@@ -815,11 +818,12 @@ __device__ __forceinline__ void ix_rope_angles(const fused_rope &fr, int r, floa
 /* the row's q in shared memory (n_heads x hd floats) rotated in place, every pair of every
  * head's last rope_dim dims as rope(inverse 0) rotates it; the caller syncs before and after */
 __device__ __forceinline__ void ix_rope_q(float *qs, int n_heads, int hd, const fused_rope &fr, const float *cs,
-                                          const float *sn) {
+                                          const float *sn, int ld = 0) {
     int half = fr.rope_dim / 2, off = hd - fr.rope_dim;
+    if (!ld) ld = hd; /* floats from one head's q to the next (k_indexer_t pads its rows) */
     for (int t = threadIdx.x; t < n_heads * half; t += blockDim.x) {
         int h = t / half, i = t - h * half;
-        float *p = qs + h * hd + off + 2 * i;
+        float *p = qs + h * ld + off + 2 * i;
         float2 y = d_rope_rot_cs(p[0], p[1], cs[i], sn[i], fr.out_bf16);
         p[0] = y.x;
         p[1] = y.y;
@@ -1014,6 +1018,135 @@ __global__ void __launch_bounds__(IX_THREADS)
     }
 }
 
+/* Decode kernel for rows of many keys (64 heads, head_dim a multiple of 4 up to 256, q and key
+ * rows 16-byte aligned): a block of IX_THREADS scores KT keys (16, 32 or 64) of one row as a small
+ * fp32 GEMM tile, 64 heads x KT keys.  q of the row and the block's keys are copied into shared
+ * memory (cp.async, rows padded by 4 floats so that the float4 reads of 16 consecutive keys fall
+ * on distinct banks); thread (hy = t / 16, kx = t % 16) holds the dots of heads hy + 16 i (i < 4)
+ * with keys kx + 16 m (m < KT / 16), each one fma chain over the dims in ascending order, so
+ * every float4 of q read from shared memory feeds KT / 4 fmas and every float4 of a key 16
+ * (k_indexer_v: 4 fmas per float4 of q, the smem reads bounding it at ~33 us for 8192 keys,
+ * trace of 2026-12-02 05:54Z).  The relu'd dots meet in shared memory [key][head] and one
+ * thread per key forms the weighted sum in head order with k_indexer_s's expressions (its
+ * bf16 roundings too): only the order inside each dot product differs from the other kernels.
+ * RS as k_indexer_s (the rotation on the padded rows: same arithmetic). */
+#define IXT_HEADS 64
+#define IXT_PAD 4
+#define IXT_SMEM(hd, kt) (sizeof(float) * ((size_t)(IXT_HEADS + (kt)) * ((hd) + IXT_PAD) + (size_t)(kt) * (IXT_HEADS + 1) + IXT_HEADS))
+template <int KT, int RS>
+__global__ void __launch_bounds__(IX_THREADS)
+    k_indexer_t(float *score, const float *q, const float *w, int hd, const float *const *key_base, const int *n_keys,
+                const __grid_constant__ row_params rp, int max_keys, int score_bf16,
+                const __grid_constant__ fused_rope fr) {
+    constexpr int M = KT / 16;
+    static_assert(KT == 16 || KT == 32 || KT == 64, "k_indexer_t: 16, 32 or 64 keys a block");
+    pdl_enter();
+    extern __shared__ float4 ix_sm4[];
+    const int ld = hd + IXT_PAD, nv4 = hd / 4;
+    float *qs = (float *)ix_sm4;              /* [64][ld] */
+    float *ks = qs + IXT_HEADS * ld;          /* [KT][ld] */
+    float *red = ks + KT * ld;                /* [KT][65]: relu'd dots */
+    float *ws = red + KT * (IXT_HEADS + 1);   /* [64] */
+    float *cs = ws + IXT_HEADS, *sn = cs + fr.rope_dim / 2; /* RS: [rope_dim / 2] each */
+    int r = blockIdx.y, t = threadIdx.x;
+    int nk = min(key_base ? n_keys[r] : rp.n[r], max_keys);
+    int j0 = blockIdx.x * KT;
+    if (j0 >= nk) return; /* uniform over the block */
+    const float *qg = q + (int64_t)r * IXT_HEADS * hd;
+    for (int i = t; i < IXT_HEADS * nv4; i += IX_THREADS) {
+        int h = i / nv4, c = i - h * nv4;
+        attn_cp16(qs + h * ld + 4 * c, qg + (int64_t)h * hd + 4 * c);
+    }
+    const float *kb = (key_base ? key_base[r] : rp.base[r]) + (int64_t)j0 * hd;
+    int nkb = min(KT, nk - j0); /* keys of this block; rows past them are zero */
+    for (int i = t; i < KT * nv4; i += IX_THREADS) {
+        int jj = i / nv4, c = i - jj * nv4;
+        if (jj < nkb) attn_cp16(ks + jj * ld + 4 * c, kb + (int64_t)jj * hd + 4 * c);
+        else *(float4 *)(ks + jj * ld + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int i = t; i < IXT_HEADS; i += IX_THREADS) ws[i] = ix_w<RS>(w, (int64_t)r * IXT_HEADS + i, fr);
+    if (RS) ix_rope_angles(fr, r, cs, sn);
+    attn_cp_wait();
+    __syncthreads();
+    if (RS) {
+        ix_rope_q(qs, IXT_HEADS, hd, fr, cs, sn, ld);
+        __syncthreads();
+    }
+    int hy = t >> 4, kx = t & 15;
+    float acc[4][M];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[i][m] = 0.0f;
+    const float4 *qp = (const float4 *)(qs + hy * ld), *kp = (const float4 *)(ks + kx * ld);
+    const int qstep = 16 * ld / 4, kstep = 16 * ld / 4; /* float4s from head hy + 16 i to hy + 16 (i + 1) */
+#pragma unroll 2
+    for (int c = 0; c < nv4; c++) {
+        float4 a[4], b[M];
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = qp[i * qstep + c];
+#pragma unroll
+        for (int m = 0; m < M; m++) b[m] = kp[m * kstep + c];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float v = acc[i][m];
+                v = fmaf(a[i].x, b[m].x, v);
+                v = fmaf(a[i].y, b[m].y, v);
+                v = fmaf(a[i].z, b[m].z, v);
+                acc[i][m] = fmaf(a[i].w, b[m].w, v);
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float a = acc[i][m];
+            if (a < 0) a = 0;
+            red[(kx + 16 * m) * (IXT_HEADS + 1) + hy + 16 * i] = a;
+        }
+    __syncthreads();
+    if (t >= nkb) return;
+    const float *dk = red + t * (IXT_HEADS + 1);
+    float s = 0.0f;
+#pragma unroll 8
+    for (int h = 0; h < IXT_HEADS; h++) {
+        float a = dk[h], wh = ws[h];
+        if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+        else s += a * wh;
+    }
+    score[(int64_t)r * max_keys + j0 + t] = s;
+}
+
+/* the smallest keys-per-block at which indexer_scores takes k_indexer_t (DSV4_CUDA_IX_TILE=N,
+ * read once: 16, 32 or 64; 4 also below 16, at 16 keys a block, for A/B runs; 0 never),
+ * default 32.  H200, one CUDA graph of 100 calls each (test_cuda_attn's bench, 2026-12-02
+ * 06:17Z), us per call, k_indexer_t against the kernel it replaces: 8192 keys 8.5 (64 a block)
+ * / 12.7 (k_indexer_v), rows 4 x 8192 24.6 / 42.0, 4100 keys 6.5 (32) / 8.6 (k_indexer_s),
+ * rows 8 x 516 8.0 (32) / 12.6, but 2052 keys 6.2 (16) / 5.6: slower at 16 keys a block. */
+static int ix_tile_min(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_IX_TILE");
+        v = e && *e ? atoi(e) : 32;
+        if (v != 0 && v != 4 && v != 16 && v != 32 && v != 64) v = 32;
+    }
+    return v;
+}
+
+/* the most keys a block of the indexer takes (DSV4_CUDA_IX_KBMAX=N, read once: 4..64, a power
+ * of two; default 64), for A/B runs of the block size at long contexts */
+static int ix_kb_max(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_IX_KBMAX");
+        v = e && *e ? atoi(e) : 64;
+        if (v != 4 && v != 8 && v != 16 && v != 32 && v != 64) v = 64;
+    }
+    return v;
+}
+
 /* indexer_scores, and with fr (its positions and frequencies still to be filled from pos and
  * freq) indexer_scores_rs: the RS instances of the same kernels */
 static void indexer_scores(dsv4_backend *b, float *score, const float *q, const float *w, int rows, int n_heads,
@@ -1100,11 +1233,31 @@ static void indexer_scores(dsv4_backend *b, float *score, const float *q, const 
         /* keys per block: the largest power of two in 4..64 that still gives >= 128 blocks;
          * below 64 the split kernel (at 64 k_indexer_v measured faster: 13.0 against 15.9 us
          * at 8192 keys, H200) */
-        int kb = 64;
+        int kb = ix_kb_max();
         while (kb > 4 && (long)((maxn + kb - 1) / kb) * rows < 128) kb /= 2;
         size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1) + rs_sm;
         if (sm > 220 * 1024) kb = 64; /* no room for the dots */
-        if (vec && kb < 64) {
+        int tmin = ix_tile_min();
+        size_t smt = IXT_SMEM(head_dim, kb < 16 ? 16 : kb) + rs_sm;
+        if (vec && n_heads == IXT_HEADS && head_dim % 4 == 0 && tmin && kb >= tmin && smt <= 220 * 1024) {
+            if (kb < 16) kb = 16; /* DSV4_CUDA_IX_TILE=4 */
+            dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
+#define IX_LAUNCH(KT)                                                                                                  \
+    {                                                                                                                  \
+        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
+                  int, int, const fused_rope) = fr ? k_indexer_t<KT, 1> : k_indexer_t<KT, 0>;                         \
+        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smt))) return;            \
+        dsv4_launch(k, grid, IX_THREADS, smt, c->stream, sd, qd, wd, head_dim, kd, nd, rp, max_keys, score_bf16, f);   \
+    }
+            if (kb == 16) {
+                IX_LAUNCH(16);
+            } else if (kb == 32) {
+                IX_LAUNCH(32);
+            } else {
+                IX_LAUNCH(64);
+            }
+#undef IX_LAUNCH
+        } else if (vec && kb < 64) {
             dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
 #define IX_LAUNCH(NV)                                                                                                  \
     {                                                                                                                  \
@@ -1386,6 +1539,82 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
     if (t == 0) n_out[r] = k;
 }
 
+/* Rows above k_topk_r's 8192 entries (decode past 32K context) up to TK_SMAX: k_topk_r's
+ * selection with the keys read once into shared memory (dynamic, 4 bytes an entry) instead
+ * of registers, and the final pass over contiguous runs -- thread t owns entries
+ * [t per, (t + 1) per) -- so that one block scan of the runs' counts places every entry,
+ * where k_topk scans once per 1024 entries and reads the scores from global memory in each
+ * of its five passes (~18 us of the ~53 us top-k at 8198 entries, trace of 2026-12-02
+ * 05:54Z, after the indexer).  Same set, same ascending index order. */
+#define TK_SMAX 49152
+__global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out, const float *score, int stride,
+                                                       const int *n, const __grid_constant__ row_params rp, int k) {
+    pdl_enter();
+    extern __shared__ uint32_t tk_keys[];
+    __shared__ int hist[256], wsum[32], s_need, s_done;
+    __shared__ uint32_t s_prefix;
+    int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    int nr = n ? n[r] : rp.n[r];
+    const float *s = score + (int64_t)r * stride;
+    int32_t *ir = idx + (int64_t)r * k;
+    if (nr <= k) { /* every entry, in order */
+        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
+        if (t == 0) n_out[r] = nr;
+        return;
+    }
+    for (int i = t; i < nr; i += TK_THREADS) tk_keys[i] = tk_key(s[i]);
+    int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* uniform */
+    uint32_t prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (t < 256) hist[t] = 0;
+        __syncthreads(); /* also: the keys are in shared memory (first pass) */
+        for (int u = 0; u < nu; u++) {
+            int i = u * TK_THREADS + t;
+            uint32_t key = i < nr ? tk_keys[i] : 0u;
+            int dg = (i < nr && (key & mask) == prefix) ? (int)((key >> shift) & 255u) : 256;
+            unsigned grp = __match_any_sync(0xffffffffu, dg);
+            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+        }
+        __syncthreads();
+        if (warp == 0) tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, &s_done);
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        mask |= 255u << shift;
+        if (s_done) break; /* uniform */
+    }
+    /* contiguous runs: counts, one scan, then each run writes its entries in index order */
+    int per = nu, i0 = t * per, i1 = min(nr, i0 + per), gt = 0, eq = 0, tot;
+    for (int i = i0; i < i1; i++) {
+        uint32_t km = tk_keys[i] & mask;
+        gt += km > prefix;
+        eq += km == prefix;
+    }
+    int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* gt <= k, eq <= nr <= TK_SMAX: 16 bits each */
+    int g = ex & 0xffff, e = ex >> 16;
+    for (int i = i0; i < i1; i++) {
+        uint32_t km = tk_keys[i] & mask;
+        if (km > prefix) ir[g++ + min(e, need)] = i;
+        else if (km == prefix) {
+            if (e < need) ir[g + e] = i;
+            e++;
+        }
+    }
+    if (t == 0) n_out[r] = k;
+}
+
+/* the smallest row count at which cu_topk takes k_topk_s (DSV4_CUDA_TOPK_SMEM=N, read once;
+ * default just above k_topk_r's 8192 entries) */
+static int tk_smem_min(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_TOPK_SMEM");
+        v = e && *e && atoi(e) > 0 ? atoi(e) : TK_THREADS * TK_PER + 1;
+    }
+    return v;
+}
+
 void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride, const int *n,
              int k) {
     dsv4_cuda_op_begin(b);
@@ -1411,7 +1640,11 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
-    if (maxn <= TK_THREADS * TK_PER)
+    if (maxn >= tk_smem_min() && maxn <= TK_SMAX) {
+        size_t sm = sizeof(uint32_t) * (size_t)maxn;
+        if (CK(b, cudaFuncSetAttribute(k_topk_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;
+        dsv4_launch(k_topk_s, rows, TK_THREADS, sm, c->stream, id, no, sd, stride, nd, rp, k);
+    } else if (maxn <= TK_THREADS * TK_PER)
         dsv4_launch(k_topk_r, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     else
         dsv4_launch(k_topk, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
