@@ -1119,32 +1119,51 @@ __global__ void __launch_bounds__(IX_THREADS)
     score[(int64_t)r * max_keys + j0 + t] = s;
 }
 
+/* an integer switch (the caller reads it once): the variable's value when it is one of
+ * ok[0 .. n) (n 0: any value above 0), else dflt */
+static int env_choice(const char *name, int dflt, const int *ok, int n) {
+    const char *e = getenv(name);
+    if (!e || !*e) return dflt;
+    int v = atoi(e);
+    if (!n) return v > 0 ? v : dflt;
+    for (int i = 0; i < n; i++)
+        if (v == ok[i]) return v;
+    return dflt;
+}
+
 /* the smallest keys-per-block at which indexer_scores takes k_indexer_t (DSV4_CUDA_IX_TILE=N,
  * read once: 16, 32 or 64; 4 also below 16, at 16 keys a block, for A/B runs; 0 never),
  * default 32.  H200, one CUDA graph of 100 calls each (test_cuda_attn's bench, 2026-12-02
- * 06:17Z), us per call, k_indexer_t against the kernel it replaces: 8192 keys 8.5 (64 a block)
+ * 06:14Z), us per call, k_indexer_t against the kernel it replaces: 8192 keys 8.5 (64 a block)
  * / 12.7 (k_indexer_v), rows 4 x 8192 24.6 / 42.0, 4100 keys 6.5 (32) / 8.6 (k_indexer_s),
  * rows 8 x 516 8.0 (32) / 12.6, but 2052 keys 6.2 (16) / 5.6: slower at 16 keys a block. */
 static int ix_tile_min(void) {
+    static const int ok[] = {0, 4, 16, 32, 64};
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_IX_TILE");
-        v = e && *e ? atoi(e) : 32;
-        if (v != 0 && v != 4 && v != 16 && v != 32 && v != 64) v = 32;
-    }
+    if (v < 0) v = env_choice("DSV4_CUDA_IX_TILE", 32, ok, 5);
     return v;
 }
 
 /* the most keys a block of the indexer takes (DSV4_CUDA_IX_KBMAX=N, read once: 4..64, a power
  * of two; default 64), for A/B runs of the block size at long contexts */
 static int ix_kb_max(void) {
+    static const int ok[] = {4, 8, 16, 32, 64};
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_IX_KBMAX");
-        v = e && *e ? atoi(e) : 64;
-        if (v != 4 && v != 8 && v != 16 && v != 32 && v != 64) v = 64;
-    }
+    if (v < 0) v = env_choice("DSV4_CUDA_IX_KBMAX", 64, ok, 5);
     return v;
+}
+
+/* the indexer kernels' signatures (k_indexer_t and k_indexer_v share one), and their launch:
+ * the dynamic shared memory allowed, then dsv4_launch; 1 on a CUDA error (recorded) */
+typedef void (*ixt_fn)(float *, const float *, const float *, int, const float *const *, const int *,
+                       const row_params, int, int, const fused_rope);
+typedef void (*ixs_fn)(float *, const float *, const float *, int, const float *const *, const int *,
+                       const row_params, int, int, int, const fused_rope);
+template <typename... P, typename... A>
+static int ix_go(dsv4_backend *b, void (*k)(P...), dim3 grid, int threads, size_t sm, A &&...args) {
+    if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return 1;
+    dsv4_launch(k, grid, threads, sm, CI(b)->stream, static_cast<A &&>(args)...);
+    return 0;
 }
 
 /* indexer_scores, and with fr (its positions and frequencies still to be filled from pos and
@@ -1237,72 +1256,33 @@ static void indexer_scores(dsv4_backend *b, float *score, const float *q, const 
         while (kb > 4 && (long)((maxn + kb - 1) / kb) * rows < 128) kb /= 2;
         size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1) + rs_sm;
         if (sm > 220 * 1024) kb = 64; /* no room for the dots */
-        int tmin = ix_tile_min();
+        int tmin = ix_tile_min(), rsi = fr ? 1 : 0, nvi = nv == 2 ? 0 : nv == 4 ? 1 : nv == 8 ? 2 : 3;
         size_t smt = IXT_SMEM(head_dim, kb < 16 ? 16 : kb) + rs_sm;
         if (vec && n_heads == IXT_HEADS && head_dim % 4 == 0 && tmin && kb >= tmin && smt <= 220 * 1024) {
             if (kb < 16) kb = 16; /* DSV4_CUDA_IX_TILE=4 */
-            dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
-#define IX_LAUNCH(KT)                                                                                                  \
-    {                                                                                                                  \
-        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
-                  int, int, const fused_rope) = fr ? k_indexer_t<KT, 1> : k_indexer_t<KT, 0>;                         \
-        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smt))) return;            \
-        dsv4_launch(k, grid, IX_THREADS, smt, c->stream, sd, qd, wd, head_dim, kd, nd, rp, max_keys, score_bf16, f);   \
-    }
-            if (kb == 16) {
-                IX_LAUNCH(16);
-            } else if (kb == 32) {
-                IX_LAUNCH(32);
-            } else {
-                IX_LAUNCH(64);
-            }
-#undef IX_LAUNCH
+            static ixt_fn const kt[3][2] = {{k_indexer_t<16, 0>, k_indexer_t<16, 1>},
+                                            {k_indexer_t<32, 0>, k_indexer_t<32, 1>},
+                                            {k_indexer_t<64, 0>, k_indexer_t<64, 1>}};
+            if (ix_go(b, kt[kb == 16 ? 0 : kb == 32 ? 1 : 2][rsi], dim3((unsigned)((maxn + kb - 1) / kb), (unsigned)rows),
+                      IX_THREADS, smt, sd, qd, wd, head_dim, kd, nd, rp, max_keys, score_bf16, f))
+                return;
         } else if (vec && kb < 64) {
-            dim3 grid((unsigned)((maxn + kb - 1) / kb), (unsigned)rows);
-#define IX_LAUNCH(NV)                                                                                                  \
-    {                                                                                                                  \
-        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
-                  int, int, int, const fused_rope) = fr ? k_indexer_s<NV, 1> : k_indexer_s<NV, 0>;                    \
-        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;             \
-        dsv4_launch(k, grid, IX_THREADS, sm, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, kb, f); \
-    }
-            if (nv == 2) {
-                IX_LAUNCH(2);
-            } else if (nv == 4) {
-                IX_LAUNCH(4);
-            } else if (nv == 8) {
-                IX_LAUNCH(8);
-            } else {
-                IX_LAUNCH(16);
-            }
-#undef IX_LAUNCH
+            static ixs_fn const ks[4][2] = {{k_indexer_s<2, 0>, k_indexer_s<2, 1>}, {k_indexer_s<4, 0>, k_indexer_s<4, 1>},
+                                            {k_indexer_s<8, 0>, k_indexer_s<8, 1>},
+                                            {k_indexer_s<16, 0>, k_indexer_s<16, 1>}};
+            if (ix_go(b, ks[nvi][rsi], dim3((unsigned)((maxn + kb - 1) / kb), (unsigned)rows), IX_THREADS, sm, sd, qd,
+                      wd, n_heads, kd, nd, rp, max_keys, score_bf16, kb, f))
+                return;
         } else if (vec) {
-            size_t smv = smem + sizeof(float) * n_heads + rs_sm;
-            dim3 grid((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows);
-#define IX_LAUNCH(NV)                                                                                                  \
-    {                                                                                                                  \
-        void (*k)(float *, const float *, const float *, int, const float *const *, const int *, const row_params,    \
-                  int, int, const fused_rope) = fr ? k_indexer_v<NV, 1> : k_indexer_v<NV, 0>;                         \
-        if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smv))) return;            \
-        dsv4_launch(k, grid, IX_THREADS, smv, c->stream, sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, f);    \
-    }
-            if (nv == 2) {
-                IX_LAUNCH(2);
-            } else if (nv == 4) {
-                IX_LAUNCH(4);
-            } else if (nv == 8) {
-                IX_LAUNCH(8);
-            } else {
-                IX_LAUNCH(16);
-            }
-#undef IX_LAUNCH
-        } else {
-            void (*k)(float *, const float *, const float *, int, int, const float *const *, const int *,
-                      const row_params, int, int, const fused_rope) = fr ? k_indexer<1> : k_indexer<0>;
-            size_t smg = smem + rs_sm;
-            if (CK(b, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smg))) return;
-            dsv4_launch(k, dim3((unsigned)((maxn + 7) / 8), rows), 256, smg, c->stream, sd, qd, wd, n_heads, head_dim,
-                        kd, nd, rp, max_keys, score_bf16, f);
+            static ixt_fn const kv[4][2] = {{k_indexer_v<2, 0>, k_indexer_v<2, 1>}, {k_indexer_v<4, 0>, k_indexer_v<4, 1>},
+                                            {k_indexer_v<8, 0>, k_indexer_v<8, 1>},
+                                            {k_indexer_v<16, 0>, k_indexer_v<16, 1>}};
+            if (ix_go(b, kv[nvi][rsi], dim3((unsigned)((maxn + IX_KEYS - 1) / IX_KEYS), (unsigned)rows), IX_THREADS,
+                      smem + sizeof(float) * n_heads + rs_sm, sd, qd, wd, n_heads, kd, nd, rp, max_keys, score_bf16, f))
+                return;
+        } else if (ix_go(b, fr ? k_indexer<1> : k_indexer<0>, dim3((unsigned)((maxn + 7) / 8), (unsigned)rows), 256,
+                         smem + rs_sm, sd, qd, wd, n_heads, head_dim, kd, nd, rp, max_keys, score_bf16, f)) {
+            return;
         }
         if (CKL(b)) return;
     }
@@ -1423,6 +1403,32 @@ __device__ __forceinline__ void tk_pick_digit(const int *hist, int lane, int nee
     }
 }
 
+/* counts digit dg (256: none) of this thread's entry into hist: one shared atomic per distinct
+ * digit of the warp (every lane of the warp calls it) */
+__device__ __forceinline__ void tk_hist_add(int *hist, int dg, int lane) {
+    unsigned grp = __match_any_sync(0xffffffffu, dg);
+    if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+}
+
+/* the end of a radix pass (after the histogram): warp 0 finds the digit (tk_pick_digit; s_done
+ * NULL for k_topk, which runs every pass), then every thread takes the new prefix and need */
+__device__ __forceinline__ void tk_pass_end(const int *hist, int warp, int lane, int shift, uint32_t &prefix,
+                                            int &need, uint32_t *s_prefix, int *s_need, int *s_done) {
+    __syncthreads();
+    if (warp == 0) tk_pick_digit(hist, lane, need, prefix, shift, s_prefix, s_need, s_done);
+    __syncthreads();
+    prefix = *s_prefix;
+    need = *s_need;
+}
+
+/* a row of nr <= k entries takes every one, in order (ir: its k slots); 1 if so */
+__device__ __forceinline__ int tk_whole(int32_t *ir, int *n_out, int r, int nr, int k) {
+    if (nr > k) return 0;
+    for (int i = threadIdx.x; i < nr; i += blockDim.x) ir[i] = i;
+    if (threadIdx.x == 0) n_out[r] = nr;
+    return 1;
+}
+
 __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
                                                      const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
@@ -1432,11 +1438,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
     int nr = n ? n[r] : rp.n[r];
     const float *s = score + (int64_t)r * stride;
     int32_t *ir = idx + (int64_t)r * k;
-    if (nr <= k) { /* every entry, in order */
-        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
-        if (t == 0) n_out[r] = nr;
-        return;
-    }
+    if (tk_whole(ir, n_out, r, nr, k)) return;
     uint32_t prefix = 0;
     int need = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -1447,14 +1449,9 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
             int i = base + t;
             uint32_t key = i < nr ? tk_key(s[i]) : 0u;
             int dg = (i < nr && (key & hmask) == prefix) ? (int)((key >> shift) & 255u) : 256;
-            unsigned grp = __match_any_sync(0xffffffffu, dg);
-            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+            tk_hist_add(hist, dg, lane);
         }
-        __syncthreads();
-        if (warp == 0) tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, NULL);
-        __syncthreads();
-        prefix = s_prefix;
-        need = s_need;
+        tk_pass_end(hist, warp, lane, shift, prefix, need, &s_prefix, &s_need, NULL);
     }
     /* prefix = T: take every key > T and the first `need` keys == T, in index order */
     int gt_base = 0, eq_base = 0;
@@ -1487,11 +1484,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
     int nr = n ? n[r] : rp.n[r];
     const float *s = score + (int64_t)r * stride;
     int32_t *ir = idx + (int64_t)r * k;
-    if (nr <= k) { /* every entry, in order */
-        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
-        if (t == 0) n_out[r] = nr;
-        return;
-    }
+    if (tk_whole(ir, n_out, r, nr, k)) return;
     int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* <= TK_PER, uniform */
     uint32_t key[TK_PER];
 #pragma unroll
@@ -1509,15 +1502,10 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
             if (u >= nu) break; /* uniform */
             int i = u * TK_THREADS + t;
             int dg = (i < nr && (key[u] & mask) == prefix) ? (int)((key[u] >> shift) & 255u) : 256;
-            unsigned grp = __match_any_sync(0xffffffffu, dg);
-            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+            tk_hist_add(hist, dg, lane);
         }
-        __syncthreads();
-        if (warp == 0) /* s_done: the digit's entries are all taken (read after the next barrier) */
-            tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, &s_done);
-        __syncthreads();
-        prefix = s_prefix;
-        need = s_need;
+        /* s_done: the digit's entries are all taken (read after tk_pass_end's second barrier) */
+        tk_pass_end(hist, warp, lane, shift, prefix, need, &s_prefix, &s_need, &s_done);
         mask |= 255u << shift;
         if (s_done) break; /* uniform */
     }
@@ -1557,11 +1545,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
     int nr = n ? n[r] : rp.n[r];
     const float *s = score + (int64_t)r * stride;
     int32_t *ir = idx + (int64_t)r * k;
-    if (nr <= k) { /* every entry, in order */
-        for (int i = t; i < nr; i += blockDim.x) ir[i] = i;
-        if (t == 0) n_out[r] = nr;
-        return;
-    }
+    if (tk_whole(ir, n_out, r, nr, k)) return;
     for (int i = t; i < nr; i += TK_THREADS) tk_keys[i] = tk_key(s[i]);
     int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* uniform */
     uint32_t prefix = 0, mask = 0;
@@ -1573,14 +1557,9 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
             int i = u * TK_THREADS + t;
             uint32_t key = i < nr ? tk_keys[i] : 0u;
             int dg = (i < nr && (key & mask) == prefix) ? (int)((key >> shift) & 255u) : 256;
-            unsigned grp = __match_any_sync(0xffffffffu, dg);
-            if (dg < 256 && lane == __ffs(grp) - 1) atomicAdd(&hist[dg], __popc(grp));
+            tk_hist_add(hist, dg, lane);
         }
-        __syncthreads();
-        if (warp == 0) tk_pick_digit(hist, lane, need, prefix, shift, &s_prefix, &s_need, &s_done);
-        __syncthreads();
-        prefix = s_prefix;
-        need = s_need;
+        tk_pass_end(hist, warp, lane, shift, prefix, need, &s_prefix, &s_need, &s_done);
         mask |= 255u << shift;
         if (s_done) break; /* uniform */
     }
@@ -1608,10 +1587,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
  * default just above k_topk_r's 8192 entries) */
 static int tk_smem_min(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_TOPK_SMEM");
-        v = e && *e && atoi(e) > 0 ? atoi(e) : TK_THREADS * TK_PER + 1;
-    }
+    if (v < 0) v = env_choice("DSV4_CUDA_TOPK_SMEM", TK_THREADS * TK_PER + 1, NULL, 0);
     return v;
 }
 
