@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu nsys opb
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu ncuix nsys opb
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
@@ -145,6 +145,21 @@ for stage in "${stages[@]}"; do
         $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 >"$OUT/ncu.log" 2>&1
       note "ncu rc=$? on $m"
       awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^ +(void )?/,"",k); sub(/\(.*/,"",k)} /Duration|Executed Instructions  |DRAM Throughput|Issue Slots Busy/ {printf "%s | %s %s\n", k, $1" "$2, $NF}' "$OUT/ncu.log" | head -120 >>"$summary"
+    else note "ncu: not installed"; fi ;;
+  ncuix)
+    # hardware counters of the indexer and top-k kernels at the 32K decode shapes, on test_cuda_attn's bench
+    # (8192 and 8198 keys, one row; no model needed): duration, instructions, issue slots, shared-memory
+    # wavefronts and bank conflicts, warp stall reasons; the first NCU_COUNT (default 4) calls of each kernel
+    if command -v ncu >/dev/null 2>&1; then
+      for kn in ${NCU_KERNELS:-k_indexer_t k_topk_s}; do   # the old ones: NCU_ENV="DSV4_CUDA_IX_TILE=0" NCU_KERNELS=k_indexer_v
+        env DSV4_ATTN_BENCH=1 ${NCU_ENV:-} timeout 200 ncu --clock-control none --graph-profiling node -k regex:"$kn" \
+          -c ${NCU_COUNT:-4} --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
+          --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy \
+          $bin/test_cuda_attn test_zz_bench >"$OUT/ncuix_$kn.log" 2>&1
+        note "ncuix $kn rc=$?"
+        grep -E "^  [a-zA-Z_].*\(|Duration|Executed Instructions  |Issue Slots Busy|Bank Conflicts|Stall" \
+          "$OUT/ncuix_$kn.log" | head -60 >>"$summary"
+      done
     else note "ncu: not installed"; fi ;;
   nsys)
     # kernel-level timeline of decode steps (if the image has Nsight Systems)
