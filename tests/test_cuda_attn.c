@@ -39,8 +39,9 @@
  * back-to-back calls issued eagerly (host clock), per op with a sync each (ops->profile,
  * events), captured as one CUDA graph (events around the graph launch, ops->stats), and its
  * kernels alone in a graph through dsv4_cuda_attn_kernel_us: both, scores only, p.V only);
- * indexer_scores and topk over 8192 keys (rows 1 and 4), 516 and 2052 keys (rows 1) in a
- * graph, each alone and the two together (graph times need DSV4_CUDA_GRAPH_TIMES=1; -1 without).
+ * indexer_scores and topk over 8192 keys (rows 1 and 4), 516, 2052, 4100 and 8198 keys (rows 1)
+ * and 516 keys at rows 8, in a graph, each alone and the two together (graph times need
+ * DSV4_CUDA_GRAPH_TIMES=1; -1 without).
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -377,9 +378,9 @@ static void test_indexer(void) {
     check_indexer("flash 64 x 128, 516 keys (4 per block)", 1, IH, ID, 600, n516, 1, 0);
     check_indexer("flash 64 x 128, 2052 keys (16 a block)", 1, IH, ID, 2100, n2052, 1, 0);
     static const int n4100[2] = {4100, 4097}, n8r[8] = {516, 520, 511, 3, 0, 516, 600, 17};
-    check_indexer("flash 64 x 128, 4100 keys (32 per block)", 1, IH, ID, 4100, n4100, 1, 0);
-    check_indexer("flash 64 x 128, rows 2, 4100 keys (64 per block)", 2, IH, ID, 4100, n4100, 1, 0);
-    check_indexer("flash 64 x 128, rows 8 of <= 600 keys (32/block)", 8, IH, ID, 600, n8r, 1, 0);
+    check_indexer("flash 64 x 128, 4100 keys (32 a block)", 1, IH, ID, 4100, n4100, 1, 0);
+    check_indexer("flash 64 x 128, rows 2, 4100 keys (64 a block)", 2, IH, ID, 4100, n4100, 1, 0);
+    check_indexer("flash 64 x 128, rows 8 of <= 600 keys (32 a block)", 8, IH, ID, 600, n8r, 1, 0);
     static const int n256[1] = {8192};
     check_indexer("64 x 256, 8192 keys", 1, IH, 256, IK, n256, 1, 0);
     check_indexer("48 x 128, rows 2 (9/1 keys)", 2, 48, ID, 16, n9, 1, 0);

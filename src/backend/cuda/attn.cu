@@ -1025,8 +1025,8 @@ __global__ void __launch_bounds__(IX_THREADS)
  * on distinct banks); thread (hy = t / 16, kx = t % 16) holds the dots of heads hy + 16 i (i < 4)
  * with keys kx + 16 m (m < KT / 16), each one fma chain over the dims in ascending order, so
  * every float4 of q read from shared memory feeds KT / 4 fmas and every float4 of a key 16
- * (k_indexer_v: 4 fmas per float4 of q, the smem reads bounding it at ~33 us for 8192 keys,
- * trace of 2026-12-02 05:54Z).  The relu'd dots meet in shared memory [key][head] and one
+ * (k_indexer_v: 4 fmas per float4 of q; it took ~33 us a call at 8192 keys in the decode trace
+ * of 2026-12-02 05:54Z, this kernel ~13-15 us, neither explained by counters yet).  The relu'd dots meet in shared memory [key][head] and one
  * thread per key forms the weighted sum in head order with k_indexer_s's expressions (its
  * bf16 roundings too): only the order inside each dot product differs from the other kernels.
  * RS as k_indexer_s (the rotation on the padded rows: same arithmetic). */
@@ -1079,14 +1079,14 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[i][m] = 0.0f;
     const float4 *qp = (const float4 *)(qs + hy * ld), *kp = (const float4 *)(ks + kx * ld);
-    const int qstep = 16 * ld / 4, kstep = 16 * ld / 4; /* float4s from head hy + 16 i to hy + 16 (i + 1) */
+    const int step = 16 * ld / 4; /* float4s from head (key) hy + 16 i to hy + 16 (i + 1) */
 #pragma unroll 2
     for (int c = 0; c < nv4; c++) {
         float4 a[4], b[M];
 #pragma unroll
-        for (int i = 0; i < 4; i++) a[i] = qp[i * qstep + c];
+        for (int i = 0; i < 4; i++) a[i] = qp[i * step + c];
 #pragma unroll
-        for (int m = 0; m < M; m++) b[m] = kp[m * kstep + c];
+        for (int m = 0; m < M; m++) b[m] = kp[m * step + c];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -1249,9 +1249,10 @@ static void indexer_scores(dsv4_backend *b, float *score, const float *q, const 
     if ((rows > ROW_PARAMS && (!kd || !nd)) || !qd || !wd || !sd) return;
     vec = vec && ((uintptr_t)qd & 15) == 0;
     if (maxn > 0) {
-        /* keys per block: the largest power of two in 4..64 that still gives >= 128 blocks;
-         * below 64 the split kernel (at 64 k_indexer_v measured faster: 13.0 against 15.9 us
-         * at 8192 keys, H200) */
+        /* keys per block: the largest power of two in 4..64 that still gives >= 128 blocks.
+         * From ix_tile_min() (32) on, with 64 heads, the tile kernel; below it the split kernel;
+         * other shapes at 64 k_indexer_v (faster there than the split kernel: 13.0 against
+         * 15.9 us at 8192 keys, H200) */
         int kb = ix_kb_max();
         while (kb > 4 && (long)((maxn + kb - 1) / kb) * rows < 128) kb /= 2;
         size_t sm = smem + sizeof(float) * n_heads + sizeof(float) * (size_t)kb * (n_heads + 1) + rs_sm;
@@ -1532,8 +1533,8 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
  * of registers, and the final pass over contiguous runs -- thread t owns entries
  * [t per, (t + 1) per) -- so that one block scan of the runs' counts places every entry,
  * where k_topk scans once per 1024 entries and reads the scores from global memory in each
- * of its five passes (~18 us of the ~53 us top-k at 8198 entries, trace of 2026-12-02
- * 05:54Z, after the indexer).  Same set, same ascending index order. */
+ * of its five passes (at 8198 entries it ran ~18 us after the indexer ended, decode trace of
+ * 2026-12-02 05:54Z; this kernel ~11 us).  Same set, same ascending index order. */
 #define TK_SMAX 49152
 __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out, const float *score, int stride,
                                                        const int *n, const __grid_constant__ row_params rp, int k) {
