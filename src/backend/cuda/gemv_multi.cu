@@ -21,6 +21,9 @@
  * 16-product partial of a vector (its 16 columns lie in one block of >= 16): multiplying by
  * 2^k is exact barring overflow and subnormals, as in k_gemv8.  A lane sums its partials in
  * vector order, the warp by a shuffle tree; out_bf16 rounds the sum.
+ * A layer's bf16 table and its FP8 table on x go as one launch of k_gemv_multi2 where an instance
+ * takes their K (4096, 2048): each block does one table's work as in its own launch, the bf16
+ * blocks first (one kernel boundary less a layer; DSV4_CUDA_GM_MERGE=0 keeps two launches).
  * Target: sm_90a.  DSV4_CUDA_GEMV_MULTI=0 (read once) sends every entry through matmul (A/B).
  */
 #include <stdlib.h>
@@ -76,11 +79,11 @@ __device__ __forceinline__ float gm_dot_fp8(const uint4 &q, const float *xv) {
     return s0 + s1;
 }
 
+/* one block's work of k_gemv_multi (task: this warp's task; xs: K floats of shared memory) */
 template <int FMT, int VPL, int RPW>
-__global__ void __launch_bounds__(256) k_gemv_multi(const gm_table t, const float *__restrict__ x) {
+__device__ __forceinline__ void gm_body(const gm_table &t, const float *__restrict__ x, int task, float *xs) {
     constexpr int VN = FMT == GM_FP8 ? 16 : 8, K = 32 * VPL * VN;
-    extern __shared__ __align__(16) float xs[]; /* K floats */
-    const int lane = threadIdx.x & 31, task = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
     const int r0 = task * RPW; /* first virtual row of this warp */
     int ei = 0;
 #pragma unroll 1
@@ -143,6 +146,27 @@ __global__ void __launch_bounds__(256) k_gemv_multi(const gm_table t, const floa
     }
 }
 
+template <int FMT, int VPL, int RPW>
+__global__ void __launch_bounds__(256) k_gemv_multi(const gm_table t, const float *__restrict__ x) {
+    extern __shared__ __align__(16) float xs[]; /* K floats */
+    gm_body<FMT, VPL, RPW>(t, x, blockIdx.x * 8 + (threadIdx.x >> 5), xs);
+}
+
+/* The bf16 table tb in blocks [0, nb) and the FP8 table tf (same x, same K) in the blocks after
+ * them: the two launches of a layer's projections as one (each block does what it did in its own
+ * launch, so the same bits).  Instances for K 4096 (bf16 16 vectors a lane, FP8 8 at one or two
+ * rows a warp) and K 2048 (8 and 4).  DSV4_CUDA_GM_MERGE=0 keeps two launches (A/B). */
+template <int VB, int RB, int VF, int RF>
+__global__ void __launch_bounds__(256, 2) k_gemv_multi2(const gm_table tb, const gm_table tf, const float *__restrict__ x,
+                                                    int nb) {
+    static_assert(32 * VB * 8 == 32 * VF * 16, "k_gemv_multi2: one K for both tables");
+    extern __shared__ __align__(16) float xs[]; /* K floats */
+    if ((int)blockIdx.x < nb)
+        gm_body<GM_BF16, VB, RB>(tb, x, blockIdx.x * 8 + (threadIdx.x >> 5), xs);
+    else
+        gm_body<GM_FP8, VF, RF>(tf, x, (blockIdx.x - nb) * 8 + (threadIdx.x >> 5), xs);
+}
+
 static int gm_off = -1; /* DSV4_CUDA_GEMV_MULTI=0 */
 
 /* VPL for K in format fmt (vectors per lane), 0 if k_gemv_multi has no instance for it */
@@ -200,6 +224,39 @@ static int gm_rpw(int vpl) {
     return 16 / vpl;
 }
 
+static int gm_merge_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_GM_MERGE");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+/* the bf16 table tb and the FP8 table tf (K in both) in one k_gemv_multi2 launch, where an
+ * instance takes them: 1 if launched */
+static int gm_launch2(const gm_table &tb, const gm_table &tf, int64_t K, const float *x, cudaStream_t st, int nsm) {
+    if (!gm_merge_on()) return 0;
+    int vb = gm_vpl(GM_BF16, K), vf = gm_vpl(GM_FP8, K);
+    size_t smem = sizeof(float) * (size_t)K;
+    if (vb == 16 && vf == 8) {
+        int one = gm_one_row() && (tf.total / 2 + 7) / 8 < 2 * nsm; /* gm_launch's choice for tf alone */
+        int rf = one ? 1 : 2;
+        unsigned nb = (unsigned)((tb.total + 7) / 8), nf = (unsigned)(((tf.total + rf - 1) / rf + 7) / 8);
+        if (one)
+            dsv4_launch(k_gemv_multi2<16, 1, 8, 1>, nb + nf, 256, smem, st, tb, tf, x, (int)nb);
+        else
+            dsv4_launch(k_gemv_multi2<16, 1, 8, 2>, nb + nf, 256, smem, st, tb, tf, x, (int)nb);
+        return 1;
+    }
+    if (vb == 8 && vf == 4) {
+        unsigned nb = (unsigned)(((tb.total + 1) / 2 + 7) / 8), nf = (unsigned)(((tf.total + 3) / 4 + 7) / 8);
+        dsv4_launch(k_gemv_multi2<8, 2, 4, 4>, nb + nf, 256, smem, st, tb, tf, x, (int)nb);
+        return 1;
+    }
+    return 0;
+}
+
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 
 long dsv4_cuda_gemv_multi_launches(dsv4_backend *b) {
@@ -243,7 +300,11 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     const float *xd = (const float *)dsv4_cuda_in(b, x, sizeof(float) * K);
     if (!xd) return;
     const float *xq = NULL;
-    /* launch groups: (format, input): FP8 entries with act_fp8 read the act_quant copy */
+    /* launch groups: (format, input): FP8 entries with act_fp8 read the act_quant copy.  The last
+     * table of the bf16 group and of the FP8 group on x wait for the end, where one launch may take
+     * both (gm_launch2) */
+    gm_table keep[2];
+    keep[0].n = keep[1].n = 0;
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
@@ -277,9 +338,24 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
                 (fmt == GM_FP8 ? (size_t)((dw.rows + dw.block - 1) / dw.block) * E.srow : 0);
         }
         if (!t.n) continue;
-        gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream, nsm);
+        if (g < 2) {
+            keep[g] = t;
+            continue;
+        }
+        gm_launch(t, fmt, gm_vpl(fmt, K), xq, c->stream, nsm);
         if (CKL(b)) return;
         c->gm_launches++;
+    }
+    if (keep[0].n && keep[1].n && gm_launch2(keep[0], keep[1], K, xd, c->stream, nsm)) {
+        if (CKL(b)) return;
+        c->gm_launches++;
+    } else {
+        for (int g = 0; g < 2; g++) {
+            if (!keep[g].n) continue;
+            gm_launch(keep[g], g == 0 ? GM_BF16 : GM_FP8, gm_vpl(g == 0 ? GM_BF16 : GM_FP8, K), xd, c->stream, nsm);
+            if (CKL(b)) return;
+            c->gm_launches++;
+        }
     }
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_MULTI);
 }
