@@ -73,6 +73,13 @@ struct dsv4_model {
     float *o, *low, *a;     /* [R][nh*hd], [R][og*olr], [R][dim] */
     float *rl, *wts;        /* [R][n_routed], [R][k] routing weights (backend memory) */
     int32_t *experts, *hash;/* [R][k] expert ids (backend memory), hash ids (host: tokens are known here) */
+    int n_hash;             /* hash-routed layers among the main ones; hash_slot[l]: their index (-1: not) */
+    int hash_ready;         /* hash_dev holds this pass's ids (set with the embedding, cleared after the layers) */
+    int *hash_slot;
+    int32_t *hash_all;      /* [n_hash][rows][k] this pass's hash ids of every hash layer (host), and */
+    int32_t *hash_dev;      /* their copy in backend memory, uploaded once with the embedding, so that a
+                               hash layer's route reads them in place (no host copy inside a layer's
+                               graph on a device backend) */
     float *hx, *logits;     /* [R][dim], [R][vocab] */
     int64_t *pos, *cpos;    /* [R], [R+1] */
     int32_t *tok;           /* [R] */
@@ -234,6 +241,9 @@ void dsv4_model_free(dsv4_model *m) {
                    m->logits, m->wts, m->experts, m->picks, m->n_picks, m->fpost, m->fcomb};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) OPS(m)->free(B_(m), dev[i]);
+    if (m->hash_dev) OPS(m)->free(B_(m), m->hash_dev);
+    free(m->hash_slot);
+    free(m->hash_all);
     if (m->scores) OPS(m)->free(B_(m), m->scores);
     /* ... indices, lists and what the host reads stay host memory */
     void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->tok,           m->seg_of,      m->segs,
@@ -332,6 +342,11 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AL(m->cl_src, 2 * R) || AL(m->cl_bytes, 2 * R) || AL(m->ol, 4 * R + 8))
         goto oom;
     m->ol_cap = (int)(4 * R + 8); /* a decode step's longest list: 2 tasks + 2 copies per row per compressor */
+    if (!(m->hash_slot = malloc(sizeof(int) * (size_t)(m->n_all > 0 ? m->n_all : 1)))) goto oom;
+    m->n_hash = 0;
+    for (int l = 0; l < m->n_all; l++) m->hash_slot[l] = l < c->n_layers && w->layers[l].is_hash ? m->n_hash++ : -1;
+    if (m->n_hash && (AL(m->hash_all, (size_t)m->n_hash * R * k) || AB(m->hash_dev, (size_t)m->n_hash * R * k)))
+        goto oom;
 #undef AL
 #undef AB
     *out = m;
@@ -642,6 +657,18 @@ static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
 /* ----- one block (spec §2.2) ----- */
 static void mark_segment(dsv4_model *m, int key);
 
+/* the hash ids of layer L's rows (tid2eid[token]) into dst [rows][k] */
+static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32_t *dst) {
+    const dsv4_weight *t = &L->tid2eid;
+    int k = m->cfg->n_active;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < k; j++) {
+            int64_t at = (int64_t)m->tok[i] * k + j;
+            dst[i * k + j] =
+                (int32_t)(t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[at] : ((const int32_t *)t->data)[at]);
+        }
+}
+
 /* next: the layer that follows this one in the same pass (-1: none, the head or the MTP
  * follows); its attention hc_pre then runs inside this layer's last hc_post where the backend
  * fuses them (hc_post_pre_norm) and that layer skips its own (m->hc_ready) */
@@ -709,6 +736,11 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     LAY_LAP(0);
+    /* layer 0's attention half is two segments at a decode step: the device starts on y's
+     * projections and wq_b while the host builds the attention (the device waits at the start of a
+     * step until the first segment is built; the MoE half below is a third).  Split before wq_b
+     * instead, the device waited 15 us at this boundary (trace, H200, 2026-12-02) */
+    if (layer == 0 && dec) mark_segment(m, m->n_all + 3);
     if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
 
     LAY_LAP(1);
@@ -827,14 +859,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
-    if (L->is_hash) {
-        const dsv4_weight *t = &L->tid2eid;
-        for (int i = 0; i < rows; i++)
-            for (int j = 0; j < k; j++) {
-                int64_t at = (int64_t)m->tok[i] * k + j;
-                m->hash[i * k + j] = (int32_t)(t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[at]
-                                                                     : ((const int32_t *)t->data)[at]);
-            }
+    if (L->is_hash && layer < c->n_layers && m->hash_ready) { /* uploaded with the embedding */
+        hash = m->hash_dev + (size_t)m->hash_slot[layer] * rows * k;
+    } else if (L->is_hash) {
+        hash_ids(m, L, rows, m->hash);
         hash = m->hash;
     }
     float rs = (float)c->routed_scale;
@@ -1003,6 +1031,13 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             for (int k = 0; k < c->hc_mult; k++)
                 OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
                              sizeof(float) * c->dim);
+        if (m->n_hash) { /* every hash layer's ids of this pass, one upload */
+            size_t per = (size_t)rows * c->n_active;
+            for (int l = 0; l < c->n_layers; l++)
+                if (m->hash_slot[l] >= 0) hash_ids(m, &m->w->layers[l], rows, m->hash_all + m->hash_slot[l] * per);
+            OPS(m)->upload(B_(m), m->hash_dev, m->hash_all, sizeof(int32_t) * per * m->n_hash);
+            m->hash_ready = 1;
+        }
         FWD_LAP(1);
         /* segments: layer 0 alone, then seg_layers layers each (DSV4_SEG_LAYERS: fewer
          * boundaries, at which a device drains; 2 measured no faster than 1 on 20 Flash layers,
@@ -1014,6 +1049,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
+        m->hash_ready = 0;
         FWD_LAP(2);
         if (rc) break;
         /* ----- bookkeeping, then logits for the rows that want them ----- */

@@ -237,7 +237,8 @@ static int route_stage(dsv4_backend *b, const cuda_devside *d, route_dev *r, int
                        float scale) {
     r->ld = (const float *)dsv4_cuda_in(b, logits, sizeof(float) * rows * n_routed);
     r->bd = bd;
-    r->hd = hash_ids ? (const int32_t *)dsv4_cuda_stage(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
+    /* hash ids in backend memory (the forward pass uploads them with the embedding) are read in place */
+    r->hd = hash_ids ? (const int32_t *)dsv4_cuda_in(b, hash_ids, sizeof(int32_t) * rows * k) : NULL;
     r->ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
     r->wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
     r->rows = rows, r->k = k, r->scale = scale;
