@@ -138,13 +138,14 @@ for stage in "${stages[@]}"; do
     else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
   ncu)
     # hardware counters of the decode kernels (Nsight Compute; works on the Firecracker machines):
-    # duration, executed warp instructions, issue-slot use and DRAM throughput per kernel node
+    # duration, executed warp instructions, issue-slot use and DRAM throughput per kernel node;
+    # NCU_EXTRA: more ncu arguments (e.g. "--section WarpStateStats")
     m=/dev/shm/flash2
     [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
     if command -v ncu >/dev/null 2>&1; then
       timeout 300 ncu --clock-control none --graph-profiling node -k regex:"${NCU_KERNELS:-k_gemv|k_moe_b1|k_hc_dec}" -c ${NCU_COUNT:-24} \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy \
-        $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 >"$OUT/ncu.log" 2>&1
+        ${NCU_EXTRA:-} $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 >"$OUT/ncu.log" 2>&1
       note "ncu rc=$? on $m"
       awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^ +(void )?/,"",k); sub(/\(.*/,"",k)} /Duration|Executed Instructions  |DRAM Throughput|Issue Slots Busy/ {printf "%s | %s %s\n", k, $1" "$2, $NF}' "$OUT/ncu.log" | head -120 >>"$summary"
     else note "ncu: not installed"; fi ;;
