@@ -639,7 +639,7 @@ static void test_segments_and_checks(void) {
     want[nw++] = n_all + 1;
     for (int l = 0; l < L && nw < 60; l++) {
         want[nw++] = l;
-        if (l == 0) want[nw++] = n_all + 3; /* layer 0: attention onwards */
+        if (l == 0) want[nw++] = n_all + 3; /* layer 0: wq_b onwards */
         if (l == 0) want[nw++] = n_all + 2; /* layer 0: the MoE half */
     }
     want[nw++] = -1;

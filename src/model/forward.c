@@ -711,6 +711,13 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
         if (L->has_comp) comp_stage(m, layer, 0, nseg);
         if (L->has_indexer) comp_stage(m, layer, 1, nseg);
         ol_flush(m);
+        /* layer 0's attention half is two segments at a decode step: the device starts on y's
+         * projections while the host builds the rest (the device waits at the start of a step until
+         * the first segment is built; the MoE half below is a third).  Measured (trace, H200,
+         * 2026-12-02 08:01Z): 12 us idle at the step's start instead of 39, but 15 us here while
+         * the host built wq_b and the attention; a split before the attention instead (branch
+         * next-split) has not run on a device */
+        if (layer == 0) mark_segment(m, m->n_all + 3);
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
@@ -736,11 +743,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     LAY_LAP(0);
-    /* layer 0's attention half is two segments at a decode step: the device starts on y's
-     * projections and wq_b while the host builds the attention (the device waits at the start of a
-     * step until the first segment is built; the MoE half below is a third).  Split before wq_b
-     * instead, the device waited 15 us at this boundary (trace, H200, 2026-12-02) */
-    if (layer == 0 && dec) mark_segment(m, m->n_all + 3);
     if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
 
     LAY_LAP(1);
