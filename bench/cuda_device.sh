@@ -102,15 +102,24 @@ for stage in "${stages[@]}"; do
     # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none; a comma joins
     # several variables into one setting: "A=1,B=2");
     # AB_BATCH: the decode batch of ab and abbin (default 1).
+    # AB_ROUNDS: rounds (default 2); the last line per setting gives the median of its rounds' ms/step
+    # (the spread between processes of one setting, ~0.1 ms at times, is what more rounds average out)
     [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
     timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 8 --op-profile 0 >/dev/null 2>&1
-    for round in 1 2; do
+    : >"$OUT/ab_ms.txt"
+    for round in $(seq 1 ${AB_ROUNDS:-2}); do
       for setting in ${AB_ENVS:--}; do
         envs=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
+        ms=$(grep -E 'decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_ms.txt"
       done
+    done
+    for setting in ${AB_ENVS:--}; do
+      note "ab median [$setting] $(awk -v s="$setting" '$1 == s {print $2}' "$OUT/ab_ms.txt" | sort -n |
+        awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}')"
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
