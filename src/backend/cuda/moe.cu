@@ -1530,8 +1530,9 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
  * instructions.  More bytes in flight alone did not help: with each block asking its lines into
  * L2 4 or 8 iterations ahead of its cp.async stages (branch moe-l2pf, ncu as above, 2026-12-02
  * 07:34Z) gate/up took 34.4-36.1 us against 31.1-31.4 (17.30 M instructions against 16.92 M) and
- * down 19.8-21.3 against 19.1-19.2, and the 20-layer step was slower too.  The bit-placement decode (magnitude bits at f32 bits 22..24, sign at 31: the
- * value times 2^-126, x taken times 2^64) builds each f32 by one shift or mask, but its words
+ * down 19.8-21.3 against 19.1-19.2, and the 20-layer step was slower too.  The bit-placement
+ * decode (magnitude bits at f32 bits 22..24, sign at 31: the value times 2^-126, x taken times
+ * 2^64) builds each f32 by one shift or mask, but its words
  * cost ~16 shifts and masks per 8 codes (SASS of gate/up: 926 LOP3, 580 SHF against 1102
  * FFMA), more than DEC 2's 7 integer operations + 4 cvt e4m3x2 + 8 cvt f16 -> f32.
  * Measured before (H200, ncu --clock-control none, 2 Flash layers of synth, decode batch 1, 4 calls
