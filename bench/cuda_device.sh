@@ -22,8 +22,10 @@ for a in "$@"; do
 done
 for stage in "${stages[@]}"; do
   # a dsv4 left by a stage that timed out still holds its copy of the weights (a second copy of the
-  # 20-layer model's 74 GB does not fit): gone before the next stage (exact name: not this shell)
-  pkill -x dsv4 2>/dev/null && sleep 1
+  # 20-layer model's 74 GB does not fit): gone before the next stage.  Only this bundle's binary
+  # (its command line starts with $bin/dsv4): run elsewhere, `pkill -x dsv4` also killed another
+  # checkout's dsv4 (a CI run's synth, 2026-12-02)
+  pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   case $stage in
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
