@@ -73,8 +73,8 @@ struct dsv4_model {
     float *o, *low, *a;     /* [R][nh*hd], [R][og*olr], [R][dim] */
     float *rl, *wts;        /* [R][n_routed], [R][k] routing weights (backend memory) */
     int32_t *experts, *hash;/* [R][k] expert ids (backend memory), hash ids (host: tokens are known here) */
-    int n_hash;             /* hash-routed layers among the main ones; hash_slot[l]: their index (-1: not) */
-    int hash_ready;         /* hash_dev holds this pass's ids (set with the embedding, cleared after the layers) */
+    int n_hash;             /* hash-routed layers among the main ones; hash_slot[l]: their index (-1: not,
+                               MTP blocks included: only the main pass uploads, layer_forward reads) */
     int *hash_slot;
     int32_t *hash_all;      /* [n_hash][rows][k] this pass's hash ids of every hash layer (host), and */
     int32_t *hash_dev;      /* their copy in backend memory, uploaded once with the embedding, so that a
@@ -861,9 +861,9 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
-    if (L->is_hash && layer < c->n_layers && m->hash_ready) { /* uploaded with the embedding */
+    if (L->is_hash && m->hash_slot[layer] >= 0) { /* a main layer: uploaded with this pass's embedding */
         hash = m->hash_dev + (size_t)m->hash_slot[layer] * rows * k;
-    } else if (L->is_hash) {
+    } else if (L->is_hash) { /* an MTP block (dsv4_forward_mtp): looked up here */
         hash_ids(m, L, rows, m->hash);
         hash = m->hash;
     }
@@ -1038,7 +1038,6 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             for (int l = 0; l < c->n_layers; l++)
                 if (m->hash_slot[l] >= 0) hash_ids(m, &m->w->layers[l], rows, m->hash_all + m->hash_slot[l] * per);
             OPS(m)->upload(B_(m), m->hash_dev, m->hash_all, sizeof(int32_t) * per * m->n_hash);
-            m->hash_ready = 1;
         }
         FWD_LAP(1);
         /* segments: layer 0 alone, then seg_layers layers each (DSV4_SEG_LAYERS: fewer
@@ -1051,7 +1050,6 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
-        m->hash_ready = 0;
         FWD_LAP(2);
         if (rc) break;
         /* ----- bookkeeping, then logits for the rows that want them ----- */
