@@ -18,9 +18,9 @@ struct dexpert {
  * bf16-rounded under act_bf16; the one-row, slot-group and GEMM kernels all call it */
 __device__ __forceinline__ float moe_swiglu(float gv, float uv, float limit, int act_bf16, float pre) {
     if (act_bf16) gv = d_round_bf16(gv), uv = d_round_bf16(uv);
-    if (limit > 0) {
-        gv = fminf(gv, limit);
-        uv = fminf(fmaxf(uv, -limit), limit);
+    if (limit > 0) { /* compares, as the CPU: a NaN stays NaN (fminf would return the limit) */
+        gv = gv > limit ? limit : gv;
+        uv = uv > limit ? limit : uv < -limit ? -limit : uv;
     }
     float v = gv / (1.0f + expf(-gv)) * uv;
     v *= pre;
