@@ -102,7 +102,8 @@ for stage in "${stages[@]}"; do
     # A/B of environment settings on the 20-layer model (after f20): decode batch 1 at 2K, --gen 32,
     # each setting twice, alternating (the first bench after synth runs slow: a warm-up run first).
     # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none; a comma joins
-    # several variables into one setting: "A=1,B=2");
+    # several variables into one setting: "A=1,B=2"; an element "set:NAME=VALUE" is a numerics switch,
+    # passed as --set NAME=VALUE, e.g. "- set:moe.dot=mma");
     # AB_BATCH: the decode batch of ab and abbin (default 1).
     # AB_ROUNDS: rounds (default 2); the last line per setting gives the median of its rounds' ms/step
     # (the spread between processes of one setting, ~0.1 ms at times, is what more rounds average out)
@@ -111,9 +112,12 @@ for stage in "${stages[@]}"; do
     : >"$OUT/ab_ms.txt"
     for round in $(seq 1 ${AB_ROUNDS:-2}); do
       for setting in ${AB_ENVS:--}; do
-        envs=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
+        envs=(); sets=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
+        for i in "${!envs[@]}"; do
+          case ${envs[$i]} in set:*) sets+=(--set "${envs[$i]#set:}"); unset "envs[$i]" ;; esac
+        done
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
-          --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/ab.log" 2>&1
+          --batch ${AB_BATCH:-1} --op-profile 0 "${sets[@]}" >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
         ms=$(grep -E 'decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
         [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_ms.txt"
@@ -139,24 +143,26 @@ for stage in "${stages[@]}"; do
     note "bench flash20 32K rc=$?"; grep -v uploading "$OUT/b20long.log" >>"$summary" ;;
   ktrace)
     # per-kernel device times inside the decode graphs (tools/device/ktrace.c, CUPTI activity
-    # records); the CSV comes back compressed and tools/device/ktrace_report.py reads it
+    # records); the CSV comes back compressed and tools/device/ktrace_report.py reads it.
+    # KT_ARGS: more bench arguments (e.g. "--set moe.dot=mma"); KT_TAG: a suffix of the CSV's name
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
     if [ -f carry/lib/ktrace.so ]; then
       CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktrace.csv timeout 300 $bin/dsv4 bench --model $m --backend cuda \
-        --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 >"$OUT/ktrace_run.log" 2>&1
+        --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 ${KT_ARGS:-} >"$OUT/ktrace_run.log" 2>&1
       note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
-      xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}.csv.xz"
+      xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}${KT_TAG:-}.csv.xz"
     else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
   ncu)
     # hardware counters of the decode kernels (Nsight Compute; works on the Firecracker machines):
     # duration, executed warp instructions, issue-slot use and DRAM throughput per kernel node;
-    # NCU_EXTRA: more ncu arguments (e.g. "--section WarpStateStats")
+    # NCU_EXTRA: more ncu arguments (e.g. "--section WarpStateStats"); NCU_ARGS: more bench arguments
+    # (e.g. "--set moe.dot=mma")
     m=/dev/shm/flash2
     [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
     if command -v ncu >/dev/null 2>&1; then
       timeout 300 ncu --clock-control none --graph-profiling node -k regex:"${NCU_KERNELS:-k_gemv|k_moe_b1|k_hc_dec}" -c ${NCU_COUNT:-24} \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy \
-        ${NCU_EXTRA:-} $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 >"$OUT/ncu.log" 2>&1
+        ${NCU_EXTRA:-} $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 4 --op-profile 0 ${NCU_ARGS:-} >"$OUT/ncu.log" 2>&1
       note "ncu rc=$? on $m"
       awk '/^  [a-zA-Z_].*\(/ {k=$0; sub(/^ +(void )?/,"",k); sub(/\(.*/,"",k)} /Duration|Executed Instructions  |DRAM Throughput|Issue Slots Busy/ {printf "%s | %s %s\n", k, $1" "$2, $NF}' "$OUT/ncu.log" | head -120 >>"$summary"
     else note "ncu: not installed"; fi ;;

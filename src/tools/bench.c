@@ -24,14 +24,15 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench [--model DIR] [--backend cpu|cuda|auto] [--prompt N[,N...]] [--gen N]\n"
-               "                  [--batch B[,B...]] [--numerics exact|reference] [--threads N] [--copy-gb G]\n"
-               "                  [--op-profile 0|1] [--warmup N]\n"
+               "                  [--batch B[,B...]] [--numerics exact|reference] [--set NAME=VALUE ...]\n"
+               "                  [--threads N] [--copy-gb G] [--op-profile 0|1] [--warmup N]\n"
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
                "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
                "timing.  --warmup: untimed decode steps first (a device backend builds its CUDA graphs for\n"
                "new shapes in them, e.g. a ratio-4 compressor's first emit at the 4th step; the timed steps\n"
-               "then show the steady state a long generation sees).  Defaults: --prompt 512 --gen 32 --batch 1\n"
+               "then show the steady state a long generation sees).  --set: a numerics switch over the profile\n"
+               "(`dsv4 switches`; e.g. moe.dot=mma), repeatable.  Defaults: --prompt 512 --gen 32 --batch 1\n"
                "--backend auto --copy-gb 4 --op-profile 1 --warmup 8.\n");
 }
 
@@ -168,6 +169,9 @@ out:
 
 int dsv4_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *backend = "auto", *numerics = NULL;
+    enum { MAX_SETS = 32 };
+    const char *sets[MAX_SETS];
+    int n_sets = 0;
     int prompts[MAX_LIST] = {512}, batches[MAX_LIST] = {1}, np = 1, nb = 1;
     int G = 32, W = 8, threads = 0, copy_gb = 4, op_profile = 1;
     for (int i = 1; i < argc; i++) {
@@ -186,7 +190,13 @@ int dsv4_cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--numerics")) numerics = v;
-        else if (!strcmp(a, "--prompt")) bad = parse_list(v, 1, 1 << 24, prompts, MAX_LIST, &np);
+        else if (!strcmp(a, "--set")) {
+            if (n_sets == MAX_SETS) {
+                fprintf(stderr, "dsv4 bench: more than %d --set\n", MAX_SETS);
+                return 2;
+            }
+            sets[n_sets++] = v;
+        } else if (!strcmp(a, "--prompt")) bad = parse_list(v, 1, 1 << 24, prompts, MAX_LIST, &np);
         else if (!strcmp(a, "--gen")) bad = parse_int(v, 1, 1 << 20, &G);
         else if (!strcmp(a, "--batch")) bad = parse_list(v, 1, 4096, batches, MAX_LIST, &nb);
         else if (!strcmp(a, "--threads")) bad = parse_int(v, 0, 4096, &threads);
@@ -218,7 +228,12 @@ int dsv4_cmd_bench(int argc, char **argv) {
         snprintf(err.msg, sizeof err.msg, "out of memory");
         goto done;
     }
-    dsv4_engine_opts o = {.model_dir = model, .numerics = numerics, .backend = backend, .n_threads = threads};
+    dsv4_engine_opts o = {.model_dir = model,
+                          .numerics = numerics,
+                          .sets = sets,
+                          .n_sets = n_sets,
+                          .backend = backend,
+                          .n_threads = threads};
     double t_open = dsv4_now();
     if (dsv4_engine_open(&e, &o, &err)) goto done;
     t_open = dsv4_now() - t_open;
