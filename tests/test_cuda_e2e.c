@@ -11,7 +11,8 @@
  * shows the first one as one bf16 ulp in layer 1 attn.q) that grows through random
  * synthetic layers, so the bound is loose and per model: tiny rel <= 0.6 and >= 80%
  * equal argmax (measured 0.43, 72/85); flash 2-layer rel <= 0.1, >= 90% (measured
- * 0.055, 25/26).  What each op does is held tight in test_cuda_ops.
+ * 0.055, 25/26); exact with moe.dot=mma on the GPU only (tensor-core MXFP4 dots at one row)
+ * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it).  What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -82,11 +83,15 @@ static void cmp_rows(cmp_t *c, const float *g, const float *a, int rows, int V) 
     }
 }
 
-static void run_case(const char *dir, const char *profile, int T, int D, double tol, int argmax_pct) {
+/* gset: one switch setting for the CUDA engine only (NULL: none), e.g. moe.dot=mma, a GPU arithmetic
+ * the CPU does not have: its logits are compared with the CPU's profile */
+static void run_case(const char *dir, const char *profile, const char *gset, int T, int D, double tol,
+                     int argmax_pct) {
     dsv4_err err;
     dsv4_engine *ec = NULL, *eg = NULL;
     dsv4_engine_opts oc = {.model_dir = dir, .numerics = profile, .backend = "cpu"};
-    dsv4_engine_opts og = {.model_dir = dir, .numerics = profile, .backend = "cuda"};
+    dsv4_engine_opts og = {
+        .model_dir = dir, .numerics = profile, .backend = "cuda", .sets = &gset, .n_sets = gset ? 1 : 0};
     if (dsv4_engine_open(&ec, &oc, &err)) fprintf(stderr, "  cpu: %s\n", err.msg);
     if (ec && dsv4_engine_open(&eg, &og, &err)) fprintf(stderr, "  cuda: %s\n", err.msg);
     REQUIRE(ec && eg);
@@ -126,9 +131,9 @@ static void run_case(const char *dir, const char *profile, int T, int D, double 
     CHECK(dsv4_engine_step(ec, ia, 3, &err) == 0);
     CHECK(dsv4_engine_step(eg, ig, 3, &err) == 0);
     cmp_rows(&c, l3g, l3a, 3, V);
-    printf("  %s %s: T=%d prefill worst rel %.2e; over %d rows (prefill+decode+batch) worst rel %.2e, argmax "
+    printf("  %s %s%s%s: T=%d prefill worst rel %.2e; over %d rows (prefill+decode+batch) worst rel %.2e, argmax "
            "equal %d/%d (tol %.0e, %d%%)\n",
-           dir, profile, T, prefill, c.rows, c.worst, c.same_argmax, c.rows, tol, argmax_pct);
+           dir, profile, gset ? ", cuda " : "", gset ? gset : "", T, prefill, c.rows, c.worst, c.same_argmax, c.rows, tol, argmax_pct);
     CHECK(c.worst <= tol);
     CHECK(c.same_argmax * 100 >= c.rows * argmax_pct);
     for (int i = 0; i < 2; i++) dsv4_seq_free(bc[i]), dsv4_seq_free(bg[i]);
@@ -142,13 +147,13 @@ static void run_case(const char *dir, const char *profile, int T, int D, double 
 static void test_tiny_exact(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
-    run_case(tiny_dir, "exact", 70, 12, 1e-4, 90); /* 70 > the tiny window: ring, compressors, indexer all active */
+    run_case(tiny_dir, "exact", NULL, 70, 12, 1e-4, 90); /* 70 > the tiny window: ring, compressors, indexer all active */
 }
 
 static void test_tiny_reference(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
-    run_case(tiny_dir, "reference", 70, 12, 0.6, 80);
+    run_case(tiny_dir, "reference", NULL, 70, 12, 0.6, 80);
 }
 
 static void test_flash2(void) {
@@ -157,8 +162,10 @@ static void test_flash2(void) {
     if (!dir) {
         SKIP_TEST("flash2: set DSV4_CUDA_FLASH2 to a `synth --config flash --layers 2 --mtp 0` directory");
     }
-    run_case(dir, "exact", 20, 3, 1e-4, 90);
-    run_case(dir, "reference", 20, 3, 0.1, 90);
+    run_case(dir, "exact", NULL, 20, 3, 1e-4, 90);
+    run_case(dir, "reference", NULL, 20, 3, 0.1, 90);
+    /* the MXFP4 experts' one-row dots on tensor cores (decode steps) against the CPU's fp32 */
+    run_case(dir, "exact", "moe.dot=mma", 20, 3, 1e-4, 90);
 }
 
 /* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and

@@ -24,6 +24,14 @@
  * FP8 shared expert (groups of 2, 3, 4 rows and a last group of 1 at 17 rows), an expert id
  * repeated within a row, experts with more than 4 slots (two groups), weights before or after w2,
  * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls).
+ * moe.dot=mma (DSV4_MOE_DOT_MMA, one row): k_moe_b1m (MXFP4 dots on f16 tensor cores, x in three
+ * f16 parts) in every one-row case above, against the CPU's fp32 op with the same tolerances
+ * (1e-5 exact: measured 7.3e-7 against 7.6e-7 for k_moe_b1r), the edge scales' NaN rows, the
+ * path taken (dsv4_cuda_moe_mma_calls: once for MXFP4 experts, never for NVFP4 / FP8, where the
+ * flag changes nothing); Flash's shapes (hidden 4096, inter 2048) with x ~ N(0, 1), with x from
+ * 1e-6 to 1e4 in every 32-wide block (no clamp), and with a NaN in x under act_fp8 (all outputs
+ * NaN, as the CPU's: this case found the SwiGLU clamp's fminf, which turned a NaN gate into the
+ * limit on every GPU path).
  route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
@@ -262,7 +270,82 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         CHECKF(took == 1, "one row %s: the one-row kernels ran %ld times, expected once", runs[k].what, took);
     }
     CHECK(!ne || nan_cpu == 2); /* the edge case's NaN rows reached the output */
+    /* moe.dot=mma (DSV4_MOE_DOT_MMA): k_moe_b1m when the routed experts are MXFP4 (the shared one
+     * on k_moe_b1r's path in the same launch), else the flag changes nothing */
+    {
+        dsv4_err err;
+        long m0 = dsv4_cuda_moe_mma_calls(&gpu);
+        for (int i = 0; i < D1; i++) g[i] = NAN;
+        gpu.ops->moe(&gpu, g, x, 1, s.ex, NE1, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8 | DSV4_MOE_DOT_MMA, act_bf16,
+                     1.5f);
+        int rc = gpu.ops->check(&gpu, &err);
+        long took = dsv4_cuda_moe_mma_calls(&gpu) - m0;
+        double r = rel(g, a, D1);
+        printf("  one row %s routed (inter %lld)%s, before_w2 %d, act_fp8 %d, act_bf16 %d, moe.dot=mma: rel %.2e "
+               "(tol %.0e), k_moe_b1m %ld\n",
+               dsv4_wfmt_name(rfmt), (long long)ri, ne ? ", edge scales" : "", before_w2, act_fp8, act_bf16, r, tol,
+               took);
+        CHECKF(rc == 0, "one row mma: %s", rc ? err.msg : "");
+        CHECKF(r <= tol, "one row moe.dot=mma rel %g", r);
+        CHECKF(took == (rfmt == DSV4_WF_MXFP4), "k_moe_b1m ran %ld times", took);
+    }
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
+}
+
+/* moe.dot=mma on Flash's expert shapes (hidden 4096, inter 2048: one pass of 64 rows a block,
+ * the kernel's decode shape) and on inputs with a wide range (values from 1e-6 to 1e4 in every
+ * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
+ * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
+ * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not) */
+static void test_one_row_mma_flash(void) {
+    NEED_GPU();
+    enum { DF = 4096, IF = 2048, NEF = 8 };
+    tw parts[3 * NEF + 3];
+    dsv4_ffn_w ex[NEF], sh;
+    for (int xx = 0; xx <= NEF; xx++) {
+        dsv4_wfmt f = xx < NEF ? DSV4_WF_MXFP4 : DSV4_WF_FP8;
+        parts[3 * xx] = make_w(f, IF, DF, 0);
+        parts[3 * xx + 1] = make_w(f, DF, IF, 0);
+        parts[3 * xx + 2] = make_w(f, IF, DF, 0);
+        dsv4_ffn_w fw = {.w1 = parts[3 * xx].w, .w2 = parts[3 * xx + 1].w, .w3 = parts[3 * xx + 2].w};
+        if (xx < NEF) ex[xx] = fw;
+        else sh = fw;
+    }
+    static const int32_t e[K1] = {2, 5, 7, 1, 0, 6};
+    float w[K1];
+    for (int j = 0; j < K1; j++) w[j] = 0.1f + 0.07f * (float)j;
+    float *x = malloc(sizeof(float) * DF), *a = malloc(sizeof(float) * DF), *g = malloc(sizeof(float) * DF);
+    REQUIRE(x && a && g);
+    for (int c = 0; c < 3; c++) {
+        fill(x, DF, 7 + c);
+        if (c == 1) /* magnitudes from 1e-6 to 1e4 */
+            for (int i = 0; i < DF; i++) x[i] *= powf(10.0f, (float)(i % 11) - 6.0f);
+        if (c == 2) x[1234] = NAN;
+        /* the wide inputs without the clamp: gates of 1e6 clamped at 6 would leave the few
+         * gates near 0 to decide the outputs, where any summation order moves them */
+        int act_fp8 = c == 2;
+        float lim = c == 1 ? 0.0f : 6.0f;
+        cpu.ops->moe(&cpu, a, x, 1, ex, NEF, e, w, K1, &sh, lim, 0, act_fp8, 0, 1.5f);
+        dsv4_err err;
+        long m0 = dsv4_cuda_moe_mma_calls(&gpu);
+        for (int i = 0; i < DF; i++) g[i] = 0.0f;
+        gpu.ops->moe(&gpu, g, x, 1, ex, NEF, e, w, K1, &sh, lim, 0, act_fp8 | DSV4_MOE_DOT_MMA, 0, 1.5f);
+        int rc = gpu.ops->check(&gpu, &err);
+        long took = dsv4_cuda_moe_mma_calls(&gpu) - m0;
+        int nan_cpu = 0, nan_gpu = 0;
+        for (int i = 0; i < DF; i++) nan_cpu += isnan(a[i]) != 0, nan_gpu += isnan(g[i]) != 0;
+        double r = rel(g, a, DF), tol = act_fp8 ? 2e-3 : 1e-5;
+        printf("  one row Flash shapes, moe.dot=mma, %s, act_fp8 %d: rel %.2e (tol %.0e), NaN outputs %d / %d, "
+               "k_moe_b1m %ld\n",
+               c == 0 ? "x ~ N(0,1)" : c == 1 ? "x from 1e-6 to 1e4" : "a NaN in x", act_fp8, r, tol, nan_gpu,
+               nan_cpu, took);
+        CHECKF(rc == 0, "mma flash: %s", rc ? err.msg : "");
+        CHECKF(r <= tol, "mma flash rel %g", r);
+        CHECK(took == 1);
+        CHECK(nan_gpu == nan_cpu && (c != 2 || nan_cpu == DF));
+    }
+    for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
+    free(x), free(a), free(g);
 }
 
 /* n more CUDA backends for the A/B runs (each reads its switches at its first MoE call); 1 if all
@@ -559,5 +642,5 @@ static void test_route_moe(void) {
     rm_made = 0;
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_batch,
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash, test_batch,
           test_route_moe)

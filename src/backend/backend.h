@@ -47,6 +47,9 @@ enum {
     DSV4_SIM_FP4_B32 = 5,     /* e2m1 blocks of 32 without Hadamard (indexer.keys=fp4) */
 };
 
+/* flags of the moe and route_moe ops */
+enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2 };
+
 typedef struct dsv4_backend_ops {
     const char *name;
 
@@ -132,10 +135,13 @@ typedef struct dsv4_backend_ops {
      * e and wgt are BACKEND memory (route's output; a device backend groups slots by expert on the
      * device), experts[] holds n_routed FFNs (ids outside [0, n_routed) are a broken invariant: a
      * device backend skips them and reports an error).  before_w2: the weight multiplies the
-     * activation before w2 (else after).  out_scale multiplies the routed sum (moe.route_scale=output/both). */
+     * activation before w2 (else after).  out_scale multiplies the routed sum (moe.route_scale=output/both).
+     * flags: DSV4_MOE_ACT_FP8 (linear.act=fp8: act-quant before quantized w1/w3 and w2), DSV4_MOE_DOT_MMA
+     * (moe.dot=mma: a device backend may form MXFP4 expert dots on tensor cores; the CPU op, the
+     * reference, ignores it). */
     void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
                 const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
-                int act_fp8, int act_bf16, float out_scale);
+                int flags, int act_bf16, float out_scale);
 
     /* ----- optional (NULL where a backend has nothing to do; the CPU backend sets none of these) ----- */
     /* Copies every weight of the model to the backend's memory once, in its stored format;
@@ -216,7 +222,7 @@ typedef struct dsv4_backend_ops {
      * forward pass runs the ops one by one; the CPU backend sets none. */
     void (*op_list)(dsv4_backend *b, const struct dsv4_op_task *tasks, int n);
     /* route(experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale), then
-     * moe(out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, act_fp8,
+     * moe(out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, flags,
      * act_bf16, out_scale): the same bits in out, experts and weights as the two ops (experts and
      * weights are still written: the routing traces read them).  A device backend routes and
      * plans in one launch where it can, else calls the two ops.  NULL (the CPU backend): the
@@ -224,7 +230,7 @@ typedef struct dsv4_backend_ops {
     void (*route_moe)(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
                       int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out,
                       const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2,
-                      int act_fp8, int act_bf16, float out_scale);
+                      int flags, int act_bf16, float out_scale);
 } dsv4_backend_ops;
 
 /* One task of op_list: the op named by kind with these arguments (each kind reads the fields

@@ -17,6 +17,7 @@ const dsv4_numerics DSV4_NUMERICS_EXACT = {
     .mhc_gemm_bf16 = 0,
     .indexer_keys = DSV4_IKEYS_F32,
     .route_scale = DSV4_RSCALE_ROUTER,
+    .moe_dot_mma = 0,
 };
 
 const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
@@ -31,6 +32,7 @@ const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
     .mhc_gemm_bf16 = 0, /* the reference's hc fn matmul is fp32 (spec §2.3) */
     .indexer_keys = DSV4_IKEYS_BF16,
     .route_scale = DSV4_RSCALE_ROUTER,
+    .moe_dot_mma = 0, /* a GPU arithmetic of ours, not the reference's */
 };
 
 /* ----- the switch table: one row per field, values in field order (0, 1, ...) ----- */
@@ -76,6 +78,10 @@ static const switch_row SWITCHES[] = {
         "where routed_scaling_factor is applied: router weights, the routed sum, or both (the double-application "
         "bug, test-only)",
         "§2.6, §6.2", "router", "output", "both"),
+    ROW("moe.dot", moe_dot_mma, "f32|mma",
+        "MXFP4 expert dots of one-row decode on the GPU: fp32 fma, or f16 tensor-core MMA (x split in three f16 "
+        "parts, exact products; the MMA's own summation differs); the CPU computes f32 either way",
+        "§2.6", "f32", "mma"),
 };
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))
 

@@ -576,7 +576,9 @@ static void ffn_rows(dsv4_backend *b, float *y, const float *x, int nr, const ds
 
 static void cpu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
-                    int before_w2, int act_fp8, int act_bf16, float out_scale) {
+                    int before_w2, int flags, int act_bf16, float out_scale) {
+    /* DSV4_MOE_DOT_MMA names a device arithmetic: the CPU op is the fp32 reference it is measured against */
+    int act_fp8 = flags & DSV4_MOE_ACT_FP8;
     (void)n_routed; /* the ids index experts[] directly (the forward pass checked the hash tables) */
     int64_t dim = shared ? shared->w1.cols : experts[e[0]].w1.cols;
     size_t m = MARK(b);

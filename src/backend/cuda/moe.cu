@@ -1502,6 +1502,298 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
+/* ----- one row on tensor cores (moe.dot=mma, k_moe_b1m) -----
+ * The MXFP4 groups of k_moe_b1r's grid form their dots with mma.sync.m16n8k16 (f16 inputs, f32
+ * accumulation) instead of the CUDA cores' fp32 fma: the e2m1 codes become e4m3 bytes (5 integer
+ * operations a word of 8 codes) and those f16 pairs (cvt.rn.f16x2.e4m3x2, 4 a word), the values
+ * times 2^-6, exact; two MMAs take 16 weight rows x the 32 k of one scale block, and the block's
+ * e8m0 scale multiplies the fp32 result.  (A first version built the f16 codes by shifts and masks,
+ * ~40 % more instructions: docs/CUDA.md, "MoE on tensor cores".)  x goes in
+ * as B: k_moe_xsplit scales each 32-wide block of an input row by a power of two 2^-E (its max
+ * |x| lands in [2^14, 2^15)) and splits every value into three f16 parts hi + mid + lo (each the
+ * f16 rounding of what the parts before it left; the subtractions are exact), in B's columns 0,
+ * 1 and 2; columns 3..7 are zero.  The products are then exact and the three columns hold x to 33
+ * bits (its fp32 value, but for parts below f16's subnormal floor: an error under 2^-39 of the
+ * block's max |x|).  What differs from the fp32 fma chain is the tensor core's own summation of
+ * each MMA's 16 products (and of a block's two MMAs), whose rounding is not IEEE step by step: a
+ * named switch (moe.dot, off in both profiles), its error measured against the CPU op by
+ * test_cuda_moe and test_cuda_e2e.
+ * Fragments (PTX ISA, mma.m16n8k16 .f16; lane = 4 g + t): A a0 / a1 row g / g + 8 at k 2t, 2t + 1,
+ * a2 / a3 the same rows at k 2t + 8, 2t + 9; B b0 k 2t, 2t + 1 and b1 k 2t + 8, 2t + 9 of column
+ * g; D c0, c1 row g at columns 2t, 2t + 1, c2, c3 row g + 8.  A block's sum does not depend on
+ * where each k goes, so A and B share a permutation: lane t takes the 32-bit word t of a row's
+ * 16-byte vector (codes 8t .. 8t + 7; byte j: code 8t + 2j low nibble, 8t + 2j + 1 high), and the
+ * first MMA takes the low nibbles (k 2t, 2t + 1 = codes 8t, 8t + 2 from bytes 0, 1; k 2t + 8, 2t + 9
+ * = codes 8t + 4, 8t + 6 from bytes 2, 3: one cvt each), the second the high nibbles (codes 8t + 1,
+ * 8t + 3 and 8t + 5, 8t + 7); B holds x in that order.
+ * Work of a block (its k_moe_b1r chunk: P M features, both halves for gate/up): passes of RP <= 64
+ * weight rows (gate/up: RP / 2 features of w1, then the same of w3); warp w takes row group
+ * w % NRG (16 rows) and the w / NRG-th of NKP = 8 / NRG equal parts of the scale blocks, streamed
+ * by the warp alone (no block barrier inside a pass) through BM_NST stages, each 16 rows x 2
+ * vectors of weights (one cp.async of 16 bytes a lane; the vector's slot swapped for rows 4..7 of
+ * each 8, which keeps the fragment reads free of bank conflicts) and the two blocks' B records
+ * (13 x 16 bytes each: lanes 0..11's fragments, then the block's 2^(E + 14)).  The scales of a
+ * pass sit in shared memory as bf16 bits (b1_e8m0_bf16: 0 and 255 exact), rows padded by one
+ * word.  Lanes t = 0 / 1 accumulate (c0 + c1) x scale x 2^(E + 14) (columns hi + mid / lo) for
+ * rows g and g + 8; at the end of a pass the pair is added (t = 0 first), times 2^-8 (the codes'
+ * 2^-6 against the records' 2^-14), into part, and b1_write
+ * adds the NKP parts of each feature in order, as k_moe_b1r's does with its warp sums. */
+enum { BM_NST = 4, BM_A = 512, BM_REC = 13 * 16, BM_STAGE = BM_A + 2 * BM_REC };
+#define BM_SCT (64 * 128 * 2 + 64 * 4) /* scale table: RP x (cv + 2) bf16, RP cv <= 8192 */
+#define BM_PART (512 * 4)              /* part: the chunk's rows x NKP <= 512 floats */
+#define BM_SMEM (8 * BM_NST * BM_STAGE + BM_SCT + BM_PART)
+
+/* f16x2 of the e4m3 bytes 2H, 2H + 1 of w (byte 2H in the low half; exact) */
+template <int H>
+__device__ __forceinline__ uint32_t bm_f16x2(uint32_t w) {
+    uint32_t d;
+    if (H == 0)
+        asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t}" : "=r"(d) : "r"(w));
+    else
+        asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, u;\n\t}" : "=r"(d) : "r"(w));
+    return d;
+}
+
+/* the e4m3 bytes (value times 2^-6, exact) of the e2m1 codes of word w: lo = the low nibbles
+ * (codes 0, 2, 4, 6 of the word, byte j = code 2j), hi = the high nibbles (codes 1, 3, 5, 7) */
+__device__ __forceinline__ void bm_e4m3(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    lo = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);
+    hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
+/* d = A B + c (16 x 8, f32) of one m16n8k16 f16 MMA */
+__device__ __forceinline__ void bm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1, const float (&c)[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+/* cp.async.wait_group min(n, BM_NST - 1) (the count must be an immediate; n is one in the
+ * unrolled loop of bm_run) */
+__device__ __forceinline__ void bm_wait(int n) {
+    static_assert(BM_NST == 4, "bm_wait covers n = 1, 2 and BM_NST - 1 = 3");
+    if (n >= BM_NST - 1) b1_wait<BM_NST - 1>();
+    else if (n == 2) b1_wait<2>();
+    else b1_wait<1>();
+}
+
+/* f16 bits of v, rounded to nearest even, and back */
+__device__ __forceinline__ uint32_t bm_f16(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+__device__ __forceinline__ float bm_f16_f32(uint32_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+/* 2^e as f32 for e in [-126, 127] */
+__device__ __forceinline__ float bm_exp2i(int e) { return __uint_as_float((uint32_t)(e + 127) << 23); }
+
+/* The B record of one 32-wide block (k_moe_xsplit's layout, below) from the warp's 32 values, v
+ * on lane l = value l; pw: 3 x 32 words of shared memory for the warp (written, then read) */
+__device__ __forceinline__ void bm_record(float v, uint4 *dst, uint32_t (*pw)[32], int lane) {
+    float m = fabsf(v);
+    if (!(m <= 3.402823466e38f)) m = isnan(v) ? 0.0f : m; /* NaN does not count; inf does */
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    int E = m > 0.0f && m <= 3.402823466e38f ? ilogbf(m) - 14 : 0;
+    /* v 2^-E in two exact steps (2^-E alone may not be an f32 for tiny blocks) */
+    int e1 = -E > 127 ? 127 : -E;
+    float s = v * bm_exp2i(e1) * bm_exp2i(-E - e1);
+    uint32_t hi = bm_f16(s), mid = 0, lo = 0;
+    if (fabsf(s) <= 3.402823466e38f) {
+        float r1 = s - bm_f16_f32(hi);
+        mid = bm_f16(r1);
+        lo = bm_f16(r1 - bm_f16_f32(mid));
+    }
+    __syncwarp(); /* pw's last readers are done */
+    pw[0][lane] = hi, pw[1][lane] = mid, pw[2][lane] = lo;
+    __syncwarp();
+    if (lane < 12) {
+        const uint32_t *p = pw[lane >> 2];
+        int b = 8 * (lane & 3);
+        dst[lane] = make_uint4(p[b] | p[b + 2] << 16, p[b + 4] | p[b + 6] << 16, p[b + 1] | p[b + 3] << 16,
+                               p[b + 5] | p[b + 7] << 16);
+    } else if (lane == 12) {
+        /* 2^(E + 14): E + 14 lies in [-135, 127]; below -126 a subnormal power of two, exact */
+        int e = E + 14;
+        dst[12] = make_uint4(__float_as_uint(e >= -126 ? bm_exp2i(e) : bm_exp2i(e + 64) * bm_exp2i(-64)), 0, 0, 0);
+    }
+}
+
+/* The block's features f0 .. f0 + P M of one MXFP4 group (up: w1, w3; down: w2) on tensor
+ * cores; xf: the input row's B records (k_moe_xsplit).  hf (gate/up, or NULL): the B records of
+ * the output row h, written for the block's 32-wide blocks of features (P M % 32 == 0 and f0 %
+ * 32 == 0: the caller checks), so that down needs no k_moe_xsplit of h */
+template <int UP, int M>
+__device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
+                                       float *out, float pre, float limit, int act_bf16, uint4 *hf) {
+    constexpr int NH = UP ? 2 : 1;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cv = W[0].rowb / 16, P = 256 / cv, nrc = P * M * NH; /* the chunk's weight rows */
+    const int RP = nrc < 64 ? nrc : 64, FP = RP / NH, NRG = RP / 16, NKP = 8 / NRG, KPW = cv / NKP, NSL = KPW / 2;
+    const int rg = warp % NRG, kp = warp / NRG, kb0 = kp * KPW, sst = cv + 2; /* scale row stride, entries */
+    const int nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
+    uint8_t *stg = sm + warp * (BM_NST * BM_STAGE);
+    uint16_t *sct = (uint16_t *)(sm + 8 * BM_NST * BM_STAGE);
+    float *part = (float *)(sm + 8 * BM_NST * BM_STAGE + BM_SCT);
+    /* this lane's weight copy: row lane / 2 of the warp's 16, vector lane % 2 of each slice; its
+     * record copy (lanes < 26): entry lane % 13 of block lane / 13 of the slice */
+    const int crow = lane >> 1, cdst = crow * 32 + (((lane & 1) ^ ((crow >> 2) & 1)) << 4);
+    const int rj = lane / 13, rdst = BM_A + rj * BM_REC + (lane % 13) * 16;
+    const uint4 *rsrc = xf + (int64_t)(kb0 + rj) * 13 + lane % 13; /* slice s: + 26 s */
+    const int fsw = (g >> 2) & 1; /* the slot swap of rows g and g + 8 */
+    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int pass = 0; pass * RP < nrc; pass++) {
+        if (pass) __syncthreads(); /* every warp is done with the last pass's scale table */
+        int cr = 16 * rg + crow, chh = cr / FP, cfl = pass * FP + cr % FP;
+        /* (the halves by value: W indexed at run time would go to local memory; w1 and w3 share
+         * their shapes, so rowb and srow are W[0]'s) */
+        const uint8_t *src = (chh ? W[1].data : W[0].data) + (f0 + cfl) * W[0].rowb + (int64_t)(kb0 + (lane & 1)) * 16;
+        bool cok = cfl < nfeat;
+        /* slice s into stage q = s % BM_NST (a constant where the loop is unrolled) */
+        auto copy_a = [&](int s, int q) {
+            if (s < NSL && cok) b1_cp16(stg + q * BM_STAGE + cdst, src + s * 32);
+        };
+        auto copy_b = [&](int s, int q) {
+            if (s < NSL && lane < 26) b1_cp16(stg + q * BM_STAGE + rdst, rsrc + 26 * s);
+        };
+        /* weights of the first BM_NST - 1 slices, one group each (before the PDL wait on the
+         * first pass: weights only), the scale table, then the wait and one group with those
+         * slices' records; slice s then needs groups <= its own and the records' group */
+#pragma unroll
+        for (int s = 0; s < BM_NST - 1; s++) {
+            copy_a(s, s);
+            b1_commit();
+        }
+        for (int i = tid; i * 16 < RP * cv; i += 256) {
+            int r = i * 16 / cv, kb = i * 16 % cv, hh = r / FP, fl = pass * FP + r % FP;
+            const uint8_t *sp = (hh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
+            uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
+            const uint32_t *qw = (const uint32_t *)&q;
+            uint32_t *d = (uint32_t *)(sct + r * sst + kb);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t two = qw[j / 2] >> (16 * (j % 2));
+                d[j] = b1_e8m0_bf16(two & 255u) | b1_e8m0_bf16((two >> 8) & 255u) << 16;
+            }
+        }
+        if (pass == 0) pdl_wait(); /* the records are the previous kernel's */
+#pragma unroll
+        for (int s = 0; s < BM_NST - 1; s++) copy_b(s, s);
+        b1_commit();
+        __syncthreads();
+        const uint16_t *sg = sct + (16 * rg + g) * sst + kb0, *sg8 = sg + 8 * sst;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        /* this lane's words of rows g, g + 8 (vector j: + ((j ^ fsw) << 4)), its fragments, the
+         * records' factors, from a stage's start */
+        const int oa = g * 32 + 4 * t, ob = BM_A + lane * 16, op = BM_A + 12 * 16;
+        const bool bl = lane < 12;
+        /* NSL is a multiple of BM_NST (KPW >= 16): the stage of slice s0 + q is q */
+        for (int s0 = 0; s0 < NSL; s0 += BM_NST) {
+#pragma unroll
+            for (int q = 0; q < BM_NST; q++) {
+                int s = s0 + q;
+                __syncwarp(); /* the warp is done with the stage the next copies overwrite */
+                copy_a(s + BM_NST - 1, (q + BM_NST - 1) % BM_NST);
+                copy_b(s + BM_NST - 1, (q + BM_NST - 1) % BM_NST);
+                b1_commit();
+                if (s0 == 0) bm_wait(q + 1);
+                else b1_wait<BM_NST - 1>();
+                __syncwarp();
+                const uint8_t *st = stg + q * BM_STAGE;
+                uint32_t sc0 = *(const uint32_t *)(sg + 2 * s), sc1 = *(const uint32_t *)(sg8 + 2 * s);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint8_t *ra = st + oa + ((j ^ fsw) << 4);
+                    uint32_t wa = *(const uint32_t *)ra, wb = *(const uint32_t *)(ra + 8 * 32);
+                    uint4 bf = bl ? *(const uint4 *)(st + ob + j * BM_REC) : make_uint4(0, 0, 0, 0);
+                    float pk = *(const float *)(st + op + j * BM_REC); /* 2^(E + 14) of the block */
+                    float d0[4], d1[4];
+                    uint32_t la, ha, lb, hb;
+                    bm_e4m3(wa, la, ha);
+                    bm_e4m3(wb, lb, hb);
+                    bm_mma(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
+                    bm_mma(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
+                    float f0s = __uint_as_float(j ? sc0 & 0xffff0000u : sc0 << 16),
+                          f1s = __uint_as_float(j ? sc1 & 0xffff0000u : sc1 << 16);
+                    acc0 = fmaf(d1[0] + d1[1], f0s * pk, acc0);
+                    acc1 = fmaf(d1[2] + d1[3], f1s * pk, acc1);
+                }
+            }
+        }
+        /* rows g, g + 8 of the warp's group: columns hi + mid (t = 0) + lo (t = 1) */
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+        if (t == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = 16 * rg + g + 8 * i, hh = r / FP, fl = pass * FP + r % FP;
+                if (fl < nfeat) part[(fl * NH + hh) * NKP + kp] = (i ? acc1 : acc0) * 0.00390625f; /* 2^-8 */
+            }
+        }
+    }
+    __syncthreads();
+    b1_write<UP>(part, NKP, nfeat, tid, f0, out, pre, limit, act_bf16);
+    /* thread tid wrote feature tid (nfeat <= 256): warp w holds the block f0 / 32 + w of h */
+    if (UP && hf && warp * 32 < nfeat)
+        bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
+}
+
+/* k_moe_xsplit: bm_run's B records of rows of x (grid (ceil(K / 256), rows), a warp per 32-wide
+ * block kb; rows < nr1 have K1 values, the others K2; K % 32 == 0).  E: the block's max |x| times
+ * 2^-E lies in [2^14, 2^15) (E = 0 when the block is all zero or holds an infinity; NaN values
+ * do not count).  Record kb of row r (13 uint4 at xf + r ldf + 13 kb): entry 4 g + t (g < 3) =
+ * part g (hi, mid, lo) of the scaled values 8t + {0, 2}, {4, 6}, {1, 3}, {5, 7} (f16 pairs, the
+ * first in the low half); entry 12 = {2^(E + 14), 0, 0, 0}.  A non-finite value goes in as hi
+ * alone (f16 inf or NaN). */
+__global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, const float *x, int64_t ldx, int nr1,
+                                                    int K1, int K2) {
+    pdl_enter();
+    int r = blockIdx.y, K = r < nr1 ? K1 : K2, lane = threadIdx.x & 31;
+    int kb = blockIdx.x * 8 + (threadIdx.x >> 5);
+    __shared__ uint32_t parts[8][3][32];
+    if (kb * 32 >= K) return; /* warp-uniform; no block barrier below */
+    bm_record(x[(int64_t)r * ldx + kb * 32 + lane], xf + (int64_t)r * ldf + (int64_t)kb * 13, parts[threadIdx.x >> 5],
+              lane);
+}
+
+/* k_moe_b1r with its MXFP4 groups on tensor cores (bm_run; the others on b1f_format's geometry
+ * 0 path): the same grid, arguments and per-block work, plus the B records of the gate/up input
+ * rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf uint4 a row; gate/up with hf
+ * (not NULL) also writes h's records there (row G.slot[0], ldhf a row) */
+template <int UP>
+__global__ void __launch_bounds__(256, 4) k_moe_b1m(const group *groups, const int *n_groups, const dexpert *tab,
+                                                 const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                 int64_t dim, int act_fp8, float limit, int act_bf16, int cr, int cs,
+                                                 int hs, const uint4 *xf, int64_t ldf, uint4 *hf, int64_t ldhf) {
+    if (UP) pdl_enter();
+    else pdl_trigger();
+    extern __shared__ __align__(128) uint8_t b1s[];
+    int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
+    if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
+    else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
+    mb_half W[2];
+    int64_t rows, f0;
+    const float *xs;
+    float *out;
+    if (gi < 0 || !b1_group<UP, B1_MUP>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs,
+                                        out, f0, chunk)) {
+        if (!UP) pdl_wait();
+        return;
+    }
+    const group &G = groups[gi];
+    if (W[0].fmt == DSV4_WF_MXFP4)
+        bm_run<UP, B1_MUP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
+                           act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    else
+        b1f_format<UP, 2, 4, 2, B1_MUP>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+}
+
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
  * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: k_moe_b1r (the
  * grid of the real blocks) for both, e2m1 through e4m3 bytes (DEC 2), each S 4 V 2 M 16 at 4
@@ -2116,6 +2408,7 @@ struct moe_table {
     int bulk;                       /* every expert's weights can take k_moe_bulk */
     int b1_fit;                     /* every expert fits k_moe_b1r (b1_fits) in the backend's geometry */
     int bn_fit;                     /* every expert fits k_moe_bnr (b1_fits at BN_M, both halves) */
+    int mma_fit;                    /* every routed expert is MXFP4 (w1, w3, w2): k_moe_b1m takes moe.dot=mma */
 };
 
 struct cuda_devside {
@@ -2132,6 +2425,8 @@ struct cuda_devside {
                                      * it (DSV4_CUDA_MOE_BN=0 / =2, A/B runs) */
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
+    long mma_calls;                 /* moe calls that took k_moe_b1m (moe.dot=mma) */
+    int hrec;                       /* 1: k_moe_b1m's gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     long rp_calls;                  /* route_moe calls that took k_route_plan_w */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -2148,6 +2443,12 @@ struct cuda_devside {
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->mb_calls : 0;
+}
+
+/* moe calls that took k_moe_b1m (one row, moe.dot=mma; cuda.h), for the tests */
+extern "C" long dsv4_cuda_moe_mma_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->mma_calls : 0;
 }
 
 /* moe calls that took k_moe_bnr (2..BN_ROWS rows; cuda.h), for the tests */
@@ -2310,6 +2611,11 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
 
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
+static int bm_smem(int up) {
+    int g0 = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
+    return g0 > BM_SMEM ? g0 : BM_SMEM;
+}
+
 static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
     const void *fns[4] = {(const void *)k_moe_bulk<1, 0>, (const void *)k_moe_bulk<0, 0>,
@@ -2333,6 +2639,13 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                                        cudaSharedmemCarveoutMaxShared)))
             return -1;
     }
+    /* k_moe_b1m: bm_run's or geometry 0's shared memory, the larger */
+    const void *bmf[2] = {(const void *)k_moe_b1m<1>, (const void *)k_moe_b1m<0>};
+    for (int i = 0; i < 2; i++)
+        if (CK(b, cudaFuncSetAttribute(bmf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bm_smem(1 - i))) ||
+            CK(b, cudaFuncSetAttribute(bmf[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared)))
+            return -1;
     /* k_moe_bnr: the one-slot instances take k_moe_b1r's shared memory; the others a size that
      * depends on K (checked per call against bn_smem).  A refusal here only switches k_moe_bnr
      * off (its error cleared): the other paths do not need it */
@@ -2353,6 +2666,8 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G"),
                *bn = getenv("DSV4_CUDA_MOE_BN");
     d->bn = bn && bn[0] == '0' ? 0 : bn && bn[0] == '2' ? 2 : 1;
+    const char *hr = getenv("DSV4_CUDA_MOE_HREC");
+    d->hrec = !(hr && hr[0] == '0');
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
     int gi = geom ? atoi(geom) : 0;
@@ -2448,6 +2763,10 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
         if (f) t->bn_fit &= b1_fits(&f->w1, BN_M) && b1_fits(&f->w3, BN_M) && b1_fits(&f->w2, BN_M);
     }
+    t->mma_fit = !bad && t->bulk;
+    for (int x = 0; x < n_routed && t->mma_fit; x++)
+        t->mma_fit &= experts[x].w1.fmt == DSV4_WF_MXFP4 && experts[x].w3.fmt == DSV4_WF_MXFP4 &&
+                      experts[x].w2.fmt == DSV4_WF_MXFP4;
     t->b1_fit = 0;
     if (!bad && t->bulk && d->b1 > 0) {
         const b1_geom &g = b1_geoms[d->b1 - 1];
@@ -2494,7 +2813,7 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
  * differs: the same scratch in the same order, the same kernels after it. */
 static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
-                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra) {
+                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra, int dot_mma) {
     cuda_impl *c = CI(b);
     int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
@@ -2589,6 +2908,22 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
     if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1r does not take */
         bg = &b1_geoms[B1_PREV];
+    /* moe.dot=mma: k_moe_b1m in place of geometry 0's k_moe_b1r, with the fragments of its inputs */
+    int mma = dot_mma && b1 && bg == &b1_geoms[0] && t->mma_fit && dim % 32 == 0 && inter_max % 32 == 0;
+    int64_t ldfu = dim / 32 * 13, ldfd = inter_max / 32 * 13; /* 13 uint4 a 32-wide block */
+    /* gate/up writes h's records itself (no k_moe_xsplit of h) where its blocks hold whole
+     * 32-wide blocks of features (dim <= 4096: 4096 / (dim / 32) x 16 features a block; bm_run),
+     * h is not act-quantized after it, and a shared expert whose w2 takes bm_run had its gate/up
+     * there too; DSV4_CUDA_MOE_HREC=0 keeps the launch (A/B runs) */
+    int hrec = mma && ds->hrec && !act_fp8 && dim <= 4096 &&
+               (!shared || shared->w2.fmt != DSV4_WF_MXFP4 || shared->w1.fmt == DSV4_WF_MXFP4);
+    uint4 *xfu = NULL, *xfd = NULL;
+    if (mma) {
+        xfu = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(rows * ldfu));
+        xfd = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(S * ldfd));
+        if (!xfu || !xfd) return 1;
+        ds->mma_calls++;
+    }
     unsigned b1_up = 0, b1_dn = 0;
     int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
     dim3 b1_gu, b1_gd;
@@ -2626,6 +2961,15 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         if (gmax > 1 && !CKL(b))
             dsv4_launch(k_moe_bnr<1, BN_G, 2>, bn_gu, 256, bn_smu, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
                         dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+    } else if (mma) {
+        /* the MXFP4 groups read x (xq under act_fp8: MXFP4 weights are quantized) */
+        const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
+        dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
+                    xsrc, dim, rows, (int)dim, (int)dim);
+        if (!CKL(b))
+            dsv4_launch(k_moe_b1m<1>, b1_gu, 256, (size_t)bm_smem(1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
+                        y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu,
+                        hrec ? xfd : (uint4 *)NULL, ldfd);
     } else if (b1)
         CK(b, dsv4_launch_ptr(bg->up, b1_gu, dim3(256), bg->real ? b1ru : b1a, (size_t)bg->smem_up, c->stream));
     else if (bulk && rows == 1)
@@ -2678,6 +3022,17 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         if (gmax > 1 && !CKL(b))
             dsv4_launch(k_moe_bnr<0, BN_G, 2>, bn_gd, 256, bn_smd, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
                         dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+    } else if (mma) {
+        /* h's records: written by gate/up (hrec), else here (routed slots over the routed width,
+         * the shared rows over theirs; after act_quant's h under act_fp8) */
+        if (!hrec)
+            dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
+                        ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
+                        (int)(shared ? shared->w1.rows : t->inter));
+        if (hrec || !CKL(b))
+            dsv4_launch(k_moe_b1m<0>, b1_gd, 256, (size_t)bm_smem(0), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
+                        y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd,
+                        (uint4 *)NULL, (int64_t)0);
     } else if (b1)
         CK(b, dsv4_launch_ptr(bg->dn, b1_gd, dim3(256), bg->real ? b1rd : b1a, (size_t)bg->smem_dn, c->stream));
     else if (bulk && rows == 1)
@@ -2713,7 +3068,8 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
 
 void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
             const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
-            int act_fp8, int act_bf16, float out_scale) {
+            int flags, int act_bf16, float out_scale) {
+    int act_fp8 = flags & DSV4_MOE_ACT_FP8, dot_mma = flags & DSV4_MOE_DOT_MMA;
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0 || n_routed <= 0) return;
     cuda_impl *c = CI(b);
@@ -2742,7 +3098,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         /* not taken (an unaligned x): the kernels below, which stage and quantize again */
     }
     if (!moe_body(b, t, out, x, rows, experts, n_routed, e, wgt, k, shared, limit, before_w2, act_fp8, act_bf16,
-                  out_scale, NULL))
+                  out_scale, NULL, dot_mma))
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
 }
 
@@ -2751,8 +3107,9 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
  * k_route_plan_w, with the rest of moe_body unchanged; any other call is the two ops. */
 void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
                   int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out, const float *x,
-                  const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int act_fp8,
+                  const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int flags,
                   int act_bf16, float out_scale) {
+    int act_fp8 = flags & DSV4_MOE_ACT_FP8;
     cuda_devside *d = CI(b)->failed ? NULL : devside(b);
     int gmin = dsv4_cuda_moe_gemm_min_rows();
     int fuse = d && small_kernels(d) && !hash_ids && n_routed > 0 && (n_routed + 31) / 32 <= 16 && k > 0 &&
@@ -2760,7 +3117,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
                !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
     if (!fuse) {
         cu_route(b, experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale);
-        cu_moe(b, out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, act_fp8, act_bf16,
+        cu_moe(b, out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, flags, act_bf16,
                out_scale);
         return;
     }
@@ -2773,7 +3130,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
         route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
-                 out_scale, &r))
+                 out_scale, &r, flags & DSV4_MOE_DOT_MMA))
         return;
     d->rp_calls++;
     route_commit(b, experts, weights, &r);
