@@ -164,6 +164,23 @@ static tw make_w(dsv4_wfmt fmt, int64_t rows, int64_t cols, int scale_f32) {
 /* The CUDA backend keys its device copies by the host data pointer, so a weight's
  * memory must outlive the backend (as a mapped checkpoint does): freed test weights
  * are parked here and released at exit. */
+/* ne routed experts of rfmt (inter ri) and a shared one of sfmt (inter si), hidden d, their
+ * weights in parts[3 (ne + 1)] (w1, w2, w3 of each, made in that order); sf32: FP8 f32 scales.
+ * static inline: files that do not call it compile without a warning. */
+static inline void make_ffns(tw *parts, dsv4_ffn_w *ex, dsv4_ffn_w *sh, int ne, int64_t d, dsv4_wfmt rfmt, int64_t ri,
+                      dsv4_wfmt sfmt, int64_t si, int sf32) {
+    for (int x = 0; x <= ne; x++) {
+        dsv4_wfmt f = x < ne ? rfmt : sfmt;
+        int64_t in = x < ne ? ri : si;
+        parts[3 * x] = make_w(f, in, d, sf32);
+        parts[3 * x + 1] = make_w(f, d, in, sf32);
+        parts[3 * x + 2] = make_w(f, in, d, sf32);
+        dsv4_ffn_w fw = {.w1 = parts[3 * x].w, .w2 = parts[3 * x + 1].w, .w3 = parts[3 * x + 2].w};
+        if (x < ne) ex[x] = fw;
+        else *sh = fw;
+    }
+}
+
 static void *parked[4096];
 static int n_parked;
 static void free_w(tw *t) {

@@ -183,16 +183,7 @@ typedef struct {
  * weights carry f32 block scales (with e8m0 scales the one-row kernels need K >= 2048: 16 scale
  * bytes per row of blocks) */
 static void make_set1(ffn_set1 *s, dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32) {
-    for (int x = 0; x <= NE1; x++) {
-        dsv4_wfmt f = x < NE1 ? rfmt : sfmt;
-        int64_t in = x < NE1 ? ri : 2048;
-        s->parts[3 * x] = make_w(f, in, D1, sf32);
-        s->parts[3 * x + 1] = make_w(f, D1, in, sf32);
-        s->parts[3 * x + 2] = make_w(f, in, D1, sf32);
-        dsv4_ffn_w fw = {.w1 = s->parts[3 * x].w, .w2 = s->parts[3 * x + 1].w, .w3 = s->parts[3 * x + 2].w};
-        if (x < NE1) s->ex[x] = fw;
-        else s->sh = fw;
-    }
+    make_ffns(s->parts, s->ex, &s->sh, NE1, D1, rfmt, ri, sfmt, 2048, sf32);
 }
 
 /* Edge block scales in routed expert 1 (row 0 routes to it): MXFP4 e8m0 0 in every block of w1
@@ -302,15 +293,7 @@ static void test_one_row_mma_flash(void) {
     enum { DF = 4096, IF = 2048, NEF = 8 };
     tw parts[3 * NEF + 3];
     dsv4_ffn_w ex[NEF], sh;
-    for (int xx = 0; xx <= NEF; xx++) {
-        dsv4_wfmt f = xx < NEF ? DSV4_WF_MXFP4 : DSV4_WF_FP8;
-        parts[3 * xx] = make_w(f, IF, DF, 0);
-        parts[3 * xx + 1] = make_w(f, DF, IF, 0);
-        parts[3 * xx + 2] = make_w(f, IF, DF, 0);
-        dsv4_ffn_w fw = {.w1 = parts[3 * xx].w, .w2 = parts[3 * xx + 1].w, .w3 = parts[3 * xx + 2].w};
-        if (xx < NEF) ex[xx] = fw;
-        else sh = fw;
-    }
+    make_ffns(parts, ex, &sh, NEF, DF, DSV4_WF_MXFP4, IF, DSV4_WF_FP8, IF, 0);
     static const int32_t e[K1] = {2, 5, 7, 1, 0, 6};
     float w[K1];
     for (int j = 0; j < K1; j++) w[j] = 0.1f + 0.07f * (float)j;
@@ -387,16 +370,7 @@ typedef struct {
 
 /* make_set1's experts, NE2 of them */
 static void make_set2(ffn_set2 *s, dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32) {
-    for (int x = 0; x <= NE2; x++) {
-        dsv4_wfmt f = x < NE2 ? rfmt : sfmt;
-        int64_t in = x < NE2 ? ri : 2048;
-        s->parts[3 * x] = make_w(f, in, D1, sf32);
-        s->parts[3 * x + 1] = make_w(f, D1, in, sf32);
-        s->parts[3 * x + 2] = make_w(f, in, D1, sf32);
-        dsv4_ffn_w fw = {.w1 = s->parts[3 * x].w, .w2 = s->parts[3 * x + 1].w, .w3 = s->parts[3 * x + 2].w};
-        if (x < NE2) s->ex[x] = fw;
-        else s->sh = fw;
-    }
+    make_ffns(s->parts, s->ex, &s->sh, NE2, D1, rfmt, ri, sfmt, 2048, sf32);
 }
 
 /* row r takes experts (5 r + 3 j) mod (NE2 - 2), expert 0 first in every third row (more than 4
@@ -486,16 +460,7 @@ static int rm_made;
 static void make_rm(void) {
     if (rm_made) return;
     rm_made = 1;
-    for (int x = 0; x <= NER; x++) {
-        dsv4_wfmt f = x < NER ? DSV4_WF_MXFP4 : DSV4_WF_FP8;
-        int64_t in = x < NER ? IR : 2048;
-        rm_parts[3 * x] = make_w(f, in, DR, 0);
-        rm_parts[3 * x + 1] = make_w(f, DR, in, 0);
-        rm_parts[3 * x + 2] = make_w(f, in, DR, 0);
-        dsv4_ffn_w fw = {.w1 = rm_parts[3 * x].w, .w2 = rm_parts[3 * x + 1].w, .w3 = rm_parts[3 * x + 2].w};
-        if (x < NER) rm_ex[x] = fw;
-        else rm_sh = fw;
-    }
+    make_ffns(rm_parts, rm_ex, &rm_sh, NER, DR, DSV4_WF_MXFP4, IR, DSV4_WF_FP8, 2048, 0);
 }
 
 /* One call's buffers on the GPU backend g: logits and x uploaded, experts / weights / out device

@@ -1333,15 +1333,7 @@ static void check_moe_wide(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int R, const int32_t 
     enum { D = 4096, I = 2048, NE = 4, K = 2 };
     tw parts[3 * NE + 3];
     dsv4_ffn_w ex[NE], sh;
-    for (int x = 0; x <= NE; x++) {
-        dsv4_wfmt f = x < NE ? rfmt : sfmt;
-        parts[3 * x] = make_w(f, I, D, sf32);
-        parts[3 * x + 1] = make_w(f, D, I, sf32);
-        parts[3 * x + 2] = make_w(f, I, D, sf32);
-        dsv4_ffn_w fw = {.w1 = parts[3 * x].w, .w2 = parts[3 * x + 1].w, .w3 = parts[3 * x + 2].w};
-        if (x < NE) ex[x] = fw;
-        else sh = fw;
-    }
+    make_ffns(parts, ex, &sh, NE, D, rfmt, I, sfmt, I, sf32);
     float *x = malloc(sizeof(float) * R * D), *a = malloc(sizeof(float) * R * D), *g = malloc(sizeof(float) * R * D),
           *wgt = malloc(sizeof(float) * R * K);
     REQUIRE(x && a && g && wgt);
