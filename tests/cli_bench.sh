@@ -47,6 +47,14 @@ out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 0 2>&1)
 if [ $? -eq 2 ] && echo "$out" | grep -q "prompt: '0' is not a whole number in range"; then ok bench_bad_prompt
 else bad bench_bad_prompt "$out"; fi
 
+# --set: numerics switches over the profile, named in the header line; a bad one names what is accepted
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 8 --gen 1 --op-profile 0 --set moe.dot=mma --set kv.sim=fp8 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "numerics exact.*kv.sim=fp8" && echo "$out" | grep -q "numerics exact.*moe.dot=mma"; then
+  ok bench_set; else bad bench_set "$out"; fi
+out=$("$BIN" bench --model "$tmp/m" --backend cpu --set moe.dot=bad 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "switch 'moe.dot' has no value 'bad' (accepted: f32|mma)"; then ok bench_bad_set
+else bad bench_bad_set "$out"; fi
+
 out=$("$BIN" bench --model "$tmp/m" --frobnicate 1 2>&1)
 if [ $? -eq 2 ] && echo "$out" | grep -q "unknown option --frobnicate"; then ok bench_unknown_option
 else bad bench_unknown_option "$out"; fi

@@ -12,7 +12,8 @@
  * synthetic layers, so the bound is loose and per model: tiny rel <= 0.6 and >= 80%
  * equal argmax (measured 0.43, 72/85); flash 2-layer rel <= 0.1, >= 90% (measured
  * 0.055, 25/26); exact with moe.dot=mma on the GPU only (tensor-core MXFP4 dots at one row)
- * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it).  What each op does is held tight in test_cuda_ops.
+ * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it).
+ * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
 #include <stdlib.h>

@@ -24,7 +24,7 @@
  * FP8 shared expert (groups of 2, 3, 4 rows and a last group of 1 at 17 rows), an expert id
  * repeated within a row, experts with more than 4 slots (two groups), weights before or after w2,
  * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls).
- * moe.dot=mma (DSV4_MOE_DOT_MMA, one row): k_moe_b1m (MXFP4 dots on f16 tensor cores, x in three
+ * moe.dot=mma (DSV4_MOE_DOT_MMA, one row): k_moe_b1r with MMA = 1 (MXFP4 dots on f16 tensor cores, x in three
  * f16 parts) in every one-row case above, against the CPU's fp32 op with the same tolerances
  * (1e-5 exact: measured 7.3e-7 against 7.6e-7 for k_moe_b1r), the edge scales' NaN rows, the
  * path taken (dsv4_cuda_moe_mma_calls: once for MXFP4 experts, never for NVFP4 / FP8, where the
@@ -261,7 +261,7 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         CHECKF(took == 1, "one row %s: the one-row kernels ran %ld times, expected once", runs[k].what, took);
     }
     CHECK(!ne || nan_cpu == 2); /* the edge case's NaN rows reached the output */
-    /* moe.dot=mma (DSV4_MOE_DOT_MMA): k_moe_b1m when the routed experts are MXFP4 (the shared one
+    /* moe.dot=mma (DSV4_MOE_DOT_MMA): k_moe_b1r's MMA instances when the routed experts are MXFP4 (the shared one
      * on k_moe_b1r's path in the same launch), else the flag changes nothing */
     {
         dsv4_err err;
@@ -273,12 +273,12 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         long took = dsv4_cuda_moe_mma_calls(&gpu) - m0;
         double r = rel(g, a, D1);
         printf("  one row %s routed (inter %lld)%s, before_w2 %d, act_fp8 %d, act_bf16 %d, moe.dot=mma: rel %.2e "
-               "(tol %.0e), k_moe_b1m %ld\n",
+               "(tol %.0e), MMA kernels %ld\n",
                dsv4_wfmt_name(rfmt), (long long)ri, ne ? ", edge scales" : "", before_w2, act_fp8, act_bf16, r, tol,
                took);
         CHECKF(rc == 0, "one row mma: %s", rc ? err.msg : "");
         CHECKF(r <= tol, "one row moe.dot=mma rel %g", r);
-        CHECKF(took == (rfmt == DSV4_WF_MXFP4), "k_moe_b1m ran %ld times", took);
+        CHECKF(took == (rfmt == DSV4_WF_MXFP4), "the MMA kernels ran %ld times", took);
     }
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
@@ -319,7 +319,7 @@ static void test_one_row_mma_flash(void) {
         for (int i = 0; i < DF; i++) nan_cpu += isnan(a[i]) != 0, nan_gpu += isnan(g[i]) != 0;
         double r = rel(g, a, DF), tol = act_fp8 ? 2e-3 : 1e-5;
         printf("  one row Flash shapes, moe.dot=mma, %s, act_fp8 %d: rel %.2e (tol %.0e), NaN outputs %d / %d, "
-               "k_moe_b1m %ld\n",
+               "MMA kernels %ld\n",
                c == 0 ? "x ~ N(0,1)" : c == 1 ? "x from 1e-6 to 1e4" : "a NaN in x", act_fp8, r, tol, nan_gpu,
                nan_cpu, took);
         CHECKF(rc == 0, "mma flash: %s", rc ? err.msg : "");

@@ -17,7 +17,7 @@ struct dsv4_backend;
 /* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
-/* one-row MoE calls that took k_moe_b1m (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
+/* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
 long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);

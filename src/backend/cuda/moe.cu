@@ -1463,46 +1463,7 @@ __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], i
         b1f_run<UP, B1F_FP8, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
 
-/* k_moe_b1r: b1f_run on a grid of only the real blocks (dynamic shared memory B1F_SMEM(S, V, M,
- * 1 + UP), groups of one slot, M features per thread, MINB resident blocks per SM): grid.x = rs cr + cs blocks, one per
- * 128 KB (up) / 64 KB (down) of weights, where rs bounds the routed groups (the row's slots), cr
- * is a routed expert's chunk count and cs the shared expert's (0 without one; hs = 1 with one).
- * The plan puts the shared expert's group last, so block b < nr cr (nr = groups - hs) is chunk
- * b % cr of routed group b / cr and the next cs blocks are the shared group's chunks; blocks
- * past those (bad expert ids drop routed groups) exit.  Its predecessor k_moe_b1 (the same
- * per-block work on a grid of the larger expert's chunks x max_groups, removed once k_moe_b1r was
- * measured) launched twice the blocks for Flash, half of them exiting at once after reading the
- * group count, the group and the expert table (three dependent loads). */
-template <int UP, int DEC, int S, int V, int M, int MINB>
-__global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
-                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                    int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
-                                                    int cs, int hs) {
-    /* gate/up reads the plan's groups, written by the kernel just before: wait at once; down
-     * reads them too, but they were complete before gate/up started, so down issues its group
-     * lookup, first weight copies and scales before waiting for gate/up's h (b1f_run) */
-    if (UP) pdl_enter();
-    else pdl_trigger();
-    extern __shared__ __align__(128) uint8_t b1s[];
-    /* a down block that leaves early still waits: the grid must not complete before gate/up
-     * has (the ordering of the kernels after it is transitive only through each grid's wait) */
-    int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
-    if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
-    else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
-    mb_half W[2];
-    int64_t rows, f0;
-    const float *xs;
-    float *out;
-    if (gi < 0 || !b1_group<UP, M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out,
-                                   f0, chunk)) {
-        if (!UP) pdl_wait();
-        return;
-    }
-    const group &G = groups[gi];
-    b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-}
-
-/* ----- one row on tensor cores (moe.dot=mma, k_moe_b1m) -----
+/* ----- one row on tensor cores (moe.dot=mma: k_moe_b1r's MMA instances, below) -----
  * The MXFP4 groups of k_moe_b1r's grid form their dots with mma.sync.m16n8k16 (f16 inputs, f32
  * accumulation) instead of the CUDA cores' fp32 fma: the e2m1 codes become e4m3 bytes (5 integer
  * operations a word of 8 codes) and those f16 pairs (cvt.rn.f16x2.e4m3x2, 4 a word), the values
@@ -1762,18 +1723,34 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
               lane);
 }
 
-/* k_moe_b1r with its MXFP4 groups on tensor cores (bm_run; the others on b1f_format's geometry
- * 0 path): the same grid, arguments and per-block work, plus the B records of the gate/up input
- * rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf uint4 a row; gate/up with hf
- * (not NULL) also writes h's records there (row G.slot[0], ldhf a row) */
-template <int UP>
-__global__ void __launch_bounds__(256, 4) k_moe_b1m(const group *groups, const int *n_groups, const dexpert *tab,
-                                                 const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                 int64_t dim, int act_fp8, float limit, int act_bf16, int cr, int cs,
-                                                 int hs, const uint4 *xf, int64_t ldf, uint4 *hf, int64_t ldhf) {
+/* k_moe_b1r: b1f_run on a grid of only the real blocks (dynamic shared memory B1F_SMEM(S, V, M,
+ * 1 + UP), groups of one slot, M features per thread, MINB resident blocks per SM): grid.x = rs cr + cs blocks, one per
+ * 128 KB (up) / 64 KB (down) of weights, where rs bounds the routed groups (the row's slots), cr
+ * is a routed expert's chunk count and cs the shared expert's (0 without one; hs = 1 with one).
+ * The plan puts the shared expert's group last, so block b < nr cr (nr = groups - hs) is chunk
+ * b % cr of routed group b / cr and the next cs blocks are the shared group's chunks; blocks
+ * past those (bad expert ids drop routed groups) exit.  Its predecessor k_moe_b1 (the same
+ * per-block work on a grid of the larger expert's chunks x max_groups, removed once k_moe_b1r was
+ * measured) launched twice the blocks for Flash, half of them exiting at once after reading the
+ * group count, the group and the expert table (three dependent loads).
+ * MMA = 1 (moe.dot=mma): the MXFP4 groups go to bm_run (the others keep b1f_format) with the B
+ * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
+ * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
+ * row).  MMA = 0 ignores the four. */
+template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
+__global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
+                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
+                                                    int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
+                                                    int cs, int hs, const uint4 *xf, int64_t ldf, uint4 *hf,
+                                                    int64_t ldhf) {
+    /* gate/up reads the plan's groups, written by the kernel just before: wait at once; down
+     * reads them too, but they were complete before gate/up started, so down issues its group
+     * lookup, first weight copies and scales before waiting for gate/up's h (b1f_run) */
     if (UP) pdl_enter();
     else pdl_trigger();
     extern __shared__ __align__(128) uint8_t b1s[];
+    /* a down block that leaves early still waits: the grid must not complete before gate/up
+     * has (the ordering of the kernels after it is transitive only through each grid's wait) */
     int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
     if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
     else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
@@ -1781,17 +1758,17 @@ __global__ void __launch_bounds__(256, 4) k_moe_b1m(const group *groups, const i
     int64_t rows, f0;
     const float *xs;
     float *out;
-    if (gi < 0 || !b1_group<UP, B1_MUP>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs,
-                                        out, f0, chunk)) {
+    if (gi < 0 || !b1_group<UP, M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out,
+                                   f0, chunk)) {
         if (!UP) pdl_wait();
         return;
     }
     const group &G = groups[gi];
-    if (W[0].fmt == DSV4_WF_MXFP4)
-        bm_run<UP, B1_MUP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
-                           act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    if (MMA && W[0].fmt == DSV4_WF_MXFP4)
+        bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
+                      act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else
-        b1f_format<UP, 2, 4, 2, B1_MUP>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+        b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
@@ -2408,7 +2385,7 @@ struct moe_table {
     int bulk;                       /* every expert's weights can take k_moe_bulk */
     int b1_fit;                     /* every expert fits k_moe_b1r (b1_fits) in the backend's geometry */
     int bn_fit;                     /* every expert fits k_moe_bnr (b1_fits at BN_M, both halves) */
-    int mma_fit;                    /* every routed expert is MXFP4 (w1, w3, w2): k_moe_b1m takes moe.dot=mma */
+    int mma_fit;                    /* every routed expert is MXFP4 (w1, w3, w2): moe.dot=mma applies */
 };
 
 struct cuda_devside {
@@ -2425,8 +2402,8 @@ struct cuda_devside {
                                      * it (DSV4_CUDA_MOE_BN=0 / =2, A/B runs) */
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
-    long mma_calls;                 /* moe calls that took k_moe_b1m (moe.dot=mma) */
-    int hrec;                       /* 1: k_moe_b1m's gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
+    long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
+    int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     long rp_calls;                  /* route_moe calls that took k_route_plan_w */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -2445,7 +2422,7 @@ long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     return c->devside ? c->devside->mb_calls : 0;
 }
 
-/* moe calls that took k_moe_b1m (one row, moe.dot=mma; cuda.h), for the tests */
+/* moe calls that took k_moe_b1r's MMA instances (one row, moe.dot=mma; cuda.h), for the tests */
 extern "C" long dsv4_cuda_moe_mma_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->mma_calls : 0;
@@ -2609,12 +2586,14 @@ static void expert_ids(const dsv4_ffn_w *experts, int n_routed, const dsv4_ffn_w
     }
 }
 
-/* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
- * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
+/* the dynamic shared memory of k_moe_b1r with MMA (geometry 0's or bm_run's, the larger) */
 static int bm_smem(int up) {
     int g0 = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
     return g0 > BM_SMEM ? g0 : BM_SMEM;
 }
+
+/* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
+ * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
 
 static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
@@ -2639,8 +2618,9 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                                        cudaSharedmemCarveoutMaxShared)))
             return -1;
     }
-    /* k_moe_b1m: bm_run's or geometry 0's shared memory, the larger */
-    const void *bmf[2] = {(const void *)k_moe_b1m<1>, (const void *)k_moe_b1m<0>};
+    /* k_moe_b1r with MMA: bm_run's or geometry 0's shared memory, the larger */
+    const void *bmf[2] = {(const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 1>,
+                          (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 1>};
     for (int i = 0; i < 2; i++)
         if (CK(b, cudaFuncSetAttribute(bmf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bm_smem(1 - i))) ||
             CK(b, cudaFuncSetAttribute(bmf[i], cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -2908,7 +2888,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
     if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1r does not take */
         bg = &b1_geoms[B1_PREV];
-    /* moe.dot=mma: k_moe_b1m in place of geometry 0's k_moe_b1r, with the fragments of its inputs */
+    /* moe.dot=mma: geometry 0's k_moe_b1r with MMA = 1, with the B records of its inputs */
     int mma = dot_mma && b1 && bg == &b1_geoms[0] && t->mma_fit && dim % 32 == 0 && inter_max % 32 == 0;
     int64_t ldfu = dim / 32 * 13, ldfd = inter_max / 32 * 13; /* 13 uint4 a 32-wide block */
     /* gate/up writes h's records itself (no k_moe_xsplit of h) where its blocks hold whole
@@ -2950,11 +2930,14 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     const dexpert *b1t = t->dev;
     const float *b1x = xd, *b1xq = xq;
     void *b1a[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16};
-    /* k_moe_b1r's: the same, then its chunk counts (gate/up, down) and hs */
+    /* k_moe_b1r's: the same, then its chunk counts (gate/up, down), hs and MMA's records (none) */
+    const uint4 *b1xf = NULL;
+    uint4 *b1hf = NULL;
+    int64_t b1ld = 0;
     void *b1ru[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
-                    &b1_cru, &b1_csu, &b1_hs};
+                    &b1_cru, &b1_csu, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
     void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
-                    &b1_crd, &b1_csd, &b1_hs};
+                    &b1_crd, &b1_csd, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
     if (bn) {
         dsv4_launch(k_moe_bnr<1, 1, 4>, bn_gu, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev,
                     xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
@@ -2967,7 +2950,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
         if (!CKL(b))
-            dsv4_launch(k_moe_b1m<1>, b1_gu, 256, (size_t)bm_smem(1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
+            dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 1>, b1_gu, 256, (size_t)bm_smem(1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
                         y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu,
                         hrec ? xfd : (uint4 *)NULL, ldfd);
     } else if (b1)
@@ -3030,7 +3013,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
         if (hrec || !CKL(b))
-            dsv4_launch(k_moe_b1m<0>, b1_gd, 256, (size_t)bm_smem(0), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
+            dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 1>, b1_gd, 256, (size_t)bm_smem(0), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
                         y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd,
                         (uint4 *)NULL, (int64_t)0);
     } else if (b1)
