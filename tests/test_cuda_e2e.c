@@ -244,9 +244,9 @@ static void test_graphs_identical(void) {
     REQUIRE(make_tiny());
     graphs_case("exact", NULL);
     graphs_case("reference", NULL);
-    graphs_case("exact", "31");   /* every site, bulk prefetches */
+    graphs_case("exact", "63");   /* every site, bulk prefetches */
     setenv("DSV4_CUDA_L2PF_MODE", "2", 1);
-    graphs_case("reference", "31"); /* every site, one prefetch per line (MoE down: bulk) */
+    graphs_case("reference", "63"); /* every site, one prefetch per line (the MoE sites: bulk) */
     unsetenv("DSV4_CUDA_L2PF_MODE");
 }
 

@@ -218,8 +218,11 @@ int dsv4_cuda_pf_init(dsv4_backend *b);
 void dsv4_cuda_pf_free(dsv4_backend *b);
 void dsv4_cuda_pf_join(dsv4_backend *b);
 /* prefetch sites of the backend's own, after the forward pass's (backend.h DSV4_PF_*) */
-#define DSV4_CUDA_PF_MOE_DOWN DSV4_PF_SITES /* moe.cu: the chosen experts' w2, after the plan */
-#define DSV4_CUDA_PF_SITES (DSV4_PF_SITES + 1)
+#define DSV4_CUDA_PF_MOE_DOWN DSV4_PF_SITES      /* moe.cu: the chosen experts' w2, after the plan */
+#define DSV4_CUDA_PF_MOE_UP (DSV4_PF_SITES + 1)   /* moe.cu: their w1 and w3, ahead of gate/up's loads */
+#define DSV4_CUDA_PF_SITES (DSV4_PF_SITES + 2)
+/* 1 if site s is on and a capture is in progress (dsv4_cuda_pf_fork would fork) */
+int dsv4_cuda_pf_on(dsv4_backend *b, int site);
 /* a prefetch kernel of site s: the side stream forked from the capture (NULL: s is off, or no
  * capture), then dsv4_cuda_pf_launched after the launch on it */
 cudaStream_t dsv4_cuda_pf_fork(dsv4_backend *b, int site);

@@ -14,8 +14,9 @@
  * the chain.  The kernel reads nothing and writes nothing: values never change, only where the
  * weight bytes come from.  Eager ops (no capture) ignore the hint.
  *
- * The backend has one site of its own (DSV4_CUDA_PF_MOE_DOWN, moe.cu): after the router's plan, the
- * w2 of the experts it chose, while their gate/up runs (k_l2pf_down).
+ * The backend has two sites of its own (moe.cu, k_l2pf_moe, after the router's plan): the w2 of the
+ * experts it chose, while their gate/up runs (DSV4_CUDA_PF_MOE_DOWN, bit 4), and their w1 / w3, ahead of
+ * gate/up's own loads (DSV4_CUDA_PF_MOE_UP, bit 5).
  *
  * DSV4_CUDA_L2PF: bit s acts on site s (0 = off, the default until measured); _MODE 1 one
  * cp.async.bulk.prefetch.L2 per chunk (default), 2 one prefetch.global.L2 per 128-byte line;
@@ -86,11 +87,15 @@ void dsv4_cuda_pf_free(dsv4_backend *b) {
     c->pf_fork = c->pf_done = NULL;
 }
 
+int dsv4_cuda_pf_on(dsv4_backend *b, int site) {
+    cuda_impl *c = CI(b);
+    return c->capturing && !c->failed && site >= 0 && site < DSV4_CUDA_PF_SITES && (c->pf_sites >> site & 1u);
+}
+
 /* the side stream, forked from the capture here, if site is on; NULL otherwise */
 cudaStream_t dsv4_cuda_pf_fork(dsv4_backend *b, int site) {
     cuda_impl *c = CI(b);
-    if (!c->capturing || c->failed || site < 0 || site >= DSV4_CUDA_PF_SITES || !(c->pf_sites >> site & 1u))
-        return NULL;
+    if (!dsv4_cuda_pf_on(b, site)) return NULL;
     if (CK(b, cudaEventRecord(c->pf_fork, c->stream)) || CK(b, cudaStreamWaitEvent(c->pf_stream, c->pf_fork, 0)))
         return NULL;
     c->pf_open = 1; /* the side stream is in the capture now: it must be joined even if a launch fails */
