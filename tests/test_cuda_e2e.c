@@ -171,19 +171,15 @@ static void test_flash2(void) {
 
 /* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and
  * decode steps with DSV4_CUDA_GRAPHS=0 and with graphs on give identical logits, and the
- * graphs engine really launched graphs, updated them in place and built a few variants.
- * With l2pf (DSV4_CUDA_L2PF's value) the graphs engine also runs the L2 prefetch hints
- * (prefetch.cu, a side branch in each graph): still the same bits, and the kernels ran. */
-static void graphs_case(const char *profile, const char *l2pf) {
+ * graphs engine really launched graphs, updated them in place and built a few variants. */
+static void graphs_case(const char *profile) {
     dsv4_err err;
     dsv4_engine *e0 = NULL, *e1 = NULL;
     dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
     setenv("DSV4_CUDA_GRAPHS", "0", 1);
     if (dsv4_engine_open(&e0, &o, &err)) fprintf(stderr, "  no graphs: %s\n", err.msg);
     unsetenv("DSV4_CUDA_GRAPHS");
-    if (l2pf) setenv("DSV4_CUDA_L2PF", l2pf, 1);
     if (e0 && dsv4_engine_open(&e1, &o, &err)) fprintf(stderr, "  graphs: %s\n", err.msg);
-    unsetenv("DSV4_CUDA_L2PF");
     REQUIRE(e0 && e1);
     dsv4_engine_info info;
     dsv4_engine_get_info(e0, &info);
@@ -219,17 +215,12 @@ static void graphs_case(const char *profile, const char *l2pf) {
     }
     dsv4_engine_perf(e1, &p1);
     long launches = p1.graph_launches - p0.graph_launches, updates = p1.graph_updates - p0.graph_updates;
-    long inst = p1.graph_inst - p0.graph_inst, pf = p1.prefetch_launches - p0.prefetch_launches;
+    long inst = p1.graph_inst - p0.graph_inst;
     dsv4_engine_perf(e0, &p0);
-    printf("  graphs %s (L2PF %s): logits identical with and without graphs: %s; during %d decode + 3 batched steps: "
-           "%ld graph launches, %ld updated in place, %ld new executables, %ld prefetch kernels (graphs off: %ld "
-           "launches, %ld prefetch kernels)\n",
-           profile, l2pf ? l2pf : "-", same ? "yes" : "NO", D, launches, updates, inst, pf, p0.graph_launches,
-           p0.prefetch_launches);
+    printf("  graphs %s: logits identical with and without graphs: %s; during %d decode + 3 batched steps: %ld "
+           "graph launches, %ld updated in place, %ld new executables (graphs off: %ld launches)\n",
+           profile, same ? "yes" : "NO", D, launches, updates, inst, p0.graph_launches);
     CHECK(same);
-    CHECK(p0.prefetch_launches == 0); /* eager ops ignore the hint */
-    if (l2pf) CHECK(pf >= (long)D * info.n_layers); /* WQ_B at least, in every layer's graph */
-    else CHECK(pf == 0);
     CHECK(launches >= (long)D * info.n_layers); /* every layer of every decode step ran as a graph */
     CHECK(updates > launches / 2);              /* mostly updated in place, not rebuilt */
     CHECK(p0.graph_launches == 0);
@@ -242,12 +233,8 @@ static void graphs_case(const char *profile, const char *l2pf) {
 static void test_graphs_identical(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
-    graphs_case("exact", NULL);
-    graphs_case("reference", NULL);
-    graphs_case("exact", "63");   /* every site, bulk prefetches */
-    setenv("DSV4_CUDA_L2PF_MODE", "2", 1);
-    graphs_case("reference", "63"); /* every site, one prefetch per line (the MoE sites: bulk) */
-    unsetenv("DSV4_CUDA_L2PF_MODE");
+    graphs_case("exact");
+    graphs_case("reference");
 }
 
 static void test_backend_errors(void) {

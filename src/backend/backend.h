@@ -231,21 +231,7 @@ typedef struct dsv4_backend_ops {
                       int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out,
                       const float *x, const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2,
                       int flags, int act_bf16, float out_scale);
-    /* Hint (optional: NULL = none): the n weights w[] are read by an op soon, later in this pass.
-     * A device backend may start moving them nearer (into a GPU's L2) while the ops before that
-     * one run, off the ops' order.  It reads only weights, which no op writes, so results never
-     * depend on it.  site (DSV4_PF_*) names the call, for the backend's A/B switches. */
-    void (*prefetch)(dsv4_backend *b, int site, int n, const dsv4_weight *const *w);
 } dsv4_backend_ops;
-
-/* prefetch's call sites in the forward pass (a layer's weights in the order its ops read them) */
-enum {
-    DSV4_PF_WQ_B = 0, /* at the layer's start (y's projections run): wq_b */
-    DSV4_PF_WO_A,     /* after wq_b (the attention runs): wo_a */
-    DSV4_PF_FFN,      /* after wo_b (hc_post / hc_pre, the router run): the router and the shared expert */
-    DSV4_PF_NEXT,     /* after the MoE (the last hc_post runs): the next layer's projections of y */
-    DSV4_PF_SITES
-};
 
 /* One task of op_list: the op named by kind with these arguments (each kind reads the fields
  * beside it; the contracts are the ops' above). */
@@ -285,7 +271,6 @@ typedef struct dsv4_backend_stats {
     /* cumulative since init (0 where a backend has none): CUDA graphs launched, updated in
      * place, instantiated; seconds the host spent waiting for the device */
     long graph_launches, graph_updates, graph_inst;
-    long prefetch_launches; /* L2 prefetch kernels run for ops->prefetch hints */
     double wait_s;
     double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
     double issue_s;              /* cumulative host time inside ops (begin to end), timed or not */

@@ -193,7 +193,6 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
     out->graph_launches = st.graph_launches;
     out->graph_updates = st.graph_updates;
     out->graph_inst = st.graph_inst;
-    out->prefetch_launches = st.prefetch_launches;
     out->wait_s = st.wait_s;
     out->graph_gpu_s = st.graph_gpu_s;
     out->issue_s = st.issue_s;

@@ -174,7 +174,6 @@ typedef struct dsv4_engine_perf_info {
     long calls[DSV4_ENGINE_MAX_OPS];
     double weight_bytes_read;   /* since profiling was turned on */
     long graph_launches, graph_updates, graph_inst; /* cumulative (CUDA graphs of decode segments) */
-    long prefetch_launches; /* cumulative: L2 prefetch kernels of the backend's prefetch hints */
     double wait_s;              /* cumulative seconds the host waited for the device */
     double graph_gpu_s;         /* cumulative device seconds inside CUDA graphs */
     double issue_s, segment_s;  /* cumulative host seconds inside ops / ending graph captures */

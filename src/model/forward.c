@@ -669,18 +669,6 @@ static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32
         }
 }
 
-/* ops->prefetch (backend.h) of the weights named, at call site `site`: where the backend
- * has it, they start moving nearer the device while the ops before their own run */
-static void prefetch(dsv4_model *m, int site, int n, const dsv4_weight *const *w) {
-    const dsv4_backend_ops *op = OPS(m);
-    if (op->prefetch && n > 0) op->prefetch(B_(m), site, n, w);
-}
-#define PREFETCH(m, site, ...)                                                                       \
-    do {                                                                                             \
-        const dsv4_weight *pf_[] = {__VA_ARGS__};                                                    \
-        prefetch((m), (site), (int)(sizeof pf_ / sizeof pf_[0]), pf_);                               \
-    } while (0)
-
 /* next: the layer that follows this one in the same pass (-1: none, the head or the MTP
  * follows); its attention hc_pre then runs inside this layer's last hc_post where the backend
  * fuses them (hc_post_pre_norm) and that layer skips its own (m->hc_ready) */
@@ -702,7 +690,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
         hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, m->post,
                     m->comb, "attn.hc_pre", layer);
     m->hc_ready = -1;
-    PREFETCH(m, DSV4_PF_WQ_B, &L->wq_b);
     y_projections(m, L, rows);
     /* A decode step (every segment one row) issues the small ops around wq_b as two op lists
      * (op_list: one launch each on a device): what reads only y's projections before wq_b,
@@ -732,7 +719,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
          * next-split) has not run on a device */
         if (layer == 0) mark_segment(m, m->n_all + 3);
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
-        PREFETCH(m, DSV4_PF_WO_A, &L->wo_a);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
         if (L->has_comp) comp_bias(m, layer, 0, nseg);
@@ -749,7 +735,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     } else {
         ol_run(m, &qa_norm);
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
-        PREFETCH(m, DSV4_PF_WO_A, &L->wo_a);
         ol_run(m, &q_rope);
         ol_run(m, &kv_rope);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
@@ -840,8 +825,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
     op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
-    if (c->n_shared > 0) PREFETCH(m, DSV4_PF_FFN, &L->gate, &L->shared.w1, &L->shared.w3, &L->shared.w2);
-    else PREFETCH(m, DSV4_PF_FFN, &L->gate);
     op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);
 
     LAY_LAP(3);
@@ -934,9 +917,6 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
-    if (N) /* the next layer's projections of y (y_projections), while this hc_post runs */
-        PREFETCH(m, DSV4_PF_NEXT, &N->wq_a, &N->wkv, &N->comp.wkv, &N->comp.wgate, &N->idx.comp.wkv,
-                 &N->idx.comp.wgate, &N->idx.weights_proj);
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
                               &N->hc_attn_scale, &N->attn_norm, m->post, m->comb)) {
         m->hc_ready = next;

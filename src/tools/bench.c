@@ -134,9 +134,6 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G
                (double)(p1.graph_launches - p0.graph_launches) / G, (double)(p1.graph_updates - p0.graph_updates) / G,
                (double)(p1.graph_inst - p0.graph_inst) / G, gpu, (p1.wait_s - p0.wait_s) / G * 1e3);
     }
-    if (p1.prefetch_launches > p0.prefetch_launches)
-        printf("bench: per decode step: %.1f L2 prefetch kernels (DSV4_CUDA_L2PF)\n",
-               (double)(p1.prefetch_launches - p0.prefetch_launches) / G);
     if (p1.issue_s > p0.issue_s)
         printf("bench: host time per decode step: %.3f ms inside ops, %.3f ms ending graph captures (update or "
                "instantiate, launch), %.3f ms elsewhere (forward pass, waits, copies out)\n",

@@ -66,7 +66,6 @@ void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int
             int, const dsv4_ffn_w *, float, int, int, int, float);
 void cu_route_moe(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
                   float, float *, const float *, const dsv4_ffn_w *, const dsv4_ffn_w *, float, int, int, int, float);
-void cu_prefetch(dsv4_backend *, int, int, const dsv4_weight *const *); /* prefetch.cu */
 
 /* host clock in milliseconds (per-op issue time, capture ends) */
 static double host_ms(void) {
@@ -162,7 +161,6 @@ void dsv4_cuda_seg_end(dsv4_backend *b) {
 
 static void seg_end_timed(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    dsv4_cuda_pf_join(b); /* a prefetch branch (prefetch.cu) rejoins before the capture ends */
     c->capturing = 0;
     if (last_error(b, "an unchecked call inside a graph capture")) { /* still end the capture */
         cudaGraph_t g0 = NULL;
@@ -509,7 +507,6 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->graph_launches = c->g_launch;
     out->graph_updates = c->g_update;
     out->graph_inst = c->g_inst;
-    out->prefetch_launches = c->pf_launches;
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
     out->issue_s = c->issue_s;
@@ -655,20 +652,6 @@ int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out) {
     out->scale_f32 = w->scale_f32;
     out->block = w->block > 0 ? w->block : 128;
     out->scale2 = w->scale2;
-    return 0;
-}
-
-/* the device bytes of a weight already on the device (data, then scales; 0 bytes where none);
- * -1 if it is not (nothing is uploaded here) */
-int dsv4_cuda_weight_bytes(dsv4_backend *b, const dsv4_weight *w, const void **data, size_t *db, const void **scale,
-                           size_t *sb) {
-    cuda_impl *c = CI(b);
-    wentry *e = w->data && w->fmt != DSV4_WF_NONE ? map_find(c, w->data) : NULL;
-    if (!e) return -1;
-    *data = e->data;
-    *db = data_bytes(w);
-    *scale = e->scale;
-    *sb = e->scale ? scale_bytes(w) : 0;
     return 0;
 }
 
@@ -906,7 +889,6 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_add_cyclic_pos,
     cu_op_list,
     cu_route_moe,
-    cu_prefetch,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
@@ -963,7 +945,7 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     ops_select(&c->ops);
     b->ops = &c->ops;
     if (CK(b, cudaSetDevice(device)) || CK(b, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) ||
-        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1)) || dsv4_cuda_pf_init(b)) {
+        CK(b, cudaEventCreate(&c->ev0)) || CK(b, cudaEventCreate(&c->ev1))) {
         dsv4_errf(err, "%s", c->errmsg);
         dsv4_backend_cuda_free(b);
         return -1;
@@ -988,14 +970,12 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     if (!b || !b->impl) return;
     cuda_impl *c = CI(b);
     if (c->capturing) { /* end a capture left open (an error path): its graph is dropped */
-        dsv4_cuda_pf_join(b);
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(c->stream, &g);
         if (g) cudaGraphDestroy(g);
         c->capturing = 0;
     }
     if (c->stream) cudaStreamSynchronize(c->stream);
-    dsv4_cuda_pf_free(b);
     dsv4_cuda_devside_free(b);
     graphs_free(c);
     if (c->pool) cudaFree(c->pool);

@@ -117,13 +117,6 @@ struct cuda_impl {
     cudaEvent_t gev[2][64];
     int n_gev;
     double graph_gpu_s;
-    /* L2 prefetch (prefetch.cu): hints run on a side stream, forked from the capture */
-    unsigned pf_sites;          /* DSV4_CUDA_L2PF: bit s = act on site s (backend.h DSV4_PF_*) */
-    int pf_mode, pf_blocks, pf_chunk; /* DSV4_CUDA_L2PF_MODE / _BLOCKS / _CHUNK (bytes) */
-    cudaStream_t pf_stream;
-    cudaEvent_t pf_fork, pf_done;
-    int pf_open;                /* the capture in progress has a side branch to join */
-    long pf_launches;
 };
 #define DSV4_CUDA_GVARIANTS 6
 
@@ -210,29 +203,6 @@ void dsv4_cuda_flush(dsv4_backend *b);
 void dsv4_cuda_idle(dsv4_backend *b);
 /* device view of w (uploads it on first use if load_weights did not); 0 or -1 */
 int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out);
-int dsv4_cuda_weight_bytes(dsv4_backend *b, const dsv4_weight *w, const void **data, size_t *db, const void **scale,
-                           size_t *sb);
-/* prefetch.cu: the side stream and switches (at init; nonzero on failure), their release, and the
- * end of the capture's side branch (before cudaStreamEndCapture) */
-int dsv4_cuda_pf_init(dsv4_backend *b);
-void dsv4_cuda_pf_free(dsv4_backend *b);
-void dsv4_cuda_pf_join(dsv4_backend *b);
-/* prefetch sites of the backend's own, after the forward pass's (backend.h DSV4_PF_*) */
-#define DSV4_CUDA_PF_MOE_DOWN DSV4_PF_SITES      /* moe.cu: the chosen experts' w2, after the plan */
-#define DSV4_CUDA_PF_MOE_UP (DSV4_PF_SITES + 1)   /* moe.cu: their w1 and w3, ahead of gate/up's loads */
-#define DSV4_CUDA_PF_SITES (DSV4_PF_SITES + 2)
-/* 1 if site s is on and a capture is in progress (dsv4_cuda_pf_fork would fork) */
-int dsv4_cuda_pf_on(dsv4_backend *b, int site);
-/* a prefetch kernel of site s: the side stream forked from the capture (NULL: s is off, or no
- * capture), then dsv4_cuda_pf_launched after the launch on it */
-cudaStream_t dsv4_cuda_pf_fork(dsv4_backend *b, int site);
-void dsv4_cuda_pf_launched(dsv4_backend *b, int site);
-/* one L2 prefetch of n bytes at p (16-byte aligned; a multiple of 16 is asked for, the tail is
- * left), for the prefetch kernels */
-__device__ __forceinline__ void l2_prefetch_bulk(const void *p, unsigned n) {
-    n &= ~15u;
-    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-}
 
 /* waits for the stream (ending a graph capture in progress first: nothing may wait while
  * capturing); 0 or -1 (sticky error) */

@@ -32,8 +32,6 @@ long dsv4_cuda_sgemm_grouped_calls(void);
 /* op_list (oplist.cu), all backends of the process: k_op_list launches, and tasks that ran alone
  * as their op because the list kernel does not take them */
 long dsv4_cuda_op_list_launches(void);
-/* L2 prefetch kernels (prefetch.cu, ops->prefetch) launched into captured segments on this backend */
-long dsv4_cuda_pf_launches(struct dsv4_backend *b);
 long dsv4_cuda_op_list_alone(void);
 
 #endif

@@ -2360,62 +2360,6 @@ __global__ void __launch_bounds__(32 * RP_WARPS)
                      before_w2, tab, wbytes, flags, gmax);
 }
 
-/* L2 prefetch (prefetch.cu, sites DSV4_CUDA_PF_MOE_UP / _DOWN): the weights of every group the
- * plan wrote, in chunks of `chunk` bytes spread over the grid's threads, launched on the side
- * stream after the plan.  parts 1: w1 and w3, which gate/up is about to stream (the prefetch runs
- * ahead of its loads); 2: w2, which gate/up does not read, so down finds it in L2; 3: both. */
-__device__ __forceinline__ void w_extent(const dweight &w, unsigned long long &db, unsigned long long &sb) {
-    unsigned long long n = (unsigned long long)w.rows * (unsigned long long)w.cols;
-    int64_t bl = w.block > 0 ? w.block : 128;
-    db = !w.data                  ? 0
-         : w.fmt == DSV4_WF_FP8  ? n
-         : w.fmt == DSV4_WF_BF16 ? 2 * n
-         : w.fmt == DSV4_WF_F32  ? 4 * n
-                                 : (unsigned long long)w.rows * ((w.cols + 1) / 2);
-    sb = !w.scale ? 0
-         : w.fmt == DSV4_WF_FP8
-             ? (unsigned long long)(((w.rows + bl - 1) / bl) * ((w.cols + bl - 1) / bl)) * (w.scale_f32 ? 4 : 1)
-         : w.fmt == DSV4_WF_MXFP4 ? (unsigned long long)w.rows * ((w.cols + 31) / 32)
-         : w.fmt == DSV4_WF_NVFP4 ? (unsigned long long)w.rows * ((w.cols + 15) / 16)
-                                  : 0;
-}
-
-__device__ __forceinline__ void pf_weight(const dweight &w, unsigned long long me, unsigned long long G, unsigned chunk,
-                                          unsigned long long turn) {
-    unsigned long long db, sb;
-    w_extent(w, db, sb);
-    unsigned long long nc = (db + chunk - 1) / chunk, at = (me + G - turn * 97 % G) % G;
-    for (unsigned long long c = at; c < nc; c += G) {
-        unsigned long long off = c * chunk;
-        l2_prefetch_bulk(w.data + off, (unsigned)(db - off < chunk ? db - off : chunk));
-    }
-    if (me == turn % G && sb) l2_prefetch_bulk(w.scale, (unsigned)sb);
-}
-
-/* The groups live in the op's scratch, which a later op may reuse while this side-branch kernel
- * still runs: the count and the expert indices are bounded (a stale value then only prefetches
- * some expert's weights, never outside the table) */
-__global__ void __launch_bounds__(128) k_l2pf_moe(const group *groups, const int *n_groups, int max_groups,
-                                                  const dexpert *tab, int n_tab, unsigned chunk, int parts) {
-    int ng = *n_groups;
-    ng = ng < 0 ? 0 : ng > max_groups ? max_groups : ng;
-    unsigned long long G = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long me = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, turn = 0;
-    for (int part = 1; part <= 2; part++) {
-        if (!(parts & part)) continue;
-        for (int g = 0; g < ng; g++) {
-            int ex = groups[g].ex;
-            if (ex < 0 || ex >= n_tab) continue;
-            if (part == 1) {
-                pf_weight(tab[ex].w1, me, G, chunk, turn++);
-                pf_weight(tab[ex].w3, me, G, chunk, turn++);
-            } else {
-                pf_weight(tab[ex].w2, me, G, chunk, turn++);
-            }
-        }
-    }
-}
-
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
  * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
 static int moe_kw(int64_t warps, int64_t steps) {
@@ -2907,14 +2851,6 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         dsv4_launch(k_moe_plan, 1, 1024, plan_smem, c->stream, gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows,
                     k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
     if (CKL(b)) return 1;
-    /* the chosen experts' weights into L2 (prefetch.cu): one kernel for both sites */
-    int pf_up = dsv4_cuda_pf_on(b, DSV4_CUDA_PF_MOE_UP), pf_dn = dsv4_cuda_pf_on(b, DSV4_CUDA_PF_MOE_DOWN);
-    int pf_site = pf_up ? DSV4_CUDA_PF_MOE_UP : DSV4_CUDA_PF_MOE_DOWN;
-    if (cudaStream_t pfs = pf_up || pf_dn ? dsv4_cuda_pf_fork(b, pf_site) : NULL) {
-        k_l2pf_moe<<<c->pf_blocks, 128, 0, pfs>>>(gd, ngd, max_groups, t->dev, n_routed + 1, (unsigned)c->pf_chunk,
-                                                  (pf_up ? 1 : 0) | (pf_dn ? 2 : 0));
-        dsv4_cuda_pf_launched(b, pf_site);
-    }
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + gmax - 1) / gmax);
     if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
