@@ -5,7 +5,8 @@
 # usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu ncuix nsys opb
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
-# Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.
+# Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
+# logs.tar.xz there (the rest packed; see the end).
 set -u
 OUT=${OUT:-/tmp/cuda-out}
 mkdir -p "$OUT"
@@ -202,3 +203,13 @@ for stage in "${stages[@]}"; do
   esac
 done
 cat "$summary"
+# OUT_PACK=1: every file under $OUT but summary.txt goes into $OUT/logs.tar.xz (the ktrace CSVs are already xz; the
+# logs compress with them), so one invocation leaves two files (the device tool brings back at most 8 files,
+# 2026-12-02: a trace and five logs of a run were left behind)
+if [ "${OUT_PACK:-0}" = 1 ]; then
+  ( cd "$OUT" && find . -type f ! -name summary.txt ! -name logs.tar.xz | sort >/tmp/cuda-out-files.$$ &&
+    if [ -s /tmp/cuda-out-files.$$ ]; then
+      tar -cf - -T /tmp/cuda-out-files.$$ | xz -T4 >logs.tar.xz && xargs rm -f </tmp/cuda-out-files.$$ &&
+        find . -mindepth 1 -type d -empty -delete
+    fi; rm -f /tmp/cuda-out-files.$$ )
+fi
