@@ -203,13 +203,16 @@ for stage in "${stages[@]}"; do
   esac
 done
 cat "$summary"
-# OUT_PACK=1: every file under $OUT but summary.txt goes into $OUT/logs.tar.xz (the ktrace CSVs are already xz; the
-# logs compress with them), so one invocation leaves two files (the device tool brings back at most 8 files,
-# 2026-12-02: a trace and five logs of a run were left behind)
+# OUT_PACK=1: every file under $OUT but its summary.txt goes into $OUT/logs.tar.xz, so one invocation leaves two
+# files (the device tool brings back at most 8; on 2026-12-02 a trace and five logs of a run were left behind). An
+# archive already there (an earlier invocation with the same OUT) is unpacked first and repacked with the new files.
 if [ "${OUT_PACK:-0}" = 1 ]; then
-  ( cd "$OUT" && find . -type f ! -name summary.txt ! -name logs.tar.xz | sort >/tmp/cuda-out-files.$$ &&
-    if [ -s /tmp/cuda-out-files.$$ ]; then
-      tar -cf - -T /tmp/cuda-out-files.$$ | xz -T4 >logs.tar.xz && xargs rm -f </tmp/cuda-out-files.$$ &&
-        find . -mindepth 1 -type d -empty -delete
-    fi; rm -f /tmp/cuda-out-files.$$ )
+  (
+    cd "$OUT" || exit 1
+    if [ -f logs.tar.xz ]; then xz -dc logs.tar.xz | tar -xf - && rm -f logs.tar.xz || exit 1; fi
+    files=$(find . -type f ! -path ./summary.txt | sort)
+    [ -n "$files" ] || exit 0
+    printf '%s\n' "$files" | tar -cf - -T - | xz -T4 >logs.tar.xz &&
+      printf '%s\n' "$files" | xargs rm -f && find . -mindepth 1 -type d -empty -delete
+  )
 fi
