@@ -161,14 +161,11 @@ static tw make_w(dsv4_wfmt fmt, int64_t rows, int64_t cols, int scale_f32) {
     t.w.scale = t.scale;
     return t;
 }
-/* The CUDA backend keys its device copies by the host data pointer, so a weight's
- * memory must outlive the backend (as a mapped checkpoint does): freed test weights
- * are parked here and released at exit. */
 /* ne routed experts of rfmt (inter ri) and a shared one of sfmt (inter si), hidden d, their
  * weights in parts[3 (ne + 1)] (w1, w2, w3 of each, made in that order); sf32: FP8 f32 scales.
  * static inline: files that do not call it compile without a warning. */
 static inline void make_ffns(tw *parts, dsv4_ffn_w *ex, dsv4_ffn_w *sh, int ne, int64_t d, dsv4_wfmt rfmt, int64_t ri,
-                      dsv4_wfmt sfmt, int64_t si, int sf32) {
+                             dsv4_wfmt sfmt, int64_t si, int sf32) {
     for (int x = 0; x <= ne; x++) {
         dsv4_wfmt f = x < ne ? rfmt : sfmt;
         int64_t in = x < ne ? ri : si;
@@ -181,6 +178,9 @@ static inline void make_ffns(tw *parts, dsv4_ffn_w *ex, dsv4_ffn_w *sh, int ne, 
     }
 }
 
+/* The CUDA backend keys its device copies by the host data pointer, so a weight's
+ * memory must outlive the backend (as a mapped checkpoint does): freed test weights
+ * are parked here and released at exit. */
 static void *parked[4096];
 static int n_parked;
 static void free_w(tw *t) {
