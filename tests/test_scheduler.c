@@ -453,6 +453,53 @@ static void test_busy_and_context(void) {
     dsv4_sched_stop(s, 0);
 }
 
+/* A burst that fits the free slots is accepted whether or not the engine thread has moved the
+ * first requests into their slots yet (queue capacity 0: nothing may wait beyond the free
+ * slots); the request after them is refused either way.  Before, the capacity counted every
+ * request the engine had not yet admitted, so with capacity 0 every submission was refused,
+ * and a burst of max_seqs requests into an idle server got 429 when the engine thread was
+ * slow to wake (tests/cli_server.sh's concurrent case, on a loaded machine). */
+static void test_burst_fits_free_slots(void) {
+    REQUIRE(setup() == 0);
+    dsv4_sched *s = start(2, 0, 64, 64, 128, 0);
+    REQUIRE(s != NULL);
+    int32_t p[4];
+    make_prompt(p, 4, 5);
+    dsv4_request_params rp;
+    dsv4_err err = {{0}};
+    dsv4_request *a = NULL, *b = NULL, *c = NULL;
+    greedy_params(&rp, p, 4, 50);
+    CHECK_EQ_INT(dsv4_sched_submit(s, &rp, &a, &err), DSV4_SCHED_OK);
+    CHECK_EQ_INT(dsv4_sched_submit(s, &rp, &b, &err), DSV4_SCHED_OK);
+    CHECK_EQ_INT(dsv4_sched_submit(s, &rp, &c, &err), DSV4_SCHED_EBUSY);
+    CHECK(strstr(err.msg, "busy") != NULL);
+    result ra, rb;
+    REQUIRE(a && b);
+    drain(a, &ra);
+    drain(b, &rb);
+    CHECK(ra.finished && rb.finished);
+    CHECK_EQ_INT(ra.n, 50);
+    CHECK_EQ_INT(rb.n, 50);
+    /* both slots are free again: a new burst of two is accepted */
+    dsv4_request *d = NULL, *e = NULL;
+    greedy_params(&rp, p, 4, 2);
+    CHECK_EQ_INT(dsv4_sched_submit(s, &rp, &d, &err), DSV4_SCHED_OK);
+    CHECK_EQ_INT(dsv4_sched_submit(s, &rp, &e, &err), DSV4_SCHED_OK);
+    result rd, re;
+    REQUIRE(d && e);
+    drain(d, &rd);
+    drain(e, &re);
+    CHECK(rd.finished && re.finished);
+    dsv4_sched_stats st;
+    dsv4_sched_get_stats(s, &st);
+    CHECK_EQ_INT(st.rejected_busy, 1);
+    dsv4_request_release(a);
+    dsv4_request_release(b);
+    dsv4_request_release(d);
+    dsv4_request_release(e);
+    dsv4_sched_stop(s, 0);
+}
+
 static void test_shutdown_in_flight(void) {
     REQUIRE(setup() == 0);
     int32_t p[8];
@@ -705,5 +752,5 @@ static void test_bad_options(void) {
 }
 
 TEST_MAIN(test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact,
-          test_prefix_reuse_sched, test_cancel_frees_state, test_busy_and_context, test_shutdown_in_flight,
+          test_prefix_reuse_sched, test_cancel_frees_state, test_busy_and_context, test_burst_fits_free_slots, test_shutdown_in_flight,
           test_output_events, test_load_returns_to_baseline, test_bad_options)

@@ -238,6 +238,7 @@ struct dsv4_sched {
     pthread_cond_t done_cv; /* flush completion */
     dsv4_request *q_head, *q_tail;
     int q_len;
+    int n_held; /* slots held by admitted, unfinished requests (n_running as the submitters see it) */
     int stopping, cancel_all;
     uint64_t flush_req, flush_done;
     dsv4_sched_stats st;
@@ -468,12 +469,17 @@ int dsv4_sched_submit(dsv4_sched *s, const dsv4_request_params *p, dsv4_request 
         dsv4_errf(err, "the scheduler is shutting down");
         return DSV4_SCHED_ECLOSED;
     }
-    if (s->q_len >= s->o.queue_cap) {
+    /* the queue also holds requests the engine thread has not yet moved into free slots (it
+     * may be busy with a step): only those beyond the free slots count against the capacity,
+     * so a burst that fits the free slots is never refused */
+    int free_slots = s->o.max_seqs - s->n_held;
+    if (s->q_len - (free_slots > 0 ? free_slots : 0) >= s->o.queue_cap) {
         s->st.rejected_busy++;
         int q = s->q_len;
         pthread_mutex_unlock(&s->mu);
         request_free(r);
-        dsv4_errf(err, "busy: %d requests are already waiting (queue capacity %d)", q, s->o.queue_cap);
+        dsv4_errf(err, "busy: %d requests are already waiting (queue capacity %d, %d free slots)", q, s->o.queue_cap,
+                  free_slots);
         return DSV4_SCHED_EBUSY;
     }
     if (s->q_tail)
@@ -719,6 +725,9 @@ static void finish(dsv4_sched *s, dsv4_request *r, dsv4_finish_reason why, const
     if (r->slot >= 0) {
         s->slots[r->slot].r = NULL;
         r->slot = -1;
+        pthread_mutex_lock(&s->mu);
+        s->n_held--;
+        pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < s->n_running; i++)
             if (s->order[i] == r) {
                 memmove(s->order + i, s->order + i + 1, sizeof *s->order * (size_t)(s->n_running - i - 1));
@@ -946,7 +955,7 @@ static void *engine_main(void *arg) {
         }
         /* admit waiters into free slots */
         dsv4_request *admitted = NULL, **ap = &admitted;
-        int free_slots = s->o.max_seqs - s->n_running;
+        int free_slots = s->o.max_seqs - s->n_held;
         while (free_slots > 0 && s->q_head) {
             dsv4_request *r = s->q_head;
             s->q_head = r->qnext;
@@ -956,6 +965,7 @@ static void *engine_main(void *arg) {
             *ap = r;
             ap = &r->qnext;
             free_slots--;
+            s->n_held++; /* admit() gives it a slot; finish() gives it back */
         }
         int flush = s->flush_req != s->flush_done;
         uint64_t flush_ticket = s->flush_req;

@@ -57,7 +57,7 @@ enum {
 /* ----- starting and stopping ----- */
 typedef struct dsv4_sched_opts {
     int max_seqs;       /* running sequences at most (default 8); others wait in the queue */
-    int queue_cap;      /* waiting requests at most (default 64); beyond: DSV4_SCHED_EBUSY */
+    int queue_cap;      /* requests waiting beyond the free slots, at most (default 64); beyond: DSV4_SCHED_EBUSY */
     int prefill_chunk;  /* prompt tokens per sequence per iteration (default 256) */
     int prefill_budget; /* prompt tokens per iteration over all sequences (default 512) */
     int64_t ctx;        /* context limit: prompt + max_tokens; 0 = the model's max_position */

@@ -36,7 +36,7 @@ static void usage(FILE *f) {
             "  --host ADDR         numeric address to listen on (default 127.0.0.1)\n"
             "  --port N            TCP port (default 8000; 0 = any free port, printed at start)\n"
             "  --max-seqs N        sequences decoded together (default 8); others wait in the queue\n"
-            "  --queue N           waiting requests at most (default 64); beyond: 429 + Retry-After\n"
+            "  --queue N           requests waiting beyond the free slots (default 64); beyond: 429 + Retry-After\n"
             "  --ctx N             context limit per request, prompt + output (default: the model's)\n"
             "  --api-key K         require \"Authorization: Bearer K\" on /v1 routes (default: $DSV4_API_KEY)\n"
             "  --numerics P        numerics profile (default exact); --set NAME=VALUE overrides (repeatable)\n"
