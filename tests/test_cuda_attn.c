@@ -4,7 +4,7 @@
  * sparse_attn cases: V4-Flash's decode shape (64 heads x 512, window 128, up to 512 picks of
  * 600 compressed rows; rows 1 and 4, picks read from device memory), rows walking every
  * compressed row (no picks), rows without compressed rows (n_comp 0, base NULL), empty
- * windows, small odd shapes (5 heads, head_dim 36 and 67, head_dim 1024), keys in host
+ * windows, small odd shapes (5 heads, head_dim 36 and 67, head_dim 384 and 1024), keys in host
  * memory (the staging slow path), device keys at addresses that are not 16-byte aligned
  * (the scalar kernels), rows 12 (host arrays staged instead of passed as a kernel
  * parameter), a device sink, and a corrupt pick or pick count on a backend of its own
@@ -259,6 +259,9 @@ static void test_odd_shapes(void) {
         {"17 heads x 128, all compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_ALL, 0, 0, w3, c3, p3, 0},
         {"17 heads x 128, no compressed, host keys", 3, 17, 128, 20, 20, 300, 0, MODE_NONE, 0, 0, w3, c3, p3, 0},
         {"3 heads x 1024, picks, device keys", 1, 3, 1024, 9, 9, 40, 64, MODE_PICKS, 1, 0, w1, c1, p1, 0},
+        /* the scores stage at head_dim 384 is exactly 48 KB: with the kernel's static 128 bytes it
+         * needs the shared-memory opt-in; first of its kernel instance (scalar, blob) in the binary */
+        {"4 heads x 384, picks, keys 4 bytes off 16", 1, 4, 384, 9, 9, 40, 64, MODE_PICKS, 1, 1, w1, c1, p1, 0},
         {"64 heads x 512, picks, keys 4 bytes off 16", 1, FH, FD, 9, 9, 40, 64, MODE_PICKS, 1, 1, w1, c1, p1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
