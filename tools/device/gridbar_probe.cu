@@ -16,14 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CKG(x)                                                                               \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "probe.cuh"
 
 /* phase p of block b: v[b] of phase p + 1 = v[(b + 1) % nb] of phase p + 1 (so each phase's result
  * depends on another block's write in the phase before) */
@@ -89,10 +82,10 @@ __global__ void k_phases(unsigned *a, unsigned *b, int nb, int n, unsigned *coun
  * from zeros) */
 static double run(int mode, int nb, int n, unsigned *a, unsigned *b, unsigned *count, unsigned *gen) {
     cudaStream_t st;
-    CKG(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
     cudaGraphExec_t x;
-    CKG(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     if (mode == 0) {
         for (int i = 0; i < n; i++) {
             cudaLaunchAttribute at[1];
@@ -105,33 +98,33 @@ static double run(int mode, int nb, int n, unsigned *a, unsigned *b, unsigned *c
             cfg.attrs = at;
             cfg.numAttrs = 1;
             unsigned *dst = i & 1 ? a : b, *src = i & 1 ? b : a;
-            CKG(cudaLaunchKernelEx(&cfg, k_chain_step, dst, (const unsigned *)src, nb));
+            CKP(cudaLaunchKernelEx(&cfg, k_chain_step, dst, (const unsigned *)src, nb));
         }
     } else if (mode == 1) {
         k_phases<0><<<nb, 256, 0, st>>>(a, b, nb, n, count, gen, 0u);
     } else {
         /* the monotonic counter starts from 0 at each launch (a memset node ahead of the kernel) */
-        CKG(cudaMemsetAsync(gen + 1, 0, sizeof(unsigned), st));
+        CKP(cudaMemsetAsync(gen + 1, 0, sizeof(unsigned), st));
         k_phases<1><<<nb, 256, 0, st>>>(a, b, nb, n, gen + 1, gen, 0u);
     }
-    CKG(cudaStreamEndCapture(st, &g));
-    CKG(cudaGraphInstantiate(&x, g, 0));
+    CKP(cudaStreamEndCapture(st, &g));
+    CKP(cudaGraphInstantiate(&x, g, 0));
     cudaEvent_t e0, e1;
-    CKG(cudaEventCreate(&e0));
-    CKG(cudaEventCreate(&e1));
+    CKP(cudaEventCreate(&e0));
+    CKP(cudaEventCreate(&e1));
     float best = 1e30f;
     for (int rep = 0; rep < 5; rep++) {
-        CKG(cudaMemsetAsync(a, 0, sizeof(unsigned) * nb, st));
-        CKG(cudaMemsetAsync(b, 0, sizeof(unsigned) * nb, st));
-        CKG(cudaEventRecord(e0, st));
-        CKG(cudaGraphLaunch(x, st));
-        CKG(cudaEventRecord(e1, st));
-        CKG(cudaEventSynchronize(e1));
+        CKP(cudaMemsetAsync(a, 0, sizeof(unsigned) * nb, st));
+        CKP(cudaMemsetAsync(b, 0, sizeof(unsigned) * nb, st));
+        CKP(cudaEventRecord(e0, st));
+        CKP(cudaGraphLaunch(x, st));
+        CKP(cudaEventRecord(e1, st));
+        CKP(cudaEventSynchronize(e1));
         float ms;
-        CKG(cudaEventElapsedTime(&ms, e0, e1));
+        CKP(cudaEventElapsedTime(&ms, e0, e1));
         if (ms < best) best = ms;
         unsigned *h = (unsigned *)malloc(sizeof(unsigned) * nb);
-        CKG(cudaMemcpy(h, n & 1 ? b : a, sizeof(unsigned) * nb, cudaMemcpyDeviceToHost));
+        CKP(cudaMemcpy(h, n & 1 ? b : a, sizeof(unsigned) * nb, cudaMemcpyDeviceToHost));
         for (int i = 0; i < nb; i++)
             if (h[i] != (unsigned)n) {
                 fprintf(stderr, "%s nb %d: word %d = %u, expected %d (the phases were not ordered)\n",
@@ -150,15 +143,15 @@ static double run(int mode, int nb, int n, unsigned *a, unsigned *b, unsigned *c
 
 int main(void) {
     int sms = 0;
-    CKG(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CKP(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     int per = 0;
-    CKG(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_phases<0>, 256, 0));
+    CKP(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_phases<0>, 256, 0));
     unsigned *a, *b, *cg;
     int nmax = 8 * sms;
-    CKG(cudaMalloc(&a, sizeof(unsigned) * nmax));
-    CKG(cudaMalloc(&b, sizeof(unsigned) * nmax));
-    CKG(cudaMalloc(&cg, 3 * sizeof(unsigned))); /* count, generation, the monotonic counter */
-    CKG(cudaMemset(cg, 0, 3 * sizeof(unsigned)));
+    CKP(cudaMalloc(&a, sizeof(unsigned) * nmax));
+    CKP(cudaMalloc(&b, sizeof(unsigned) * nmax));
+    CKP(cudaMalloc(&cg, 3 * sizeof(unsigned))); /* count, generation, the monotonic counter */
+    CKP(cudaMemset(cg, 0, 3 * sizeof(unsigned)));
     printf("gridbar_probe: %d SMs, up to %d resident blocks of 256 threads an SM; us per boundary (best of 5)\n",
            sms, per);
     const int n = 1000;

@@ -11,14 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CKP(x)                                                                               \
-    do {                                                                                     \
-        cudaError_t e_ = (x);                                                                \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "probe.cuh"
 
 /* out[i] = in[i] * 0.5 + 1 over n floats; `work` extra dependent FMAs per element to vary length */
 __global__ void k_step(float *out, const float *in, int n, int work) {
