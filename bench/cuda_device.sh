@@ -105,7 +105,8 @@ for stage in "${stages[@]}"; do
     # AB_ENVS: space-separated settings, e.g. "DSV4_CUDA_PDL=0 DSV4_CUDA_PDL=1" ("-" = none; a comma joins
     # several variables into one setting: "A=1,B=2"; an element "set:NAME=VALUE" is a numerics switch,
     # passed as --set NAME=VALUE, e.g. "- set:moe.dot=mma");
-    # AB_BATCH: the decode batch of ab and abbin (default 1).
+    # AB_BATCH: the decode batch of ab and abbin (default 1); AB_ARGS: more bench arguments for every ab run
+    # (e.g. "--numerics reference").
     # AB_ROUNDS: rounds (default 2); the last line per setting gives the median of its rounds' ms/step
     # (the spread between processes of one setting, ~0.1 ms at times, is what more rounds average out)
     [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
@@ -118,7 +119,7 @@ for stage in "${stages[@]}"; do
           case ${envs[$i]} in set:*) sets+=(--set "${envs[$i]#set:}"); unset "envs[$i]" ;; esac
         done
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
-          --batch ${AB_BATCH:-1} --op-profile 0 "${sets[@]}" >"$OUT/ab.log" 2>&1
+          --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} "${sets[@]}" >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
         ms=$(grep -E 'decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
         [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_ms.txt"

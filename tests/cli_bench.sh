@@ -52,7 +52,7 @@ out=$("$BIN" bench --model "$tmp/m" --backend cpu --prompt 8 --gen 1 --op-profil
 if [ $? -eq 0 ] && echo "$out" | grep -q "numerics exact.*kv.sim=fp8" && echo "$out" | grep -q "numerics exact.*moe.dot=mma"; then
   ok bench_set; else bad bench_set "$out"; fi
 out=$("$BIN" bench --model "$tmp/m" --backend cpu --set moe.dot=bad 2>&1)
-if [ $? -ne 0 ] && echo "$out" | grep -q "switch 'moe.dot' has no value 'bad' (accepted: f32|mma)"; then ok bench_bad_set
+if [ $? -ne 0 ] && echo "$out" | grep -q "switch 'moe.dot' has no value 'bad' (accepted: f32|mma|e4m3)"; then ok bench_bad_set
 else bad bench_bad_set "$out"; fi
 
 out=$("$BIN" bench --model "$tmp/m" --frobnicate 1 2>&1)

@@ -167,6 +167,8 @@ static void test_flash2(void) {
     run_case(dir, "reference", NULL, 20, 3, 0.1, 90);
     /* the MXFP4 experts' one-row dots on tensor cores (decode steps) against the CPU's fp32 */
     run_case(dir, "exact", "moe.dot=mma", 20, 3, 1e-4, 90);
+    /* the experts' one-row dots of the act-quantized inputs on e4m3 tensor cores (decode steps) */
+    run_case(dir, "reference", "moe.dot=e4m3", 20, 3, 0.1, 90);
 }
 
 /* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and

@@ -32,6 +32,7 @@
  * 1e-6 to 1e4 in every 32-wide block (no clamp), and with a NaN in x under act_fp8 (all outputs
  * NaN, as the CPU's: this case found the SwiGLU clamp's fminf, which turned a NaN gate into the
  * limit on every GPU path).
+ * moe.dot=e4m3 (DSV4_MOE_DOT_E4M3, one row, under act_fp8): test_one_row_e4m3, below.
  route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
@@ -331,6 +332,57 @@ static void test_one_row_mma_flash(void) {
     free(x), free(a), free(g);
 }
 
+/* moe.dot=e4m3 (DSV4_MOE_DOT_E4M3, under act_fp8 only): k_moe_q8 (e4m3 tensor-core dots of the
+ * act-quantized input and the stored codes) on Flash's expert shapes (hidden 4096, inter 2048)
+ * with MXFP4 and FP8 routed experts and an FP8 shared expert, against the CPU op (act_fp8: the
+ * same quantized numbers, fp32 sums), beside the default GPU path's distance from it; the
+ * reference profile's flags (before w2, act_bf16); a NaN in x (every output NaN, as the CPU's);
+ * without act_fp8 the flag changes nothing (the path is not taken, the default's bits) */
+static void test_one_row_e4m3(void) {
+    NEED_GPU();
+    enum { DF = 4096, IF = 2048, NEF = 8 };
+    static const int32_t e[K1] = {2, 5, 7, 1, 0, 6};
+    float w[K1];
+    for (int j = 0; j < K1; j++) w[j] = 0.1f + 0.07f * (float)j;
+    float *x = malloc(sizeof(float) * DF), *a = malloc(sizeof(float) * DF), *g = malloc(sizeof(float) * DF),
+          *d = malloc(sizeof(float) * DF);
+    REQUIRE(x && a && g && d);
+    for (int f = 0; f < 2; f++) {
+        tw parts[3 * NEF + 3];
+        dsv4_ffn_w ex[NEF], sh;
+        dsv4_wfmt rf = f == 0 ? DSV4_WF_MXFP4 : DSV4_WF_FP8;
+        make_ffns(parts, ex, &sh, NEF, DF, rf, IF, DSV4_WF_FP8, IF, 0);
+        for (int c = 0; c < 4; c++) {
+            fill(x, DF, 11 + c);
+            if (c == 2) x[777] = NAN;
+            int act_fp8 = c != 3, before_w2 = c == 1, act_bf16 = c == 1;
+            cpu.ops->moe(&cpu, a, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+            gpu.ops->moe(&gpu, d, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+            dsv4_err err;
+            long m0 = dsv4_cuda_moe_q8_calls(&gpu);
+            for (int i = 0; i < DF; i++) g[i] = 0.0f;
+            gpu.ops->moe(&gpu, g, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8 | DSV4_MOE_DOT_E4M3, act_bf16,
+                         1.5f);
+            int rc = gpu.ops->check(&gpu, &err);
+            long took = dsv4_cuda_moe_q8_calls(&gpu) - m0;
+            int nan_cpu = 0, nan_gpu = 0;
+            for (int i = 0; i < DF; i++) nan_cpu += isnan(a[i]) != 0, nan_gpu += isnan(g[i]) != 0;
+            double r = rel(g, a, DF), rd = rel(d, a, DF), tol = act_bf16 ? 4e-3 : act_fp8 ? 2e-3 : 1e-5;
+            printf("  one row Flash shapes, %s routed, FP8 shared, moe.dot=e4m3, %s, act_fp8 %d, before_w2 %d, "
+                   "act_bf16 %d: rel %.2e (default path %.2e, tol %.0e), NaN outputs %d / %d, q8 kernels %ld\n",
+                   dsv4_wfmt_name(rf), c == 2 ? "a NaN in x" : "x ~ N(0,1)", act_fp8, before_w2, act_bf16, r, rd, tol,
+                   nan_gpu, nan_cpu, took);
+            CHECKF(rc == 0, "e4m3: %s", rc ? err.msg : "");
+            CHECKF(r <= tol, "e4m3 rel %g", r);
+            CHECK(took == (act_fp8 ? 1 : 0));
+            CHECK(nan_gpu == nan_cpu && (c != 2 || nan_cpu == DF));
+            if (!act_fp8) CHECK(memcmp(g, d, sizeof(float) * DF) == 0);
+        }
+        for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
+    }
+    free(x), free(a), free(g), free(d);
+}
+
 /* n more CUDA backends for the A/B runs (each reads its switches at its first MoE call); 1 if all
  * opened, else none is left open */
 static int open_backends(dsv4_backend *bs, int n) {
@@ -607,5 +659,5 @@ static void test_route_moe(void) {
     rm_made = 0;
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash, test_batch,
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash, test_one_row_e4m3, test_batch,
           test_route_moe)

@@ -48,7 +48,7 @@ enum {
 };
 
 /* flags of the moe and route_moe ops */
-enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2 };
+enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4 };
 
 typedef struct dsv4_backend_ops {
     const char *name;
@@ -138,7 +138,8 @@ typedef struct dsv4_backend_ops {
      * activation before w2 (else after).  out_scale multiplies the routed sum (moe.route_scale=output/both).
      * flags: DSV4_MOE_ACT_FP8 (linear.act=fp8: act-quant before quantized w1/w3 and w2), DSV4_MOE_DOT_MMA
      * (moe.dot=mma: a device backend may form MXFP4 expert dots on tensor cores; the CPU op, the
-     * reference, ignores it). */
+     * reference, ignores it), DSV4_MOE_DOT_E4M3 (moe.dot=e4m3, with ACT_FP8 only: a device backend
+     * may form the expert dots of the act-quantized inputs on e4m3 tensor cores; the CPU ignores it). */
     void (*moe)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
                 const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
                 int flags, int act_bf16, float out_scale);

@@ -875,7 +875,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     /* route then moe, in one call where the backend fuses them (a device backend may route and
      * plan in one launch; it falls back to the two ops itself, e.g. for hash layers); nothing is
      * traced between the two, but the layer-diff trace keeps the separate ops, as elsewhere */
-    int mf = (a8 ? DSV4_MOE_ACT_FP8 : 0) | (nm->moe_dot_mma ? DSV4_MOE_DOT_MMA : 0);
+    int mf = (a8 ? DSV4_MOE_ACT_FP8 : 0) | (nm->moe_dot_mma == 1 ? DSV4_MOE_DOT_MMA : 0) |
+             (nm->moe_dot_mma == 2 ? DSV4_MOE_DOT_E4M3 : 0);
     if (op->route_moe && !m->op_trace) {
         op->route_moe(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale, m->a, m->y,
                       L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, mf, bf, out_scale);

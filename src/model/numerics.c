@@ -78,10 +78,12 @@ static const switch_row SWITCHES[] = {
         "where routed_scaling_factor is applied: router weights, the routed sum, or both (the double-application "
         "bug, test-only)",
         "§2.6, §6.2", "router", "output", "both"),
-    ROW("moe.dot", moe_dot_mma, "f32|mma",
-        "MXFP4 expert dots of one-row decode on the GPU: fp32 fma, or f16 tensor-core MMA (x split in three f16 "
-        "parts, exact products; the MMA's own summation differs); the CPU computes f32 either way",
-        "§2.6", "f32", "mma"),
+    ROW("moe.dot", moe_dot_mma, "f32|mma|e4m3",
+        "expert dots of one-row decode on the GPU: fp32 fma; f16 tensor-core MMA of MXFP4 experts (x split in "
+        "three f16 parts, exact products; the MMA's own summation differs); or, with linear.act=fp8 only, e4m3 "
+        "tensor-core MMA of the act-quantized input and the stored codes (DeepSeek's arithmetic; the MMA's own "
+        "summation differs); the CPU computes f32 either way",
+        "§2.6", "f32", "mma", "e4m3"),
 };
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))
 

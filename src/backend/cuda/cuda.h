@@ -19,6 +19,8 @@ struct dsv4_backend;
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
+/* one-row MoE calls that took k_moe_q8 (moe.dot=e4m3: e4m3 tensor-core dots of the act-quantized input) */
+long dsv4_cuda_moe_q8_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
 long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
 /* route_moe calls that routed and planned in one launch (k_route_plan_w) on this backend */

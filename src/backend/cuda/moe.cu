@@ -1771,6 +1771,250 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
+/* ----- one row on e4m3 tensor cores (moe.dot=e4m3, under linear.act=fp8: k_moe_q8x, k_moe_q8) -----
+ * DeepSeek's own expert arithmetic: the act-quantized input (e4m3 codes, one power-of-two scale
+ * per 128 values, k_act_quant's rounding) times the stored weight codes on the tensor cores
+ * (mma.sync.m16n8k32 e4m3 x e4m3 -> f32), block scales applied in fp32 after.  Every product is
+ * exact; what differs from the CPU's fp32 sum of dequantized products is the tensor core's own
+ * summation inside each 128-wide segment (not IEEE step by step), hence a named switch, off in
+ * both profiles, its error measured by test_cuda_moe against the CPU op.
+ * A warp takes a tile of 16 weight rows (gate/up: 8 features of w1 in rows 0..7, the same of
+ * w3 in rows 8..15; down: 16 rows of w2) over the whole K, segment by segment (128 values), no
+ * block barrier inside; lane = 4 g + t holds rows g and g + 8 and loads 16 bytes of each per
+ * 64-byte unit (unit u of a row: bytes 64 u + 16 t .. + 15, so a row's 64 bytes come in one
+ * instruction of the 4 lanes).  The dot does not depend on where each k goes, so A and B share
+ * a permutation:
+ * - MXFP4 (a unit = one segment of 128 codes; lane t's 16 bytes = scale block t of 4): word j of
+ *   the lane's vector (codes 8 j .. 8 j + 7 of the block) becomes two words of e4m3 bytes
+ *   (bm_e4m3: the low nibbles, then the high; each the code's value times 2^-6, exact), A of
+ *   MMA j.  B's column n holds x only at the k positions of lane t = n (block n of the
+ *   segment), zero elsewhere, so D's columns 0..3 are the four blocks' sums for each row, and
+ *   lanes t = 0 / 1 (columns 2t, 2t + 1) apply those blocks' e8m0 scales.
+ * - FP8 (128 x 128 blocks, a unit = 64 values, two units a segment): the bytes are A as stored
+ *   (MMA 2 u + j takes bytes 8 j .. 8 j + 7 of the lane's vector); B's column 0 is x, and one
+ *   scale per segment and row block multiplies D's column 0 (lanes t = 0).
+ * k_moe_q8x writes x in both orders, per row: the plain codes (FP8's B), then the codes with
+ * each 8 in the order 0, 2, 4, 6, 1, 3, 5, 7 (MXFP4's B: low nibbles, then high), then the
+ * K / 128 scales (a float each: 2^e, or NaN for a block holding inf or NaN, as k_act_quant). */
+enum { Q8_FEAT_UP = 64, Q8_ROWS_DN = 128 }; /* features (gate/up) / rows (down) of a block */
+
+/* d = A B + c (16 x 8 f32) of one m16n8k32 e4m3 MMA */
+__device__ __forceinline__ void q8_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 q8_ld(const uint8_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* grid (ceil(max K / 1024), rows): warp w of block x takes 128-wide block 8 x + w of row r (rows
+ * < nr1 have K1 values, the others K2; K % 128 == 0).  Row r's record at q + r ldq: 2 K code
+ * bytes, then K / 128 floats. */
+__global__ void __launch_bounds__(256) k_moe_q8x(uint8_t *q, int64_t ldq, const float *x, int64_t ldx, int nr1,
+                                                 int K1, int K2) {
+    pdl_enter();
+    int r = blockIdx.y, K = r < nr1 ? K1 : K2, lane = threadIdx.x & 31;
+    int kb = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (kb * 128 >= K) return;
+    float4 v = *(const float4 *)(x + (int64_t)r * ldx + kb * 128 + 4 * lane);
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    int bad = !(fabsf(v.x) <= 3.40282347e38f && fabsf(v.y) <= 3.40282347e38f && fabsf(v.z) <= 3.40282347e38f &&
+                fabsf(v.w) <= 3.40282347e38f);
+    m = warp_max(m);
+    bad = __any_sync(0xffffffffu, bad);
+    if (m < 1e-4f) m = 1e-4f;
+    float s = d_pow2_ceil(m * (1.0f / 448.0f)), inv = 1.0f / s;
+    uint32_t w = (uint32_t)d_f32_to_e4m3(v.x * inv) | (uint32_t)d_f32_to_e4m3(v.y * inv) << 8 |
+                 (uint32_t)d_f32_to_e4m3(v.z * inv) << 16 | (uint32_t)d_f32_to_e4m3(v.w * inv) << 24;
+    uint32_t o = __shfl_xor_sync(0xffffffffu, w, 1);
+    uint8_t *row = q + (int64_t)r * ldq;
+    ((uint32_t *)(row + kb * 128))[lane] = w;
+    /* the 8 codes of lanes 2 i, 2 i + 1: the even lane writes codes 0, 2, 4, 6, the odd 1, 3, 5, 7 */
+    ((uint32_t *)(row + K + kb * 128))[lane] = lane & 1 ? __byte_perm(o, w, 0x7531) : __byte_perm(w, o, 0x6420);
+    if (lane == 0) ((float *)(row + 2 * (int64_t)K))[kb] = bad ? __uint_as_float(0x7fc00000u) : s;
+}
+
+/* f32 of an e8m0 scale byte (d_e8m0_to_f32) */
+__device__ __forceinline__ float q8_e8m0(uint32_t c) { return __uint_as_float(b1_e8m0_bf16(c & 255u) << 16); }
+
+/* The warp's dots of weight rows ra (lane rows g) and rb (g + 8) with the record of an input
+ * row of K values (K % 128 == 0): s0 / s1 on lanes t = 0 (MXFP4: after the pair sum).  The
+ * block's threads all enter: each warp issues its first weight loads (and their scales), WAIT
+ * then waits (PDL), and the block copies the record xg (ldq bytes) into shared memory xr; warps
+ * that are not live (rows past the weight's end) leave after that barrier.  The weights and
+ * their scales of the next PF units are in flight while a batch's MMAs run; x comes from shared
+ * memory (the first version read it through L1 inside the loop: 0.47 ms a 20-layer step
+ * slower than k_moe_b1r). */
+template <int FP4, int WAIT>
+__device__ __forceinline__ void q8_rows(const dweight &Wa, int64_t ra, const dweight &Wb, int64_t rb, bool live,
+                                        const uint8_t *xg, int64_t ldq, uint8_t *xr, int64_t K, float &s0,
+                                        float &s1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t rowb = FP4 ? K / 2 : K, nu = live ? rowb / 64 : 0; /* 64-byte units a row (FP8: even) */
+    const uint8_t *pa = Wa.data + ra * rowb + 16 * t, *pb = Wb.data + rb * rowb + 16 * t;
+    const float *xs = (const float *)(xr + 2 * K);
+    /* MXFP4: the rows' e8m0 bytes; FP8: the scale rows of the two weights' row blocks (128 x 128) */
+    const int64_t scols = K / 128;
+    const uint8_t *sa = FP4 ? Wa.scale + ra * (K / 32) : Wa.scale + (ra / 128) * scols * (Wa.scale_f32 ? 4 : 1);
+    const uint8_t *sb = FP4 ? Wb.scale + rb * (K / 32) : Wb.scale + (rb / 128) * scols * (Wb.scale_f32 ? 4 : 1);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    constexpr int PF = 4; /* units of a batch */
+    uint4 qa[PF], qb[PF];
+    uint32_t ka[PF], kb[PF]; /* MXFP4: the two e8m0 bytes of lanes t < 2; FP8: the segment's scale bits */
+    auto load = [&](int64_t u, uint4 &wa, uint4 &wb, uint32_t &ca, uint32_t &cb) {
+        wa = q8_ld(pa + 64 * u), wb = q8_ld(pb + 64 * u);
+        ca = cb = 0;
+        if (FP4) {
+            if (t < 2) {
+                ca = __ldg((const unsigned short *)(sa + u * 4 + 2 * t));
+                cb = __ldg((const unsigned short *)(sb + u * 4 + 2 * t));
+            }
+        } else {
+            int64_t sg = u >> 1;
+            ca = Wa.scale_f32 ? __float_as_uint(__ldg((const float *)sa + sg))
+                              : __float_as_uint(d_e8m0_to_f32(__ldg(sa + sg)));
+            cb = Wb.scale_f32 ? __float_as_uint(__ldg((const float *)sb + sg))
+                              : __float_as_uint(d_e8m0_to_f32(__ldg(sb + sg)));
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+        qa[i] = qb[i] = make_uint4(0, 0, 0, 0);
+        ka[i] = kb[i] = 0;
+        if (i < nu) load(i, qa[i], qb[i], ka[i], kb[i]);
+    }
+    if (WAIT) pdl_enter(); /* the first weights are in flight before the wait for the record */
+    for (int64_t i = threadIdx.x; i < ldq / 16; i += blockDim.x) ((uint4 *)xr)[i] = __ldg((const uint4 *)xg + i);
+    __syncthreads();
+    if (!live) return;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t u0 = 0; u0 < nu; u0 += PF) {
+        uint4 na[PF], nb[PF];
+        uint32_t la_[PF], lb_[PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            na[i] = nb[i] = make_uint4(0, 0, 0, 0);
+            la_[i] = lb_[i] = 0;
+            if (u0 + PF + i < nu) load(u0 + PF + i, na[i], nb[i], la_[i], lb_[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            int64_t u = u0 + i;
+            if (u >= nu) break;
+            const uint32_t *wa = (const uint32_t *)&qa[i], *wb = (const uint32_t *)&qb[i];
+            if (FP4) {
+                /* segment u: B on lanes g == t (block t of the segment, the permuted codes) */
+                uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+                if (g == t) {
+                    const uint4 *xp = (const uint4 *)(xr + K + u * 128 + 32 * t);
+                    x0 = xp[0], x1 = xp[1];
+                }
+                const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint32_t la, ha, lb, hb;
+                    bm_e4m3(wa[j], la, ha);
+                    bm_e4m3(wb[j], lb, hb);
+                    q8_mma(d, la, lb, ha, hb, xb[2 * j], xb[2 * j + 1]);
+                }
+                if (t < 2) { /* columns 2t, 2t + 1 = blocks 4u + 2t, + 1 of rows g, g + 8 */
+                    uint32_t ca = ka[i], cb = kb[i];
+                    float sx = xs[u] * 64.0f; /* the codes' 2^-6 (bm_e4m3), exact */
+                    acc0 = fmaf(fmaf(d[1], q8_e8m0(ca >> 8), d[0] * q8_e8m0(ca)), sx, acc0);
+                    acc1 = fmaf(fmaf(d[3], q8_e8m0(cb >> 8), d[2] * q8_e8m0(cb)), sx, acc1);
+                }
+            } else {
+                /* unit u = half u % 2 of segment u / 2: B on lanes g == 0 (the plain codes) */
+                uint4 xv = make_uint4(0, 0, 0, 0);
+                if (g == 0) xv = *(const uint4 *)(xr + u * 64 + 16 * t);
+                if ((i & 1) == 0) d[0] = d[1] = d[2] = d[3] = 0.0f;
+                q8_mma(d, wa[0], wb[0], wa[1], wb[1], xv.x, xv.y);
+                q8_mma(d, wa[2], wb[2], wa[3], wb[3], xv.z, xv.w);
+                if ((i & 1) && t == 0) {
+                    float sx = xs[u >> 1];
+                    acc0 = fmaf(d[0] * __uint_as_float(ka[i]), sx, acc0);
+                    acc1 = fmaf(d[2] * __uint_as_float(kb[i]), sx, acc1);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PF; i++) qa[i] = na[i], qb[i] = nb[i], ka[i] = la_[i], kb[i] = lb_[i];
+    }
+    if (FP4) { /* lanes t = 0 and 1 hold the blocks 0, 1 and 2, 3 of each segment */
+        acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+        acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    }
+    s0 = acc0, s1 = acc1;
+}
+
+/* k_moe_q8: k_moe_b1r's grid of the real blocks (blocks b < nr cr: chunk b % cr of routed group
+ * b / cr; the next cs: the shared group's chunks), 8 warps a block, a warp a tile of 16 rows
+ * (gate/up: features f, f + 8 of w1 / w3 for the 8 features from f = Q8_FEAT_UP chunk + 8 warp;
+ * down: rows Q8_ROWS_DN chunk + 16 warp ..).  gate/up waits (PDL) before reading the plan's groups;
+ * down reads them before (complete before gate/up started) and issues its first weight loads
+ * before waiting for h's records.  xq: the input rows' records (k_moe_q8x, ldq
+ * bytes a row: gate/up row G.row[0] of x, down row G.slot[0] of h).  gate/up writes h (SwiGLU,
+ * the weight before w2 when the plan set it, as b1_write), down y.  A group whose weights are
+ * not MXFP4 or FP8 is a broken invariant (the host checks the table): its block exits. */
+template <int UP>
+__global__ void __launch_bounds__(256) k_moe_q8(const group *groups, const int *n_groups, const dexpert *tab,
+                                                const uint8_t *xq, int64_t ldq, float *h, int64_t ldh, float *y,
+                                                int64_t dim, float limit, int act_bf16, int cr, int cs, int hs) {
+    if (UP) pdl_enter(); /* the plan's groups are the previous kernel's */
+    int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
+    if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
+    else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
+    if (gi < 0) {
+        if (!UP) pdl_enter();
+        return;
+    }
+    const group &G = groups[gi];
+    const dexpert &E = tab[G.ex];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const dweight &Wa = UP ? E.w1 : E.w2, &Wb = UP ? E.w3 : E.w2;
+    int64_t K = Wa.cols, nrow = UP ? E.w1.rows : (E.w2.rows < dim ? E.w2.rows : dim);
+    int64_t r0 = UP ? (int64_t)chunk * Q8_FEAT_UP + 8 * warp : (int64_t)chunk * Q8_ROWS_DN + 16 * warp;
+    int64_t ra = UP ? r0 + g : r0 + g, rb = UP ? r0 + g : r0 + g + 8;
+    /* rows past the weight's end read its last row; their sums are not written */
+    int64_t ca = ra < nrow ? ra : nrow - 1, cb = rb < nrow ? rb : nrow - 1;
+    const uint8_t *xg = xq + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldq;
+    extern __shared__ __align__(16) uint8_t q8s[];
+    float s0 = 0.0f, s1 = 0.0f;
+    if (Wa.fmt != DSV4_WF_MXFP4 && Wa.fmt != DSV4_WF_FP8) { /* block-uniform */
+        if (!UP) pdl_enter(); /* every block waits: the grid must not complete before gate/up's */
+        return;
+    }
+    bool live = r0 < nrow;
+    if (Wa.fmt == DSV4_WF_MXFP4) q8_rows<1, !UP>(Wa, ca, Wb, cb, live, xg, ldq, q8s, K, s0, s1);
+    else q8_rows<0, !UP>(Wa, ca, Wb, cb, live, xg, ldq, q8s, K, s0, s1);
+    if (!live) return;
+    if (t != 0) return;
+    if (UP) {
+        if (ra < nrow) h[(int64_t)G.slot[0] * ldh + ra] = moe_swiglu(s0, s1, limit, act_bf16, G.pre[0]);
+    } else {
+        float *o = y + (int64_t)G.slot[0] * dim;
+        if (ra < nrow) o[ra] = act_bf16 ? d_round_bf16(s0) : s0;
+        if (rb < nrow) o[rb] = act_bf16 ? d_round_bf16(s1) : s1;
+    }
+}
+
+/* 1 if weight w takes k_moe_q8 (rows: a multiple of mult): MXFP4, or FP8 in 128 x 128 blocks;
+ * K a multiple of 128, 16-byte aligned data */
+static int q8_takes(const dsv4_weight *w, const dweight &d, int64_t mult) {
+    if (w->cols % 128 || w->rows % mult || ((uintptr_t)d.data & 15)) return 0;
+    if (w->fmt == DSV4_WF_MXFP4) return ((uintptr_t)d.scale & 1) == 0;
+    return w->fmt == DSV4_WF_FP8 && w->block == 128;
+}
+
 /* The one-row geometries, per kernel: stages S of V vectors per thread, features per thread M,
  * resident blocks per SM MINB (the register budget).  Geometry 0 is the default: k_moe_b1r (the
  * grid of the real blocks) for both, e2m1 through e4m3 bytes (DEC 2), each S 4 V 2 M 16 at 4
@@ -2386,6 +2630,7 @@ struct moe_table {
     int b1_fit;                     /* every expert fits k_moe_b1r (b1_fits) in the backend's geometry */
     int bn_fit;                     /* every expert fits k_moe_bnr (b1_fits at BN_M, both halves) */
     int mma_fit;                    /* every routed expert is MXFP4 (w1, w3, w2): moe.dot=mma applies */
+    int q8_fit;                     /* every expert takes k_moe_q8 (q8_takes): moe.dot=e4m3 applies */
 };
 
 struct cuda_devside {
@@ -2403,6 +2648,7 @@ struct cuda_devside {
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
+    long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     long rp_calls;                  /* route_moe calls that took k_route_plan_w */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -2420,6 +2666,12 @@ struct cuda_devside {
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->mb_calls : 0;
+}
+
+/* moe calls that took k_moe_q8 (one row, moe.dot=e4m3; cuda.h), for the tests */
+extern "C" long dsv4_cuda_moe_q8_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->q8_calls : 0;
 }
 
 /* moe calls that took k_moe_b1r's MMA instances (one row, moe.dot=mma; cuda.h), for the tests */
@@ -2714,6 +2966,7 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
     t->inter = r1->rows;
     t->dim = r1->cols;
     t->w2_quant = quantized(r2->fmt);
+    t->q8_fit = 1;
     for (int x = 0; x <= n_routed && !bad; x++) {
         const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
         if (!f) continue;
@@ -2736,6 +2989,8 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
                    a.rows == c3.rows && a.block == c3.block && a.scale_f32 == c3.scale_f32;
         h[x].q1 = quantized(f->w1.fmt);
         if (x < n_routed) t->q1_any |= h[x].q1;
+        t->q8_fit &= q8_takes(&f->w1, h[x].w1, 8) && q8_takes(&f->w3, h[x].w3, 8) && q8_takes(&f->w2, h[x].w2, 16) &&
+                     f->w1.fmt == f->w3.fmt && f->w1.cols == t->dim && f->w2.cols == f->w1.rows;
     }
     if (!bad && t->bulk && !d->mb_grid) d->mb_grid = mb_setup(b, d);
     t->bn_fit = !bad && t->bulk;
@@ -2743,6 +2998,7 @@ static moe_table *expert_table(dsv4_backend *b, const dsv4_ffn_w *experts, int n
         const dsv4_ffn_w *f = x < n_routed ? &experts[x] : shared;
         if (f) t->bn_fit &= b1_fits(&f->w1, BN_M) && b1_fits(&f->w3, BN_M) && b1_fits(&f->w2, BN_M);
     }
+    t->q8_fit &= !bad;
     t->mma_fit = !bad && t->bulk;
     for (int x = 0; x < n_routed && t->mma_fit; x++)
         t->mma_fit &= experts[x].w1.fmt == DSV4_WF_MXFP4 && experts[x].w3.fmt == DSV4_WF_MXFP4 &&
@@ -2853,7 +3109,6 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     if (CKL(b)) return 1;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + gmax - 1) / gmax);
-    if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
     /* Geometry (as k_linear's): a warp takes OPW features; while that gives fewer than ~8K
      * warps over the groups expected (one per distinct routed expert plus the shared ones),
      * kw = 2, 4 or 8 warps of a block split each K while every warp keeps >= 2 steps of
@@ -2888,8 +3143,29 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     const b1_geom *bg = b1 ? &b1_geoms[ds->b1 - 1] : NULL;
     if (bg && (bg->fmt_up || bg->fmt_dn) && !t->b1_fit) /* FP8 scale blocks that k_moe_b1r does not take */
         bg = &b1_geoms[B1_PREV];
+    /* moe.dot=e4m3 (under linear.act=fp8): k_moe_q8 on the records of k_moe_q8x */
+    int q8 = (dot_mma & DSV4_MOE_DOT_E4M3) && act_fp8 && b1 && t->q8_fit && dim % 128 == 0;
+    uint8_t *q8x = NULL, *q8h = NULL;
+    int64_t ldq8x = 2 * dim + dim / 128 * 4, ldq8h = 2 * inter_max + inter_max / 128 * 4;
+    int q8_cru = 0, q8_csu = 0, q8_crd = 0, q8_csd = 0;
+    if (q8 && ((ldq8x + 15) / 16 * 16 > 48 * 1024 || (ldq8h + 15) / 16 * 16 > 48 * 1024)) q8 = 0; /* the record in shared memory */
+    if (q8) {
+        ldq8x = (ldq8x + 15) / 16 * 16, ldq8h = (ldq8h + 15) / 16 * 16;
+        q8x = (uint8_t *)dsv4_cuda_scratch(b, (size_t)(rows * ldq8x));
+        q8h = (uint8_t *)dsv4_cuda_scratch(b, (size_t)(S * ldq8h));
+        if (!q8x || !q8h) return 1;
+        int64_t rdn = experts[0].w2.rows < dim ? experts[0].w2.rows : dim;
+        q8_cru = (int)((t->inter + Q8_FEAT_UP - 1) / Q8_FEAT_UP), q8_crd = (int)((rdn + Q8_ROWS_DN - 1) / Q8_ROWS_DN);
+        if (shared) {
+            int64_t sdn = shared->w2.rows < dim ? shared->w2.rows : dim;
+            q8_csu = (int)((shared->w1.rows + Q8_FEAT_UP - 1) / Q8_FEAT_UP);
+            q8_csd = (int)((sdn + Q8_ROWS_DN - 1) / Q8_ROWS_DN);
+        }
+        ds->q8_calls++;
+    }
+    if (any_q && !q8) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
     /* moe.dot=mma: geometry 0's k_moe_b1r with MMA = 1, with the B records of its inputs */
-    int mma = dot_mma && b1 && bg == &b1_geoms[0] && t->mma_fit && dim % 32 == 0 && inter_max % 32 == 0;
+    int mma = !q8 && (dot_mma & DSV4_MOE_DOT_MMA) && b1 && bg == &b1_geoms[0] && t->mma_fit && dim % 32 == 0 && inter_max % 32 == 0;
     int64_t ldfu = dim / 32 * 13, ldfd = inter_max / 32 * 13; /* 13 uint4 a 32-wide block */
     /* gate/up writes h's records itself (no k_moe_xsplit of h) where its blocks hold whole
      * 32-wide blocks of features (dim <= 4096: 4096 / (dim / 32) x 16 features a block; bm_run),
@@ -2944,6 +3220,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         if (gmax > 1 && !CKL(b))
             dsv4_launch(k_moe_bnr<1, BN_G, 2>, bn_gu, 256, bn_smu, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
                         dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+    } else if (q8) {
+        dsv4_launch(k_moe_q8x, dim3((unsigned)((dim + 1023) / 1024), (unsigned)rows), 256, 0, c->stream, q8x, ldq8x,
+                    (const float *)xd, dim, rows, (int)dim, (int)dim);
+        if (!CKL(b))
+            dsv4_launch(k_moe_q8<1>, dim3((unsigned)(nrs * q8_cru + q8_csu)), 256, (size_t)ldq8x, c->stream, (const group *)gd,
+                        (const int *)ngd, (const dexpert *)t->dev, (const uint8_t *)q8x, ldq8x, h, inter_max, y, dim,
+                        limit, act_bf16, q8_cru, q8_csu, shared != NULL);
     } else if (mma) {
         /* the MXFP4 groups read x (xq under act_fp8: MXFP4 weights are quantized) */
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
@@ -2980,7 +3263,14 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             break;
     }
     if (CKL(b)) return 1;
-    if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
+    if (q8) { /* h's records: each slot over its own width (routed and shared may differ) */
+        dsv4_launch(k_moe_q8x, dim3((unsigned)((inter_max + 1023) / 1024), (unsigned)S), 256, 0, c->stream, q8h, ldq8h,
+                    (const float *)h, inter_max, nrs, (int)t->inter, (int)(shared ? shared->w1.rows : t->inter));
+        if (!CKL(b))
+            dsv4_launch(k_moe_q8<0>, dim3((unsigned)(nrs * q8_crd + q8_csd)), 256, (size_t)ldq8h, c->stream, (const group *)gd,
+                        (const int *)ngd, (const dexpert *)t->dev, (const uint8_t *)q8h, ldq8h, h, inter_max, y, dim,
+                        limit, act_bf16, q8_crd, q8_csd, shared != NULL);
+    } else if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
         int64_t ri = t->inter;
         if (t->w2_quant) {
             if (ri == inter_max)
@@ -2999,7 +3289,8 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
                                         si, 128);
         }
     }
-    if (bn) {
+    if (q8) {
+    } else if (bn) {
         dsv4_launch(k_moe_bnr<0, 1, 4>, bn_gd, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1), c->stream, gd, ngd, t->dev,
                     xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
         if (gmax > 1 && !CKL(b))
@@ -3052,7 +3343,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
 void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ffn_w *experts, int n_routed,
             const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit, int before_w2,
             int flags, int act_bf16, float out_scale) {
-    int act_fp8 = flags & DSV4_MOE_ACT_FP8, dot_mma = flags & DSV4_MOE_DOT_MMA;
+    int act_fp8 = flags & DSV4_MOE_ACT_FP8, dot_mma = flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3);
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || k <= 0 || n_routed <= 0) return;
     cuda_impl *c = CI(b);
@@ -3113,7 +3404,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
         route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
-                 out_scale, &r, flags & DSV4_MOE_DOT_MMA))
+                 out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
         return;
     d->rp_calls++;
     route_commit(b, experts, weights, &r);
