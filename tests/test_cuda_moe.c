@@ -345,8 +345,8 @@ static void test_one_row_e4m3(void) {
     float w[K1];
     for (int j = 0; j < K1; j++) w[j] = 0.1f + 0.07f * (float)j;
     float *x = malloc(sizeof(float) * DF), *a = malloc(sizeof(float) * DF), *g = malloc(sizeof(float) * DF),
-          *d = malloc(sizeof(float) * DF);
-    REQUIRE(x && a && g && d);
+          *d = malloc(sizeof(float) * DF), *d0 = malloc(sizeof(float) * DF);
+    REQUIRE(x && a && g && d && d0);
     for (int f = 0; f < 2; f++) {
         tw parts[3 * NEF + 3];
         dsv4_ffn_w ex[NEF], sh;
@@ -358,6 +358,13 @@ static void test_one_row_e4m3(void) {
             int act_fp8 = c != 3, before_w2 = c == 1, act_bf16 = c == 1;
             cpu.ops->moe(&cpu, a, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
             gpu.ops->moe(&gpu, d, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+            /* the default path with DSV4_CUDA_AQ_FUSE=0 (h's routed and shared rows quantized by
+             * two launches instead of one): the same bits */
+            const int fz0 = dsv4_cuda_aq_fuse();
+            dsv4_cuda_set_aq_fuse(0);
+            gpu.ops->moe(&gpu, d0, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
+            dsv4_cuda_set_aq_fuse(fz0);
+            CHECKF(gpu_ok() && memcmp(d, d0, sizeof(float) * DF) == 0, "moe with act_quant launches merged differs");
             dsv4_err err;
             long m0 = dsv4_cuda_moe_q8_calls(&gpu);
             for (int i = 0; i < DF; i++) g[i] = 0.0f;
@@ -380,7 +387,7 @@ static void test_one_row_e4m3(void) {
         }
         for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
     }
-    free(x), free(a), free(g), free(d);
+    free(x), free(a), free(g), free(d), free(d0);
 }
 
 /* n more CUDA backends for the A/B runs (each reads its switches at its first MoE call); 1 if all

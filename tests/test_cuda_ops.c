@@ -784,7 +784,7 @@ static void test_zz_moe_release(void) {
 static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const int64_t *O, const int *sf32,
                         const int *af, const int *ob, int want_launches) {
     tw t[16];
-    float *od[16], *a[16], *g[16];
+    float *od[16], *a[16], *g[16], *a2[16];
     const dsv4_weight *ws[16];
     float *x = malloc(sizeof(float) * rows * K), *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * K);
     REQUIRE(x && xd);
@@ -798,6 +798,13 @@ static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const 
         REQUIRE(a[i] && g[i] && od[i]);
         cpu.ops->matmul(&cpu, a[i], x, rows, ws[i], af[i], ob[i]);
     }
+    /* first with act_quant inside k_gemv_multi switched the other way (DSV4_CUDA_AQ_FUSE): the
+     * same bits either way */
+    int fz = dsv4_cuda_aq_fuse(), differ = 0;
+    dsv4_cuda_set_aq_fuse(fz ? 0 : DSV4_CUDA_AQ_ALL);
+    gpu.ops->matmul_multi(&gpu, n, od, xd, rows, ws, af, ob);
+    for (int i = 0; i < n; i++) gpu.ops->download(&gpu, a2[i] = malloc(sizeof(float) * rows * O[i]), od[i], sizeof(float) * rows * O[i]);
+    dsv4_cuda_set_aq_fuse(fz);
     long l0 = dsv4_cuda_gemv_multi_launches(&gpu);
     gpu.ops->matmul_multi(&gpu, n, od, xd, rows, ws, af, ob);
     long launches = dsv4_cuda_gemv_multi_launches(&gpu) - l0;
@@ -805,6 +812,8 @@ static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const 
     for (int i = 0; i < n; i++) {
         gpu.ops->download(&gpu, g[i], od[i], sizeof(float) * rows * O[i]);
         CHECK(gpu_ok());
+        differ += memcmp(g[i], a2[i], sizeof(float) * rows * O[i]) != 0;
+        free(a2[i]);
         double r = rel(g[i], a[i], (size_t)(rows * O[i])), tol = ob[i] ? 4e-3 : 2e-6;
         if (r > tol || i == 0)
             printf("  matmul_multi K %lld rows %d entry %d %-6s [%lld] sf32 %d act_fp8 %d out_bf16 %d: rel %.2e (tol %.0e)\n",
@@ -812,8 +821,10 @@ static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const 
         CHECKF(r <= tol, "matmul_multi entry %d rel %g", i, r);
         if (!ob[i] && r > worst) worst = r;
     }
-    printf("  matmul_multi K %lld rows %d, %d entries: worst fp32 rel %.2e, %ld launches of k_gemv_multi (want %d)\n",
-           (long long)K, rows, n, worst, launches, want_launches);
+    printf("  matmul_multi K %lld rows %d, %d entries: worst fp32 rel %.2e, %ld launches of k_gemv_multi (want %d), "
+           "%d entries differ with AQ_FUSE %d\n",
+           (long long)K, rows, n, worst, launches, want_launches, differ, fz ? 0 : DSV4_CUDA_AQ_ALL);
+    CHECKF(differ == 0, "matmul_multi: %d entries differ between the fused and the separate act_quant", differ);
     CHECKF(launches == want_launches, "k_gemv_multi launches %ld, want %d", launches, want_launches);
     for (int i = 0; i < n; i++) {
         gpu.ops->free(&gpu, od[i]);
@@ -836,7 +847,9 @@ static void test_matmul_multi(void) {
     int64_t o1[7] = {1024, 512, 1024, 1024, 256, 256, 64};
     int z[16] = {0}, a8[7] = {1, 1, 0, 0, 0, 0, 0}, b1[7] = {1, 1, 0, 0, 0, 0, 1};
     check_multi(4096, 1, 7, f1, o1, z, z, z, mg ? 1 : on ? 2 : 0);
-    check_multi(4096, 1, 7, f1, o1, z, a8, b1, on ? 2 : 0);  /* FP8 on the act_quant copy: its own launch */
+    /* FP8 on act_quant(x): quantized inside the merged launch (DSV4_CUDA_AQ_FUSE=0: on the act_quant
+     * copy, its own launch) */
+    check_multi(4096, 1, 7, f1, o1, z, a8, b1, mg && (dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_MULTI) ? 1 : on ? 2 : 0);
     check_multi(2048, 1, 7, f1, o1, z, z, z, mg ? 1 : on ? 2 : 0);
     check_multi(4096, 3, 7, f1, o1, z, a8, b1, 0);          /* rows > 1: matmul for each */
     /* K 1024: bf16 has an instance (4 vectors a lane), FP8 does not; odd row counts (37 is no

@@ -573,7 +573,7 @@ static int map_insert(cuda_impl *c, const void *key, uint8_t *data, uint8_t *sca
     }
     size_t j = ptr_hash(key, c->map_cap);
     while (c->map[j].key) j = (j + 1) & (c->map_cap - 1);
-    c->map[j] = wentry{key, data, scale};
+    c->map[j] = wentry{key, data, scale, 0};
     c->map_n++;
     return 0;
 }
@@ -631,6 +631,16 @@ static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
     }
     if (map_insert(c, w->data, base, sc)) return dsv4_cuda_fail(b, "weight map: out of host memory", __FILE__,
                                                                 __LINE__, cudaSuccess), -1;
+    /* FP8 with e8m0 scales: is every code in [3, 254]?  Then each weight value times its scale
+     * (an e4m3 value has <= 4 significant bits, its smallest bit 2^-9) is >= 2^-133 in its last
+     * bit and finite, so exact in bf16: rounding it to bf16 (w_bf16, the reference's bf16
+     * dequantization) changes nothing, and the GEMVs may factor the scale out as at w_bf16 0 */
+    if (w->fmt == DSV4_WF_FP8 && !w->scale_f32 && w->scale && sb) {
+        int ok = 1;
+        const uint8_t *s8 = (const uint8_t *)w->scale;
+        for (size_t i = 0; i < sb && ok; i++) ok = s8[i] >= 3 && s8[i] <= 254;
+        map_find(c, w->data)->e8_bf16 = ok;
+    }
     return 0;
 }
 
@@ -652,6 +662,7 @@ int dsv4_cuda_weight(dsv4_backend *b, const dsv4_weight *w, dweight *out) {
     out->scale_f32 = w->scale_f32;
     out->block = w->block > 0 ? w->block : 128;
     out->scale2 = w->scale2;
+    out->e8_bf16 = e->e8_bf16;
     return 0;
 }
 

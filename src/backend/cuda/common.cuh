@@ -33,12 +33,14 @@ struct dweight {
     const uint8_t *scale;  /* device (FP8 block scales, MXFP4 e8m0, NVFP4 e4m3) */
     int scale_f32, block;
     float scale2;
+    int e8_bf16; /* FP8 with e8m0 scales, every scale code in [3, 254]: each value * scale is exact in bf16 */
 };
 
 /* ----- backend state ----- */
 struct wentry {
     const void *key;       /* host data pointer of the weight */
     uint8_t *data, *scale; /* device copies */
+    int e8_bf16;           /* dweight.e8_bf16, found at the upload */
 };
 
 struct cuda_impl {
@@ -355,6 +357,52 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+/* ----- an input row staged in shared memory, transformed on the way (xin) ----- */
+enum { DSV4_XIN_NONE = 0, DSV4_XIN_AQ = 1, DSV4_XIN_BF16 = 2 };
+
+/* act_quant of the 4 values v of one lane, the warp's 32 float4s being one block of 128:
+ * k_act_quant's arithmetic value for value (the same block maximum, NaN for the whole block
+ * when one value is inf or NaN, the same scale, the same conversions), so the same bits */
+__device__ __forceinline__ float4 d_aq128_f4(float4 v) {
+    float a0 = fabsf(v.x), a1 = fabsf(v.y), a2 = fabsf(v.z), a3 = fabsf(v.w);
+    int bad = !(a0 <= 3.40282347e38f) | !(a1 <= 3.40282347e38f) | !(a2 <= 3.40282347e38f) | !(a3 <= 3.40282347e38f);
+    float amax = warp_max(fmaxf(fmaxf(a0, a1), fmaxf(a2, a3)));
+    if (__any_sync(0xffffffffu, bad)) {
+        const float n = __uint_as_float(0x7fc00000u);
+        return make_float4(n, n, n, n);
+    }
+    if (amax < 1e-4f) amax = 1e-4f;
+    const float s = d_pow2_ceil(amax * (1.0f / 448.0f)), inv = 1.0f / s;
+    return make_float4(d_e4m3_to_f32(d_f32_to_e4m3(v.x * inv)) * s, d_e4m3_to_f32(d_f32_to_e4m3(v.y * inv)) * s,
+                       d_e4m3_to_f32(d_f32_to_e4m3(v.z * inv)) * s, d_e4m3_to_f32(d_f32_to_e4m3(v.w * inv)) * s);
+}
+
+/* x[0, K) into xs (K floats of shared memory) by float4, every thread of the block taking its
+ * share: XIN_NONE as it is, XIN_AQ act_quant in blocks of 128 (d_aq128_f4: the caller
+ * guarantees K % 128 == 0 and x 16-byte aligned, so a warp's 32 float4s are one block and its
+ * lanes are all in the loop or all out), XIN_BF16 each value rounded to bf16.  A thread's
+ * loads go out four at a time before any of them is used (one L2 round trip per four, not per
+ * float4: staged one by one, K 8192's eight float4s a thread cost eight).  No barrier: the
+ * caller's __syncthreads follows. */
+__device__ __forceinline__ void d_stage_x(float *xs, const float *__restrict__ x, int K, int xin) {
+    const int n4 = K / 4, nt = (int)blockDim.x;
+    for (int i0 = (int)threadIdx.x; i0 < n4; i0 += 4 * nt) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = i0 + u * nt < n4 ? __ldg((const float4 *)x + i0 + u * nt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (i0 + u * nt >= n4) break; /* warp-uniform (above) */
+            float4 w = v[u];
+            if (xin == DSV4_XIN_AQ) w = d_aq128_f4(w);
+            else if (xin == DSV4_XIN_BF16)
+                w = make_float4(d_round_bf16(w.x), d_round_bf16(w.y), d_round_bf16(w.z), d_round_bf16(w.w));
+            ((float4 *)xs)[i0 + u * nt] = w;
+        }
+    }
+}
+
 /* The sum over nt threads (a multiple of 32; lt this thread's index among them, sh their nt/32
  * slots): a warp xor tree, then the warps' partials in lanes, zeros past them, by a second xor
  * tree; every thread gets it.  Every thread of the block calls it (two __syncthreads), so a vector

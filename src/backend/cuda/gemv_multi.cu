@@ -46,6 +46,7 @@ struct gm_entry {
 struct gm_table {
     gm_entry e[GM_MAXE];
     int n, total; /* entries, virtual rows */
+    int xin;      /* x as staged (common.cuh d_stage_x): DSV4_XIN_AQ = act_quant of x (FP8 entries with act_fp8) */
 };
 
 enum { GM_BF16 = 0, GM_FP8 = 1 };
@@ -111,8 +112,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
                     __ldg(E.s + ((lr + r) >> E.blk_log2) * E.srow + (((j * 32 + lane) * 16) >> E.blk_log2)));
     }
     pdl_enter(); /* x is the previous kernel's output */
-    for (int i = threadIdx.x; i < K / 4; i += 256)
-        ((float4 *)xs)[i] = __ldg((const float4 *)x + i);
+    d_stage_x(xs, x, K, t.xin); /* act_quant's values where the table asks for them (K % 512 == 0) */
     __syncthreads();
     if (!live) return;
     float acc[RPW];
@@ -300,28 +300,30 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     const float *xd = (const float *)dsv4_cuda_in(b, x, sizeof(float) * K);
     if (!xd) return;
     const float *xq = NULL;
-    /* launch groups: (format, input): FP8 entries with act_fp8 read the act_quant copy.  The last
-     * table of the bf16 group and of the FP8 group on x wait for the end, where one launch may take
-     * both (gm_launch2) */
-    gm_table keep[2];
-    keep[0].n = keep[1].n = 0;
+    /* launch groups: (format, input): bf16, FP8 on x, FP8 on act_quant(x).  The third group's
+     * blocks quantize x themselves as they stage it (xin, d_stage_x: act_quant's bits) unless
+     * DSV4_CUDA_AQ_FUSE lacks bit 2 (act_quant into scratch first, as before).  The last table of
+     * each group waits for the end, where one launch may take the bf16 table with an FP8 table
+     * (gm_launch2) */
+    const int fuse = (dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_MULTI) != 0;
+    gm_table keep[3];
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
-        t.n = 0, t.total = 0;
+        t.n = 0, t.total = 0, t.xin = quant && fuse ? DSV4_XIN_AQ : DSV4_XIN_NONE;
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && (act_fp8[i] != 0) != quant)) continue;
-            if (t.n == GM_MAXE) { /* a full table goes now */
-                gm_launch(t, fmt, gm_vpl(fmt, K), quant ? xq : xd, c->stream, nsm);
-                if (CKL(b)) return;
-                c->gm_launches++;
-                t.n = 0, t.total = 0;
-            }
-            if (quant && !xq) {
+            if (quant && !fuse && !xq) {
                 float *q = (float *)dsv4_cuda_scratch(b, sizeof(float) * K);
                 if (!q) return;
                 dsv4_cuda_act_quant(b, q, xd, 1, K, 128);
                 xq = q;
+            }
+            if (t.n == GM_MAXE) { /* a full table goes now */
+                gm_launch(t, fmt, gm_vpl(fmt, K), quant && !fuse ? xq : xd, c->stream, nsm);
+                if (CKL(b)) return;
+                c->gm_launches++;
+                t.n = 0, t.total = 0;
             }
             dweight dw;
             if (dsv4_cuda_weight(b, ws[i], &dw)) return;
@@ -337,25 +339,23 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
                 (size_t)dw.rows * (size_t)K * (fmt == GM_FP8 ? 1 : 2) +
                 (fmt == GM_FP8 ? (size_t)((dw.rows + dw.block - 1) / dw.block) * E.srow : 0);
         }
-        if (!t.n) continue;
-        if (g < 2) {
-            keep[g] = t;
-            continue;
-        }
-        gm_launch(t, fmt, gm_vpl(fmt, K), xq, c->stream, nsm);
-        if (CKL(b)) return;
-        c->gm_launches++;
+        keep[g] = t;
     }
-    if (keep[0].n && keep[1].n && gm_launch2(keep[0], keep[1], K, xd, c->stream, nsm)) {
-        if (CKL(b)) return;
-        c->gm_launches++;
-    } else {
-        for (int g = 0; g < 2; g++) {
-            if (!keep[g].n) continue;
-            gm_launch(keep[g], g == 0 ? GM_BF16 : GM_FP8, gm_vpl(g == 0 ? GM_BF16 : GM_FP8, K), xd, c->stream, nsm);
+    /* the bf16 table and an FP8 table that reads x (the second group, or the third where its
+     * blocks quantize x themselves) in one launch where an instance takes their K */
+    int merged = 0;
+    for (int g = 1; g < 3 && keep[0].n && !merged; g++)
+        if (keep[g].n && (g == 1 || fuse) && gm_launch2(keep[0], keep[g], K, xd, c->stream, nsm)) {
             if (CKL(b)) return;
             c->gm_launches++;
+            merged = g;
         }
+    for (int g = 0; g < 3; g++) {
+        if (!keep[g].n || (merged && (g == merged || g == 0))) continue; /* merged: 0 none, else the FP8 group */
+        gm_launch(keep[g], g == 0 ? GM_BF16 : GM_FP8, gm_vpl(g == 0 ? GM_BF16 : GM_FP8, K), g == 2 && !fuse ? xq : xd,
+                  c->stream, nsm);
+        if (CKL(b)) return;
+        c->gm_launches++;
     }
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_MULTI);
 }

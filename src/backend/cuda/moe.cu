@@ -3272,14 +3272,19 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
                         limit, act_bf16, q8_crd, q8_csd, shared != NULL);
     } else if (act_fp8) { /* h of each slot quantized over its own width (routed and shared may differ) */
         int64_t ri = t->inter;
-        if (t->w2_quant) {
+        int sq = shared && quantized(shared->w2.fmt);
+        /* routed and shared rows in one launch where both are inter_max wide (without bit 8 of DSV4_CUDA_AQ_FUSE: two, as before) */
+        if ((dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_MOE) && t->w2_quant && sq && ri == inter_max && shared->w1.rows == inter_max) {
+            dsv4_cuda_act_quant(b, h, h, nrs + rows, ri, 128);
+            sq = 0;
+        } else if (t->w2_quant) {
             if (ri == inter_max)
                 dsv4_cuda_act_quant(b, h, h, nrs, ri, 128);
             else
                 for (int i = 0; i < nrs; i++)
                     dsv4_cuda_act_quant(b, h + (int64_t)i * inter_max, h + (int64_t)i * inter_max, 1, ri, 128);
         }
-        if (shared && quantized(shared->w2.fmt)) {
+        if (sq) {
             int64_t si = shared->w1.rows;
             if (si == inter_max) /* contiguous rows: one launch */
                 dsv4_cuda_act_quant(b, h + (int64_t)nrs * inter_max, h + (int64_t)nrs * inter_max, rows, si, 128);
