@@ -24,6 +24,9 @@
  * A layer's bf16 table and its FP8 table on x go as one launch of k_gemv_multi2 where an instance
  * takes their K (4096, 2048): each block does one table's work as in its own launch, the bf16
  * blocks first (one kernel boundary less a layer; DSV4_CUDA_GM_MERGE=0 keeps two launches).
+ * Under linear.act=fp8 (the reference profile) the FP8 table's blocks quantize x as they stage it
+ * (d_stage_x, k_act_quant's bits), so that table merges with the bf16 one too: one launch where
+ * there were three (act_quant, FP8, bf16); bit 2 of DSV4_CUDA_AQ_FUSE, docs/CUDA.md.
  * Target: sm_90a.  DSV4_CUDA_GEMV_MULTI=0 (read once) sends every entry through matmul (A/B).
  */
 #include <stdlib.h>
