@@ -2,7 +2,7 @@
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ncu ncuix nsys opb
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -154,6 +154,32 @@ for stage in "${stages[@]}"; do
       note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
       xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}${KT_TAG:-}.csv.xz"
     else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
+  ktab)
+    # per-kernel A/B: a ktrace of each setting of AB_ENVS (ab's syntax: "-" none, a comma joins variables,
+    # "set:NAME=VALUE" a numerics switch; AB_ARGS more bench arguments for each), then
+    # tools/device/ktrace_report.py --vs of each against the first (ktab_vs<i>.txt; its top 24 rows in the
+    # summary).  Needs /dev/shm/flash20 (f20) or /dev/shm/flash2
+    m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
+    [ -f carry/lib/ktrace.so ] || { note "ktab: carry/lib/ktrace.so missing"; continue; }
+    i=0; first=
+    for setting in ${AB_ENVS:--}; do
+      envs=(); sets=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
+      for j in "${!envs[@]}"; do
+        case ${envs[$j]} in set:*) sets+=(--set "${envs[$j]#set:}"); unset "envs[$j]" ;; esac
+      done
+      csv="$OUT/ktab$i.csv"
+      env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktab.csv timeout 300 \
+        $bin/dsv4 bench --model $m --backend cuda --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 \
+        --op-profile 0 ${AB_ARGS:-} "${sets[@]}" >"$OUT/ktab_run$i.log" 2>&1
+      note "ktab $i [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ktab_run$i.log" | sed 's/.*: 16 steps/16 steps/')"
+      xz -T4 -c /tmp/ktab.csv >"$csv.xz"
+      if [ -z "$first" ]; then first="$csv.xz"
+      else
+        python3 tools/device/ktrace_report.py "$first" --steps 16 --vs "$csv.xz" --top 40 >"$OUT/ktab_vs$i.txt" 2>&1
+        head -28 "$OUT/ktab_vs$i.txt" >>"$summary"
+      fi
+      i=$((i + 1))
+    done ;;
   ncu)
     # hardware counters of the decode kernels (Nsight Compute; works on the Firecracker machines):
     # duration, executed warp instructions, issue-slot use and DRAM throughput per kernel node;

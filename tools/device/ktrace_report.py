@@ -2,6 +2,7 @@
 """Per-kernel device time per decode step from a ktrace CSV (tools/device/ktrace.c).
 
 usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--gaps US] [--all]
+                          [--vs OTHER.csv[.xz]]
 
 The trace is cut into forward passes at each launch of the marker kernel (the embedding
 lookup starts every forward pass); the last N passes are the decode steps of a
@@ -12,7 +13,10 @@ earlier record had ended: these add up to the busy time, also when programmatic 
 starts a kernel while its predecessor runs, which makes record times overlap), and the step's
 span, busy time and idle gaps.  --gaps US adds the idle gaps longer than US microseconds per
 step, summed by the record that ends them (where the device waits: a graph's first kernel, a copy
-the host issues between steps).
+the host issues between steps).  --vs OTHER compares two traces (an A/B of two settings or two
+builds, cut the same way): per kernel the exposed time per step of each, the difference
+(OTHER minus TRACE) and the calls per step of each, largest differences first, then the two
+steps' busy and span times.
 """
 import lzma, subprocess, sys, collections
 
@@ -32,18 +36,9 @@ def short(d):
         elif c == '(' and depth == 0: return d[:i]
     return d
 
-def main():
-    a = sys.argv[1:]
-    path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None
-    i = 1
-    while i < len(a):
-        if a[i] == "--steps": steps = int(a[i + 1]); i += 2
-        elif a[i] == "--marker": marker = a[i + 1]; i += 2
-        elif a[i] == "--top": top = int(a[i + 1]); i += 2
-        elif a[i] == "--timeline": timeline = True; i += 1
-        elif a[i] == "--all": whole = True; steps = 1; i += 1
-        elif a[i] == "--gaps": gap_us = float(a[i + 1]); i += 2
-        else: sys.exit("unknown argument " + a[i])
+def load(path, steps, marker, whole):
+    """the trace's records, the pass starts, the last `steps` passes' records, their span and busy
+    time (ns), the per-label [calls, record time, exposed time] and the labelling function"""
     op = lzma.open if path.endswith(".xz") else open
     recs = []
     with op(path, "rt") as f:
@@ -52,13 +47,13 @@ def main():
             if len(p) < 8: continue
             recs.append((int(p[1]), int(p[2]), p[0], p[7], p[5], p[6], int(p[3])))
     recs.sort()
+    if not recs: sys.exit("%s: no records" % path)
     names = sorted({r[3] for r in recs if r[2] == "K"})
     dm = demangle(names)
     label = lambda r: short(dm.get(r[3], r[3])) if r[2] == "K" else r[3] + ("" if r[2] == "S" else " %sB" % r[4] if int(r[4]) < 4096 else " >=4KB")
     starts = [0] if whole else [i for i, r in enumerate(recs) if r[2] == "K" and marker in dm.get(r[3], r[3])]
-    if len(starts) < steps: sys.exit("only %d passes start with %s" % (len(starts), marker))
-    first = starts[-steps]
-    sel = recs[first:]
+    if len(starts) < steps: sys.exit("%s: only %d passes start with %s" % (path, len(starts), marker))
+    sel = recs[starts[-steps]:]
     span = sel[-1][1] - sel[0][0]
     busy = 0; last_end = sel[0][0]
     for r in sel:
@@ -74,6 +69,41 @@ def main():
         t = tot[label(r)]; t[0] += 1; t[1] += r[1] - r[0]
         t[2] += max(0, r[1] - max(r[0], last_end))
         last_end = max(last_end, r[1])
+    return recs, starts, sel, span, busy, tot, label
+
+def compare(a, b, pa, pb, steps, top):
+    ta, tb = a[5], b[5]
+    print("A = %s\nB = %s\n%d steps each" % (pa, pb, steps))
+    print("A: span %.3f ms/step, busy %.3f; B: span %.3f, busy %.3f; B - A: span %+.3f, busy %+.3f ms/step"
+          % (a[3] / steps / 1e6, a[4] / steps / 1e6, b[3] / steps / 1e6, b[4] / steps / 1e6,
+             (b[3] - a[3]) / steps / 1e6, (b[4] - a[4]) / steps / 1e6))
+    print("%-62s %11s %11s %10s %7s %7s" % ("kernel (exposed us/step)", "A", "B", "B - A", "calls A", "calls B"))
+    keys = set(ta) | set(tb)
+    get = lambda t, k, i: t[k][i] if k in t else 0
+    rows = sorted(keys, key=lambda k: -abs(get(tb, k, 2) - get(ta, k, 2)))[:top]
+    for k in rows:
+        xa, xb = get(ta, k, 2) / steps / 1e3, get(tb, k, 2) / steps / 1e3
+        print("%-62s %11.1f %11.1f %+10.1f %7.1f %7.1f" % (k[:62], xa, xb, xb - xa, get(ta, k, 0) / steps,
+                                                         get(tb, k, 0) / steps))
+
+def main():
+    a = sys.argv[1:]
+    if not a or a[0].startswith("--"): sys.exit(__doc__.strip().split("\n")[2])
+    path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None; vs = None
+    i = 1
+    while i < len(a):
+        if a[i] == "--steps": steps = int(a[i + 1]); i += 2
+        elif a[i] == "--marker": marker = a[i + 1]; i += 2
+        elif a[i] == "--top": top = int(a[i + 1]); i += 2
+        elif a[i] == "--timeline": timeline = True; i += 1
+        elif a[i] == "--all": whole = True; steps = 1; i += 1
+        elif a[i] == "--gaps": gap_us = float(a[i + 1]); i += 2
+        elif a[i] == "--vs": vs = a[i + 1]; i += 2
+        else: sys.exit("unknown argument " + a[i])
+    if vs is not None:
+        compare(load(path, steps, marker, whole), load(vs, steps, marker, whole), path, vs, steps, top)
+        return
+    recs, starts, sel, span, busy, tot, label = load(path, steps, marker, whole)
     ksum = sum(v[1] for v in tot.values())
     print("decode steps %d: span %.3f ms/step, device busy %.3f ms/step, idle %.3f ms/step; %d records/step; sum of record times %.3f ms/step"
           % (steps, span / steps / 1e6, busy / steps / 1e6, (span - busy) / steps / 1e6, len(sel) / steps, ksum / steps / 1e6))
