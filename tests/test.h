@@ -89,14 +89,21 @@ static const char *test_name_;
 
 typedef void (*test_fn_)(void);
 
+/* Runs the tests; with arguments, only those whose name contains one of them (each argument a
+ * filter; several run the union, in the file's order).  An argument that matches no test fails
+ * the run: a mistyped name must not pass as "0 failed". */
 static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char **argv) {
     int passed = 0, failed = 0, skipped = 0;
     char buf[8192];
+    int hit[64] = {0};
     snprintf(buf, sizeof buf, "%s", names);
     char *save = NULL;
     char *tok = strtok_r(buf, ", \t\n", &save);
     for (int i = 0; i < n && tok; i++, tok = strtok_r(NULL, ", \t\n", &save)) {
-        if (argc > 1 && !strstr(tok, argv[1])) continue; /* optional name filter */
+        int want = argc <= 1;
+        for (int j = 1; j < argc; j++)
+            if (strstr(tok, argv[j])) want = 1, hit[j < 64 ? j : 63] = 1;
+        if (!want) continue;
         test_name_ = tok;
         test_failures_ = 0;
         test_skipped_ = 0;
@@ -113,6 +120,11 @@ static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char
         }
         fflush(stdout);
     }
+    for (int j = 1; j < argc && j < 63; j++)
+        if (!hit[j]) {
+            printf("FAIL no test matches '%s'\n", argv[j]);
+            failed++;
+        }
     printf("# %d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }
