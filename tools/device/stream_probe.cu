@@ -1,0 +1,289 @@
+/* tools/device/stream_probe.cu: how fast one kernel can stream a decode op's weights from DRAM on
+ * this GPU, by the access patterns a GEMV can use, with next to no math.  A batch-1 decode step is a
+ * chain of kernels that each read 2-70 MB once; dsv4's GEMVs reach 55-62 % of the copy rate and its
+ * MoE ~50 % (docs/CUDA.md), and an earlier diagnostic of the MoE's own loads with trivial math
+ * stopped at ~70 %.  This probe asks what the streaming alone allows, before any kernel is built on
+ * a pattern:
+ *   ldg U B:  each thread keeps U 16-byte loads in flight (ld.global.nc.L1::no_allocate.v4, a warp's
+ *             32 loads one contiguous 512-byte run), B blocks of 256 threads per SM, grid-stride;
+ *   bulk S T B: one thread per block feeds a ring of S shared-memory stages of T bytes by
+ *             cp.async.bulk (the copy engine: no registers hold bytes in flight), the 8 warps read
+ *             each stage from shared memory and release it (a block barrier), B blocks per SM.
+ * Every variant folds what it read into one xor per block (checked against the ldg U 1 result on
+ * the same buffer, so a variant that skips bytes fails).  Sizes: 4, 8, 16.8, 33.5 and 70 MB (a
+ * 2 MB GEMV, the shared expert, wq_b / wo_b, a layer's routed gate/up); each launch of a run
+ * reads the next of buffers spanning >= 512 MB, so none of it is in the 50-60 MB L2.  A run is 32
+ * launches captured in one CUDA graph, without PDL: the per-kernel time includes the gap between
+ * kernels, as in a decode step.  Printed: us per kernel, GB/s, % of the D2D copy rate
+ * (cudaMemcpyAsync of 1 GiB, read + write counted, as `dsv4 bench` does).
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/stream_probe.cu -o stream_probe
+ *   ./stream_probe [SIZE_MB ...]
+ * Not yet run on a device (written 2026-12-03, stop 25). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "probe.cuh"
+
+#define NT 256       /* threads a block */
+#define RUN_LAUNCHES 32
+
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+/* the block's xor into out[blockIdx.x] (a warp xor, then the warps' in shared memory) */
+__device__ __forceinline__ void block_xor(uint32_t x, uint32_t *out) {
+    __shared__ uint32_t w[NT / 32];
+    for (int o = 16; o; o >>= 1) x ^= __shfl_xor_sync(0xffffffffu, x, o);
+    if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t a = 0;
+        for (int i = 0; i < NT / 32; i++) a ^= w[i];
+        out[blockIdx.x] = a;
+    }
+}
+
+/* ldg U: n16 16-byte vectors; a step of the grid covers gridDim.x * NT * U vectors, thread t's U
+ * loads of a step at t, t + NT, ... within its block's run of NT * U */
+template <int U>
+__global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32_t *out) {
+    uint32_t x = 0;
+    const size_t step = (size_t)gridDim.x * NT * U;
+    for (size_t base = (size_t)blockIdx.x * NT * U + threadIdx.x; base < n16; base += step) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            size_t i = base + (size_t)u * NT;
+            v[u] = i < n16 ? ld_stream(src + i) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) x ^= fold(v[u]);
+    }
+    block_xor(x, out);
+}
+
+__device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* bulk S: the block's contiguous share of the buffer in units of T bytes (T % 16 == 0), a ring of S
+ * stages; thread 0 arms stage s's mbarrier with its byte count and issues the copy, every thread
+ * waits on it (parity = use count & 1), reads its 16-byte vectors of the stage, and the block's
+ * barrier after the reads lets thread 0 refill the stage */
+__global__ void __launch_bounds__(NT) k_bulk(const uint8_t *src, size_t bytes, int S, int T, uint32_t *out) {
+    extern __shared__ __align__(128) uint8_t ring[]; /* S * T bytes, then S mbarriers */
+    uint64_t *bar = (uint64_t *)(ring + (size_t)S * T);
+    const size_t units = bytes / (size_t)T;
+    const size_t u0 = units * blockIdx.x / gridDim.x, u1 = units * (blockIdx.x + 1) / gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sm_addr(bar + s)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](size_t u) {
+        int s = (int)((u - u0) % (size_t)S);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sm_addr(bar + s)), "r"(T)
+                     : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         sm_addr(ring + (size_t)s * T)),
+                     "l"(src + u * (size_t)T), "r"(T), "r"(sm_addr(bar + s))
+                     : "memory");
+    };
+    if (threadIdx.x == 0)
+        for (size_t u = u0; u < u1 && u < u0 + (size_t)S; u++) issue(u);
+    uint32_t x = 0;
+    for (size_t u = u0; u < u1; u++) {
+        const int s = (int)((u - u0) % (size_t)S);
+        const uint32_t parity = (uint32_t)(((u - u0) / (size_t)S) & 1u);
+        uint32_t done = 0;
+        while (!done)
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}"
+                         : "=r"(done)
+                         : "r"(sm_addr(bar + s)), "r"(parity)
+                         : "memory");
+        const uint4 *st = (const uint4 *)(ring + (size_t)s * T);
+        for (int i = threadIdx.x; i < T / 16; i += NT) x ^= fold(st[i]);
+        __syncthreads(); /* every read of stage s is done */
+        if (threadIdx.x == 0 && u + S < u1) issue(u + S);
+    }
+    block_xor(x, out);
+}
+
+/* buffer contents: a hash of the word index, so every xor depends on every byte read */
+__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = h;
+    }
+}
+
+static uint32_t host_xor(const uint32_t *part, int n) {
+    uint32_t a = 0;
+    for (int i = 0; i < n; i++) a ^= part[i];
+    return a;
+}
+
+struct run_cfg {
+    const char *name;
+    int kind; /* 0 ldg, 1 bulk */
+    int u, s, t, bps;
+};
+
+/* one configuration on nbuf buffers of `bytes` each: 32 launches in a graph, rotating through the
+ * buffers; returns us per kernel, the xor of buffer 0 in *x0 */
+static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes, int nsm, uint32_t *part_d,
+                  uint32_t *x0, cudaStream_t st) {
+    int grid = nsm * c.bps;
+    size_t smem = c.kind == 1 ? (size_t)c.s * c.t + 8 * (size_t)c.s : 0;
+    if (c.kind == 1) CKP(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    auto launch = [&](int b) {
+        if (c.kind == 1)
+            k_bulk<<<grid, NT, smem, st>>>(buf[b], bytes, c.s, c.t, part_d);
+        else if (c.u == 1)
+            k_ldg<1><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.u == 2)
+            k_ldg<2><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.u == 4)
+            k_ldg<4><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.u == 8)
+            k_ldg<8><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else
+            k_ldg<16><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+    };
+    /* the check: buffer 0 alone */
+    launch(0);
+    CKP(cudaGetLastError());
+    CKP(cudaStreamSynchronize(st));
+    uint32_t *part = (uint32_t *)malloc(sizeof(uint32_t) * grid);
+    CKP(cudaMemcpy(part, part_d, sizeof(uint32_t) * grid, cudaMemcpyDeviceToHost));
+    *x0 = host_xor(part, grid);
+    free(part);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < RUN_LAUNCHES; i++) launch((i + 1) % nbuf);
+    CKP(cudaStreamEndCapture(st, &g));
+    CKP(cudaGraphInstantiate(&ge, g, 0));
+    CKP(cudaGraphLaunch(ge, st)); /* warm-up */
+    CKP(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CKP(cudaEventCreate(&e0));
+    CKP(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int rep = 0; rep < 3; rep++) {
+        CKP(cudaEventRecord(e0, st));
+        CKP(cudaGraphLaunch(ge, st));
+        CKP(cudaEventRecord(e1, st));
+        CKP(cudaEventSynchronize(e1));
+        float ms;
+        CKP(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    CKP(cudaEventDestroy(e0));
+    CKP(cudaEventDestroy(e1));
+    CKP(cudaGraphExecDestroy(ge));
+    CKP(cudaGraphDestroy(g));
+    return 1000.0 * best / RUN_LAUNCHES;
+}
+
+int main(int argc, char **argv) {
+    double sizes_mb[16] = {4, 8, 16.8, 33.5, 70};
+    int nsz = 5;
+    if (argc > 1) {
+        nsz = 0;
+        for (int i = 1; i < argc && nsz < 16; i++) {
+            double v = atof(argv[i]);
+            if (v <= 0) {
+                fprintf(stderr, "stream_probe: '%s' is not a size in MB\n", argv[i]);
+                return 2;
+            }
+            sizes_mb[nsz++] = v;
+        }
+    }
+    int dev = 0, nsm = 0;
+    CKP(cudaGetDevice(&dev));
+    CKP(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CKP(cudaGetDeviceProperties(&prop, dev));
+    printf("device %s, %d SMs, L2 %d MB\n", prop.name, nsm, prop.l2CacheSize >> 20);
+    cudaStream_t st;
+    CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    /* the copy rate, as dsv4 bench measures it */
+    const size_t cb = (size_t)1 << 30;
+    void *ca, *cbuf;
+    CKP(cudaMalloc(&ca, cb));
+    CKP(cudaMalloc(&cbuf, cb));
+    CKP(cudaMemcpyAsync(cbuf, ca, cb, cudaMemcpyDeviceToDevice, st));
+    cudaEvent_t e0, e1;
+    CKP(cudaEventCreate(&e0));
+    CKP(cudaEventCreate(&e1));
+    CKP(cudaEventRecord(e0, st));
+    CKP(cudaMemcpyAsync(cbuf, ca, cb, cudaMemcpyDeviceToDevice, st));
+    CKP(cudaEventRecord(e1, st));
+    CKP(cudaEventSynchronize(e1));
+    float cms;
+    CKP(cudaEventElapsedTime(&cms, e0, e1));
+    const double copy_gbs = 2.0 * (double)cb / (cms * 1e-3) / 1e9;
+    printf("copy rate %.0f GB/s (D2D 1 GiB, read + write)\n", copy_gbs);
+    CKP(cudaFree(ca));
+    CKP(cudaFree(cbuf));
+    static const run_cfg cfgs[] = {
+        {"ldg", 0, 1, 0, 0, 4},       {"ldg", 0, 2, 0, 0, 4},       {"ldg", 0, 4, 0, 0, 4},
+        {"ldg", 0, 8, 0, 0, 2},       {"ldg", 0, 8, 0, 0, 4},       {"ldg", 0, 16, 0, 0, 2},
+        {"bulk", 1, 0, 4, 8192, 2},   {"bulk", 1, 0, 8, 8192, 2},   {"bulk", 1, 0, 4, 16384, 2},
+        {"bulk", 1, 0, 6, 16384, 1},  {"bulk", 1, 0, 12, 16384, 1}, {"bulk", 1, 0, 4, 32768, 1},
+    };
+    const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
+    uint32_t *part_d;
+    CKP(cudaMalloc(&part_d, sizeof(uint32_t) * nsm * 16));
+    int bad = 0;
+    for (int z = 0; z < nsz; z++) {
+        /* a multiple of 32 KB (the largest stage), so every variant reads the same bytes */
+        size_t bytes = (size_t)(sizes_mb[z] * 1e6) / 32768 * 32768;
+        if (bytes < 32768) bytes = 32768;
+        int nbuf = (int)(((size_t)512 << 20) / bytes) + 1;
+        if (nbuf > RUN_LAUNCHES + 1) nbuf = RUN_LAUNCHES + 1;
+        if (nbuf < 2) nbuf = 2;
+        uint8_t **buf = (uint8_t **)malloc(sizeof(uint8_t *) * nbuf);
+        for (int b = 0; b < nbuf; b++) {
+            CKP(cudaMalloc((void **)&buf[b], bytes));
+            k_fill<<<nsm * 4, 256, 0, st>>>((uint32_t *)buf[b], bytes / 4, 0x9e3779b9u * (uint32_t)(b + 1));
+            CKP(cudaGetLastError());
+        }
+        CKP(cudaStreamSynchronize(st));
+        printf("\n%.1f MB (%zu bytes), %d buffers (%.0f MB) rotating, %d launches a graph\n", bytes / 1e6, bytes, nbuf,
+               nbuf * bytes / 1e6, RUN_LAUNCHES);
+        printf("  %-24s %10s %9s %8s  %s\n", "pattern", "us/kernel", "GB/s", "% copy", "check");
+        uint32_t ref = 0;
+        for (int i = 0; i < ncfg; i++) {
+            const run_cfg &c = cfgs[i];
+            if (c.kind == 1 && (size_t)c.s * c.t + 8 * (size_t)c.s > (size_t)prop.sharedMemPerBlockOptin / c.bps) continue;
+            uint32_t x0 = 0;
+            double us = run(c, buf, nbuf, bytes, nsm, part_d, &x0, st);
+            if (i == 0) ref = x0;
+            char label[64];
+            if (c.kind == 0) snprintf(label, sizeof label, "ldg U%d, %d blocks/SM", c.u, c.bps);
+            else snprintf(label, sizeof label, "bulk %dx%dK, %d blocks/SM", c.s, c.t / 1024, c.bps);
+            double gbs = bytes / (us * 1e-6) / 1e9;
+            int ok = x0 == ref;
+            bad += !ok;
+            printf("  %-24s %10.2f %9.0f %7.1f%%  %s\n", label, us, gbs, 100.0 * gbs / copy_gbs,
+                   ok ? "xor ok" : "XOR DIFFERS");
+        }
+        for (int b = 0; b < nbuf; b++) CKP(cudaFree(buf[b]));
+        free(buf);
+    }
+    CKP(cudaFree(part_d));
+    printf("\n%s\n", bad ? "FAILED: a pattern read other bytes than ldg U1" : "all patterns read the same bytes");
+    return bad ? 1 : 0;
+}
