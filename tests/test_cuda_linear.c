@@ -152,7 +152,7 @@ static void fill_aq(float *x, int64_t K) {
  * rounded inside k_gemv8x: the same bits as the separate k_act_quant / k_round_bf16 launches
  * (dsv4_cuda_set_aq_fuse 0), the fused-call counter proving which path ran, and the CPU op;
  * the reference's bf16 weights of wo_a factored like e8m0 FP8 (SCL 0, exact in bf16 for codes
- * 3..254) against the per-weight rounding (SCL 2) of AQ_FUSE 0, bit for bit;
+ * 3..246) against the per-weight rounding (SCL 2) of AQ_FUSE 0, bit for bit;
  * a block holding inf gives NaN outputs on both paths. */
 static int fp_low_scale; /* fused_pair: the weight's first e8m0 code 2 (no exact bf16 weights: SCL 2 stays) */
 static void fused_pair(dsv4_wfmt fmt, int64_t O, int64_t K, int G, int act_fp8, int out_bf16, int want_fused,

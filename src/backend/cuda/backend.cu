@@ -631,14 +631,16 @@ static int upload_weight(dsv4_backend *b, const dsv4_weight *w) {
     }
     if (map_insert(c, w->data, base, sc)) return dsv4_cuda_fail(b, "weight map: out of host memory", __FILE__,
                                                                 __LINE__, cudaSuccess), -1;
-    /* FP8 with e8m0 scales: is every code in [3, 254]?  Then each weight value times its scale
-     * (an e4m3 value has <= 4 significant bits, its smallest bit 2^-9) is >= 2^-133 in its last
-     * bit and finite, so exact in bf16: rounding it to bf16 (w_bf16, the reference's bf16
-     * dequantization) changes nothing, and the GEMVs may factor the scale out as at w_bf16 0 */
+    /* FP8 with e8m0 scales: is every code in [3, 246]?  Then each weight value times its scale
+     * (an e4m3 value has <= 4 significant bits, its smallest bit 2^-9, its magnitude <= 448 < 2^9)
+     * has its last bit at or above 2^-133 and stays below 2^128 (finite), so it is exact in bf16:
+     * rounding it to bf16 (w_bf16, the reference's bf16 dequantization) changes nothing, and the
+     * GEMVs may factor the scale out as at w_bf16 0.  Codes 247..254 can overflow (448 * 2^120),
+     * 0..2 can fall below bf16's subnormals, 255 is NaN: those weights keep the per-weight path */
     if (w->fmt == DSV4_WF_FP8 && !w->scale_f32 && w->scale && sb) {
         int ok = 1;
         const uint8_t *s8 = (const uint8_t *)w->scale;
-        for (size_t i = 0; i < sb && ok; i++) ok = s8[i] >= 3 && s8[i] <= 254;
+        for (size_t i = 0; i < sb && ok; i++) ok = s8[i] >= 3 && s8[i] <= 246;
         map_find(c, w->data)->e8_bf16 = ok;
     }
     return 0;

@@ -33,7 +33,7 @@ struct dweight {
     const uint8_t *scale;  /* device (FP8 block scales, MXFP4 e8m0, NVFP4 e4m3) */
     int scale_f32, block;
     float scale2;
-    int e8_bf16; /* FP8 with e8m0 scales, every scale code in [3, 254]: each value * scale is exact in bf16 */
+    int e8_bf16; /* FP8 with e8m0 scales, every scale code in [3, 246]: each value * scale is finite and exact in bf16 */
 };
 
 /* ----- backend state ----- */

@@ -840,7 +840,7 @@ static void gemv8x_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, int 
 }
 
 /* w_bf16 (the weight rounded to bf16 after its scale, grouped wo_a in the reference profile)
- * changes no weight where every e8m0 code lies in [3, 254] (dweight.e8_bf16, found at the
+ * changes no weight where every e8m0 code lies in [3, 246] (dweight.e8_bf16, found at the
  * upload: an e4m3 value times 2^(c - 127) is then exact in bf16), so the kernels take SCL 0 there,
  * the scale factored out of a vector's partial as at w_bf16 0 (the same bits as SCL 2's per-weight
  * scale and rounding, barring partials that under- or overflow, as for SCL 0 itself), instead of
