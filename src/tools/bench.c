@@ -29,7 +29,7 @@ static void usage(FILE *f) {
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
                "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
-               "timing.  --warmup: untimed decode steps first (a device backend builds its CUDA graphs for\n"
+               "timing (the weight bytes then come from the timed steps).  --warmup: untimed decode steps first (a device backend builds its CUDA graphs for\n"
                "new shapes in them, e.g. a ratio-4 compressor's first emit at the 4th step; the timed steps\n"
                "then show the steady state a long generation sees).  --set: a numerics switch over the profile\n"
                "(`dsv4 switches`; e.g. moe.dot=mma), repeatable.  Defaults: --prompt 512 --gen 32 --batch 1\n"
@@ -150,7 +150,11 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G
                 printf("  %-16s %8.3f ms  %6.1f%%  %6.1f calls  (host %.3f ms)\n", pi.op[i], pi.ms[i] / G,
                        tot > 0 ? 100 * pi.ms[i] / tot : 0, (double)pi.calls[i] / G, pi.host_ms[i] / G);
         printf("  %-16s %8.3f ms  (host work between ops: %.3f ms)\n", "sum", tot / G, tprof / G * 1e3 - tot / G);
-        double wb = pi.weight_bytes_read / G;
+    }
+    /* the bytes of the profiled steps where they ran, else of the timed steps (the backend's counter
+     * runs from the last profile switch: --op-profile 0 leaves it running over the timed steps too) */
+    double wb = op_profile ? pi.weight_bytes_read / G : (p1.weight_bytes_read - p0.weight_bytes_read) / G;
+    if (wb > 0) {
         printf("bench: weight bytes read per decode step %.3f GB; achieved %.0f GB/s", wb / 1e9,
                wb / (step_ms * 1e-3) / 1e9);
         if (copy_bw > 0) printf(" = %.1f%% of the copy bandwidth", 100 * wb / (step_ms * 1e-3) / 1e9 / copy_bw);
