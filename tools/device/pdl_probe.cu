@@ -42,27 +42,11 @@ static float run(int pdl, int blocks, int threads, int n, int work, int chain, f
         cfg.numAttrs = pdl ? 1 : 0;
         CKP(cudaLaunchKernelEx(&cfg, k_step, o, (const float *)in, n, work));
     }
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CKP(cudaStreamEndCapture(st, &g));
-    CKP(cudaGraphInstantiate(&ge, g, 0));
-    CKP(cudaGraphLaunch(ge, st)); /* warm-up */
-    CKP(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CKP(cudaEventCreate(&e0));
-    CKP(cudaEventCreate(&e1));
+    cudaGraphExec_t ge = probe_graph_ready(st);
     CKP(cudaMemset(a, 0, sizeof(float) * n));
-    CKP(cudaEventRecord(e0, st));
-    CKP(cudaGraphLaunch(ge, st));
-    CKP(cudaEventRecord(e1, st));
-    CKP(cudaStreamSynchronize(st));
-    float ms = 0;
-    CKP(cudaEventElapsedTime(&ms, e0, e1));
+    const float ms = probe_graph_ms(ge, st, 1);
     CKP(cudaMemcpy(check, chain & 1 ? b : a, sizeof(float) * n, cudaMemcpyDeviceToHost));
     cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaStreamDestroy(st);
     return ms * 1000.0f / chain;
 }

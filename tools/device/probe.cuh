@@ -1,5 +1,6 @@
-/* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu)
- * share: a CUDA call checked, the process ending with the call and its error on failure. */
+/* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu,
+ * stream_probe.cu) share: a CUDA call checked, the process ending with the call and its error on
+ * failure; a captured graph made ready and timed. */
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -13,3 +14,36 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+/* ends the capture on st, instantiates its graph (the graph itself is no longer needed) and
+ * launches it once as a warm-up, waited for */
+static inline cudaGraphExec_t probe_graph_ready(cudaStream_t st) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CKP(cudaStreamEndCapture(st, &g));
+    CKP(cudaGraphInstantiate(&ge, g, 0));
+    CKP(cudaGraphDestroy(g));
+    CKP(cudaGraphLaunch(ge, st));
+    CKP(cudaStreamSynchronize(st));
+    return ge;
+}
+
+/* the device time of one launch of ge on st in ms (events around it), the fastest of reps */
+static inline float probe_graph_ms(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+    cudaEvent_t e0, e1;
+    CKP(cudaEventCreate(&e0));
+    CKP(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int r = 0; r < reps; r++) {
+        float ms;
+        CKP(cudaEventRecord(e0, st));
+        CKP(cudaGraphLaunch(ge, st));
+        CKP(cudaEventRecord(e1, st));
+        CKP(cudaEventSynchronize(e1));
+        CKP(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms < best) best = ms;
+    }
+    CKP(cudaEventDestroy(e0));
+    CKP(cudaEventDestroy(e1));
+    return best;
+}

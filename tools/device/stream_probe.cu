@@ -168,31 +168,11 @@ static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes,
     CKP(cudaMemcpy(part, part_d, sizeof(uint32_t) * grid, cudaMemcpyDeviceToHost));
     *x0 = host_xor(part, grid);
     free(part);
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
     CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < RUN_LAUNCHES; i++) launch((i + 1) % nbuf);
-    CKP(cudaStreamEndCapture(st, &g));
-    CKP(cudaGraphInstantiate(&ge, g, 0));
-    CKP(cudaGraphLaunch(ge, st)); /* warm-up */
-    CKP(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CKP(cudaEventCreate(&e0));
-    CKP(cudaEventCreate(&e1));
-    float best = 1e30f;
-    for (int rep = 0; rep < 3; rep++) {
-        CKP(cudaEventRecord(e0, st));
-        CKP(cudaGraphLaunch(ge, st));
-        CKP(cudaEventRecord(e1, st));
-        CKP(cudaEventSynchronize(e1));
-        float ms;
-        CKP(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < best) best = ms;
-    }
-    CKP(cudaEventDestroy(e0));
-    CKP(cudaEventDestroy(e1));
+    cudaGraphExec_t ge = probe_graph_ready(st);
+    const float best = probe_graph_ms(ge, st, 3);
     CKP(cudaGraphExecDestroy(ge));
-    CKP(cudaGraphDestroy(g));
     return 1000.0 * best / RUN_LAUNCHES;
 }
 
