@@ -17,6 +17,15 @@ summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 note "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+# one setting of AB_ENVS ("-" none; a comma joins several; "set:NAME=VALUE" a numerics switch)
+# into the arrays envs (variables for env) and sets (--set arguments for bench)
+parse_setting() {
+  envs=(); sets=(); [ "$1" = "-" ] || IFS=, read -r -a envs <<<"$1"
+  local i
+  for i in "${!envs[@]}"; do
+    case ${envs[$i]} in set:*) sets+=(--set "${envs[$i]#set:}"); unset "envs[$i]" ;; esac
+  done
+}
 stages=()
 for a in "$@"; do
   if [ "$a" = all ]; then stages+=(ops gemm e2e flash2 hf f20 ab ktrace f20long); else stages+=("$a"); fi
@@ -114,10 +123,7 @@ for stage in "${stages[@]}"; do
     : >"$OUT/ab_ms.txt"
     for round in $(seq 1 ${AB_ROUNDS:-2}); do
       for setting in ${AB_ENVS:--}; do
-        envs=(); sets=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
-        for i in "${!envs[@]}"; do
-          case ${envs[$i]} in set:*) sets+=(--set "${envs[$i]#set:}"); unset "envs[$i]" ;; esac
-        done
+        parse_setting "$setting"
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} "${sets[@]}" >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
@@ -163,10 +169,7 @@ for stage in "${stages[@]}"; do
     [ -f carry/lib/ktrace.so ] || { note "ktab: carry/lib/ktrace.so missing"; continue; }
     i=0; first=
     for setting in ${AB_ENVS:--}; do
-      envs=(); sets=(); [ "$setting" = "-" ] || IFS=, read -r -a envs <<<"$setting"
-      for j in "${!envs[@]}"; do
-        case ${envs[$j]} in set:*) sets+=(--set "${envs[$j]#set:}"); unset "envs[$j]" ;; esac
-      done
+      parse_setting "$setting"
       csv="$OUT/ktab$i.csv"
       env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktab.csv timeout 300 \
         $bin/dsv4 bench --model $m --backend cuda --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 \

@@ -161,6 +161,30 @@ static tw make_w(dsv4_wfmt fmt, int64_t rows, int64_t cols, int scale_f32) {
     t.w.scale = t.scale;
     return t;
 }
+/* x for the act_quant paths: blocks of 128 at scales 2^-24 .. 2^24, a block below act_quant's
+ * amax floor (1e-4), a block whose values fall on e4m3 rounding ties at scale 1 (amax 448: the
+ * midpoints between neighbours, subnormal ones included, round to even), exact zeros and -0.
+ * static inline: files that do not call it compile without a warning. */
+static inline void fill_aq(float *x, int64_t K) {
+    for (int64_t b = 0; b < K / 128; b++) {
+        float sc = ldexpf(1.0f, (int)(b * 7 % 49) - 24);
+        for (int64_t i = 0; i < 128; i++) x[b * 128 + i] = sc * (2.0f * frand() - 1.0f);
+    }
+    if (K >= 512) {
+        for (int64_t i = 0; i < 128; i++) x[128 + i] = 1e-6f * (2.0f * frand() - 1.0f);
+        float *t = x + 256;
+        t[0] = 448.0f;
+        for (int i = 1; i < 128; i++) { /* the midpoint above e4m3 value c (codes 0..125, both signs) */
+            int c = (i * 37) % 126;
+            float lo = (c >> 3) ? ldexpf(1.0f + (c & 7) / 8.0f, (c >> 3) - 7) : ldexpf((float)(c & 7), -9);
+            float hi = ((c + 1) >> 3) ? ldexpf(1.0f + ((c + 1) & 7) / 8.0f, ((c + 1) >> 3) - 7)
+                                      : ldexpf((float)((c + 1) & 7), -9);
+            t[i] = (i & 1 ? -0.5f : 0.5f) * (lo + hi);
+        }
+        x[384] = 0.0f, x[385] = -0.0f;
+    }
+}
+
 /* ne routed experts of rfmt (inter ri) and a shared one of sfmt (inter si), hidden d, their
  * weights in parts[3 (ne + 1)] (w1, w2, w3 of each, made in that order); sf32: FP8 f32 scales.
  * static inline: files that do not call it compile without a warning. */

@@ -781,6 +781,7 @@ static void test_zz_moe_release(void) {
  * has no instance there: fallback), a table of more than 8 entries, odd row counts, f32 block
  * scales and MXFP4 (fallback), act_fp8 and out_bf16 per entry, and 3 rows (all fallback).
  * The launch counter proves which path ran. */
+static int cm_x; /* check_multi's x: 0 fill, 1 fill_aq (act_quant's edge cases), 2 fill_aq with an inf */
 static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const int64_t *O, const int *sf32,
                         const int *af, const int *ob, int want_launches) {
     tw t[16];
@@ -789,6 +790,9 @@ static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const 
     float *x = malloc(sizeof(float) * rows * K), *xd = gpu.ops->alloc(&gpu, sizeof(float) * rows * K);
     REQUIRE(x && xd);
     fill(x, (size_t)rows * K, 2);
+    if (cm_x)
+        for (int r = 0; r < rows; r++) fill_aq(x + (size_t)r * K, K);
+    if (cm_x == 2) x[K / 2 + 3] = INFINITY;
     gpu.ops->upload(&gpu, xd, x, sizeof(float) * rows * K);
     for (int i = 0; i < n; i++) {
         t[i] = make_w(fmt[i], O[i], K, sf32[i]);
@@ -814,7 +818,11 @@ static void check_multi(int64_t K, int rows, int n, const dsv4_wfmt *fmt, const 
         CHECK(gpu_ok());
         differ += memcmp(g[i], a2[i], sizeof(float) * rows * O[i]) != 0;
         free(a2[i]);
-        double r = rel(g[i], a[i], (size_t)(rows * O[i])), tol = ob[i] ? 4e-3 : 2e-6;
+        /* an inf in x: each output NaN, inf or finite as the CPU's (order-independent), else rel */
+        size_t cls = 0;
+        for (size_t j = 0; cm_x == 2 && j < (size_t)(rows * O[i]); j++)
+            cls += (isnan(g[i][j]) != isnan(a[i][j])) || (isinf(g[i][j]) != isinf(a[i][j]));
+        double r = cm_x == 2 ? (double)cls : rel(g[i], a[i], (size_t)(rows * O[i])), tol = ob[i] ? 4e-3 : 2e-6;
         if (r > tol || i == 0)
             printf("  matmul_multi K %lld rows %d entry %d %-6s [%lld] sf32 %d act_fp8 %d out_bf16 %d: rel %.2e (tol %.0e)\n",
                    (long long)K, rows, i, dsv4_wfmt_name(fmt[i]), (long long)O[i], sf32[i], af[i], ob[i], r, tol);
@@ -850,6 +858,12 @@ static void test_matmul_multi(void) {
     /* FP8 on act_quant(x): quantized inside the merged launch (DSV4_CUDA_AQ_FUSE=0: on the act_quant
      * copy, its own launch) */
     check_multi(4096, 1, 7, f1, o1, z, a8, b1, mg && (dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_MULTI) ? 1 : on ? 2 : 0);
+    /* the same on act_quant's edge cases (ties, a block under the amax floor, zeros, scales 2^-24
+     * .. 2^24), then with an inf in x (NaN for its whole block: "rel" is then the count of
+     * outputs whose class, NaN / inf / finite, differs from the CPU's) */
+    for (cm_x = 1; cm_x <= 2; cm_x++)
+        check_multi(4096, 1, 7, f1, o1, z, a8, b1, mg && (dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_MULTI) ? 1 : on ? 2 : 0);
+    cm_x = 0;
     check_multi(2048, 1, 7, f1, o1, z, z, z, mg ? 1 : on ? 2 : 0);
     check_multi(4096, 3, 7, f1, o1, z, a8, b1, 0);          /* rows > 1: matmul for each */
     /* K 1024: bf16 has an instance (4 vectors a lane), FP8 does not; odd row counts (37 is no

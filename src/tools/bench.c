@@ -29,9 +29,10 @@ static void usage(FILE *f) {
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
                "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
-               "timing (the weight bytes then come from the timed steps).  --warmup: untimed decode steps first (a device backend builds its CUDA graphs for\n"
-               "new shapes in them, e.g. a ratio-4 compressor's first emit at the 4th step; the timed steps\n"
-               "then show the steady state a long generation sees).  --set: a numerics switch over the profile\n"
+               "timing (the weight bytes then come from the timed steps).  --warmup: untimed decode steps\n"
+               "first (a device backend builds its CUDA graphs for new shapes in them, e.g. a ratio-4\n"
+               "compressor's first emit at the 4th step; the timed steps then show the steady state a long\n"
+               "generation sees).  --set: a numerics switch over the profile\n"
                "(`dsv4 switches`; e.g. moe.dot=mma), repeatable.  Defaults: --prompt 512 --gen 32 --batch 1\n"
                "--backend auto --copy-gb 4 --op-profile 1 --warmup 8.\n");
 }

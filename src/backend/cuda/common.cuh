@@ -357,8 +357,7 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-/* ----- an input row staged in shared memory, transformed on the way (xin) ----- */
-enum { DSV4_XIN_NONE = 0, DSV4_XIN_AQ = 1, DSV4_XIN_BF16 = 2 };
+/* ----- act_quant of an input row as it is staged in shared memory ----- */
 
 /* act_quant of the 4 values v of one lane, the warp's 32 float4s being one block of 128:
  * k_act_quant's arithmetic value for value (the same block maximum, NaN for the whole block
@@ -378,13 +377,11 @@ __device__ __forceinline__ float4 d_aq128_f4(float4 v) {
 }
 
 /* x[0, K) into xs (K floats of shared memory) by float4, every thread of the block taking its
- * share: XIN_NONE as it is, XIN_AQ act_quant in blocks of 128 (d_aq128_f4: the caller
- * guarantees K % 128 == 0 and x 16-byte aligned, so a warp's 32 float4s are one block and its
- * lanes are all in the loop or all out), XIN_BF16 each value rounded to bf16.  A thread's
- * loads go out four at a time before any of them is used (one L2 round trip per four, not per
- * float4: staged one by one, K 8192's eight float4s a thread cost eight).  No barrier: the
- * caller's __syncthreads follows. */
-__device__ __forceinline__ void d_stage_x(float *xs, const float *__restrict__ x, int K, int xin) {
+ * share: as it is, or (aq) act_quant in blocks of 128 (d_aq128_f4: the caller guarantees
+ * K % 128 == 0 and x 16-byte aligned, so a warp's 32 float4s are one block and its lanes are all
+ * in the loop or all out).  A thread's loads go out four at a time before any of them is used
+ * (one L2 round trip per four, not per float4).  No barrier: the caller's __syncthreads follows. */
+__device__ __forceinline__ void d_stage_x(float *xs, const float *__restrict__ x, int K, int aq) {
     const int n4 = K / 4, nt = (int)blockDim.x;
     for (int i0 = (int)threadIdx.x; i0 < n4; i0 += 4 * nt) {
         float4 v[4];
@@ -394,11 +391,7 @@ __device__ __forceinline__ void d_stage_x(float *xs, const float *__restrict__ x
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (i0 + u * nt >= n4) break; /* warp-uniform (above) */
-            float4 w = v[u];
-            if (xin == DSV4_XIN_AQ) w = d_aq128_f4(w);
-            else if (xin == DSV4_XIN_BF16)
-                w = make_float4(d_round_bf16(w.x), d_round_bf16(w.y), d_round_bf16(w.z), d_round_bf16(w.w));
-            ((float4 *)xs)[i0 + u * nt] = w;
+            ((float4 *)xs)[i0 + u * nt] = aq ? d_aq128_f4(v[u]) : v[u];
         }
     }
 }

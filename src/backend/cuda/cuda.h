@@ -29,17 +29,15 @@ long dsv4_cuda_route_plan_calls(struct dsv4_backend *b);
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */
 long dsv4_cuda_gemv_multi_launches(struct dsv4_backend *b);
-/* act_quant (linear.act=fp8) and the bf16 rounding of grouped wo_a's input fused into the one-row
- * GEMVs that read them (each block quantizes or rounds x as it loads it: the same bits as the
- * separate kernels), a mask: 1 act_quant inside k_gemv8 / k_gemv8x, 2 inside k_gemv_multi, 4 wo_a's
- * bf16 input rounded inside k_gemv8x and its bf16 weights factored where exact (linear.cu
- * w_bf16_exact), 8 the MoE's act_quant of h in one launch.  DSV4_CUDA_AQ_DEFAULT (all but 1:
- * the reference profile's step was 0.12 ms slower with it, H200 2026-12-03, docs/CUDA.md) by default,
- * DSV4_CUDA_AQ_FUSE=N (read once) sets another (0: the separate kernels); dsv4_cuda_set_aq_fuse
- * sets it for the process (the tests' A/B); the calls counter counts the one-row matmuls that
- * took k_gemv8 / k_gemv8x with a fused input, all backends of the process */
-enum { DSV4_CUDA_AQ_GEMV = 1, DSV4_CUDA_AQ_MULTI = 2, DSV4_CUDA_AQ_WOA = 4, DSV4_CUDA_AQ_MOE = 8, DSV4_CUDA_AQ_ALL = 15,
-       DSV4_CUDA_AQ_DEFAULT = 14 };
+/* the reference profile's inputs fused into the kernels that read them (the same bits as the
+ * separate kernels), a mask: 2 act_quant inside k_gemv_multi's staging of x, 4 grouped wo_a's bf16
+ * input rounded inside k_gemv8x and its bf16 weights factored where exact (linear.cu
+ * w_bf16_exact), 8 the MoE's act_quant of h in one launch.  All by default; DSV4_CUDA_AQ_FUSE=N
+ * (read once) sets another (0: the separate kernels); dsv4_cuda_set_aq_fuse sets it for the process
+ * (the tests' A/B).  Bit 1 (act_quant inside k_gemv8 / k_gemv8x) measured slower and is gone.  The
+ * calls counter counts the one-row grouped matmuls that rounded x inside k_gemv8x, all backends of
+ * the process */
+enum { DSV4_CUDA_AQ_MULTI = 2, DSV4_CUDA_AQ_WOA = 4, DSV4_CUDA_AQ_MOE = 8, DSV4_CUDA_AQ_ALL = 14 };
 int dsv4_cuda_aq_fuse(void);
 void dsv4_cuda_set_aq_fuse(int mask);
 long dsv4_cuda_aq_fused_calls(void);

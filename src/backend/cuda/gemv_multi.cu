@@ -49,7 +49,7 @@ struct gm_entry {
 struct gm_table {
     gm_entry e[GM_MAXE];
     int n, total; /* entries, virtual rows */
-    int xin;      /* x as staged (common.cuh d_stage_x): DSV4_XIN_AQ = act_quant of x (FP8 entries with act_fp8) */
+    int aq;       /* x staged as act_quant(x) (common.cuh d_stage_x): the FP8 entries with act_fp8 */
 };
 
 enum { GM_BF16 = 0, GM_FP8 = 1 };
@@ -115,7 +115,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
                     __ldg(E.s + ((lr + r) >> E.blk_log2) * E.srow + (((j * 32 + lane) * 16) >> E.blk_log2)));
     }
     pdl_enter(); /* x is the previous kernel's output */
-    d_stage_x(xs, x, K, t.xin); /* act_quant's values where the table asks for them (K % 512 == 0) */
+    d_stage_x(xs, x, K, t.aq); /* act_quant's values where the table asks for them (K % 512 == 0) */
     __syncthreads();
     if (!live) return;
     float acc[RPW];
@@ -304,7 +304,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     if (!xd) return;
     const float *xq = NULL;
     /* launch groups: (format, input): bf16, FP8 on x, FP8 on act_quant(x).  The third group's
-     * blocks quantize x themselves as they stage it (xin, d_stage_x: act_quant's bits) unless
+     * blocks quantize x themselves as they stage it (aq, d_stage_x: act_quant's bits) unless
      * DSV4_CUDA_AQ_FUSE lacks bit 2 (act_quant into scratch first, as before).  The last table of
      * each group waits for the end, where one launch may take the bf16 table with an FP8 table
      * (gm_launch2) */
@@ -313,7 +313,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
-        t.n = 0, t.total = 0, t.xin = quant && fuse ? DSV4_XIN_AQ : DSV4_XIN_NONE;
+        t.n = 0, t.total = 0, t.aq = quant && fuse;
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && (act_fp8[i] != 0) != quant)) continue;
             if (quant && !fuse && !xq) {

@@ -422,7 +422,7 @@ struct lin_args {
     int64_t kspan;
     float *part;
     int kw;
-    int xin; /* k_gemv8 / k_gemv8x only (dsv4_cuda_gemv_xin): x's transform, fused into the load */
+    int x_bf16; /* k_gemv8x only (gemv_bf16in): x rounded to bf16 as it is loaded */
 };
 
 template <int NR, int OPW>
@@ -566,15 +566,13 @@ __device__ __forceinline__ void g8_dec16(const uint4 &v, float s, float (&wf)[16
  * cold timing (wo_a 45.9 us against 25.2, wo_b 43.8 / 33.0, wq_b 27.2 / 24.3), so the
  * launcher takes one row only and NR 2 is not instantiated.  DSV4_CUDA_GEMV_OLD=1 (read
  * once) takes k_gemv for one row too (A/B). */
-template <int NR, int SCL, int CPT, int RPP, int XIN>
+template <int NR, int SCL, int CPT, int RPP>
 __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                                const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                int64_t xg, int out_bf16, int tpr_log2, int npass) {
     constexpr int N = RPP * NR;
-    static_assert(XIN == DSV4_XIN_NONE || (NR == 1 && SCL == 0), "k_gemv8: x's transform at one row, e8m0 scales");
     __shared__ float red[2][8][N];
-    extern __shared__ __align__(16) float xsm[]; /* XIN: x as transformed (K floats; the launcher: xg 0) */
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
     const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
     const int scols = K >> blk_log2;
@@ -597,13 +595,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
         for (int i = 0; i < CPT; i++)
             s[i] = SCL != 0 && sf32 ? __ldg((const float *)ws + srow + scol[i])
                                     : d_e8m0_to_f32(__ldg(ws + srow + scol[i]));
-        if (!entered) { /* the first pass's weights are in flight meanwhile */
-            pdl_enter(), entered = 1;
-            if (XIN != DSV4_XIN_NONE) { /* p is the same for the whole block: every thread is here */
-                d_stage_x(xsm, x, K, XIN);
-                __syncthreads();
-            }
-        }
+        if (!entered) pdl_enter(), entered = 1; /* the first pass's weights are in flight meanwhile */
         const float *xw = x + (xg && rb < no ? (int64_t)((uint32_t)rb / (uint32_t)gR) * xg : 0);
         float acc[N];
 #pragma unroll
@@ -615,8 +607,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
             for (int r = 0; r < NR; r++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    float4 f = XIN != DSV4_XIN_NONE ? *(const float4 *)(xsm + kcol[i] + 4 * q)
-                                                    : __ldg((const float4 *)(xw + (int64_t)r * ldx + kcol[i] + 4 * q));
+                    float4 f = __ldg((const float4 *)(xw + (int64_t)r * ldx + kcol[i] + 4 * q));
                     xv[r][4 * q] = f.x, xv[r][4 * q + 1] = f.y, xv[r][4 * q + 2] = f.z, xv[r][4 * q + 3] = f.w;
                 }
 #pragma unroll
@@ -698,11 +689,11 @@ __device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__
 
 /* one pass: x for its group (loaded when the group changes), the RPP sums, their reduction
  * and the outputs */
-template <int SCL, int CPT, int RPP, int XIN>
+template <int SCL, int CPT, int RPP, int XBF>
 __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)[CPT][16], int64_t &xgrp,
                                          int &buf, float (&red)[2][8][RPP], float *out, const float *__restrict__ x,
-                                         const float *xsm, int sf32, int64_t no, int64_t gR, int64_t xg,
-                                         int out_bf16, int tpr_log2, int64_t p, const int (&kcol)[CPT]) {
+                                         int sf32, int64_t no, int64_t gR, int64_t xg, int out_bf16, int tpr_log2,
+                                         int64_t p, const int (&kcol)[CPT]) {
     const int nw = 1 << (tpr_log2 - 5), slots = 256 >> tpr_log2;
     const int slot = (int)threadIdx.x >> tpr_log2;
     const int64_t rb = (p * slots + slot) * RPP;
@@ -714,10 +705,8 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
         for (int i = 0; i < CPT; i++)
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                /* XIN_AQ: act_quant's x, staged by the block (xg 0: one group); XIN_BF16: rounded here */
-                float4 f = XIN == DSV4_XIN_AQ ? *(const float4 *)(xsm + kcol[i] + 4 * q)
-                                              : __ldg((const float4 *)(xw + kcol[i] + 4 * q));
-                if (XIN == DSV4_XIN_BF16)
+                float4 f = __ldg((const float4 *)(xw + kcol[i] + 4 * q));
+                if (XBF) /* grouped wo_a's bf16 input, rounded here instead of in a copy (gemv_bf16in) */
                     f = make_float4(d_round_bf16(f.x), d_round_bf16(f.y), d_round_bf16(f.z), d_round_bf16(f.w));
                 xv[i][4 * q] = f.x, xv[i][4 * q + 1] = f.y, xv[i][4 * q + 2] = f.z, xv[i][4 * q + 3] = f.w;
             }
@@ -746,13 +735,12 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
     if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
 }
 
-template <int SCL, int CPT, int RPP, int XIN>
+template <int SCL, int CPT, int RPP, int XBF>
 __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
                                                  int64_t xg, int out_bf16, int tpr_log2, int npass) {
     __shared__ float red[2][8][RPP];
-    extern __shared__ __align__(16) float xsm[]; /* XIN_AQ: act_quant's x (K floats; the launcher: xg 0) */
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
     int kcol[CPT], scol[CPT];
@@ -767,14 +755,10 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
     g8x_buf<CPT, RPP> ba, bb;
 #define G8X_LOAD(B, P) g8x_load<SCL, CPT, RPP>(B, wd, ws, K, sf32, blk_log2, scols, o0, no, \
                                                ((int64_t)(P) * slots + slot) * RPP, kcol, scol)
-#define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP, XIN>(B, xv, xgrp, buf, red, out, x, xsm, sf32, no, gR, xg, out_bf16, \
+#define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP, XBF>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
                                                     tpr_log2, P, kcol)
     if (pb < pe) G8X_LOAD(ba, pb);
     pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
-    if (XIN == DSV4_XIN_AQ) {
-        d_stage_x(xsm, x, K, XIN);
-        __syncthreads();
-    }
     for (int64_t p = pb; p < pe; p += 2) { /* loads of pass p + 1 in flight during pass p */
         if (p + 1 < pe) G8X_LOAD(bb, p + 1);
         G8X_PASS(ba, p);
@@ -801,42 +785,37 @@ struct gemv8_geom {
     int tpr_log2, npass, blk_log2, sf32;
 };
 
-/* dynamic shared memory of the fused input (x's K floats staged by each block) */
-static size_t xin_smem(const lin_args &a, int xin) {
-    return xin == DSV4_XIN_AQ ? sizeof(float) * (size_t)a.w.cols : 0;
-}
-
-template <int NR, int SCL, int CPT, int RPP, int XIN>
+template <int NR, int SCL, int CPT, int RPP>
 static void gemv8_go(const lin_args &a, const gemv8_geom &g, cudaStream_t st) {
-    dsv4_launch(k_gemv8<NR, SCL, CPT, RPP, XIN>, g.npass, 256, xin_smem(a, XIN), st, a.out, a.ldo, a.x, a.ldx, a.w.data,
-                a.w.scale, (int)a.w.cols, g.sf32, g.blk_log2, a.o0, a.no, a.gR, a.xg, a.out_bf16, g.tpr_log2, g.npass);
+    dsv4_launch(k_gemv8<NR, SCL, CPT, RPP>, g.npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.w.data, a.w.scale,
+                (int)a.w.cols, g.sf32, g.blk_log2, a.o0, a.no, a.gR, a.xg, a.out_bf16, g.tpr_log2, g.npass);
 }
 
-template <int SCL, int XIN>
+template <int SCL>
 static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, cudaStream_t st) {
     switch (cpt * 8 + rpp) { /* CPT * RPP <= 8 */
-    case 8 + 1: gemv8_go<1, SCL, 1, 1, XIN>(a, g, st); break;
-    case 8 + 2: gemv8_go<1, SCL, 1, 2, XIN>(a, g, st); break;
-    case 8 + 4: gemv8_go<1, SCL, 1, 4, XIN>(a, g, st); break;
-    case 16 + 1: gemv8_go<1, SCL, 2, 1, XIN>(a, g, st); break;
-    case 16 + 2: gemv8_go<1, SCL, 2, 2, XIN>(a, g, st); break;
-    case 16 + 4: gemv8_go<1, SCL, 2, 4, XIN>(a, g, st); break;
-    case 32 + 1: gemv8_go<1, SCL, 4, 1, XIN>(a, g, st); break;
-    default: gemv8_go<1, SCL, 4, 2, XIN>(a, g, st); break;
+    case 8 + 1: gemv8_go<1, SCL, 1, 1>(a, g, st); break;
+    case 8 + 2: gemv8_go<1, SCL, 1, 2>(a, g, st); break;
+    case 8 + 4: gemv8_go<1, SCL, 1, 4>(a, g, st); break;
+    case 16 + 1: gemv8_go<1, SCL, 2, 1>(a, g, st); break;
+    case 16 + 2: gemv8_go<1, SCL, 2, 2>(a, g, st); break;
+    case 16 + 4: gemv8_go<1, SCL, 2, 4>(a, g, st); break;
+    case 32 + 1: gemv8_go<1, SCL, 4, 1>(a, g, st); break;
+    default: gemv8_go<1, SCL, 4, 2>(a, g, st); break;
     }
 }
 
-template <int SCL, int RPP, int XIN>
+template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    dsv4_launch(k_gemv8x<SCL, 2, RPP, XIN>, grid, 256, xin_smem(a, XIN), st, a.out, a.x, a.w.data, a.w.scale,
-                (int)a.w.cols, a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+    dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
 }
 
-template <int SCL, int XIN>
+template <int SCL, int XBF>
 static void gemv8x_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    if (rpp == 4) gemv8x_go<SCL, 4, XIN>(a, tpr_log2, npass, grid, st);
-    else if (rpp == 2) gemv8x_go<SCL, 2, XIN>(a, tpr_log2, npass, grid, st);
-    else gemv8x_go<SCL, 1, XIN>(a, tpr_log2, npass, grid, st);
+    if (rpp == 4) gemv8x_go<SCL, 4, XBF>(a, tpr_log2, npass, grid, st);
+    else if (rpp == 2) gemv8x_go<SCL, 2, XBF>(a, tpr_log2, npass, grid, st);
+    else gemv8x_go<SCL, 1, XBF>(a, tpr_log2, npass, grid, st);
 }
 
 /* w_bf16 (the weight rounded to bf16 after its scale, grouped wo_a in the reference profile)
@@ -851,16 +830,6 @@ static int w_bf16_exact(const dweight &w) {
     return w.e8_bf16 && !w.scale_f32 && (dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_WOA);
 }
 
-/* x's transform a.xin fused (dsv4_cuda_gemv_xin): XIN_AQ with e8m0 scales and no w_bf16 (SCL 0),
- * one group (xg 0), K % 128 == 0 and x's K floats within 40 KB of shared memory (no opt-in);
- * XIN_BF16 (grouped wo_a's rounded input) with w_bf16 (SCL 2), k_gemv8x only (x_bf16: 1) */
-static int xin_ok(const lin_args &a, int x8x) {
-    if (a.xin == DSV4_XIN_AQ)
-        return !a.w_bf16 && !a.w.scale_f32 && a.xg == 0 && a.w.cols % 128 == 0 && a.w.cols <= 10240;
-    if (a.xin == DSV4_XIN_BF16) return x8x && a.w_bf16;
-    return a.xin == DSV4_XIN_NONE;
-}
-
 /* k_gemv8x takes what gemv8_launch admits when K / 16 is 256..512 (K 4096..8192; 2 columns a
  * thread, tpr = K / 32) and there are at least two passes per block of the persistent grid
  * (wo_a, wo_b of Flash; the small weights keep k_gemv8's one pass per block).  The kernel
@@ -873,11 +842,9 @@ static int gemv8x_launch(const lin_args &a, int nsm, cudaStream_t st) {
     int tpr = (int)(cv / 2), rpp = G8X_RPP;
     while (rpp > 1 && (a.gR % rpp || a.o0 % rpp)) rpp /= 2;
     int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per, grid = (int64_t)nsm * G8X_BPS;
-    if (np < 2 * grid || np > (1 << 30) || !xin_ok(a, 1)) return 0;
-    if (a.xin == DSV4_XIN_AQ) gemv8x_rpp<0, DSV4_XIN_AQ>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
-    else if (a.xin == DSV4_XIN_BF16 && w_bf16_exact(a.w))
-        gemv8x_rpp<0, DSV4_XIN_BF16>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
-    else if (a.xin == DSV4_XIN_BF16) gemv8x_rpp<2, DSV4_XIN_BF16>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
+    if (np < 2 * grid || np > (1 << 30) || (a.x_bf16 && !a.w_bf16)) return 0;
+    if (a.x_bf16 && w_bf16_exact(a.w)) gemv8x_rpp<0, 1>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
+    else if (a.x_bf16) gemv8x_rpp<2, 1>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
     else if (a.w_bf16 && w_bf16_exact(a.w)) gemv8x_rpp<0, 0>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
     else if (a.w_bf16) gemv8x_rpp<2, 0>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
     else if (a.w.scale_f32) gemv8x_rpp<1, 0>(a, rpp, ilog2(tpr), (int)np, (int)grid, st);
@@ -914,13 +881,12 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
     }
     if (gemv8_old() != 2 && gemv8x_launch(a, nsm, st)) return 1;
     int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per;
-    if (np > (1 << 30) || !xin_ok(a, 0)) return 0;
+    if (np > (1 << 30) || a.x_bf16) return 0; /* x_bf16: k_gemv8x only */
     gemv8_geom g = {ilog2(tpr), (int)np, ilog2(w.block), w.scale_f32};
-    if (a.xin == DSV4_XIN_AQ) gemv8_cr<0, DSV4_XIN_AQ>(a, cpt, rpp, g, st);
-    else if (a.w_bf16 && w_bf16_exact(w)) gemv8_cr<0, 0>(a, cpt, rpp, g, st);
-    else if (a.w_bf16) gemv8_cr<2, 0>(a, cpt, rpp, g, st);
-    else if (w.scale_f32) gemv8_cr<1, 0>(a, cpt, rpp, g, st);
-    else gemv8_cr<0, 0>(a, cpt, rpp, g, st);
+    if (a.w_bf16 && w_bf16_exact(w)) gemv8_cr<0>(a, cpt, rpp, g, st);
+    else if (a.w_bf16) gemv8_cr<2>(a, cpt, rpp, g, st);
+    else if (w.scale_f32) gemv8_cr<1>(a, cpt, rpp, g, st);
+    else gemv8_cr<0>(a, cpt, rpp, g, st);
     return 1;
 }
 
@@ -1240,7 +1206,7 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
     for (int r0 = 0; r0 < rows; r0 += 8) {
         int nr = rows - r0 < 8 ? rows - r0 : 8;
         lin_args a = {out_d + (int64_t)r0 * ldo, ldo, x_d + (int64_t)r0 * ldx, ldx, nr, w, o0, no, gR, xg, w_bf16,
-                      out_bf16, kspan, part, kw, DSV4_XIN_NONE};
+                      out_bf16, kspan, part, kw, 0};
         if (!vec) {
             dim3 grid((unsigned)((no * 32 + 255) / 256));
             if (nr == 1)
@@ -1278,51 +1244,42 @@ void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x
     dsv4_cuda_linear_grouped(b, out_d, ldo, x_d, ldx, rows, w, o0, no, no, 0, w_bf16, out_bf16);
 }
 
-/* ----- x's transform fused into the one-row FP8 GEMVs (cuda.h dsv4_cuda_aq_fuse) -----
- * Under linear.act=fp8 every FP8 matmul of one row ran k_act_quant into scratch and then the
- * GEMV; grouped wo_a in the reference profile copied x and ran k_round_bf16 on the copy.  Each
- * is a node of its own in the decode graphs, ~2.5-4 us apiece on the H200 in a chain of
- * dependent kernels.  Here the GEMV's blocks transform x themselves: k_gemv8 and k_gemv8x
- * stage act_quant's values in shared memory after their PDL wait (d_stage_x, the same
- * arithmetic as k_act_quant, so the same bits; every block quantizes all of x, 4-32 values a
- * thread), k_gemv8x rounds its register copy of x to bf16 as it loads it.
+/* ----- the reference profile's inputs fused into their consumers (cuda.h dsv4_cuda_aq_fuse) -----
+ * Grouped wo_a in the reference profile copied x and ran k_round_bf16 on the copy, a node of its
+ * own in the decode graphs; at one row k_gemv8x now rounds its register copy of x as it loads it
+ * (gemv_bf16in), and w_bf16_exact (above) spares its per-weight rounding.  matmul_multi quantizes
+ * inside k_gemv_multi's staging (gemv_multi.cu), the MoE quantizes h in one launch (moe.cu).
  * Measured (H200, 2026-12-03 ~11:00Z, 20 Flash layers of synth, `--numerics reference`, decode
  * batch 1 at 2K, `ab` medians of 2 rounds, DSV4_CUDA_AQ_FUSE masks): 0 (the separate kernels)
- * 4.335 ms/step, 15 (everything) 3.950, 4 (wo_a only) 3.820, 14 (all but act_quant inside
- * k_gemv8 / k_gemv8x) 3.835.  wo_a's factored bf16 weights (w_bf16_exact) are the gain; act_quant
- * inside k_gemv8 / k_gemv8x costs more than the launch it saves (each block's quantizing after the
- * PDL wait, ~2.6 waves of them for wq_b: k_gemv8 15.4 us a call against ~12.5, and k_gemv8x on
- * wo_b 29 us against ~14 in the first version's trace, whose staging went one L2 round trip per
- * float4), so the default leaves it out (DSV4_CUDA_AQ_DEFAULT); the merged k_gemv_multi launch
- * and the MoE's single act_quant of h measured within the spread. */
+ * 4.335 ms/step, 4 (wo_a only) 3.820, 14 (all three) 3.835; wo_a's factored weights are the
+ * gain, the other two measured within the spread.  act_quant inside k_gemv8 / k_gemv8x as well
+ * (each block quantizing all of x into shared memory after its PDL wait; commit 9ad3cbe, mask
+ * 15 then) was correct and slower, 3.950, and is gone. */
 static int aq_fuse_v = -1;
 static long aq_fused_n;
 
 extern "C" int dsv4_cuda_aq_fuse(void) {
     if (aq_fuse_v < 0) {
         const char *e = getenv("DSV4_CUDA_AQ_FUSE");
-        aq_fuse_v = e && *e ? atoi(e) & DSV4_CUDA_AQ_ALL : DSV4_CUDA_AQ_DEFAULT;
+        aq_fuse_v = e && *e ? atoi(e) & DSV4_CUDA_AQ_ALL : DSV4_CUDA_AQ_ALL;
     }
     return aq_fuse_v;
 }
 extern "C" void dsv4_cuda_set_aq_fuse(int mask) { aq_fuse_v = mask & DSV4_CUDA_AQ_ALL; }
 extern "C" long dsv4_cuda_aq_fused_calls(void) { return aq_fused_n; }
 
-/* out[0, w.rows) = W x for one row, x transformed by xin on the way (DSV4_XIN_AQ: act_quant in
- * blocks of 128; DSV4_XIN_BF16: rounded to bf16, with w_bf16, as grouped wo_a): 1 if a fused
- * kernel was launched, 0 if none takes it (the fusion off, the format, the shapes: the caller
- * then transforms x itself) */
-static int gemv_xin(dsv4_backend *b, float *out_d, const float *x_d, int64_t ldx, const dweight &w, int64_t gR,
-                    int64_t xg, int w_bf16, int out_bf16, int xin) {
+/* grouped out = W x for one row with x rounded to bf16 inside k_gemv8x (w_bf16, as grouped wo_a
+ * in the reference profile): 1 if launched, 0 if k_gemv8x does not take it (bit 4 off, the
+ * format, the shapes: the caller then rounds a copy of x itself) */
+static int gemv_bf16in(dsv4_backend *b, float *out_d, const float *x_d, int64_t ldx, const dweight &w, int64_t gR,
+                       int64_t xg, int out_bf16) {
     cuda_impl *c = CI(b);
-    if (c->failed || w.fmt != DSV4_WF_FP8 ||
-        !(dsv4_cuda_aq_fuse() & (xin == DSV4_XIN_AQ ? DSV4_CUDA_AQ_GEMV : DSV4_CUDA_AQ_WOA)))
-        return 0;
+    if (c->failed || w.fmt != DSV4_WF_FP8 || !(dsv4_cuda_aq_fuse() & DSV4_CUDA_AQ_WOA)) return 0;
     int64_t K = w.cols, no = w.rows;
     if (gR <= 0) gR = no;
     if (K % 32 || ldx % 4 || xg % 4 || ((uintptr_t)x_d & 15) || w.block % 16 || K % w.block || (gR != no && gR % 4))
         return 0;
-    lin_args a = {out_d, no, x_d, ldx, 1, w, 0, no, gR, xg, w_bf16, out_bf16, K, NULL, 1, xin};
+    lin_args a = {out_d, no, x_d, ldx, 1, w, 0, no, gR, xg, 1, out_bf16, K, NULL, 1, 1};
     if (!gemv8_launch(a, c->nsm, c->stream)) return 0;
     if (!CKL(b)) c->weight_bytes_read += wbytes_rows(w, no), aq_fused_n++;
     return 1;
@@ -1389,15 +1346,13 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    int fused = act_fp8 && rows == 1 && quantized(w->fmt) &&
-                gemv_xin(b, od, xd, w->cols, dw, 0, 0, 0, out_bf16, DSV4_XIN_AQ); /* act_quant inside the GEMV */
-    if (!fused && act_fp8 && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
+    if (act_fp8 && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
         float *xq = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
         if (!xq) return;
         dsv4_cuda_act_quant(b, xq, xd, rows, w->cols, 128);
         xd = xq;
     }
-    if (!fused) dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
+    dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
 }
@@ -1412,8 +1367,8 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    /* one row: the rounding inside k_gemv8x (gemv_xin), where it takes the weight */
-    if (in_bf16 && rows == 1 && gemv_xin(b, od, xd, groups * C, dw, R, C, in_bf16, out_bf16, DSV4_XIN_BF16)) {
+    /* one row: the rounding inside k_gemv8x (gemv_bf16in), where it takes the weight */
+    if (in_bf16 && rows == 1 && gemv_bf16in(b, od, xd, groups * C, dw, R, C, out_bf16)) {
         dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
         return;
