@@ -192,7 +192,9 @@ static void graphs_case(const char *profile) {
         s = s * 1664525u + 1013904223u;
         tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
     }
-    float *a = malloc(sizeof(float) * (size_t)3 * V), *g = malloc(sizeof(float) * (size_t)3 * V);
+    /* the graphs' logits land in page-locked memory (dsv4_engine_host_alloc: one DMA per
+     * download), the other engine's in malloc'd memory: both must hold the same bits */
+    float *a = malloc(sizeof(float) * (size_t)3 * V), *g = dsv4_engine_host_alloc(e1, sizeof(float) * (size_t)3 * V);
     REQUIRE(a && g);
     dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
     REQUIRE(dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0);
@@ -227,9 +229,10 @@ static void graphs_case(const char *profile) {
     CHECK(updates > launches / 2);              /* mostly updated in place, not rebuilt */
     CHECK(p0.graph_launches == 0);
     dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
+    dsv4_engine_host_free(e1, g);
     dsv4_engine_close(e0);
     dsv4_engine_close(e1);
-    free(a), free(g);
+    free(a);
 }
 
 static void test_graphs_identical(void) {

@@ -751,6 +751,48 @@ static void test_bad_options(void) {
     dsv4_request_release(NULL);
 }
 
-TEST_MAIN(test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact,
+/* dsv4_engine_host_alloc: zero-filled, 64-byte aligned, writable, freed by its own allocator
+ * whichever it was (malloc here; page-locked on a device backend), NULL freed as a no-op; the
+ * logits of a step land in it as in a malloc'd row */
+static void test_host_buffers(void) {
+    REQUIRE(setup() == 0);
+    size_t sizes[] = {1, 63, 64, 4096, (size_t)g_vocab * sizeof(float)};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = dsv4_engine_host_alloc(g_engine, sizes[i]);
+        REQUIRE(p != NULL);
+        CHECK(((uintptr_t)p & 63) == 0);
+        size_t nz = 0;
+        for (size_t j = 0; j < sizes[i]; j++) nz += p[j] != 0;
+        CHECK(nz == 0);
+        memset(p, 0xab, sizes[i]);
+        dsv4_engine_host_free(g_engine, p);
+    }
+    dsv4_engine_host_free(g_engine, NULL);
+    setenv("DSV4_HOST_PAGEABLE", "1", 1); /* the malloc path, asked for */
+    float *q = dsv4_engine_host_alloc(g_engine, sizeof(float) * (size_t)g_vocab);
+    unsetenv("DSV4_HOST_PAGEABLE");
+    float *h = dsv4_engine_host_alloc(g_engine, sizeof(float) * (size_t)g_vocab);
+    float *m = malloc(sizeof(float) * (size_t)g_vocab);
+    REQUIRE(q && h && m);
+    int32_t tok[5] = {11, 12, 13, 14, 15};
+    dsv4_seq *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    dsv4_err err = {{0}};
+    REQUIRE(dsv4_seq_new(g_engine, &s1, &err) == 0 && dsv4_seq_new(g_engine, &s2, &err) == 0 &&
+            dsv4_seq_new(g_engine, &s3, &err) == 0);
+    CHECK(dsv4_seq_append(s1, tok, 5, h, 0, &err) == 0);
+    CHECK(dsv4_seq_append(s2, tok, 5, m, 0, &err) == 0);
+    CHECK(dsv4_seq_append(s3, tok, 5, q, 0, &err) == 0);
+    CHECK(memcmp(h, m, sizeof(float) * (size_t)g_vocab) == 0);
+    CHECK(memcmp(q, m, sizeof(float) * (size_t)g_vocab) == 0);
+    float amax = 0;
+    for (int i = 0; i < g_vocab; i++) amax = fmaxf(amax, fabsf(h[i]));
+    CHECK(amax > 0); /* the row was written, not left at the allocation's zeros */
+    dsv4_seq_free(s1), dsv4_seq_free(s2), dsv4_seq_free(s3);
+    dsv4_engine_host_free(g_engine, q);
+    dsv4_engine_host_free(g_engine, h);
+    free(m);
+}
+
+TEST_MAIN(test_host_buffers, test_batch_equals_serial, test_chunked_prefill_interleaves, test_prefix_reuse_bit_exact,
           test_prefix_reuse_sched, test_cancel_frees_state, test_busy_and_context, test_burst_fits_free_slots, test_shutdown_in_flight,
           test_output_events, test_load_returns_to_baseline, test_bad_options)

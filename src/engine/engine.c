@@ -203,6 +203,32 @@ double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes) {
     return e->be.ops->copy_bandwidth ? e->be.ops->copy_bandwidth(&e->be, bytes) : -1.0;
 }
 
+/* host buffers carry a one-word header before the user's bytes saying which allocator
+ * made them, so host_free frees them right even if the backend changed its mind (a failed
+ * pinned allocation falls back to malloc) */
+enum { HOST_HDR = 64 }; /* keeps the user's pointer 64-byte aligned */
+void *dsv4_engine_host_alloc(dsv4_engine *e, size_t bytes) {
+    const dsv4_backend_ops *op = e->be.ops;
+    if (bytes > SIZE_MAX - 2 * HOST_HDR) return NULL;
+    /* DSV4_HOST_PAGEABLE=1: malloc even where the backend pins (A/B of the logits download) */
+    const char *pg = getenv("DSV4_HOST_PAGEABLE");
+    int want_pin = op->host_alloc && !(pg && pg[0] == '1');
+    unsigned char *p = want_pin ? op->host_alloc(&e->be, bytes + HOST_HDR) : NULL;
+    int pinned = p != NULL;
+    if (!p) p = aligned_alloc(HOST_HDR, (bytes + 2 * HOST_HDR - 1) / HOST_HDR * HOST_HDR); /* size: a multiple */
+    if (!p) return NULL;
+    memset(p, 0, bytes + HOST_HDR);
+    p[0] = (unsigned char)pinned;
+    return p + HOST_HDR;
+}
+
+void dsv4_engine_host_free(dsv4_engine *e, void *q) {
+    if (!q) return;
+    unsigned char *p = (unsigned char *)q - HOST_HDR;
+    if (p[0]) e->be.ops->host_free(&e->be, p);
+    else free(p);
+}
+
 void dsv4_engine_numerics_string(const dsv4_engine *e, char *buf, size_t n) { dsv4_numerics_format(&e->num, buf, n); }
 
 /* ----- tracing ----- */

@@ -182,6 +182,11 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out);
 /* Device-to-device copy bandwidth in GB/s (read + written) over a `bytes` buffer; < 0 if
  * the backend has no device. */
 double dsv4_engine_copy_bandwidth(dsv4_engine *e, size_t bytes);
+/* Host memory for logits rows (or any buffer the engine writes from the device): page-locked
+ * where the backend offers it (a download is then one DMA), else malloc'd; zero-filled; NULL
+ * on failure.  Free with dsv4_engine_host_free on the same engine, before closing it. */
+void *dsv4_engine_host_alloc(dsv4_engine *e, size_t bytes);
+void dsv4_engine_host_free(dsv4_engine *e, void *p);
 
 /* ----- numerics ----- */
 /* Writes "name=value" lines of the engine's effective switches into buf. */

@@ -1037,7 +1037,7 @@ static void sched_free(dsv4_sched *s) {
     if (s->slots)
         for (int i = 0; i < s->o.max_seqs; i++) {
             dsv4_sampler_free(s->slots[i].sampler);
-            free(s->slots[i].logits);
+            dsv4_engine_host_free(s->e, s->slots[i].logits);
         }
     free(s->slots);
     free(s->order);
@@ -1098,7 +1098,8 @@ int dsv4_sched_start(dsv4_sched **out, dsv4_engine *e, const dsv4_tokenizer *tok
         return dsv4_errf(err, "scheduler: out of memory");
     }
     for (int i = 0; i < o->max_seqs; i++) {
-        s->slots[i].logits = malloc(sizeof(float) * (size_t)s->info.vocab_size);
+        /* pinned on a device backend: the logits' download is then one DMA (engine.h) */
+        s->slots[i].logits = dsv4_engine_host_alloc(s->e, sizeof(float) * (size_t)s->info.vocab_size);
         if (!s->slots[i].logits) {
             sched_free(s);
             return dsv4_errf(err, "scheduler: out of memory for %d logits rows", o->max_seqs);

@@ -244,7 +244,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
     t_open = dsv4_now() - t_open;
     dsv4_engine_info info;
     dsv4_engine_get_info(e, &info);
-    lg = malloc(sizeof(float) * (size_t)info.vocab_size * Bmax);
+    lg = dsv4_engine_host_alloc(e, sizeof(float) * (size_t)info.vocab_size * Bmax); /* pinned on a device */
     if (!lg) {
         snprintf(err.msg, sizeof err.msg, "out of memory for logits");
         goto done;
@@ -288,7 +288,7 @@ done:
     if (rc) fprintf(stderr, "dsv4 bench: %s\n", err.msg);
     if (s0) dsv4_seq_free(s0);
     free(ids);
-    free(lg);
+    if (e) dsv4_engine_host_free(e, lg);
     dsv4_engine_close(e);
     return rc;
 }

@@ -862,6 +862,22 @@ static void cu_copy_list(dsv4_backend *b, int n, void *const *dst, const void *c
     if (k && !c->failed) cl_launch(b, t, k, most);
 }
 
+/* host_alloc / host_free: page-locked host memory (logits rows: one DMA per download, no
+ * staging copy by the driver on the host) */
+static void *cu_host_alloc(dsv4_backend *b, size_t bytes) {
+    (void)b;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* a failed pinned allocation is not sticky: the caller mallocs */
+        return NULL;
+    }
+    return p;
+}
+static void cu_host_free(dsv4_backend *b, void *p) {
+    (void)b;
+    if (p) cudaFreeHost(p);
+}
+
 static const dsv4_backend_ops CUDA_OPS = {
     "cuda",
     cu_alloc,
@@ -902,6 +918,8 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_add_cyclic_pos,
     cu_op_list,
     cu_route_moe,
+    cu_host_alloc,
+    cu_host_free,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
