@@ -109,6 +109,8 @@ struct dsv4_model {
     int *done;              /* [done_cap] tokens consumed per item of the current call */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
+    int seg_at_hc;          /* DSV4_SEG_AT_HC=1: a segment after layer 0 starts at the previous layer's last
+                             * hc_post (fused with its hc_pre) instead of at its own y projections */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -283,6 +285,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->n_all = w->n_layers;
     const char *sl = getenv("DSV4_SEG_LAYERS");
     m->seg_layers = sl && atoi(sl) >= 1 && atoi(sl) <= 64 ? atoi(sl) : 1;
+    const char *sh = getenv("DSV4_SEG_AT_HC");
+    m->seg_at_hc = sh && sh[0] == '1';
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -916,6 +920,9 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             m->trace(m->trace_user, &info);
         }
     }
+    /* DSV4_SEG_AT_HC: the next layer's segment starts here, so that its first weight kernel
+     * (y's projections) is launched early behind this hc kernel inside one graph */
+    if (m->seg_at_hc && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
@@ -1048,7 +1055,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
          * first layer */
         m->hc_ready = -1;
         for (int l = 0; l < c->n_layers && !rc; l++) {
-            if (l == 0 || (l - 1) % m->seg_layers == 0) mark_segment(m, l);
+            if (l == 0 || ((l - 1) % m->seg_layers == 0 && !m->seg_at_hc)) mark_segment(m, l);
             rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
