@@ -110,7 +110,8 @@ struct dsv4_model {
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
     int seg_at_hc;          /* DSV4_SEG_AT_HC=1: a segment after layer 0 starts at the previous layer's last
-                             * hc_post (fused with its hc_pre) instead of at its own y projections */
+                             * hc_post (fused with its hc_pre) instead of at its own y projections; =2: at
+                             * the previous layer's router gate */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -286,7 +287,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     const char *sl = getenv("DSV4_SEG_LAYERS");
     m->seg_layers = sl && atoi(sl) >= 1 && atoi(sl) <= 64 ? atoi(sl) : 1;
     const char *sh = getenv("DSV4_SEG_AT_HC");
-    m->seg_at_hc = sh && sh[0] == '1';
+    m->seg_at_hc = sh && (sh[0] == '1' || sh[0] == '2') ? sh[0] - '0' : 0;
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -861,6 +862,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
 
     LAY_LAP(4);
     /* ----- MoE (spec §2.6) ----- */
+    /* DSV4_SEG_AT_HC=2: the next layer's segment starts at this router gate (a small weight with
+     * little to load before its wait), so the combine, the hc kernel and the next y projections
+     * all launch early inside one graph */
+    if (m->seg_at_hc == 2 && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
@@ -922,7 +927,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     /* DSV4_SEG_AT_HC: the next layer's segment starts here, so that its first weight kernel
      * (y's projections) is launched early behind this hc kernel inside one graph */
-    if (m->seg_at_hc && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
+    if (m->seg_at_hc == 1 && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
