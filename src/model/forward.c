@@ -662,6 +662,9 @@ static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
 /* ----- one block (spec §2.2) ----- */
 static void mark_segment(dsv4_model *m, int key);
 
+/* 1 if layer l (>= 1) begins a segment: every seg_layers layers after layer 0 */
+static int seg_first(const dsv4_model *m, int l) { return l >= 1 && (l - 1) % m->seg_layers == 0; }
+
 /* the hash ids of layer L's rows (tid2eid[token]) into dst [rows][k] */
 static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32_t *dst) {
     const dsv4_weight *t = &L->tid2eid;
@@ -865,7 +868,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     /* DSV4_SEG_AT_HC=2: the next layer's segment starts at this router gate (a small weight with
      * little to load before its wait), so the combine, the hc kernel and the next y projections
      * all launch early inside one graph */
-    if (m->seg_at_hc == 2 && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
+    if (m->seg_at_hc == 2 && seg_first(m, next)) mark_segment(m, next);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
@@ -927,7 +930,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     /* DSV4_SEG_AT_HC: the next layer's segment starts here, so that its first weight kernel
      * (y's projections) is launched early behind this hc kernel inside one graph */
-    if (m->seg_at_hc == 1 && next >= 1 && (next - 1) % m->seg_layers == 0) mark_segment(m, next);
+    if (m->seg_at_hc == 1 && seg_first(m, next)) mark_segment(m, next);
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
@@ -1060,7 +1063,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
          * first layer */
         m->hc_ready = -1;
         for (int l = 0; l < c->n_layers && !rc; l++) {
-            if (l == 0 || ((l - 1) % m->seg_layers == 0 && !m->seg_at_hc)) mark_segment(m, l);
+            if (l == 0 || (seg_first(m, l) && !m->seg_at_hc)) mark_segment(m, l);
             rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
