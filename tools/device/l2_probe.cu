@@ -23,7 +23,9 @@
  * 8.4 MB 35.60 against 35.30.  The prefetch then the read, in sequence, 29.94 us for 33.5 MB (the
  * read itself is not much faster from L2).  So the L2 does not make a read after a latency chain
  * faster: the same answer as the forward pass's prefetch op of 2026-12-02 (docs/CUDA.md, "Weights
- * into L2 ahead of their op"), now from a kernel with no math at all. */
+ * into L2 ahead of their op"), now from a kernel with no math at all.
+ * After this run the two load kernels became k_read<PF> and the loads moved to probe.cuh (no device
+ * to rerun it). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,14 +36,10 @@
 #define NT 256
 #define UNITS 16
 
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
+/* the 16-byte vectors of src, 4 a thread in flight: PF 0 the weight kernel (no L1 allocation, the
+ * block's xor into out[0]), PF 1 the prefetch branch's loads (out[2] written only on an impossible
+ * fold, which keeps the loads) */
+template <int PF>
 __global__ void __launch_bounds__(NT) k_read(const uint4 *src, size_t n16, uint32_t *out) {
     uint32_t x = 0;
     const size_t step = (size_t)gridDim.x * NT * 4;
@@ -50,13 +48,17 @@ __global__ void __launch_bounds__(NT) k_read(const uint4 *src, size_t n16, uint3
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             size_t i = base + (size_t)u * NT;
-            v[u] = i < n16 ? ld_stream(src + i) : make_uint4(0, 0, 0, 0);
+            v[u] = i >= n16 ? make_uint4(0, 0, 0, 0) : PF ? probe_ld_nc(src + i) : probe_ld_stream(src + i);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
-    for (int o = 16; o; o >>= 1) x ^= __shfl_xor_sync(0xffffffffu, x, o);
-    if ((threadIdx.x & 31) == 0) atomicXor(out, x);
+    if (PF) {
+        if (x == 0x9e3779b9u) out[2] = x;
+    } else {
+        for (int o = 16; o; o >>= 1) x ^= __shfl_xor_sync(0xffffffffu, x, o);
+        if ((threadIdx.x & 31) == 0) atomicXor(out, x);
+    }
 }
 
 /* one block spinning ~ns nanoseconds of clock: a latency kernel that reads nothing */
@@ -75,25 +77,6 @@ __global__ void k_pf_bulk(const char *src, size_t bytes) {
         uint32_t len = (uint32_t)(bytes - off < piece ? bytes - off : piece);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + off), "r"(len) : "memory");
     }
-}
-
-__global__ void __launch_bounds__(NT) k_pf_ldg(const uint4 *src, size_t n16, uint32_t *out) {
-    uint32_t x = 0;
-    const size_t step = (size_t)gridDim.x * NT * 4;
-    for (size_t base = (size_t)blockIdx.x * NT * 4 + threadIdx.x; base < n16; base += step) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            size_t i = base + (size_t)u * NT;
-            if (i < n16) asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                                      : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
-                                      : "l"(src + i));
-            else v[u] = make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    if (x == 0x9e3779b9u) out[2] = x; /* keeps the loads */
 }
 
 enum { V_READ, V_CHAIN, V_CHAIN_READ, V_PF_BULK, V_PF_LDG, V_PF_THEN_READ };
@@ -151,13 +134,13 @@ int main(int argc, char **argv) {
                     CKP(cudaEventRecord(fork[u], st));
                     CKP(cudaStreamWaitEvent(side, fork[u], 0));
                     if (v == V_PF_BULK) k_pf_bulk<<<g, 32, 0, side>>>(b, bytes);
-                    else k_pf_ldg<<<g, NT, 0, side>>>((const uint4 *)b, n16, out);
+                    else k_read<1><<<g, NT, 0, side>>>((const uint4 *)b, n16, out);
                     CKP(cudaEventRecord(join[u], side));
                 }
                 if (v == V_PF_THEN_READ) k_pf_bulk<<<g, 32, 0, st>>>(b, bytes);
                 if (v != V_READ && v != V_PF_THEN_READ)
                     for (int k = 0; k < K; k++) k_spin<<<1, 32, 0, st>>>(spin, out);
-                if (v != V_CHAIN) k_read<<<nsm * 4, NT, 0, st>>>((const uint4 *)b, n16, out);
+                if (v != V_CHAIN) k_read<0><<<nsm * 4, NT, 0, st>>>((const uint4 *)b, n16, out);
                 if (v == V_PF_BULK || v == V_PF_LDG) CKP(cudaStreamWaitEvent(st, join[u], 0));
             }
             cudaGraphExec_t ge = probe_graph_ready(st);

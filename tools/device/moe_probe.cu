@@ -26,8 +26,11 @@
  * k_moe_b1r (gate/up's MXFP4 chunks at 2 blocks per SM, branch moe-s1), it was slower than b1f_run in the
  * 20-layer trace (gate/up 648 against 611 us a step exposed): a chunk of 32 features a block on a grid of
  * the real blocks is not the probe's persistent grid, and the FP8 shared expert's blocks in the same
- * launch ran at 2 blocks per SM too. */
+ * launch ran at 2 blocks per SM too.
+ * After these runs the file was refactored without a device (its loads from probe.cuh, the e4m3 pairs
+ * by cuda_fp8.h's conversion, a kernel argument struct, shared row and x helpers): not rerun since. */
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,24 +52,11 @@ enum { DIM = 4096, INTER = 2048, NSEL = 6, NEXP = 96, RUN = 16 };
 #endif
 #define XPAD 36               /* floats a 32-column block of x takes in shared memory */
 
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* f32 pair of the e4m3 bytes 0, 1 (H 0) or 2, 3 (H 1) of w (exact) */
+/* f32 pair of the e4m3 bytes 0, 1 (H 0) or 2, 3 (H 1) of w (exact: cuda_fp8.h's e4m3x2 -> f16x2) */
 template <int H>
 __device__ __forceinline__ float2 e4m3x2_f32(uint32_t w) {
-    uint32_t d;
-    if (H == 0)
-        asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\t}" : "=r"(d) : "r"(w));
-    else
-        asm("{\n\t.reg .b16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, u;\n\t}" : "=r"(d) : "r"(w));
-    __half2 h = *(__half2 *)&d;
-    return __half22float2(h);
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * H)), __NV_E4M3);
+    return __half22float2(__half2(r));
 }
 
 /* the 8 codes of word w against x columns c0..c0+7 (x8: those floats), added to a chain: values
@@ -86,22 +76,47 @@ __device__ __forceinline__ float word_dot(uint32_t w, const float4 &xa, const fl
     return acc;
 }
 
+/* part[r] + the 32 codes of vector vec of row r (v0, v1) against x columns 32 vec.. (x rows of 32
+ * padded to XPAD floats: the lanes' float4 reads on other banks) */
+__device__ __forceinline__ void vec_part(const uint4 &v0, const uint4 &v1, const float *xs, int vec, float (&part)[2]) {
+    const uint32_t w[2][4] = {{v0.x, v0.y, v0.z, v0.w}, {v1.x, v1.y, v1.z, v1.w}};
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const float4 xa = *(const float4 *)(xs + vec * XPAD + 8 * t);
+        const float4 xb = *(const float4 *)(xs + vec * XPAD + 8 * t + 4);
+#pragma unroll
+        for (int r = 0; r < 2; r++) part[r] = word_dot(w[r][t], xa, xb, part[r]);
+    }
+}
+
+/* x into the block's shared rows of XPAD floats a 32-column block, then a barrier */
+__device__ __forceinline__ void stage_x(float *xs, const float *x) {
+    for (int i = threadIdx.x; i < DIM / 4; i += blockDim.x) *(float4 *)(xs + (i / 8) * XPAD + (i % 8) * 4) = ((const float4 *)x)[i];
+    __syncthreads();
+}
+
 struct feat_buf {
     uint4 v[2][4];
     uint32_t s[2]; /* SPACK: scale bytes 4 lane .. 4 lane + 3 of each row (shuffled out at the math) */
     uint32_t s8[SPACK ? 1 : 2][4];
 };
 
+/* row r (0: w1, 1: w3) of feature f's codes and scales */
+__device__ __forceinline__ void feat_rows(const uint8_t *codes, const uint8_t *scales, const int *eids, int f, int r,
+                                          const uint8_t *&row, const uint8_t *&srow) {
+    const size_t e = (size_t)eids[f / INTER], i = (size_t)(f % INTER);
+    row = codes + e * EXPB + ((size_t)r * INTER + i) * ROWB;
+    srow = scales + e * EXPS + ((size_t)r * INTER + i) * SROW;
+}
+
 __device__ __forceinline__ void feat_load(feat_buf &b, const uint8_t *codes, const uint8_t *scales,
                                           const int *eids, int f, int lane) {
-    int j = f / INTER, i = f % INTER;
-    size_t e = (size_t)eids[j];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const uint8_t *row = codes + e * EXPB + ((size_t)r * INTER + i) * ROWB;
-        const uint8_t *srow = scales + e * EXPS + ((size_t)r * INTER + i) * SROW;
+        const uint8_t *row, *srow;
+        feat_rows(codes, scales, eids, f, r, row, srow);
 #pragma unroll
-        for (int q = 0; q < 4; q++) b.v[r][q] = ld_stream(row + (size_t)(lane + 32 * q) * 16);
+        for (int q = 0; q < 4; q++) b.v[r][q] = probe_ld_stream(row + (size_t)(lane + 32 * q) * 16);
         if (SPACK) b.s[r] = __ldg((const unsigned int *)srow + lane);
         else
 #pragma unroll
@@ -119,16 +134,7 @@ __device__ __forceinline__ void feat_math(const feat_buf &b, const float *xs, fl
         const int vec = lane + 32 * q; /* columns 32 vec .. */
         float part[2] = {0.0f, 0.0f};
         if (MATH) {
-#pragma unroll
-            for (int t = 0; t < 4; t++) { /* x rows of 32 padded to 36 floats: lanes on other banks */
-                const float4 xa = *(const float4 *)(xs + vec * XPAD + 8 * t);
-                const float4 xb = *(const float4 *)(xs + vec * XPAD + 8 * t + 4);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const uint32_t w = t == 0 ? b.v[r][q].x : t == 1 ? b.v[r][q].y : t == 2 ? b.v[r][q].z : b.v[r][q].w;
-                    part[r] = word_dot(w, xa, xb, part[r]);
-                }
-            }
+            vec_part(b.v[0][q], b.v[1][q], xs, vec, part);
 #pragma unroll
             for (int r = 0; r < 2; r++) { /* e8m0 code c: 2^(c - 127), times 2^6 for the bytes' offset */
                 uint32_t c = SPACK ? (__shfl_sync(0xffffffffu, b.s[r], (lane >> 2) + 8 * q) >> (8 * (lane & 3))) & 255u
@@ -155,20 +161,38 @@ __device__ __forceinline__ void feat_math(const feat_buf &b, const float *xs, fl
     }
 }
 
+/* a launch's work: the codes and scales of all experts, this launch's expert ids (NSEL from launch's), x,
+ * the outputs [feature][gate, up], the fold word of MATH 0 */
+struct gu_args {
+    const uint8_t *codes, *scales;
+    const int *eids;
+    const float *x;
+    float *out;
+    uint32_t *fold;
+};
+
+/* where a warp starts: lane, global warp gw of nw, features nf */
+struct wpos {
+    int lane, gw, nw, nf;
+};
+__device__ __forceinline__ wpos wpos_here() {
+    return wpos{(int)(threadIdx.x & 31), (int)(blockIdx.x * 8 + (threadIdx.x >> 5)), (int)(gridDim.x * 8), NSEL * INTER};
+}
+
 template <int NB, int BPS, int MATH>
-__global__ void __launch_bounds__(256, BPS) k_gu(const uint8_t *__restrict__ codes, const uint8_t *__restrict__ scales,
-                                                 const int *__restrict__ eid_all, int launch,
-                                                 const float *__restrict__ x, float *out, uint32_t *fold) {
+__global__ void __launch_bounds__(256, BPS) k_gu(gu_args ga) {
     __shared__ __align__(16) float xs[DIM / 32 * XPAD];
-    const int *eids = eid_all + launch * NSEL;
-    const int lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), nw = gridDim.x * 8;
-    const int nf = NSEL * INTER;
+    const uint8_t *codes = ga.codes, *scales = ga.scales;
+    const int *eids = ga.eids;
+    const float *x = ga.x;
+    float *out = ga.out;
+    uint32_t *fold = ga.fold;
+    const wpos w = wpos_here();
+    const int lane = w.lane, gw = w.gw, nw = w.nw, nf = w.nf;
     feat_buf a, bb;
     int f = gw;
     if (f < nf) feat_load(a, codes, scales, eids, f, lane);
-    for (int i = threadIdx.x; i < DIM / 4; i += 256) *(float4 *)(xs + (i / 8) * XPAD + (i % 8) * 4) = ((const float4 *)x)[i];
-    __syncthreads();
+    stage_x(xs, x);
     if (NB == 1) {
         for (; f < nf; f += nw) {
             if (f != gw) feat_load(a, codes, scales, eids, f, lane);
@@ -195,14 +219,12 @@ struct half_buf {
 
 __device__ __forceinline__ void half_load(half_buf &b, const uint8_t *codes, const uint8_t *scales, const int *eids,
                                           int f, int h, int lane) {
-    int j = f / INTER, i = f % INTER;
-    size_t e = (size_t)eids[j];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const uint8_t *row = codes + e * EXPB + ((size_t)r * INTER + i) * ROWB;
-        const uint8_t *srow = scales + e * EXPS + ((size_t)r * INTER + i) * SROW;
+        const uint8_t *row, *srow;
+        feat_rows(codes, scales, eids, f, r, row, srow);
 #pragma unroll
-        for (int q = 0; q < 2; q++) b.v[r][q] = ld_stream(row + (size_t)(lane + 32 * (2 * h + q)) * 16);
+        for (int q = 0; q < 2; q++) b.v[r][q] = probe_ld_stream(row + (size_t)(lane + 32 * (2 * h + q)) * 16);
         b.s[r] = h == 0 ? __ldg((const unsigned int *)srow + lane) : b.s[r];
     }
 }
@@ -213,16 +235,7 @@ __device__ __forceinline__ void half_math(const half_buf &b, const uint32_t (&sw
     for (int q = 0; q < 2; q++) {
         const int qq = 2 * h + q, vec = lane + 32 * qq;
         float part[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            const float4 xa = *(const float4 *)(xs + vec * XPAD + 8 * t);
-            const float4 xb = *(const float4 *)(xs + vec * XPAD + 8 * t + 4);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const uint32_t w = t == 0 ? b.v[r][q].x : t == 1 ? b.v[r][q].y : t == 2 ? b.v[r][q].z : b.v[r][q].w;
-                part[r] = word_dot(w, xa, xb, part[r]);
-            }
-        }
+        vec_part(b.v[0][q], b.v[1][q], xs, vec, part);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             uint32_t c = (__shfl_sync(0xffffffffu, sw[r], (lane >> 2) + 8 * qq) >> (8 * (lane & 3))) & 255u;
@@ -232,19 +245,18 @@ __device__ __forceinline__ void half_math(const half_buf &b, const uint32_t (&sw
 }
 
 template <int BPS>
-__global__ void __launch_bounds__(256, BPS) k_gh(const uint8_t *__restrict__ codes, const uint8_t *__restrict__ scales,
-                                                 const int *__restrict__ eid_all, int launch,
-                                                 const float *__restrict__ x, float *out, uint32_t *fold) {
+__global__ void __launch_bounds__(256, BPS) k_gh(gu_args ga) {
     __shared__ __align__(16) float xs[DIM / 32 * XPAD];
-    const int *eids = eid_all + launch * NSEL;
-    const int lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), nw = gridDim.x * 8;
-    const int nf = NSEL * INTER;
+    const wpos w = wpos_here();
+    const int lane = w.lane, gw = w.gw, nw = w.nw, nf = w.nf;
+    const uint8_t *codes = ga.codes, *scales = ga.scales;
+    const int *eids = ga.eids;
+    const float *x = ga.x;
+    float *out = ga.out;
     half_buf a, bb;
     uint32_t sw[2];
     if (gw < nf) half_load(a, codes, scales, eids, gw, 0, lane);
-    for (int i = threadIdx.x; i < DIM / 4; i += 256) *(float4 *)(xs + (i / 8) * XPAD + (i % 8) * 4) = ((const float4 *)x)[i];
-    __syncthreads();
+    stage_x(xs, x);
     for (int f = gw; f < nf; f += nw) {
         float acc[2] = {0.0f, 0.0f};
         sw[0] = a.s[0], sw[1] = a.s[1];
@@ -291,7 +303,7 @@ __global__ void k_fill(uint8_t *p, size_t n, uint32_t seed, int scale) {
     }
 }
 
-typedef void (*kfn)(const uint8_t *, const uint8_t *, const int *, int, const float *, float *, uint32_t *);
+typedef void (*kfn)(gu_args);
 
 int main() {
     cudaDeviceProp prop;
@@ -356,7 +368,7 @@ int main() {
         int grid = nsm * ks[c].bps;
         if (ks[c].math) { /* check launch 0 */
             CKP(cudaMemset(out, 0, NSEL * INTER * 2 * 4));
-            ks[c].f<<<grid, 256, 0, st>>>(codes, scales, eids, 0, x, out, fold);
+            ks[c].f<<<grid, 256, 0, st>>>(gu_args{codes, scales, eids, x, out, fold});
             CKP(cudaStreamSynchronize(st));
             CKP(cudaMemcpy(ho, out, NSEL * INTER * 2 * 4, cudaMemcpyDeviceToHost));
             double worst = 0, mx = 0;
@@ -365,7 +377,7 @@ int main() {
             printf("  %-20s check: worst |err| / max|ref| %.2e %s\n", ks[c].name, worst, worst < 1e-5 ? "ok" : "FAIL");
         }
         CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int u = 0; u < RUN; u++) ks[c].f<<<grid, 256, 0, st>>>(codes, scales, eids, u, x, out, fold);
+        for (int u = 0; u < RUN; u++) ks[c].f<<<grid, 256, 0, st>>>(gu_args{codes, scales, eids + u * NSEL, x, out, fold});
         cudaGraphExec_t ge = probe_graph_ready(st);
         float ms = probe_graph_ms(ge, st, 5);
         CKP(cudaGraphExecDestroy(ge));

@@ -1,6 +1,6 @@
 /* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu,
- * stream_probe.cu) share: a CUDA call checked, the process ending with the call and its error on
- * failure; a captured graph made ready and timed. */
+ * stream_probe.cu, l2_probe.cu, moe_probe.cu) share: a CUDA call checked, the process ending with the
+ * call and its error on failure; 16-byte stream loads; a captured graph made ready and timed. */
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -14,6 +14,18 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+/* a 16-byte load through the non-coherent path without allocating in L1 (a weight stream) */
+__device__ __forceinline__ uint4 probe_ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* the same load, allocating in L1 as a plain read-only load does */
+__device__ __forceinline__ uint4 probe_ld_nc(const void *p) { return __ldg((const uint4 *)p); }
 
 /* ends the capture on st, instantiates its graph (the graph itself is no longer needed) and
  * launches it once as a warm-up, waited for */

@@ -31,14 +31,6 @@
 #define NT 256       /* threads a block */
 #define RUN_LAUNCHES 32
 
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ uint32_t fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
 /* the block's xor into out[blockIdx.x] (a warp xor, then the warps' in shared memory) */
@@ -65,7 +57,7 @@ __global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32
 #pragma unroll
         for (int u = 0; u < U; u++) {
             size_t i = base + (size_t)u * NT;
-            v[u] = i < n16 ? ld_stream(src + i) : make_uint4(0, 0, 0, 0);
+            v[u] = i < n16 ? probe_ld_stream(src + i) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) x ^= fold(v[u]);
