@@ -111,7 +111,8 @@ struct dsv4_model {
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
     int seg_at_hc;          /* DSV4_SEG_AT_HC: where a segment after layer 0 starts: 0 at its own y
                              * projections, 1 at the previous layer's last hc_post (fused with its hc_pre),
-                             * 2 (the default) at the previous layer's router gate */
+                             * 2 (the default) at the previous layer's router gate, 3 as 2 but layer 1
+                             * as 0 (seg_at) */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -289,7 +290,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     const char *sh = getenv("DSV4_SEG_AT_HC");
     /* default 2 since 2026-12-04: 3.210 against 3.260 ms a step on the H200, logits identical to
      * graphs off (test_cuda_e2e) and flash-2's unchanged; "0" gives the old placement */
-    m->seg_at_hc = sh && (sh[0] == '0' || sh[0] == '1' || sh[0] == '2') ? sh[0] - '0' : 2;
+    m->seg_at_hc = sh && sh[0] >= '0' && sh[0] <= '3' ? sh[0] - '0' : 2;
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -667,6 +668,13 @@ static void mark_segment(dsv4_model *m, int key);
 /* 1 if layer l (>= 1) begins a segment: every seg_layers layers after layer 0 */
 static int seg_first(const dsv4_model *m, int l) { return l >= 1 && (l - 1) % m->seg_layers == 0; }
 
+/* where the segment of layer l (>= 1) starts (DSV4_SEG_AT_HC): 0 at its y projections, 1 at the
+ * previous layer's last hc kernel, 2 at the previous layer's router gate; 3 is 2 but for layer 1,
+ * which starts at 0's place (at a step's start the host is behind the device: with 2, layer 0's
+ * FFN segment is only its hc kernel, and the device waits for the host to build layer 0's MoE and
+ * layer 1's attention before the gate can run; the traces of 2026-12-04 show ~45 us there) */
+static int seg_at(const dsv4_model *m, int l) { return m->seg_at_hc == 3 ? (l == 1 ? 0 : 2) : m->seg_at_hc; }
+
 /* the hash ids of layer L's rows (tid2eid[token]) into dst [rows][k] */
 static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32_t *dst) {
     const dsv4_weight *t = &L->tid2eid;
@@ -870,7 +878,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     /* DSV4_SEG_AT_HC=2: the next layer's segment starts at this router gate (a small weight with
      * little to load before its wait), so the combine, the hc kernel and the next y projections
      * all launch early inside one graph */
-    if (m->seg_at_hc == 2 && seg_first(m, next)) mark_segment(m, next);
+    if (seg_at(m, next) == 2 && seg_first(m, next)) mark_segment(m, next);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
@@ -932,7 +940,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     }
     /* DSV4_SEG_AT_HC: the next layer's segment starts here, so that its first weight kernel
      * (y's projections) is launched early behind this hc kernel inside one graph */
-    if (m->seg_at_hc == 1 && seg_first(m, next)) mark_segment(m, next);
+    if (seg_at(m, next) == 1 && seg_first(m, next)) mark_segment(m, next);
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
     if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, rows, &N->hc_attn_fn, &N->hc_attn_base,
@@ -1065,7 +1073,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
          * first layer */
         m->hc_ready = -1;
         for (int l = 0; l < c->n_layers && !rc; l++) {
-            if (l == 0 || (seg_first(m, l) && !m->seg_at_hc)) mark_segment(m, l);
+            if (l == 0 || (seg_first(m, l) && seg_at(m, l) == 0)) mark_segment(m, l);
             rc = layer_forward(m, l, rows, nseg, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
