@@ -806,6 +806,89 @@ static void test_hc_fused_pair(void) {
 
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
+/* ----- where a decode step's device segments start (DSV4_SEG_AT_HC, forward.c's seg_at) -----
+ * The CPU backend has no segment op; a copy of its table that records every segment mark, every
+ * router gate (G<layer>) and every first y projection (wq_a, Y<layer>) in call order shows where
+ * each layer's segment begins: 0 before its y projections, 2 before the previous layer's router gate,
+ * 3 as 2 but layer 1 as 0.  The logits must not depend on it. */
+static const dsv4_backend_ops *g_seg_cpu;
+static const dsv4_model_w *g_seg_w;
+static char g_seg_log[16384];
+static size_t g_seg_len;
+
+static void seg_note(const char *tag, int v) {
+    int n = snprintf(g_seg_log + g_seg_len, sizeof g_seg_log - g_seg_len, "%s%d ", tag, v);
+    if (n > 0 && g_seg_len + (size_t)n < sizeof g_seg_log) g_seg_len += (size_t)n;
+}
+
+static void seg_mark(dsv4_backend *b, int key) {
+    (void)b;
+    seg_note("S", key);
+}
+
+static void seg_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+                       int out_bf16) {
+    for (int l = 0; l < g_seg_w->n_layers; l++) {
+        if (w == &g_seg_w->layers[l].gate) seg_note("G", l);
+        if (w == &g_seg_w->layers[l].wq_a) seg_note("Y", l);
+    }
+    g_seg_cpu->matmul(b, out, x, rows, w, act_fp8, out_bf16);
+}
+
+/* a decode step's log and logits with DSV4_SEG_AT_HC=mode ("" = unset: the default) */
+static void seg_run(low_model *lm, const char *mode, float *lg) {
+    dsv4_err err = {{0}};
+    dsv4_backend_ops ops = *g_seg_cpu;
+    ops.segment = seg_mark;
+    ops.matmul = seg_matmul;
+    lm->be.ops = &ops;
+    if (mode[0]) setenv("DSV4_SEG_AT_HC", mode, 1);
+    else unsetenv("DSV4_SEG_AT_HC");
+    dsv4_model *m = NULL;
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
+    unsetenv("DSV4_SEG_AT_HC");
+    REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
+    int32_t tok[8];
+    make_tokens(tok, 8, 77, lm->cfg.vocab_size);
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    g_seg_len = 0, g_seg_log[0] = 0;
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 7, .n = 1, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    lm->be.ops = g_seg_cpu;
+}
+
+static void test_segment_starts(void) {
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    g_seg_cpu = lm.be.ops;
+    g_seg_w = &lm.w;
+    REQUIRE(g_seg_cpu->segment == NULL && lm.w.n_layers >= 3);
+    size_t V = (size_t)lm.cfg.vocab_size;
+    float *lg[4];
+    for (int i = 0; i < 4; i++) REQUIRE((lg[i] = calloc(V, sizeof(float))) != NULL);
+    static const char *const modes[4] = {"", "0", "2", "3"};
+    /* each mode: layer 1's and 2's starts, as "mark then the op it precedes" */
+    static const char *const want[4][2] = {{"S1 G0 ", "S2 G1 "}, {"S1 Y1 ", "S2 Y2 "}, {"S1 G0 ", "S2 G1 "},
+                                           {"S1 Y1 ", "S2 G1 "}};
+    for (int k = 0; k < 4; k++) {
+        seg_run(&lm, modes[k], lg[k]);
+        int ok1 = strstr(g_seg_log, want[k][0]) != NULL, ok2 = strstr(g_seg_log, want[k][1]) != NULL;
+        int same = !memcmp(lg[k], lg[0], sizeof(float) * V);
+        printf("  DSV4_SEG_AT_HC=%s: %.90s... (layer 1: %s, layer 2: %s), logits %s the default's\n",
+               modes[k][0] ? modes[k] : "(unset)", g_seg_log, ok1 ? "as expected" : "WRONG", ok2 ? "as expected" : "WRONG",
+               same ? "equal to" : "DIFFERENT from");
+        CHECKF(ok1 && ok2, "mode %s: expected \"%s\" and \"%s\" in %s", modes[k], want[k][0], want[k][1], g_seg_log);
+        CHECK(same);
+    }
+    for (int i = 0; i < 4; i++) free(lg[i]);
+    low_close(&lm);
+}
+
 TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
-          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_zz_cleanup)
+          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
+          test_zz_cleanup)
