@@ -807,10 +807,11 @@ static void test_hc_fused_pair(void) {
 static void test_zz_cleanup(void) { cleanup_dir(); }
 
 /* ----- where a decode step's device segments start (DSV4_SEG_AT_HC, forward.c's seg_at) -----
- * The CPU backend has no segment op; a copy of its table that records every segment mark, every
- * router gate (G<layer>) and every first y projection (wq_a, Y<layer>) in call order shows where
- * each layer's segment begins: 0 before its y projections, 2 before the previous layer's router gate,
- * 3 as 2 but layer 1 as 0.  The logits must not depend on it. */
+ * The CPU backend has no segment op; a copy of its table that records every segment mark (S<key>),
+ * router gate (G<layer>), fused hc kernel carrying a layer's attention hc_pre (A<layer>) and first y
+ * projection (wq_a, Y<layer>) in call order shows where each layer's segment begins: 0 before its y
+ * projections, 1 before the hc kernel that carries its hc_pre, 2 before the previous layer's router
+ * gate, 3 as 2 but layer 1 as 0.  The logits must not depend on it. */
 static const dsv4_backend_ops *g_seg_cpu;
 static const dsv4_model_w *g_seg_w;
 static char g_seg_log[16384];
@@ -835,12 +836,23 @@ static void seg_matmul(dsv4_backend *b, float *out, const float *x, int rows, co
     g_seg_cpu->matmul(b, out, x, rows, w, act_fp8, out_bf16);
 }
 
+static void seg_hc(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
+                   const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows, int hc, int dim,
+                   const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters, float norm_eps,
+                   float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm, float y_eps) {
+    for (int l = 0; l < g_seg_w->n_layers; l++)
+        if (fn == &g_seg_w->layers[l].hc_attn_fn) seg_note("A", l);
+    g_seg_cpu->hc_post_pre_norm(b, Xout, o, R, post_in, comb_in, state_bf16, y, post, comb, rows, hc, dim, fn, base,
+                                scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, y_norm, y_eps);
+}
+
 /* a decode step's log and logits with DSV4_SEG_AT_HC=mode ("" = unset: the default) */
 static void seg_run(low_model *lm, const char *mode, float *lg) {
     dsv4_err err = {{0}};
     dsv4_backend_ops ops = *g_seg_cpu;
     ops.segment = seg_mark;
     ops.matmul = seg_matmul;
+    ops.hc_post_pre_norm = seg_hc;
     lm->be.ops = &ops;
     if (mode[0]) setenv("DSV4_SEG_AT_HC", mode, 1);
     else unsetenv("DSV4_SEG_AT_HC");
@@ -866,15 +878,19 @@ static void test_segment_starts(void) {
     REQUIRE(low_open(&lm) == 0);
     g_seg_cpu = lm.be.ops;
     g_seg_w = &lm.w;
-    REQUIRE(g_seg_cpu->segment == NULL && lm.w.n_layers >= 3);
+    REQUIRE(g_seg_cpu->segment == NULL && g_seg_cpu->hc_post_pre_norm != NULL && lm.w.n_layers >= 3);
     size_t V = (size_t)lm.cfg.vocab_size;
-    float *lg[4];
-    for (int i = 0; i < 4; i++) REQUIRE((lg[i] = calloc(V, sizeof(float))) != NULL);
-    static const char *const modes[4] = {"", "0", "2", "3"};
-    /* each mode: layer 1's and 2's starts, as "mark then the op it precedes" */
-    static const char *const want[4][2] = {{"S1 G0 ", "S2 G1 "}, {"S1 Y1 ", "S2 Y2 "}, {"S1 G0 ", "S2 G1 "},
-                                           {"S1 Y1 ", "S2 G1 "}};
-    for (int k = 0; k < 4; k++) {
+    enum { NM = 5 };
+    float *lg[NM];
+    for (int i = 0; i < NM; i++) REQUIRE((lg[i] = calloc(V, sizeof(float))) != NULL);
+    static const char *const modes[NM] = {"", "0", "1", "2", "3"};
+    /* each mode: layer 1's and 2's starts, as the mark between the ops around it */
+    static const char *const want[NM][2] = {{"S1 G0 ", "S2 G1 "},
+                                            {"A1 S1 Y1 ", "A2 S2 Y2 "},
+                                            {"S1 A1 Y1 ", "S2 A2 Y2 "},
+                                            {"S1 G0 ", "S2 G1 "},
+                                            {"A1 S1 Y1 ", "S2 G1 "}};
+    for (int k = 0; k < NM; k++) {
         seg_run(&lm, modes[k], lg[k]);
         int ok1 = strstr(g_seg_log, want[k][0]) != NULL, ok2 = strstr(g_seg_log, want[k][1]) != NULL;
         int same = !memcmp(lg[k], lg[0], sizeof(float) * V);
@@ -884,7 +900,7 @@ static void test_segment_starts(void) {
         CHECKF(ok1 && ok2, "mode %s: expected \"%s\" and \"%s\" in %s", modes[k], want[k][0], want[k][1], g_seg_log);
         CHECK(same);
     }
-    for (int i = 0; i < 4; i++) free(lg[i]);
+    for (int i = 0; i < NM; i++) free(lg[i]);
     low_close(&lm);
 }
 

@@ -27,6 +27,8 @@
  * 20-layer trace (gate/up 648 against 611 us a step exposed): a chunk of 32 features a block on a grid of
  * the real blocks is not the probe's persistent grid, and the FP8 shared expert's blocks in the same
  * launch ran at 2 blocks per SM too.
+ * (The first run, 05:15Z, loaded each lane's 4 scale bytes of a row one by one; the second, 05:21Z, and
+ * this file load the row's 128 bytes as one word a lane.)
  * After these runs the file was refactored without a device (its loads from probe.cuh, the e4m3 pairs
  * by cuda_fp8.h's conversion, a kernel argument struct, shared row and x helpers): not rerun since. */
 #include <cuda_fp16.h>
@@ -44,12 +46,6 @@ enum { DIM = 4096, INTER = 2048, NSEL = 6, NEXP = 96, RUN = 16 };
 #define SROW (DIM / 32)       /* scale bytes a row */
 #define EXPB ((size_t)2 * INTER * ROWB)
 #define EXPS ((size_t)2 * INTER * SROW)
-#ifndef SPACK
-#define SPACK 1 /* 1: a row's 128 scale bytes as one 4-byte load a lane, each lane's 4 taken by shuffles */
-#endif
-#ifndef QFENCE
-#define QFENCE 1 /* a compiler fence between a feature's 4 vector columns */
-#endif
 #define XPAD 36               /* floats a 32-column block of x takes in shared memory */
 
 /* f32 pair of the e4m3 bytes 0, 1 (H 0) or 2, 3 (H 1) of w (exact: cuda_fp8.h's e4m3x2 -> f16x2) */
@@ -97,9 +93,13 @@ __device__ __forceinline__ void stage_x(float *xs, const float *x) {
 
 struct feat_buf {
     uint4 v[2][4];
-    uint32_t s[2]; /* SPACK: scale bytes 4 lane .. 4 lane + 3 of each row (shuffled out at the math) */
-    uint32_t s8[SPACK ? 1 : 2][4];
+    uint32_t s[2]; /* scale bytes 4 lane .. 4 lane + 3 of each row (shuffled out at the math) */
 };
+
+/* the e8m0 code of vector lane + 32 q of a row whose 128 scale bytes lie 4 a lane in w */
+__device__ __forceinline__ uint32_t scale_code(uint32_t w, int lane, int q) {
+    return (__shfl_sync(0xffffffffu, w, (lane >> 2) + 8 * q) >> (8 * (lane & 3))) & 255u;
+}
 
 /* row r (0: w1, 1: w3) of feature f's codes and scales */
 __device__ __forceinline__ void feat_rows(const uint8_t *codes, const uint8_t *scales, const int *eids, int f, int r,
@@ -117,10 +117,7 @@ __device__ __forceinline__ void feat_load(feat_buf &b, const uint8_t *codes, con
         feat_rows(codes, scales, eids, f, r, row, srow);
 #pragma unroll
         for (int q = 0; q < 4; q++) b.v[r][q] = probe_ld_stream(row + (size_t)(lane + 32 * q) * 16);
-        if (SPACK) b.s[r] = __ldg((const unsigned int *)srow + lane);
-        else
-#pragma unroll
-            for (int q = 0; q < 4; q++) b.s8[SPACK ? 0 : r][q] = __ldg(srow + lane + 32 * q);
+        b.s[r] = __ldg((const unsigned int *)srow + lane);
     }
 }
 
@@ -137,12 +134,11 @@ __device__ __forceinline__ void feat_math(const feat_buf &b, const float *xs, fl
             vec_part(b.v[0][q], b.v[1][q], xs, vec, part);
 #pragma unroll
             for (int r = 0; r < 2; r++) { /* e8m0 code c: 2^(c - 127), times 2^6 for the bytes' offset */
-                uint32_t c = SPACK ? (__shfl_sync(0xffffffffu, b.s[r], (lane >> 2) + 8 * q) >> (8 * (lane & 3))) & 255u
-                                   : b.s8[SPACK ? 0 : r][q];
+                const uint32_t c = scale_code(b.s[r], lane, q);
                 acc[r] = fmaf(part[r], __uint_as_float((c + 6u) << 23), acc[r]);
             }
             /* keeps the compiler from hoisting the next blocks' x reads (registers: NB 2 spilled) */
-            if (QFENCE) asm volatile("" ::: "memory");
+            asm volatile("" ::: "memory");
         } else {
 #pragma unroll
             for (int r = 0; r < 2; r++) x_ ^= b.v[r][q].x ^ b.v[r][q].y ^ b.v[r][q].z ^ b.v[r][q].w ^ b.s[r];
@@ -238,7 +234,7 @@ __device__ __forceinline__ void half_math(const half_buf &b, const uint32_t (&sw
         vec_part(b.v[0][q], b.v[1][q], xs, vec, part);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            uint32_t c = (__shfl_sync(0xffffffffu, sw[r], (lane >> 2) + 8 * qq) >> (8 * (lane & 3))) & 255u;
+            const uint32_t c = scale_code(sw[r], lane, qq);
             acc[r] = fmaf(part[r], __uint_as_float((c + 6u) << 23), acc[r]);
         }
     }
