@@ -242,6 +242,76 @@ static void test_graphs_identical(void) {
     graphs_case("reference");
 }
 
+
+/* Greedy decoding with the picks on the device (dsv4_seq_greedy: k_argmax, k_gather_ids for the
+ * hash layers, the token read in place by the embedding, no logits row back between steps)
+ * against the host-picking loop on the same CUDA engine: the same tokens, and after them the same
+ * logits bits (so the same state, token history included).  The CPU engine's greedy tokens from the
+ * same prompt are printed beside them (one early flip changes every later token, so not held). */
+static void greedy_case(const char *dir, const char *profile, int T, int N) {
+    dsv4_err err;
+    dsv4_engine *eg = NULL, *ec = NULL;
+    dsv4_engine_opts og = {.model_dir = dir, .numerics = profile, .backend = "cuda"};
+    dsv4_engine_opts oc = {.model_dir = dir, .numerics = profile, .backend = "cpu"};
+    if (dsv4_engine_open(&eg, &og, &err)) fprintf(stderr, "  cuda: %s\n", err.msg);
+    if (eg && dsv4_engine_open(&ec, &oc, &err)) fprintf(stderr, "  cpu: %s\n", err.msg);
+    REQUIRE(eg && ec);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(eg, &info);
+    int V = info.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *out = malloc(sizeof(int32_t) * (size_t)N),
+            *host = malloc(sizeof(int32_t) * (size_t)N), *cpu = malloc(sizeof(int32_t) * (size_t)N);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    REQUIRE(tok && out && host && cpu && la && lb);
+    uint32_t s = 23;
+    for (int i = 0; i < T; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
+    }
+    dsv4_seq *a = NULL, *h = NULL, *c = NULL;
+    REQUIRE(dsv4_seq_new(eg, &a, &err) == 0 && dsv4_seq_new(ec, &c, &err) == 0);
+    CHECK(dsv4_seq_append(a, tok, T, la, 0, &err) == 0);
+    REQUIRE(dsv4_seq_clone(a, T, &h, &err) == 0);
+    int32_t first = dsv4_argmax_row(la, V), t = first;
+    int rc = dsv4_seq_greedy(a, first, N, out, &err);
+    if (rc) fprintf(stderr, "  greedy: %s\n", err.msg);
+    CHECK(rc == 0);
+    for (int i = 0; i < N; i++) {
+        dsv4_step_item it = {h, &t, 1, lb};
+        CHECK(dsv4_engine_step(eg, &it, 1, &err) == 0);
+        host[i] = t = dsv4_argmax_row(lb, V);
+    }
+    int same = !memcmp(out, host, sizeof(int32_t) * (size_t)N), changes = 0;
+    for (int i = 1; i < N; i++) changes += out[i] != out[i - 1];
+    CHECK_EQ_INT(dsv4_seq_len(a), dsv4_seq_len(h));
+    dsv4_step_item ia = {a, &out[N - 1], 1, la}, ih = {h, &out[N - 1], 1, lb};
+    CHECK(dsv4_engine_step(eg, &ia, 1, &err) == 0 && dsv4_engine_step(eg, &ih, 1, &err) == 0);
+    int same_next = !memcmp(la, lb, sizeof(float) * (size_t)V);
+    CHECK(dsv4_seq_append(c, tok, T, la, 0, &err) == 0);
+    CHECK(dsv4_seq_greedy(c, dsv4_argmax_row(la, V), N, cpu, &err) == 0);
+    int agree = 0;
+    while (agree < N && cpu[agree] == out[agree]) agree++;
+    printf("  greedy %s %s: %d steps after %d tokens, device picks %s the host picks (%d changes of token); the "
+           "next logits %s; CPU greedy agrees for the first %d of %d\n",
+           dir, profile, N, T, same ? "equal" : "DIFFER from", changes, same_next ? "identical" : "DIFFER", agree, N);
+    CHECK(same);
+    CHECK(same_next);
+    CHECK(changes > 0);
+    dsv4_seq_free(a), dsv4_seq_free(h), dsv4_seq_free(c);
+    dsv4_engine_close(eg);
+    dsv4_engine_close(ec);
+    free(tok), free(out), free(host), free(cpu), free(la), free(lb);
+}
+
+static void test_greedy(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    greedy_case(tiny_dir, "exact", 37, 40);
+    greedy_case(tiny_dir, "reference", 37, 40);
+    const char *dir = getenv("DSV4_CUDA_FLASH2");
+    if (dir) greedy_case(dir, "exact", 20, 12);
+}
+
 static void test_backend_errors(void) {
     dsv4_err err;
     dsv4_engine *e = NULL;
@@ -258,5 +328,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_flash2, test_backend_errors,
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_greedy, test_flash2, test_backend_errors,
           test_zz_cleanup)

@@ -904,7 +904,136 @@ static void test_segment_starts(void) {
     low_close(&lm);
 }
 
+
+/* ----- greedy decoding (dsv4_forward_greedy) -----
+ * Against the host loop (one dsv4_forward a token, the host's argmax): the same picks, token
+ * history and state (the logits after the next token are the same bits), across two truncation
+ * checkpoints.  A copy of the CPU table counts what a device would wait for: no logits row comes
+ * back, one check per checkpoint plus one at the end, an argmax a step and a gather_ids a hash
+ * layer a step.  Under an op trace it picks on the host (no argmax op), with the same picks.  A
+ * failing check fails the call with the length unchanged; bad arguments are refused. */
+static struct {
+    long argmax, gather, checks, logit_dl;
+    int fail_at;
+    size_t vocab_bytes;
+} g_gr;
+static const dsv4_backend_ops *g_gr_cpu;
+
+static void gr_download(dsv4_backend *b, void *dst, const void *src, size_t n) {
+    g_gr.logit_dl += n == g_gr.vocab_bytes;
+    g_gr_cpu->download(b, dst, src, n);
+}
+static int gr_check(dsv4_backend *b, dsv4_err *err) {
+    (void)b;
+    g_gr.checks++;
+    return g_gr.checks == g_gr.fail_at ? dsv4_errf(err, "injected device failure") : 0;
+}
+static void gr_argmax(dsv4_backend *b, int32_t *out, const float *x, int rows, int n) {
+    g_gr.argmax++;
+    g_gr_cpu->argmax(b, out, x, rows, n);
+}
+static void gr_gather(dsv4_backend *b, int32_t *dst, const int32_t *tok, int rows, const dsv4_weight *t, int k) {
+    g_gr.gather++;
+    g_gr_cpu->gather_ids(b, dst, tok, rows, t, k);
+}
+static void gr_noop_trace(void *user, const dsv4_op_info *info) { (void)user, (void)info; }
+
+static void test_greedy(void) {
+    dsv4_err err = {{0}};
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    dsv4_config cfg = lm.cfg;
+    g_gr_cpu = lm.be.ops;
+    REQUIRE(g_gr_cpu->argmax && g_gr_cpu->gather_ids);
+    dsv4_backend_ops ops = *g_gr_cpu;
+    ops.download = gr_download, ops.check = gr_check, ops.argmax = gr_argmax, ops.gather_ids = gr_gather;
+    lm.be.ops = &ops;
+    dsv4_model *m = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm.w, &lm.be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+    int V = cfg.vocab_size, n_hash = 0;
+    for (int l = 0; l < cfg.n_layers; l++) n_hash += lm.w.layers[l].is_hash;
+    CHECK(n_hash > 0); /* the tiny model has hash layers: gather_ids is exercised */
+    enum { P = 19, N = 30 };
+    int32_t prompt[P], out[N], host[N], out2[N];
+    make_tokens(prompt, P, 41, V);
+    float *lg = malloc(sizeof(float) * V), *lr = malloc(sizeof(float) * V);
+    REQUIRE(lg && lr);
+    g_gr.vocab_bytes = sizeof(float) * (size_t)V;
+    dsv4_state *g = NULL, *r = NULL, *t = NULL;
+    REQUIRE(dsv4_state_new(&g, &cfg, 16, &err) == 0);
+    REQUIRE(dsv4_state_new(&r, &cfg, 16, &err) == 0);
+    REQUIRE(dsv4_state_new(&t, &cfg, 16, &err) == 0);
+    dsv4_fwd_item it = {.st = g, .tokens = prompt, .n = P, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it.st = r;
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it.st = t;
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    int32_t first = dsv4_argmax_row(lg, V);
+    /* greedy on the device path */
+    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V;
+    REQUIRE(dsv4_forward_greedy(m, g, first, N, out, &err) == 0);
+    int every = (int)g->snapshot_every, ckpts = (P + N) / every - P / every;
+    printf("  greedy %d steps: argmax %ld, gather_ids %ld (%d hash layers), checks %ld (%d checkpoints), logits rows "
+           "downloaded %ld\n", N, g_gr.argmax, g_gr.gather, n_hash, g_gr.checks, ckpts, g_gr.logit_dl);
+    CHECK(ckpts >= 1);
+    CHECK_EQ_INT(g_gr.argmax, N);
+    CHECK_EQ_INT(g_gr.gather, (long)N * n_hash);
+    CHECK_EQ_INT(g_gr.checks, ckpts + 1);
+    CHECK_EQ_INT(g_gr.logit_dl, 0);
+    CHECK_EQ_INT(g->len, P + N);
+    /* the host loop */
+    int32_t tok = first;
+    for (int s = 0; s < N; s++) {
+        it = (dsv4_fwd_item){.st = r, .tokens = &tok, .n = 1, .logits = lr};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+        host[s] = tok = dsv4_argmax_row(lr, V);
+    }
+    int same = !memcmp(out, host, sizeof out), distinct = 0;
+    for (int s = 1; s < N; s++) distinct += out[s] != out[s - 1];
+    printf("  greedy picks %s the host loop's (%d changes of token in %d)\n", same ? "equal" : "DIFFER from", distinct,
+           N);
+    CHECK(same);
+    CHECK(distinct > 0);
+    CHECK_EQ_INT(r->len, g->len);
+    CHECK(!memcmp(g->tokens, r->tokens, sizeof(int32_t) * (size_t)g->len)); /* what truncate re-runs */
+    /* the state carries on identically */
+    it = (dsv4_fwd_item){.st = g, .tokens = &out[N - 1], .n = 1, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it.st = r, it.logits = lr;
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    CHECK(!memcmp(lg, lr, sizeof(float) * (size_t)V));
+    /* under an op trace: host picks, the same tokens */
+    dsv4_model_set_op_trace(m, gr_noop_trace, NULL);
+    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V;
+    REQUIRE(dsv4_forward_greedy(m, t, first, N, out2, &err) == 0);
+    dsv4_model_set_op_trace(m, NULL, NULL);
+    CHECK_EQ_INT(g_gr.argmax, 0);
+    CHECK(g_gr.logit_dl >= N); /* each step's row (and the trace's copies) */
+    CHECK(!memcmp(out2, out, sizeof out));
+    CHECK_EQ_INT(t->len, P + N);
+    /* a failing check: an error, the length stays */
+    int64_t len = g->len;
+    memset(&g_gr, 0, sizeof g_gr), g_gr.fail_at = 1;
+    CHECK(dsv4_forward_greedy(m, g, first, 3, out2, &err) != 0);
+    CHECK(strstr(err.msg, "injected device failure") != NULL);
+    CHECK_EQ_INT(g->len, len);
+    g_gr.fail_at = 0;
+    /* bad arguments */
+    CHECK(dsv4_forward_greedy(m, g, V, 3, out2, &err) != 0);
+    CHECK(strstr(err.msg, "outside the vocabulary") != NULL);
+    CHECK(dsv4_forward_greedy(m, g, -1, 3, out2, &err) != 0);
+    CHECK(dsv4_forward_greedy(m, g, first, 0, out2, &err) != 0);
+    CHECK(dsv4_forward_greedy(m, g, first, 3, NULL, &err) != 0);
+    CHECK_EQ_INT(g->len, len);
+    free(lg), free(lr);
+    dsv4_state_free(g), dsv4_state_free(r), dsv4_state_free(t);
+    dsv4_model_free(m);
+    lm.be.ops = g_gr_cpu;
+    low_close(&lm);
+}
+
 TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
-          test_zz_cleanup)
+          test_greedy, test_zz_cleanup)

@@ -241,7 +241,27 @@ typedef struct dsv4_backend_ops {
      * page-locked row; 2026-12-04). */
     void *(*host_alloc)(dsv4_backend *b, size_t bytes);
     void (*host_free)(dsv4_backend *b, void *p);
+
+    /* ----- optional: greedy decoding without the host in the loop (dsv4_forward_greedy) -----
+     * argmax: out[r] = the index of the largest of x[r][0..n) (the first of equal ones; a NaN
+     * never wins; a row of NaN only gives 0); x and out in backend memory.
+     * gather_ids: dst[r][j] = table[tokens[r]][j] for j < k (a [rows >= vocab][k] int32 or int64
+     * weight, each value as int32: the hash layers' tid2eid); tokens and dst in backend memory,
+     * every token in [0, table rows) (argmax of a vocab row).  NULL: the forward pass picks on
+     * the host, reading each step's logits. */
+    void (*argmax)(dsv4_backend *b, int32_t *out, const float *x, int rows, int n);
+    void (*gather_ids)(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *table,
+                       int k);
 } dsv4_backend_ops;
+
+/* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first
+ * index of the largest value, NaN never winning, 0 for a row of NaN */
+static inline int32_t dsv4_argmax_row(const float *x, int n) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
+}
 
 /* One task of op_list: the op named by kind with these arguments (each kind reads the fields
  * beside it; the contracts are the ops' above). */

@@ -311,6 +311,10 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_step_item *items, int n_items, dsv4_er
     return rc;
 }
 
+int dsv4_seq_greedy(dsv4_seq *s, int32_t first, int n, int32_t *out, dsv4_err *err) {
+    return dsv4_forward_greedy(s->e->model, s->st, first, n, out, err);
+}
+
 int dsv4_seq_truncate(dsv4_seq *s, int64_t len, dsv4_err *err) {
     int64_t from = 0;
     if (len < 0 || len > s->st->len)

@@ -92,6 +92,14 @@ typedef struct dsv4_step_item {
 } dsv4_step_item;
 int dsv4_engine_step(dsv4_engine *e, dsv4_step_item *items, int n_items, dsv4_err *err);
 
+/* Greedy decoding: appends first, then each picked token but the last, n tokens in all;
+ * out[i] (n ints) is the argmax of the logits after the i-th appended token, so out[n - 1]
+ * is the next token and not yet appended.  Equal to n dsv4_engine_step calls of one token
+ * with the host taking the argmax (the first of equal values), but on a backend with device
+ * argmax the picks never leave the device between steps, so the host records the next step
+ * while the device runs this one.  On error the sequence keeps its length. */
+int dsv4_seq_greedy(dsv4_seq *s, int32_t first, int n, int32_t *out, dsv4_err *err);
+
 /* Truncates a sequence to its first len tokens (len <= current length).
  * Always possible: the state restores the nearest truncation checkpoint at or
  * below len (checkpoints are kept every `snapshot_every` tokens) and re-runs the

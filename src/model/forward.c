@@ -117,6 +117,10 @@ struct dsv4_model {
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
     int done_cap;
+    int32_t *gtok;          /* dsv4_forward_greedy's tokens in backend memory: [0] the first, [s + 1] step
+                             * s's argmax (gtok_cap ints) */
+    int gtok_cap;
+    float *glog;            /* its host logits row when it picks on the host (vocab floats) */
 };
 
 const dsv4_numerics *dsv4_model_numerics(const dsv4_model *m) { return &m->num; }
@@ -246,6 +250,8 @@ void dsv4_model_free(dsv4_model *m) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) OPS(m)->free(B_(m), dev[i]);
     if (m->hash_dev) OPS(m)->free(B_(m), m->hash_dev);
+    if (m->gtok) OPS(m)->free(B_(m), m->gtok);
+    free(m->glog);
     free(m->hash_slot);
     free(m->hash_all);
     if (m->scores) OPS(m)->free(B_(m), m->scores);
@@ -1130,6 +1136,93 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     m->trace_user = saved_user;
     if (!rc && unchecked && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
     return rc;
+}
+
+/* ----- greedy decoding (forward.h) -----
+ * Step s embeds gtok[s] and writes its argmax to gtok[s + 1], both in backend memory, so the
+ * host records step s + 1 while the device still runs step s: no logits come back and nothing
+ * waits until the tokens are downloaded at the end (or a checkpoint's copies).  The hash layers'
+ * ids come from gather_ids on the same token.  What each step runs is dsv4_forward's one-row
+ * sub-batch: the same ops, segments and arguments, so the same values. */
+static int greedy_host(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    if (!m->glog && !(m->glog = malloc(sizeof(float) * (size_t)c->vocab_size)))
+        return dsv4_errf(err, "greedy: out of memory");
+    int32_t tok = first;
+    for (int s = 0; s < n_steps; s++) {
+        dsv4_fwd_item it = {.st = st, .tokens = &tok, .n = 1, .logits = m->glog, .all_logits = 0, .tag = NULL};
+        if (dsv4_forward(m, &it, 1, err)) return -1;
+        out[s] = tok = dsv4_argmax_row(m->glog, c->vocab_size);
+    }
+    return 0;
+}
+
+int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
+    if (!st || !out || n_steps < 1) return dsv4_errf(err, "greedy: no sequence, output or steps");
+    if (first < 0 || first >= c->vocab_size)
+        return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
+    if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
+    /* traces want host copies of each step's tokens and routing: the host loop */
+    if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
+    if (n_steps + 1 > m->gtok_cap) {
+        if (m->gtok) op->free(b, m->gtok);
+        m->gtok_cap = 0;
+        if (!(m->gtok = op->alloc(b, sizeof(int32_t) * (size_t)(n_steps + 1))))
+            return dsv4_errf(err, "greedy: out of backend memory for %d tokens", n_steps + 1);
+        m->gtok_cap = n_steps + 1;
+    }
+    if (dsv4_state_reserve(st, n_steps, err)) return -1;
+    m->fwd_calls++;
+    const int64_t len0 = st->len;
+    size_t hcd = (size_t)c->hc_mult * c->dim;
+    int k = c->n_active, rc = 0, synced = 0; /* synced: tokens [0, synced) of out are on the host */
+    op->upload(b, m->gtok, &first, sizeof(int32_t));
+    for (int s = 0; s < n_steps && !rc; s++) {
+        int64_t len = st->len;
+        m->pos[0] = len;
+        m->tok[0] = -1; /* not known on the host (no trace reads it here) */
+        m->seg_of[0] = 0;
+        m->segs[0] = (segment){.item = 0, .st = st, .tok = &m->tok[0], .n = 1, .row0 = 0, .pos0 = len};
+        mark_segment(m, m->n_all + 1);
+        op->embed(b, m->y, m->gtok + s, 1, &m->w->embed);
+        for (int j = 0; j < c->hc_mult; j++)
+            op->copy(b, m->X + (size_t)j * c->dim, m->y, sizeof(float) * c->dim);
+        for (int l = 0; l < c->n_layers; l++)
+            if (m->hash_slot[l] >= 0)
+                op->gather_ids(b, m->hash_dev + (size_t)m->hash_slot[l] * k, m->gtok + s, 1,
+                               &m->w->layers[l].tid2eid, k);
+        m->hc_ready = -1;
+        for (int l = 0; l < c->n_layers && !rc; l++) {
+            if (l == 0 || (seg_first(m, l) && seg_at(m, l) == 0)) mark_segment(m, l);
+            rc = layer_forward(m, l, 1, 1, l + 1 < c->n_layers ? l + 1 : -1, err);
+        }
+        mark_segment(m, -1);
+        if (rc) break;
+        op->copy(b, st->last_x, m->X, sizeof(float) * hcd);
+        op->copy(b, m->Xs, m->X, sizeof(float) * hcd);
+        mark_segment(m, m->n_all);
+        head_rows(m, m->Xs, 1, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
+        op->argmax(b, m->gtok + s + 1, m->logits, 1, c->vocab_size);
+        st->len++;
+        if (st->len % st->snapshot_every == 0) { /* its copies wait for the device anyway */
+            op->download(b, out + synced, m->gtok + 1 + synced, sizeof(int32_t) * (size_t)(s + 1 - synced));
+            synced = s + 1;
+            if (op->check && (rc = op->check(b, err))) break;
+            rc = dsv4_state_checkpoint(st, err);
+        }
+    }
+    if (!rc && synced < n_steps)
+        op->download(b, out + synced, m->gtok + 1 + synced, sizeof(int32_t) * (size_t)(n_steps - synced));
+    if (!rc && op->check) rc = op->check(b, err);
+    if (rc) { /* as a failed dsv4_forward: the length is where it was (rows past it are rewritten) */
+        st->len = len0;
+        return -1;
+    }
+    for (int s = 0; s < n_steps; s++) st->tokens[len0 + s] = s ? out[s - 1] : first;
+    return 0;
 }
 
 /* ----- MTP (spec §2.8) ----- */

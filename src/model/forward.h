@@ -83,6 +83,14 @@ typedef struct dsv4_fwd_item {
 /* Runs every item (distinct states).  Items are advanced by n tokens each. */
 int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err);
 
+/* Greedy decoding of n_steps tokens from st: step s appends one token (first, then out[s - 1])
+ * and out[s] is the argmax of its logits (backend.h's rule: the first of equal values), so
+ * out[n_steps - 1] is the next token, not yet appended.  The same values as dsv4_forward one
+ * token at a time with the host picking; where the backend has argmax and gather_ids (and no
+ * trace is set) the picks stay in backend memory and the host never waits between steps.
+ * On error st keeps its length. */
+int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err);
+
 /* MTP draft (spec §2.8): from st's last HC state and the embedding of `token`,
  * at position st->len - 1, through MTP block `mtp_index`; writes vocab logits.
  * Updates only the MTP block's window ring. */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "engine/engine.h"
 #include "tools/commands.h"
 #include "util/err.h"
@@ -25,7 +26,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: dsv4 bench [--model DIR] [--backend cpu|cuda|auto] [--prompt N[,N...]] [--gen N]\n"
                "                  [--batch B[,B...]] [--numerics exact|reference] [--set NAME=VALUE ...]\n"
-               "                  [--threads N] [--copy-gb G] [--op-profile 0|1] [--warmup N]\n"
+               "                  [--threads N] [--copy-gb G] [--op-profile 0|1] [--warmup N] [--greedy 0|1]\n"
                "Prefill tok/s, decode tok/s, per-op time, weight bytes per decoded step and achieved\n"
                "bandwidth against the device's measured copy bandwidth, for every prompt length and batch\n"
                "size listed (the model is loaded once).  --op-profile 0 skips the second pass with per-op\n"
@@ -33,8 +34,10 @@ static void usage(FILE *f) {
                "first (a device backend builds its CUDA graphs for new shapes in them, e.g. a ratio-4\n"
                "compressor's first emit at the 4th step; the timed steps then show the steady state a long\n"
                "generation sees).  --set: a numerics switch over the profile\n"
-               "(`dsv4 switches`; e.g. moe.dot=mma), repeatable.  Defaults: --prompt 512 --gen 32 --batch 1\n"
-               "--backend auto --copy-gb 4 --op-profile 1 --warmup 8.\n");
+               "(`dsv4 switches`; e.g. moe.dot=mma), repeatable.  --greedy 1: at batch 1 also greedy decoding\n"
+               "with the picks on the device (the host records a step while the device runs the one before),\n"
+               "timed against the host-picking loop, whose tokens it must match.  Defaults: --prompt 512\n"
+               "--gen 32 --batch 1 --backend auto --copy-gb 4 --op-profile 1 --warmup 8 --greedy 1.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out) {
@@ -71,7 +74,7 @@ static int cmp_double(const void *a, const void *b) {
 /* One decode measurement: B clones of s0 (context P) decode W untimed steps, G timed steps,
  * then G more with per-op timing.  ids: tokens for the clones ([B][W + 2G]). */
 static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G, const int32_t *ids, float *lg,
-                        int vocab, double copy_bw, int op_profile, dsv4_err *err) {
+                        int vocab, double copy_bw, int op_profile, double *wb_out, dsv4_err *err) {
     const size_t stride = (size_t)W + 2 * (size_t)G; /* token ids per clone: warm-up, timed, profiled */
     dsv4_seq **seqs = calloc((size_t)B, sizeof *seqs);
     dsv4_step_item *items = calloc((size_t)B, sizeof *items);
@@ -155,6 +158,7 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G
     /* the bytes of the profiled steps where they ran, else of the timed steps (the backend's counter
      * runs from the last profile switch: --op-profile 0 leaves it running over the timed steps too) */
     double wb = op_profile ? pi.weight_bytes_read / G : (p1.weight_bytes_read - p0.weight_bytes_read) / G;
+    *wb_out = wb;
     if (wb > 0) {
         printf("bench: weight bytes read per decode step %.3f GB; achieved %.0f GB/s", wb / 1e9,
                wb / (step_ms * 1e-3) / 1e9);
@@ -172,13 +176,61 @@ out:
     return rc;
 }
 
+
+/* Greedy decoding at batch 1 (dsv4_seq_greedy: the picks stay on the device, the host records
+ * each step while the device runs the one before) against the step API with the host picking
+ * (one engine step a token, its logits row read back): two clones of s0, the same first token,
+ * W untimed steps then G timed ones each; the two token streams must be identical. */
+static int bench_greedy(dsv4_engine *e, dsv4_seq *s0, int P, int W, int G, int32_t first, float *lg, int vocab,
+                        double copy_bw, double wb, dsv4_err *err) {
+    dsv4_seq *a = NULL, *h = NULL;
+    int32_t *ta = calloc((size_t)(W + G), sizeof *ta), *th = calloc((size_t)(W + G), sizeof *th);
+    int rc = -1;
+    double tg = 0, thost = 0;
+    if (!ta || !th) {
+        dsv4_errf(err, "greedy: out of memory");
+        goto out;
+    }
+    if (dsv4_seq_clone(s0, P, &a, err) || dsv4_seq_clone(s0, P, &h, err)) goto out;
+    if (W > 0 && dsv4_seq_greedy(a, first, W, ta, err)) goto out;
+    double t0 = dsv4_now();
+    if (dsv4_seq_greedy(a, W > 0 ? ta[W - 1] : first, G, ta + W, err)) goto out;
+    tg = dsv4_now() - t0;
+    int32_t tok = first;
+    for (int s = 0; s < W + G; s++) {
+        if (s == W) t0 = dsv4_now();
+        dsv4_step_item it = {h, &tok, 1, lg};
+        if (dsv4_engine_step(e, &it, 1, err)) goto out;
+        th[s] = tok = dsv4_argmax_row(lg, vocab);
+    }
+    thost = dsv4_now() - t0;
+    int same = !memcmp(ta, th, sizeof(int32_t) * (size_t)(W + G));
+    double ms = tg / G * 1e3;
+    printf("bench: greedy decode batch 1 at context %d (device picks, dsv4_seq_greedy): %d steps in %.3f s = %.2f "
+           "ms/step = %.1f tok/s", P, G, tg, ms, G / tg);
+    if (wb > 0 && copy_bw > 0) printf(" = %.1f%% of the copy bandwidth", 100 * wb / (ms * 1e-3) / 1e9 / copy_bw);
+    printf("\nbench: greedy decode with host picks (one engine step a token, logits read back): %.2f ms/step; "
+           "tokens of the two %s over %d steps\n", thost / G * 1e3, same ? "identical" : "DIFFERENT", W + G);
+    fflush(stdout);
+    if (!same) {
+        dsv4_errf(err, "greedy: device picks differ from host picks");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (a) dsv4_seq_free(a);
+    if (h) dsv4_seq_free(h);
+    free(ta), free(th);
+    return rc;
+}
+
 int dsv4_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *backend = "auto", *numerics = NULL;
     enum { MAX_SETS = 32 };
     const char *sets[MAX_SETS];
     int n_sets = 0;
     int prompts[MAX_LIST] = {512}, batches[MAX_LIST] = {1}, np = 1, nb = 1;
-    int G = 32, W = 8, threads = 0, copy_gb = 4, op_profile = 1;
+    int G = 32, W = 8, threads = 0, copy_gb = 4, op_profile = 1, greedy = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -208,6 +260,7 @@ int dsv4_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--copy-gb")) bad = parse_int(v, 1, 64, &copy_gb);
         else if (!strcmp(a, "--op-profile")) bad = parse_int(v, 0, 1, &op_profile);
         else if (!strcmp(a, "--warmup")) bad = parse_int(v, 0, 1 << 16, &W);
+        else if (!strcmp(a, "--greedy")) bad = parse_int(v, 0, 1, &greedy);
         else {
             fprintf(stderr, "dsv4 bench: unknown option %s\n", a);
             usage(stderr);
@@ -277,7 +330,11 @@ int dsv4_cmd_bench(int argc, char **argv) {
         for (int ib = 0; ib < nb; ib++) {
             int B = batches[ib];
             if (B > 1) printf("bench: batch %d = %d clones of the sequence prefilled above\n", B, B);
-            if (bench_decode(e, s0, P, B, W, G, ids + Pmax, lg, info.vocab_size, copy_bw, op_profile, &err))
+            double wb = 0;
+            if (bench_decode(e, s0, P, B, W, G, ids + Pmax, lg, info.vocab_size, copy_bw, op_profile, &wb, &err))
+                goto done;
+            if (B == 1 && greedy &&
+                bench_greedy(e, s0, P, W, G, ids[Pmax], lg, info.vocab_size, copy_bw, wb, &err))
                 goto done;
         }
         dsv4_seq_free(s0);

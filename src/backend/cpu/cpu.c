@@ -636,6 +636,22 @@ static void cpu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, c
 
 static void cpu_upload(dsv4_backend *b, void *dst, const void *src, size_t n) { cpu_copy(b, dst, src, n); }
 
+static void cpu_argmax(dsv4_backend *b, int32_t *out, const float *x, int rows, int n) {
+    (void)b;
+    for (int r = 0; r < rows; r++) out[r] = dsv4_argmax_row(x + (size_t)r * (size_t)n, n);
+}
+
+static void cpu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *t,
+                           int k) {
+    (void)b;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < k; j++) {
+            int64_t at = (int64_t)tokens[r] * k + j;
+            dst[r * k + j] =
+                (int32_t)(t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[at] : ((const int32_t *)t->data)[at]);
+        }
+}
+
 static const dsv4_backend_ops CPU_OPS = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -665,6 +681,8 @@ static const dsv4_backend_ops CPU_OPS = {
     .norm_rope = cpu_norm_rope,
     .hc_pre_norm = cpu_hc_pre_norm,
     .hc_post_pre_norm = cpu_hc_post_pre_norm,
+    .argmax = cpu_argmax,
+    .gather_ids = cpu_gather_ids,
 };
 
 int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err) {

@@ -24,6 +24,8 @@ extern "C" {
 
 /* op implementations (one kernel family per file) */
 void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *);
+void cu_argmax(dsv4_backend *, int32_t *, const float *, int, int); /* linear.cu */
+void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_weight *, int);
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int);
 void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
@@ -467,7 +469,7 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
     "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi",
-    "op_list", "route_moe"};
+    "op_list", "route_moe", "argmax", "gather_ids"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -920,6 +922,8 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_route_moe,
     cu_host_alloc,
     cu_host_free,
+    cu_argmax,
+    cu_gather_ids,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:

@@ -1400,15 +1400,101 @@ __global__ void k_embed(float *out, const int32_t *tok, int rows, dweight w) {
     if (r < rows && c < w.cols) out[(int64_t)r * w.cols + c] = d_weight_at(w, tok[r], c);
 }
 
+/* tokens in host memory are staged; in device memory (dsv4_forward_greedy: the previous step's
+ * argmax) read in place */
 void cu_embed(dsv4_backend *b, float *out, const int32_t *tokens, int rows, const dsv4_weight *w) {
     dsv4_cuda_op_begin(b);
     dweight dw;
     if (rows <= 0 || dsv4_cuda_weight(b, w, &dw)) return;
-    int32_t *td = (int32_t *)dsv4_cuda_stage(b, tokens, sizeof(int32_t) * rows);
+    int32_t *td = (int32_t *)dsv4_cuda_in(b, tokens, sizeof(int32_t) * rows);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * rows * w->cols);
     if (!td || !od) return;
     dsv4_launch(k_embed, dim3((unsigned)((w->cols + 255) / 256), rows), 256, 0, CI(b)->stream, od, td, rows, dw);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * w->cols);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_EMBED);
+}
+
+/* ----- argmax and gather_ids (backend.h): greedy decoding with the token in device memory -----
+ * k_argmax: one block of 1024 threads a row; thread t scans t, t + 1024, ... keeping the first
+ * of its largest non-NaN values, then a tree over the threads keeps the larger value, the lower
+ * index between equal ones: the host rule (dsv4_argmax_row), so the same index. */
+enum { AM_THREADS = 1024 };
+
+__device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i) {
+    /* (v, i) replaces (bv, bi): none yet, a larger value, or an equal one at a lower index */
+    if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+}
+
+__global__ void __launch_bounds__(AM_THREADS) k_argmax(int32_t *out, const float *x, int n) {
+    pdl_enter();
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ int si[AM_THREADS / 32];
+    const float *row = x + (int64_t)blockIdx.x * n;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += AM_THREADS) {
+        float v = row[i];
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;
+    }
+    for (int o = 16; o; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_take(bv, bi, v, i);
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        bv = sv[lane], bi = si[lane];
+        for (int o = 16; o; o >>= 1) {
+            float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            int i = __shfl_xor_sync(0xffffffffu, bi, o);
+            am_take(bv, bi, v, i);
+        }
+        if (lane == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+    }
+}
+
+void cu_argmax(dsv4_backend *b, int32_t *out, const float *x, int rows, int n) {
+    dsv4_cuda_op_begin(b);
+    if (rows <= 0 || n <= 0) return;
+    const float *xd = (const float *)dsv4_cuda_in(b, x, sizeof(float) * (size_t)rows * n);
+    int32_t *od = (int32_t *)dsv4_cuda_out(b, out, sizeof(int32_t) * rows);
+    if (!xd || !od) return;
+    dsv4_launch(k_argmax, dim3((unsigned)rows), AM_THREADS, 0, CI(b)->stream, od, xd, n);
+    if (CKL(b)) return;
+    dsv4_cuda_commit(b, out, od, sizeof(int32_t) * rows);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_ARGMAX);
+}
+
+/* dst[r][j] = table[tok[r]][j]: int64 tables (I64) as their low 32 bits, as the host's cast */
+template <int I64>
+__global__ void k_gather_ids(int32_t *dst, const int32_t *tok, int rows, const void *table, int k) {
+    pdl_enter();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * k) return;
+    int64_t at = (int64_t)tok[i / k] * k + i % k;
+    dst[i] = I64 ? (int32_t)((const int64_t *)table)[at] : ((const int32_t *)table)[at];
+}
+
+void cu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *w, int k) {
+    dsv4_cuda_op_begin(b);
+    dweight dw;
+    if (rows <= 0 || k <= 0 || dsv4_cuda_weight(b, w, &dw)) return;
+    if (w->fmt != DSV4_WF_I64 && w->fmt != DSV4_WF_I32) {
+        dsv4_cuda_fail(b, "gather_ids: the table is neither int32 nor int64", __FILE__, __LINE__, cudaErrorInvalidValue);
+        return;
+    }
+    const int32_t *td = (const int32_t *)dsv4_cuda_in(b, tokens, sizeof(int32_t) * rows);
+    int32_t *od = (int32_t *)dsv4_cuda_out(b, dst, sizeof(int32_t) * rows * k);
+    if (!td || !od) return;
+    unsigned blocks = (unsigned)((rows * k + 255) / 256);
+    if (w->fmt == DSV4_WF_I64)
+        dsv4_launch(k_gather_ids<1>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, k);
+    else
+        dsv4_launch(k_gather_ids<0>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, k);
+    if (CKL(b)) return;
+    dsv4_cuda_commit(b, dst, od, sizeof(int32_t) * rows * k);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_GATHER_IDS);
 }
