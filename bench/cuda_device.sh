@@ -152,11 +152,14 @@ for stage in "${stages[@]}"; do
   ktrace)
     # per-kernel device times inside the decode graphs (tools/device/ktrace.c, CUPTI activity
     # records); the CSV comes back compressed and tools/device/ktrace_report.py reads it.
-    # KT_ARGS: more bench arguments (e.g. "--set moe.dot=mma"); KT_TAG: a suffix of the CSV's name
+    # KT_ARGS: more bench arguments (e.g. "--set moe.dot=mma"); KT_TAG: a suffix of the CSV's name;
+    # KT_GREEDY=1 (ktrace, ktab): bench's greedy pass too, whose device-picks steps are then the trace's last
+    # (the report's --steps reads the last passes; default 0: the step API's timed steps are the last)
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
     if [ -f carry/lib/ktrace.so ]; then
       CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktrace.csv timeout 300 $bin/dsv4 bench --model $m --backend cuda \
-        --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 ${KT_ARGS:-} >"$OUT/ktrace_run.log" 2>&1
+        --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 --greedy ${KT_GREEDY:-0} ${KT_ARGS:-} \
+        >"$OUT/ktrace_run.log" 2>&1
       note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
       xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}${KT_TAG:-}.csv.xz"
     else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
@@ -173,7 +176,7 @@ for stage in "${stages[@]}"; do
       csv="$OUT/ktab$i.csv"
       env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktab.csv timeout 300 \
         $bin/dsv4 bench --model $m --backend cuda --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 \
-        --op-profile 0 ${AB_ARGS:-} "${sets[@]}" >"$OUT/ktab_run$i.log" 2>&1
+        --op-profile 0 --greedy ${KT_GREEDY:-0} ${AB_ARGS:-} "${sets[@]}" >"$OUT/ktab_run$i.log" 2>&1
       note "ktab $i [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ktab_run$i.log" | sed 's/.*: 16 steps/16 steps/')"
       xz -T4 -c /tmp/ktab.csv >"$csv.xz"
       if [ -z "$first" ]; then first="$csv.xz"
