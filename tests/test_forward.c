@@ -622,8 +622,8 @@ static void test_segments_and_checks(void) {
     dsv4_state *s = NULL, *ref = NULL;
     REQUIRE(dsv4_state_new(&s, &cfg, 0, &err) == 0);
     REQUIRE(dsv4_state_new(&ref, &cfg, 0, &err) == 0);
-    int32_t tok[24];
-    make_tokens(tok, 24, 91, cfg.vocab_size);
+    int32_t tok[32];
+    make_tokens(tok, 32, 91, cfg.vocab_size);
     float *lg = malloc(sizeof(float) * cfg.vocab_size), *lr = malloc(sizeof(float) * cfg.vocab_size);
     REQUIRE(lg && lr);
     memset(&g_rec, 0, sizeof g_rec);
@@ -673,6 +673,25 @@ static void test_segments_and_checks(void) {
     it = (dsv4_fwd_item){.st = ref, .tokens = tok + 22, .n = 2, .logits = lr};
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     CHECK(memcmp(lg, lr, sizeof(float) * cfg.vocab_size) == 0);
+    /* a failing step at a position that closes compressor windows (every ratio divides 28): the
+     * retry and the steps after it still match */
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 24, .n = 3, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = ref, .tokens = tok + 24, .n = 3, .logits = lr};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    memset(&g_rec, 0, sizeof g_rec);
+    g_rec.fail_at = 1;
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 27, .n = 1, .logits = lg};
+    CHECK(dsv4_forward(m, &it, 1, &err) != 0);
+    CHECK(s->len == 27);
+    g_rec.fail_at = 0;
+    for (int p = 27; p < 32; p++) {
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + p, .n = 1, .logits = lg};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+        it = (dsv4_fwd_item){.st = ref, .tokens = tok + p, .n = 1, .logits = lr};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+        CHECKF(memcmp(lg, lr, sizeof(float) * cfg.vocab_size) == 0, "position %d after a failed emitting step", p);
+    }
     free(lg), free(lr);
     dsv4_state_free(s);
     dsv4_state_free(ref);
@@ -1012,13 +1031,31 @@ static void test_greedy(void) {
     CHECK(g_gr.logit_dl >= N); /* each step's row (and the trace's copies) */
     CHECK(!memcmp(out2, out, sizeof out));
     CHECK_EQ_INT(t->len, P + N);
-    /* a failing check: an error, the length stays */
+    /* a failing check: an error, the length stays; after one step (undone by the length) and after
+     * 21 (which overwrote window slots and compressor rows that the length's window reads: undone
+     * from a checkpoint), the sequence then continues exactly as the reference */
     int64_t len = g->len;
-    memset(&g_gr, 0, sizeof g_gr), g_gr.fail_at = 1;
-    CHECK(dsv4_forward_greedy(m, g, first, 3, out2, &err) != 0);
-    CHECK(strstr(err.msg, "injected device failure") != NULL);
-    CHECK_EQ_INT(g->len, len);
-    g_gr.fail_at = 0;
+    static const int fail_steps[2] = {1, 21};
+    int32_t cont[8], cref[8];
+    for (int f = 0; f < 2; f++) {
+        memset(&g_gr, 0, sizeof g_gr), g_gr.fail_at = 1, g_gr.vocab_bytes = sizeof(float) * (size_t)V;
+        err.msg[0] = 0;
+        CHECK(dsv4_forward_greedy(m, g, out[N - 1], fail_steps[f], out2, &err) != 0);
+        CHECK(strstr(err.msg, "injected device failure") != NULL);
+        CHECK_EQ_INT(g->len, len);
+        g_gr.fail_at = 0;
+        REQUIRE(dsv4_forward_greedy(m, g, out[N - 1], 8, cont, &err) == 0);
+        REQUIRE(dsv4_forward_greedy(m, r, out[N - 1], 8, cref, &err) == 0);
+        it = (dsv4_fwd_item){.st = g, .tokens = &cont[7], .n = 1, .logits = lg};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+        it.st = r, it.logits = lr;
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+        int cont_same = !memcmp(cont, cref, sizeof cont), next_same = !memcmp(lg, lr, sizeof(float) * (size_t)V);
+        printf("  a check failing after %d greedy steps: length kept, then 8 steps %s the reference's, next logits %s\n",
+               fail_steps[f], cont_same ? "equal to" : "DIFFER from", next_same ? "identical" : "DIFFERENT");
+        CHECK(cont_same && next_same);
+        len = g->len;
+    }
     /* bad arguments */
     CHECK(dsv4_forward_greedy(m, g, V, 3, out2, &err) != 0);
     CHECK(strstr(err.msg, "outside the vocabulary") != NULL);

@@ -97,7 +97,8 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_step_item *items, int n_items, dsv4_er
  * is the next token and not yet appended.  Equal to n dsv4_engine_step calls of one token
  * with the host taking the argmax (the first of equal values), but on a backend with device
  * argmax the picks never leave the device between steps, so the host records the next step
- * while the device runs this one.  On error the sequence keeps its length. */
+ * while the device runs this one.  On error the sequence is back at its length (as after a
+ * truncate: from a checkpoint where the failed steps had overwritten its window). */
 int dsv4_seq_greedy(dsv4_seq *s, int32_t first, int n, int32_t *out, dsv4_err *err);
 
 /* Truncates a sequence to its first len tokens (len <= current length).

@@ -996,6 +996,49 @@ static void shim_fn(void *user, const dsv4_route_info *info) {
     t->fn(t->user, &c);
 }
 
+/* ----- undoing a failed call -----
+ * A failed call commits nothing: the state goes back to length len, which its device writes from
+ * position len on (n positions) must not have disturbed.  One position that closes no compressor
+ * window is undone by the counts alone: its ring slot held a position outside every later window
+ * and its compressor row sits past the count (n_rows = len / ratio, which run_compressor
+ * advanced).  More positions overwrote ring slots inside len's window, and a closed window shifts
+ * the ratio-4 state in place: then the state goes back to its last checkpoint at or below len and
+ * the tokens from there to len run again (dsv4_seq_truncate's way; the history holds them).
+ * 0, or -1 with e2 set when that re-run failed too. */
+/* err's message, then "; WHAT failed too: " e2's */
+static void err_also(dsv4_err *err, const char *what, const dsv4_err *e2) {
+    if (!err) return;
+    char first[DSV4_ERR_MAX];
+    snprintf(first, sizeof first, "%s", err->msg);
+    dsv4_errf(err, "%s; %s failed too: %s", first, what, e2->msg);
+}
+
+static int state_undo(dsv4_model *m, dsv4_state *st, int64_t len, int64_t n, dsv4_err *e2) {
+    int full = n > 1;
+    for (int l = 0; l < st->n_layers && n == 1; l++) {
+        const dsv4_layer_state *L = &st->layers[l];
+        full |= (L->has_comp && (len + 1) % L->comp.ratio == 0) || (L->has_idx && (len + 1) % L->icomp.ratio == 0);
+    }
+    if (st->len < len + n) st->len = len + n; /* what the failed call may have written, for the rewind */
+    if (!full || n < 1) {
+        st->len = len;
+        for (int l = 0; l < st->n_layers; l++) {
+            dsv4_layer_state *L = &st->layers[l];
+            if (L->has_comp) L->comp.n_rows = len / L->comp.ratio;
+            if (L->has_idx) L->icomp.n_rows = len / L->icomp.ratio;
+        }
+        return 0;
+    }
+    int64_t from = 0;
+    if (dsv4_state_rewind(st, len, &from, e2)) return -1;
+    while (st->len < len) {
+        int64_t k = len - st->len;
+        dsv4_fwd_item it = {.st = st, .tokens = st->tokens + st->len, .n = k > (1 << 20) ? 1 << 20 : (int)k};
+        if (dsv4_forward(m, &it, 1, e2)) return -1;
+    }
+    return 0;
+}
+
 int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err) {
     const dsv4_config *c = m->cfg;
     double tt = fwd_now(), tn;
@@ -1033,7 +1076,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     }
     int *done = m->done;
     memset(done, 0, sizeof(int) * (size_t)n_items);
-    int rc = 0, unchecked = 0;
+    int rc = 0, unchecked = 0, n_undo = 0;
     size_t hcd = (size_t)c->hc_mult * c->dim;
     for (;;) {
         /* ----- build one sub-batch ----- */
@@ -1084,7 +1127,10 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         }
         mark_segment(m, -1);
         FWD_LAP(2);
-        if (rc) break;
+        if (rc) {
+            n_undo = nseg;
+            break;
+        }
         /* ----- bookkeeping, then logits for the rows that want them ----- */
         int nl = 0;
         for (int s = 0; s < nseg; s++) {
@@ -1119,7 +1165,10 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
          * too (one wait per sub-batch instead of two); no length moves before it (a failed
          * step's device writes, KV rows and last_x among them, are past the state's length or
          * rewritten by the next step) */
-        if (OPS(m)->check && (rc = OPS(m)->check(B_(m), err))) break;
+        if (OPS(m)->check && (rc = OPS(m)->check(B_(m), err))) {
+            n_undo = nseg;
+            break;
+        }
         FWD_LAP(3);
         for (int s = 0; s < nseg; s++) {
             segment *sg = &m->segs[s];
@@ -1134,6 +1183,15 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     }
     m->trace = saved;
     m->trace_user = saved_user;
+    if (n_undo) { /* the failed sub-batch's states (copied: the re-runs reuse m->segs) */
+        segment *u = malloc(sizeof *u * (size_t)n_undo);
+        dsv4_err e2 = {{0}};
+        if (!u) dsv4_errf(&e2, "out of memory");
+        else memcpy(u, m->segs, sizeof *u * (size_t)n_undo);
+        for (int s = 0; u && s < n_undo && !e2.msg[0]; s++) state_undo(m, u[s].st, u[s].pos0, u[s].n, &e2);
+        free(u);
+        if (e2.msg[0]) err_also(err, "restoring the sequences to their lengths", &e2);
+    }
     if (!rc && unchecked && OPS(m)->check) rc = OPS(m)->check(B_(m), err);
     return rc;
 }
@@ -1178,10 +1236,11 @@ int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_step
     m->fwd_calls++;
     const int64_t len0 = st->len;
     size_t hcd = (size_t)c->hc_mult * c->dim;
-    int k = c->n_active, rc = 0, synced = 0; /* synced: tokens [0, synced) of out are on the host */
+    int k = c->n_active, rc = 0, synced = 0, issued = 0; /* synced: tokens [0, synced) of out are on the host */
     op->upload(b, m->gtok, &first, sizeof(int32_t));
     for (int s = 0; s < n_steps && !rc; s++) {
         int64_t len = st->len;
+        issued = s + 1; /* a step that fails part way has written device state too */
         m->pos[0] = len;
         m->tok[0] = -1; /* not known on the host (no trace reads it here) */
         m->seg_of[0] = 0;
@@ -1217,8 +1276,9 @@ int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_step
     if (!rc && synced < n_steps)
         op->download(b, out + synced, m->gtok + 1 + synced, sizeof(int32_t) * (size_t)(n_steps - synced));
     if (!rc && op->check) rc = op->check(b, err);
-    if (rc) { /* as a failed dsv4_forward: the length is where it was (rows past it are rewritten) */
-        st->len = len0;
+    if (rc) { /* every step issued is undone */
+        dsv4_err e2 = {{0}};
+        if (state_undo(m, st, len0, issued, &e2)) err_also(err, "restoring the sequence to its length", &e2);
         return -1;
     }
     for (int s = 0; s < n_steps; s++) st->tokens[len0 + s] = s ? out[s - 1] : first;

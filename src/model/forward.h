@@ -88,7 +88,8 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
  * out[n_steps - 1] is the next token, not yet appended.  The same values as dsv4_forward one
  * token at a time with the host picking; where the backend has argmax and gather_ids (and no
  * trace is set) the picks stay in backend memory and the host never waits between steps.
- * On error st keeps its length. */
+ * On error st is back at its length (after more than one step: restored from its last
+ * checkpoint and the tokens since run again; if that fails too, the message says so). */
 int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err);
 
 /* MTP draft (spec §2.8): from st's last HC state and the embedding of `token`,
