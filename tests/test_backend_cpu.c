@@ -481,6 +481,35 @@ static void test_cyclic_and_copy_list(void) {
     CHECK(dst[0] == src[5] && dst[10] == src[0] && dst[43] == src[63] && dst[44] == 0.0f);
 }
 
+
+/* argmax (greedy decoding's pick): the first of equal largest values, NaN never winning, a row of
+ * NaN or of -inf gives 0; gather_ids: int64 values as their low 32 bits, a token past the table
+ * reads row 0 */
+static void test_argmax_gather(void) {
+    enum { N = 1000, R = 5, TR = 10, K = 3 };
+    static float x[R * N];
+    fill(x, (size_t)R * N, 3);
+    x[17] = x[400] = 9.0f;
+    for (int i = 0; i < N; i++) x[N + i] = NAN, x[2 * N + i] = -INFINITY, x[3 * N + i] = -INFINITY;
+    x[2 * N] = NAN, x[2 * N + 555] = -1e30f;
+    x[4 * N + N - 1] = 4.0f;
+    int32_t out[R];
+    static const int32_t want[R] = {17, 0, 555, 0, N - 1};
+    B()->ops->argmax(B(), out, x, R, N);
+    for (int r = 0; r < R; r++) {
+        CHECKF(out[r] == want[r], "argmax row %d: %d, want %d", r, out[r], want[r]);
+        CHECK(dsv4_argmax_row(x + (size_t)r * N, N) == want[r]);
+    }
+    int64_t t64[TR * K];
+    for (int i = 0; i < TR * K; i++) t64[i] = i + 100;
+    t64[4] = (int64_t)7 << 33 | 5;
+    dsv4_weight w = {.fmt = DSV4_WF_I64, .rows = TR, .cols = K, .data = t64, .name = "t64"};
+    int32_t tok[3] = {1, 9, 12}, ids[3 * K];
+    B()->ops->gather_ids(B(), ids, tok, 3, &w, K);
+    static const int32_t want_ids[3 * K] = {103, 5, 105, 127, 128, 129, 100, 101, 102};
+    CHECK(memcmp(ids, want_ids, sizeof ids) == 0);
+}
+
 static void test_zz_free(void) {
     if (be_ok) {
         CHECK(dsv4_backend_cpu_spills(B()) >= 0);
@@ -489,4 +518,4 @@ static void test_zz_free(void) {
 }
 
 TEST_MAIN(test_matmul_f32_bf16_fp8, test_matmul_grouped, test_rmsnorm_rope, test_hc_pre_post_head,
-          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_sim_modes, test_cyclic_and_copy_list, test_zz_free)
+          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_sim_modes, test_cyclic_and_copy_list, test_argmax_gather, test_zz_free)

@@ -1410,7 +1410,67 @@ static void test_moe_wide(void) {
     check_moe_wide(DSV4_WF_NVFP4, DSV4_WF_FP8, 1, e1, 1, 1);   /* NVFP4 routed, f32-scaled FP8 shared, act_fp8 */
 }
 
-TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
+/* argmax and gather_ids (greedy decoding's ops) against the CPU's: a vocab-sized row whose
+ * largest value appears twice (the first wins), a row of NaN (0), NaN first then -inf and one
+ * finite value, a row of -inf (0), the largest last; gather_ids from int64 and int32 tables with
+ * the tokens in device memory (read in place) and on the host (staged), a token past the table
+ * reading row 0. */
+static void test_argmax_gather(void) {
+    NEED_GPU();
+    enum { N = 129280, R = 5, TR = 100, K = 6, NT = 4 };
+    float *x = malloc(sizeof(float) * (size_t)R * N);
+    REQUIRE(x);
+    fill(x, N, 5);
+    x[777] = x[4242] = 100.0f;
+    for (int i = 0; i < N; i++) x[N + i] = NAN, x[2 * N + i] = -INFINITY, x[3 * N + i] = -INFINITY;
+    x[2 * N] = NAN, x[2 * N + 31337] = -1e30f;
+    fill(x + 4 * N, N, 6);
+    x[4 * N + N - 1] = 50.0f;
+    int32_t a[R], g[R] = {0};
+    static const int32_t want[R] = {777, 0, 31337, 0, N - 1};
+    cpu.ops->argmax(&cpu, a, x, R, N);
+    int32_t *gd = gpu.ops->alloc(&gpu, sizeof g);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * (size_t)R * N);
+    REQUIRE(gd && xd);
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * (size_t)R * N);
+    gpu.ops->argmax(&gpu, gd, xd, R, N);
+    gpu.ops->download(&gpu, g, gd, sizeof g);
+    CHECK(gpu_ok());
+    printf("  argmax: cpu %d %d %d %d %d, gpu %d %d %d %d %d\n", a[0], a[1], a[2], a[3], a[4], g[0], g[1], g[2], g[3],
+           g[4]);
+    for (int r = 0; r < R; r++) CHECKF(a[r] == want[r] && g[r] == want[r], "row %d: cpu %d gpu %d want %d", r, a[r], g[r], want[r]);
+    int64_t t64[TR * K];
+    int32_t t32[TR * K];
+    for (int i = 0; i < TR * K; i++) t64[i] = t32[i] = (i * 37 + 11) % 256;
+    t64[5] = (int64_t)1 << 40 | 9; /* the low 32 bits, as the host's cast */
+    dsv4_weight w64 = {.fmt = DSV4_WF_I64, .rows = TR, .cols = K, .data = t64, .name = "t64"};
+    dsv4_weight w32 = {.fmt = DSV4_WF_I32, .rows = TR, .cols = K, .data = t32, .name = "t32"};
+    int32_t tok[NT] = {0, 99, 17, 150}, ca[NT * K], cg[NT * K];
+    int32_t *td = gpu.ops->alloc(&gpu, sizeof tok), *od = gpu.ops->alloc(&gpu, sizeof cg);
+    REQUIRE(td && od);
+    gpu.ops->upload(&gpu, td, tok, sizeof tok);
+    for (int f = 0; f < 2; f++) {
+        const dsv4_weight *w = f ? &w32 : &w64;
+        cpu.ops->gather_ids(&cpu, ca, tok, NT, w, K);
+        gpu.ops->gather_ids(&gpu, od, td, NT, w, K); /* device tokens, device output */
+        gpu.ops->download(&gpu, cg, od, sizeof cg);
+        CHECK(gpu_ok());
+        CHECK(memcmp(ca, cg, sizeof ca) == 0);
+        memset(cg, 0, sizeof cg);
+        gpu.ops->gather_ids(&gpu, cg, tok, NT, w, K); /* host tokens and output */
+        CHECK(gpu_ok());
+        CHECK(memcmp(ca, cg, sizeof ca) == 0);
+        for (int r = 0; r < NT; r++)
+            for (int j = 0; j < K; j++) {
+                int64_t row = tok[r] < TR ? tok[r] : 0;
+                CHECK(ca[r * K + j] == (f ? t32[row * K + j] : (int32_t)t64[row * K + j]));
+            }
+    }
+    gpu.ops->free(&gpu, gd), gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, td), gpu.ops->free(&gpu, od);
+    free(x);
+}
+
+TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
           test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_pool_device, test_route,
           test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
           test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped, test_kern_hc,

@@ -247,8 +247,8 @@ typedef struct dsv4_backend_ops {
      * never wins; a row of NaN only gives 0); x and out in backend memory.
      * gather_ids: dst[r][j] = table[tokens[r]][j] for j < k (a [rows >= vocab][k] int32 or int64
      * weight, each value as int32: the hash layers' tid2eid); tokens and dst in backend memory,
-     * every token in [0, table rows) (argmax of a vocab row).  NULL: the forward pass picks on
-     * the host, reading each step's logits. */
+     * every token in [0, table rows) (argmax of a vocab row; one outside reads row 0, never past
+     * the table).  NULL: the forward pass picks on the host, reading each step's logits. */
     void (*argmax)(dsv4_backend *b, int32_t *out, const float *x, int rows, int n);
     void (*gather_ids)(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *table,
                        int k);

@@ -641,14 +641,14 @@ static void cpu_argmax(dsv4_backend *b, int32_t *out, const float *x, int rows, 
     for (int r = 0; r < rows; r++) out[r] = dsv4_argmax_row(x + (size_t)r * (size_t)n, n);
 }
 
-static void cpu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *t,
+static void cpu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *tb,
                            int k) {
     (void)b;
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < k; j++) {
-            int64_t at = (int64_t)tokens[r] * k + j;
-            dst[r * k + j] =
-                (int32_t)(t->fmt == DSV4_WF_I64 ? ((const int64_t *)t->data)[at] : ((const int32_t *)t->data)[at]);
+        for (int j = 0; j < k; j++) { /* a token outside the contract reads row 0, as the CUDA kernel */
+            int64_t tok = tokens[r], at = (tok >= 0 && tok < tb->rows ? tok : 0) * k + j;
+            dst[r * k + j] = (int32_t)(tb->fmt == DSV4_WF_I64 ? ((const int64_t *)tb->data)[at]
+                                                               : ((const int32_t *)tb->data)[at]);
         }
 }
 

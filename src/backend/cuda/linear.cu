@@ -1468,13 +1468,15 @@ void cu_argmax(dsv4_backend *b, int32_t *out, const float *x, int rows, int n) {
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ARGMAX);
 }
 
-/* dst[r][j] = table[tok[r]][j]: int64 tables (I64) as their low 32 bits, as the host's cast */
+/* dst[r][j] = table[tok[r]][j]: int64 tables (I64) as their low 32 bits, as the host's cast; a
+ * token outside [0, trows) (outside the op's contract) reads row 0, never memory past the table */
 template <int I64>
-__global__ void k_gather_ids(int32_t *dst, const int32_t *tok, int rows, const void *table, int k) {
+__global__ void k_gather_ids(int32_t *dst, const int32_t *tok, int rows, const void *table, int64_t trows, int k) {
     pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * k) return;
-    int64_t at = (int64_t)tok[i / k] * k + i % k;
+    int64_t t = tok[i / k];
+    int64_t at = (t >= 0 && t < trows ? t : 0) * k + i % k;
     dst[i] = I64 ? (int32_t)((const int64_t *)table)[at] : ((const int32_t *)table)[at];
 }
 
@@ -1491,9 +1493,9 @@ void cu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int row
     if (!td || !od) return;
     unsigned blocks = (unsigned)((rows * k + 255) / 256);
     if (w->fmt == DSV4_WF_I64)
-        dsv4_launch(k_gather_ids<1>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, k);
+        dsv4_launch(k_gather_ids<1>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, w->rows, k);
     else
-        dsv4_launch(k_gather_ids<0>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, k);
+        dsv4_launch(k_gather_ids<0>, blocks, 256, 0, CI(b)->stream, od, td, rows, (const void *)dw.data, w->rows, k);
     if (CKL(b)) return;
     dsv4_cuda_commit(b, dst, od, sizeof(int32_t) * rows * k);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_GATHER_IDS);
