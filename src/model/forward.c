@@ -1021,12 +1021,7 @@ static int state_undo(dsv4_model *m, dsv4_state *st, int64_t len, int64_t n, dsv
     }
     if (st->len < len + n) st->len = len + n; /* what the failed call may have written, for the rewind */
     if (!full || n < 1) {
-        st->len = len;
-        for (int l = 0; l < st->n_layers; l++) {
-            dsv4_layer_state *L = &st->layers[l];
-            if (L->has_comp) L->comp.n_rows = len / L->comp.ratio;
-            if (L->has_idx) L->icomp.n_rows = len / L->icomp.ratio;
-        }
+        dsv4_state_set_len(st, len);
         return 0;
     }
     int64_t from = 0;

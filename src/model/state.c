@@ -322,14 +322,18 @@ int dsv4_state_rewind(dsv4_state *s, int64_t len, int64_t *resume_from, dsv4_err
             }
         }
     }
-    s->len = c;
-    for (int l = 0; l < s->n_layers; l++) {
-        dsv4_layer_state *L = &s->layers[l];
-        if (L->has_comp) L->comp.n_rows = c / L->comp.ratio;
-        if (L->has_idx) L->icomp.n_rows = c / L->icomp.ratio;
-    }
+    dsv4_state_set_len(s, c);
     *resume_from = c;
     return 0;
+}
+
+void dsv4_state_set_len(dsv4_state *s, int64_t len) {
+    s->len = len;
+    for (int l = 0; l < s->n_layers; l++) {
+        dsv4_layer_state *L = &s->layers[l];
+        if (L->has_comp) L->comp.n_rows = len / L->comp.ratio;
+        if (L->has_idx) L->icomp.n_rows = len / L->icomp.ratio;
+    }
 }
 
 /* ----- copy, size, serialization ----- */

@@ -94,6 +94,11 @@ int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err);
  * caller re-runs tokens[C..len).  Errors for len < 0 or len > s->len. */
 int dsv4_state_rewind(dsv4_state *s, int64_t len, int64_t *resume_from, dsv4_err *err);
 
+/* The length and the compressor row counts that follow from it (n_rows = len / ratio), and
+ * nothing else: for a caller whose writes past len disturbed nothing the state keeps (a failed
+ * step that closed no window; forward.c). */
+void dsv4_state_set_len(dsv4_state *s, int64_t len);
+
 /* Deep copy (in the source's backend). */
 int dsv4_state_clone(const dsv4_state *src, dsv4_state **out, dsv4_err *err);
 
