@@ -1439,8 +1439,8 @@ static void test_argmax_gather(void) {
     printf("  argmax: cpu %d %d %d %d %d, gpu %d %d %d %d %d\n", a[0], a[1], a[2], a[3], a[4], g[0], g[1], g[2], g[3],
            g[4]);
     for (int r = 0; r < R; r++) CHECKF(a[r] == want[r] && g[r] == want[r], "row %d: cpu %d gpu %d want %d", r, a[r], g[r], want[r]);
-    int64_t t64[TR * K];
-    int32_t t32[TR * K];
+    static int64_t t64[TR * K]; /* static: the backend keys a weight's device copy by its host address */
+    static int32_t t32[TR * K];
     for (int i = 0; i < TR * K; i++) t64[i] = t32[i] = (i * 37 + 11) % 256;
     t64[5] = (int64_t)1 << 40 | 9; /* the low 32 bits, as the host's cast */
     dsv4_weight w64 = {.fmt = DSV4_WF_I64, .rows = TR, .cols = K, .data = t64, .name = "t64"};

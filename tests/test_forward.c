@@ -11,7 +11,8 @@
  * backend's ops.  The fused pair hc_post_pre_norm: the forward pass's bookkeeping around it
  * (two post/comb pairs, the next layer skipping its own hc_pre, the last layer and the MTP
  * block unfused, the separate ops under a layer-diff trace) gives the bits of the unfused
- * pass, with the op counts of each.
+ * pass, with the op counts of each.  Greedy decoding (dsv4_forward_greedy) against the host loop,
+ * and a failed call undone (test_segments_and_checks, test_greedy).
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>

@@ -244,11 +244,12 @@ typedef struct dsv4_backend_ops {
 
     /* ----- optional: greedy decoding without the host in the loop (dsv4_forward_greedy) -----
      * argmax: out[r] = the index of the largest of x[r][0..n) (the first of equal ones; a NaN
-     * never wins; a row of NaN only gives 0); x and out in backend memory.
+     * never wins; a row of NaN only gives 0).
      * gather_ids: dst[r][j] = table[tokens[r]][j] for j < k (a [rows >= vocab][k] int32 or int64
-     * weight, each value as int32: the hash layers' tid2eid); tokens and dst in backend memory,
-     * every token in [0, table rows) (argmax of a vocab row; one outside reads row 0, never past
-     * the table).  NULL: the forward pass picks on the host, reading each step's logits. */
+     * weight, each value as int32: the hash layers' tid2eid), every token in [0, table rows) (argmax of a vocab row; one outside reads row 0, never past
+     * the table).  Both take backend memory in place (host memory too, staged, as other ops), so
+     * a pick feeds the next step's embed and gather_ids without the host.  NULL: the forward pass
+     * picks on the host, reading each step's logits. */
     void (*argmax)(dsv4_backend *b, int32_t *out, const float *x, int rows, int n);
     void (*gather_ids)(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *table,
                        int k);

@@ -316,29 +316,7 @@ int dsv4_seq_greedy(dsv4_seq *s, int32_t first, int n, int32_t *out, dsv4_err *e
 }
 
 int dsv4_seq_truncate(dsv4_seq *s, int64_t len, dsv4_err *err) {
-    int64_t from = 0;
-    if (len < 0 || len > s->st->len)
-        return dsv4_errf(err, "truncate: length %lld is outside [0, %lld]", (long long)len, (long long)s->st->len);
-    if (len == s->st->len) return 0;
-    /* keep the tokens to re-run before rewinding (the history buffer is reused) */
-    int64_t n = len;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!tok) return dsv4_errf(err, "truncate: out of memory");
-    memcpy(tok, s->st->tokens, sizeof(int32_t) * (size_t)n);
-    if (dsv4_state_rewind(s->st, len, &from, err)) {
-        free(tok);
-        return -1;
-    }
-    int rc = 0;
-    while (!rc && from < len) {
-        int chunk = len - from > (1 << 20) ? (1 << 20) : (int)(len - from);
-        dsv4_fwd_item it = {.st = s->st, .tokens = tok + from, .n = chunk, .tag = s};
-        rc = dsv4_forward(s->e->model, &it, 1, err);
-        from += chunk;
-    }
-    free(tok);
-    if (rc) dsv4_err_prefix(err, "truncate: re-running tokens from the checkpoint");
-    return rc;
+    return dsv4_forward_truncate(s->e->model, s->st, len, err);
 }
 
 int dsv4_seq_clone(dsv4_seq *src, int64_t len, dsv4_seq **out, dsv4_err *err) {

@@ -996,15 +996,6 @@ static void shim_fn(void *user, const dsv4_route_info *info) {
     t->fn(t->user, &c);
 }
 
-/* ----- undoing a failed call -----
- * A failed call commits nothing: the state goes back to length len, which its device writes from
- * position len on (n positions) must not have disturbed.  One position that closes no compressor
- * window is undone by the counts alone: its ring slot held a position outside every later window
- * and its compressor row sits past the count (n_rows = len / ratio, which run_compressor
- * advanced).  More positions overwrote ring slots inside len's window, and a closed window shifts
- * the ratio-4 state in place: then the state goes back to its last checkpoint at or below len and
- * the tokens from there to len run again (dsv4_seq_truncate's way; the history holds them).
- * 0, or -1 with e2 set when that re-run failed too. */
 /* err's message, then "; WHAT failed too: " e2's */
 static void err_also(dsv4_err *err, const char *what, const dsv4_err *e2) {
     if (!err) return;
@@ -1013,23 +1004,41 @@ static void err_also(dsv4_err *err, const char *what, const dsv4_err *e2) {
     dsv4_errf(err, "%s; %s failed too: %s", first, what, e2->msg);
 }
 
+/* ----- undoing a failed call -----
+ * A failed call commits nothing: the state goes back to length len, which its device writes from
+ * position len on (n positions) must not have disturbed.  One position that closes no compressor
+ * window is undone by the counts alone: its ring slot held a position outside every later window
+ * and its compressor row sits past the count (n_rows = len / ratio, which run_compressor
+ * advanced).  More positions overwrote ring slots inside len's window, and a closed window shifts
+ * the ratio-4 state in place: then the state is truncated to len (dsv4_forward_truncate: its last
+ * checkpoint at or below len, then the history's tokens up to len again).  0, or -1 with e2 set
+ * when that re-run failed too. */
 static int state_undo(dsv4_model *m, dsv4_state *st, int64_t len, int64_t n, dsv4_err *e2) {
     int full = n > 1;
     for (int l = 0; l < st->n_layers && n == 1; l++) {
         const dsv4_layer_state *L = &st->layers[l];
         full |= (L->has_comp && (len + 1) % L->comp.ratio == 0) || (L->has_idx && (len + 1) % L->icomp.ratio == 0);
     }
-    if (st->len < len + n) st->len = len + n; /* what the failed call may have written, for the rewind */
     if (!full || n < 1) {
         dsv4_state_set_len(st, len);
         return 0;
     }
+    if (st->len < len + n) st->len = len + n; /* what the failed call may have written: the truncate drops it */
+    return dsv4_forward_truncate(m, st, len, e2);
+}
+
+int dsv4_forward_truncate(dsv4_model *m, dsv4_state *st, int64_t len, dsv4_err *err) {
     int64_t from = 0;
-    if (dsv4_state_rewind(st, len, &from, e2)) return -1;
+    if (len < 0 || len > st->len)
+        return dsv4_errf(err, "truncate: length %lld is outside [0, %lld]", (long long)len, (long long)st->len);
+    if (len == st->len) return 0;
+    if (dsv4_state_rewind(st, len, &from, err)) return -1;
+    /* the history's tokens in place: a chunk's reserve needs no more than len <= the history's
+     * capacity (no realloc under the pointer), and the pass writes back the values it reads */
     while (st->len < len) {
         int64_t k = len - st->len;
         dsv4_fwd_item it = {.st = st, .tokens = st->tokens + st->len, .n = k > (1 << 20) ? 1 << 20 : (int)k};
-        if (dsv4_forward(m, &it, 1, e2)) return -1;
+        if (dsv4_forward(m, &it, 1, err)) return dsv4_err_prefix(err, "truncate: re-running tokens from the checkpoint");
     }
     return 0;
 }

@@ -83,6 +83,11 @@ typedef struct dsv4_fwd_item {
 /* Runs every item (distinct states).  Items are advanced by n tokens each. */
 int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err);
 
+/* Truncates st to its first len tokens (0 <= len <= st->len): back to its last checkpoint at or
+ * below len, then the history's tokens up to len run again (dsv4_seq_truncate; a failed call's
+ * undo).  On error the state is at the checkpoint or part way. */
+int dsv4_forward_truncate(dsv4_model *m, dsv4_state *st, int64_t len, dsv4_err *err);
+
 /* Greedy decoding of n_steps tokens from st: step s appends one token (first, then out[s - 1])
  * and out[s] is the argmax of its logits (backend.h's rule: the first of equal values), so
  * out[n_steps - 1] is the next token, not yet appended.  The same values as dsv4_forward one

@@ -176,7 +176,6 @@ out:
     return rc;
 }
 
-
 /* Greedy decoding at batch 1 (dsv4_seq_greedy: the picks stay on the device, the host records
  * each step while the device runs the one before) against the step API with the host picking
  * (one engine step a token, its logits row read back): two clones of s0, the same first token,
