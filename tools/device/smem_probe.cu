@@ -1,0 +1,291 @@
+/* tools/device/smem_probe.cu: the premise of a persistent decode kernel, measured alone.  Can a
+ * GEMV's weights move into shared memory while a latency-bound chain runs, so that the GEMV after
+ * the chain reads them on chip, and how much does that streaming slow the chain?  (The L2 version
+ * of the question, l2_probe.cu, gave ~1 us on a 33.5 MB read: bytes in L2 do not make these reads
+ * faster.  Six overlaps inside the forward pass slowed the latency-bound kernels they ran beside.)
+ *
+ * The GEMV is wq_b's shape: out[r] = sum_k W[r][k] x[k] * 2^-8, W [32768 x 1024] e4m3 (32 MB), x
+ * 1024 floats; a row's 1024 bytes are one warp's, 32 per lane (two 16-byte runs 512 apart), four
+ * rows a warp in flight, decoded e4m3x2 -> f16x2 -> f32 and summed by one fma chain a lane and a
+ * warp tree, the same order in every mode (their outputs must agree bit for bit; checked).  The chain is NPH grid barriers (red.release / ld.acquire on a
+ * monotonic counter, gridbar_probe.cu's fastest) in which every block's thread 0 also reads a word
+ * another block wrote in the phase before: ~1.2 us a phase, a stand-in for hc, attention and the
+ * router.  One block of 512 threads per SM, the rows split evenly over the blocks.
+ * Modes (us per launch, the fastest of 5 graphs of REPS launches each):
+ *   0 chain:        the chain alone
+ *   1 gemv:         the GEMV alone, weights from global memory
+ *   2 chain+gemv:   one kernel, the chain then the GEMV from global memory
+ *   3..5 staged:    one kernel; every thread first issues cp.async copies of the block's first S KB
+ *                   of rows into shared memory (S = 200, 128, 64), the chain runs while they land,
+ *                   then the GEMV reads those rows from shared memory and the rest from global
+ *   6, 7 bulk:      the same with S = 200, 64 copied by thread 0's cp.async.bulk (TMA) in 32 KB pieces
+ *                   on one mbarrier (no per-thread issue before the chain)
+ * and, for modes 0, 2..5, the chain's own duration inside the kernel (block 0's clock64 from the
+ * kernel's start to the chain's end, in us at the SM clock).
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/smem_probe.cu -o smem_probe && ./smem_probe [NPH] */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "probe.cuh"
+
+enum { R = 32768, K = 1024, THREADS = 512, REPS = 20, SMEM_MAX = 200 * 1024 };
+
+/* the phase work and barrier of the chain: thread 0 reads the word block (b + 1) % nb wrote in the
+ * phase before, writes its own, then arrives (release) and polls (acquire) until every block has */
+__device__ __forceinline__ void chain_phase(unsigned *w, unsigned *count, unsigned target, int i, int nb) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *dst = w + (i & 1) * nb, *src = w + ((i + 1) & 1) * nb;
+        unsigned v = *(volatile unsigned *)(src + (blockIdx.x + 1) % nb);
+        dst[blockIdx.x] = v + 1u;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned c;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(count) : "memory");
+        } while ((int)(c - target) < 0);
+    }
+    __syncthreads();
+}
+
+/* 16 e4m3 bytes times x's 16 floats, one fma chain (k ascending) */
+__device__ __forceinline__ float dot16(uint4 q, const float *xv) {
+    const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wd[j] >> (16 * h)), __NV_E4M3);
+            float2 f = __half22float2(*(__half2 *)&hr);
+            acc = fmaf(f.x, xv[4 * j + 2 * h], acc);
+            acc = fmaf(f.y, xv[4 * j + 2 * h + 1], acc);
+        }
+    }
+    return acc;
+}
+
+/* the bulk (TMA) form: thread 0 arms an mbarrier with the byte count and issues the copies in
+ * pieces of up to 32 KB; the others wait on the barrier's phase 0 */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bulk_stage(uint8_t *dst, const uint8_t *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+    for (uint32_t o = 0; o < bytes; o += 32768) {
+        uint32_t n = bytes - o < 32768 ? bytes - o : 32768;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(dst + o)),
+                     "l"(src + o), "r"(n), "r"(smem_u32(bar))
+                     : "memory");
+    }
+}
+__device__ __forceinline__ void bulk_wait(uint64_t *bar) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar))
+                     : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *g) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(g) : "memory");
+}
+
+template <int MODE>
+__device__ __forceinline__ void probe_gemv(float *out, const uint8_t *__restrict__ W, const float *x, float *xs,
+                                           const uint8_t *ws, int r0, int r1, int ns);
+
+/* MODE 0 chain, 1 gemv, 2 chain then gemv, 3 staged (stage_rows of the block's rows copied to
+ * shared memory before the chain by every thread's cp.async), 4 the same by thread 0's bulk copies */
+template <int MODE>
+__global__ void __launch_bounds__(THREADS, 1) k_probe(float *out, const uint8_t *__restrict__ W, const float *x,
+                                                      unsigned *words, unsigned *count, unsigned base, int nph,
+                                                      int stage_rows, long long *chain_cycles) {
+    extern __shared__ __align__(128) uint8_t ws[];
+    __shared__ __align__(16) float xs[K];
+    __shared__ __align__(8) uint64_t bar;
+    const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x;
+    const int r0 = (int)((long long)R * b / nb), r1 = (int)((long long)R * (b + 1) / nb);
+    long long c0 = clock64();
+    int ns = 0;
+    if (MODE == 3) { /* the first ns rows of the block, 16 bytes a copy, every thread */
+        ns = min(stage_rows, r1 - r0);
+        const uint8_t *g = W + (size_t)r0 * K;
+        for (int i = t; i < ns * (K / 16); i += THREADS) cp_async16(ws + 16 * i, g + 16 * (size_t)i);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    if (MODE == 4) {
+        ns = min(stage_rows, r1 - r0);
+        if (t == 0 && ns > 0) bulk_stage(ws, W + (size_t)r0 * K, (uint32_t)ns * K, &bar);
+    }
+    if (MODE != 1)
+        for (int i = 0; i < nph; i++) chain_phase(words, count, base + (unsigned)(i + 1) * (unsigned)nb, i, nb);
+    if (b == 0 && t == 0 && MODE != 1) chain_cycles[0] += clock64() - c0;
+    if (MODE == 4 && ns > 0) bulk_wait(&bar); /* chain_phase's barriers ordered the init before any wait */
+    if constexpr (MODE != 0) probe_gemv<MODE>(out, W, x, xs, ws, r0, r1, ns);
+}
+
+/* the block's rows r0..r1 (the first ns from shared memory, staged by MODE 3) */
+template <int MODE>
+__device__ __forceinline__ void probe_gemv(float *out, const uint8_t *__restrict__ W, const float *x, float *xs,
+                                           const uint8_t *ws, int r0, int r1, int ns) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    for (int i = t; i < K; i += THREADS) xs[i] = x[i];
+    if (MODE == 3) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    float xv[32]; /* lane l holds bytes 16 l .. 16 l + 15 and 512 + 16 l .. of a row: no bank conflicts */
+#pragma unroll
+    for (int j = 0; j < 16; j++) xv[j] = xs[16 * lane + j], xv[16 + j] = xs[512 + 16 * lane + j];
+    constexpr int NW = THREADS / 32, U = 4; /* a warp's U rows a round, their loads first */
+    for (int rb = r0 + warp; rb < r1; rb += NW * U) {
+        uint4 q[U][2];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int r = rb + u * NW;
+            if (r >= r1) break;
+            if (r - r0 < ns) {
+                q[u][0] = *(const uint4 *)(ws + (size_t)(r - r0) * K + 16 * lane);
+                q[u][1] = *(const uint4 *)(ws + (size_t)(r - r0) * K + 512 + 16 * lane);
+            } else {
+                q[u][0] = probe_ld_stream(W + (size_t)r * K + 16 * lane);
+                q[u][1] = probe_ld_stream(W + (size_t)r * K + 512 + 16 * lane);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int r = rb + u * NW;
+            if (r >= r1) break;
+            float acc = dot16(q[u][0], xv) + dot16(q[u][1], xv + 16);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) out[r] = acc * 0.00390625f;
+        }
+    }
+}
+
+struct probe_bufs {
+    float *out, *x;
+    uint8_t *W;
+    unsigned *words, *count;
+    long long *cyc;
+};
+
+/* us per launch of mode m (stage rows sr), the fastest of 5 graphs of REPS launches; *chain_us:
+ * block 0's chain per launch at the SM clock (MHz clk) */
+static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, float *h_out, double clk_mhz,
+                       double *chain_us) {
+    cudaStream_t st;
+    CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    size_t smem = m >= 3 ? (size_t)sr * K : 0;
+    CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < REPS; i++) {
+        unsigned base = (unsigned)i * (unsigned)nph * (unsigned)nb;
+        if (m == 0) k_probe<0><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
+        else if (m == 1) k_probe<1><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
+        else if (m == 2) k_probe<2><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
+        else if (m == 3) k_probe<3><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
+        else k_probe<4><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
+    }
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CKP(cudaStreamEndCapture(st, &g));
+    CKP(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CKP(cudaEventCreate(&e0));
+    CKP(cudaEventCreate(&e1));
+    float best = 1e30f;
+    long long cyc_best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        CKP(cudaMemsetAsync(p.count, 0, sizeof(unsigned), st)); /* the barrier's counter from 0 each graph */
+        CKP(cudaMemsetAsync(p.cyc, 0, sizeof(long long), st));
+        CKP(cudaMemsetAsync(p.out, 0, sizeof(float) * R, st));
+        CKP(cudaEventRecord(e0, st));
+        CKP(cudaGraphLaunch(ge, st));
+        CKP(cudaEventRecord(e1, st));
+        CKP(cudaEventSynchronize(e1));
+        float ms;
+        CKP(cudaEventElapsedTime(&ms, e0, e1));
+        long long cyc;
+        CKP(cudaMemcpy(&cyc, p.cyc, sizeof cyc, cudaMemcpyDeviceToHost));
+        if (ms < best) best = ms, cyc_best = cyc;
+    }
+    if (m != 0) CKP(cudaMemcpy(h_out, p.out, sizeof(float) * R, cudaMemcpyDeviceToHost));
+    *chain_us = m == 1 ? 0.0 : (double)cyc_best / REPS / clk_mhz;
+    CKP(cudaEventDestroy(e0));
+    CKP(cudaEventDestroy(e1));
+    CKP(cudaGraphExecDestroy(ge));
+    CKP(cudaGraphDestroy(g));
+    CKP(cudaStreamDestroy(st));
+    return 1000.0 * best / REPS;
+}
+
+int main(int argc, char **argv) {
+    int nph = argc > 1 ? atoi(argv[1]) : 16;
+    if (nph < 1 || nph > 1000) {
+        fprintf(stderr, "usage: smem_probe [phases 1..1000]\n");
+        return 2;
+    }
+    cudaDeviceProp pr;
+    CKP(cudaGetDeviceProperties(&pr, 0));
+    int nb = pr.multiProcessorCount, clk_khz = 0;
+    CKP(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0));
+    double clk_mhz = clk_khz / 1000.0;
+    probe_bufs p;
+    CKP(cudaMalloc(&p.out, sizeof(float) * R));
+    CKP(cudaMalloc(&p.x, sizeof(float) * K));
+    CKP(cudaMalloc(&p.W, (size_t)R * K));
+    CKP(cudaMalloc(&p.words, sizeof(unsigned) * 2 * nb));
+    CKP(cudaMalloc(&p.count, sizeof(unsigned)));
+    CKP(cudaMalloc(&p.cyc, sizeof(long long)));
+    CKP(cudaMemset(p.words, 0, sizeof(unsigned) * 2 * nb));
+    uint8_t *hw = (uint8_t *)malloc((size_t)R * K);
+    float hx[K], *ref = (float *)malloc(sizeof(float) * R), *got = (float *)malloc(sizeof(float) * R);
+    if (!hw || !ref || !got) return 1;
+    uint32_t s = 12345u;
+    for (size_t i = 0; i < (size_t)R * K; i++) {
+        s = s * 1664525u + 1013904223u;
+        uint8_t c = (uint8_t)(s >> 24);
+        hw[i] = (c & 0x7f) == 0x7f ? (uint8_t)(c & 0xfe) : c; /* no NaN codes */
+    }
+    for (int i = 0; i < K; i++) {
+        s = s * 1664525u + 1013904223u;
+        hx[i] = (float)((int)(s >> 9) - (1 << 22)) / (float)(1 << 22);
+    }
+    CKP(cudaMemcpy(p.W, hw, (size_t)R * K, cudaMemcpyHostToDevice));
+    CKP(cudaMemcpy(p.x, hx, sizeof hx, cudaMemcpyHostToDevice));
+    CKP(cudaFuncSetAttribute(k_probe<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    CKP(cudaFuncSetAttribute(k_probe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    printf("smem_probe: %s, %d SMs at %.0f MHz, %d blocks x %d threads; GEMV [%d x %d] e4m3 = %.1f MB; chain of %d "
+           "grid barriers\n",
+           pr.name, nb, clk_mhz, nb, THREADS, R, K, (double)R * K / 1e6, nph);
+    const struct {
+        int mode, stage_kb;
+        const char *what;
+    } modes[] = {{1, 0, "gemv alone (global)"},
+                 {0, 0, "chain alone"},
+                 {2, 0, "chain, then gemv (global)"},
+                 {3, 200, "staged 200 KB a block during the chain"},
+                 {3, 128, "staged 128 KB a block during the chain"},
+                 {3, 64, "staged 64 KB a block during the chain"},
+                 {4, 200, "bulk-staged 200 KB a block during the chain"},
+                 {4, 64, "bulk-staged 64 KB a block during the chain"}};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+        double cus;
+        int sr = modes[i].stage_kb * 1024 / K;
+        double us = run_mode(modes[i].mode, sr, nph, nb, p, got, clk_mhz, &cus);
+        if (modes[i].mode == 1) memcpy(ref, got, sizeof(float) * R);
+        else if (modes[i].mode != 0 && memcmp(ref, got, sizeof(float) * R)) bad++, printf("  outputs DIFFER\n");
+        printf("  %-42s %8.2f us a launch", modes[i].what, us);
+        if (modes[i].mode != 1) printf(" (block 0's chain %.2f us)", cus);
+        if (modes[i].mode == 1) printf(" = %.0f GB/s", (double)R * K / (us * 1e3));
+        printf("\n");
+    }
+    printf(bad ? "smem_probe: outputs differ between modes\n" : "smem_probe: every mode's outputs equal mode 1's\n");
+    return bad ? 1 : 0;
+}
