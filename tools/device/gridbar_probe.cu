@@ -18,19 +18,10 @@
 
 #include "probe.cuh"
 
-/* phase p of block b: v[b] of phase p + 1 = v[(b + 1) % nb] of phase p + 1 (so each phase's result
- * depends on another block's write in the phase before) */
-__device__ __forceinline__ void phase(unsigned *dst, const unsigned *src, int nb) {
-    if (threadIdx.x == 0) {
-        unsigned v = *(volatile const unsigned *)(src + (blockIdx.x + 1) % nb);
-        dst[blockIdx.x] = v + 1u;
-    }
-}
-
 __global__ void k_chain_step(unsigned *dst, const unsigned *src, int nb) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
-    phase(dst, src, nb);
+    probe_phase(dst, src, nb);
 }
 
 /* grid barrier: the block's writes are released before it arrives; the last arrival resets the
@@ -53,27 +44,13 @@ __device__ __forceinline__ void grid_barrier(unsigned *count, unsigned *gen, uns
     __syncthreads();
 }
 
-/* the same with one monotonic counter and PTX release / acquire instead of fences: every block
- * adds 1 (release) and polls (acquire) until the count reaches the phase's target; no reset */
-__device__ __forceinline__ void grid_barrier_ra(unsigned *count, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-        unsigned v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-        } while ((int)(v - target) < 0);
-    }
-    __syncthreads();
-}
-
-/* RA 0: grid_barrier; RA 1: grid_barrier_ra (count's value at the start in base) */
+/* RA 0: grid_barrier; RA 1: probe_barrier_ra (count's value at the start in base) */
 template <int RA>
 __global__ void k_phases(unsigned *a, unsigned *b, int nb, int n, unsigned *count, unsigned *gen, unsigned base) {
     for (int i = 0; i < n; i++) {
         unsigned *dst = i & 1 ? a : b, *src = i & 1 ? b : a;
-        phase(dst, src, nb);
-        if (RA) grid_barrier_ra(count, base + (unsigned)(i + 1) * (unsigned)nb);
+        probe_phase(dst, src, nb);
+        if (RA) probe_barrier_ra(count, base + (unsigned)(i + 1) * (unsigned)nb);
         else grid_barrier(count, gen, (unsigned)nb);
     }
 }
@@ -109,19 +86,11 @@ static double run(int mode, int nb, int n, unsigned *a, unsigned *b, unsigned *c
     }
     CKP(cudaStreamEndCapture(st, &g));
     CKP(cudaGraphInstantiate(&x, g, 0));
-    cudaEvent_t e0, e1;
-    CKP(cudaEventCreate(&e0));
-    CKP(cudaEventCreate(&e1));
     float best = 1e30f;
     for (int rep = 0; rep < 5; rep++) {
         CKP(cudaMemsetAsync(a, 0, sizeof(unsigned) * nb, st));
         CKP(cudaMemsetAsync(b, 0, sizeof(unsigned) * nb, st));
-        CKP(cudaEventRecord(e0, st));
-        CKP(cudaGraphLaunch(x, st));
-        CKP(cudaEventRecord(e1, st));
-        CKP(cudaEventSynchronize(e1));
-        float ms;
-        CKP(cudaEventElapsedTime(&ms, e0, e1));
+        float ms = probe_graph_once_ms(x, st);
         if (ms < best) best = ms;
         unsigned *h = (unsigned *)malloc(sizeof(unsigned) * nb);
         CKP(cudaMemcpy(h, n & 1 ? b : a, sizeof(unsigned) * nb, cudaMemcpyDeviceToHost));
@@ -133,8 +102,6 @@ static double run(int mode, int nb, int n, unsigned *a, unsigned *b, unsigned *c
             }
         free(h);
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
     cudaStreamDestroy(st);

@@ -1,6 +1,7 @@
 /* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu,
- * stream_probe.cu, l2_probe.cu, moe_probe.cu) share: a CUDA call checked, the process ending with the
- * call and its error on failure; 16-byte stream loads; a captured graph made ready and timed. */
+ * stream_probe.cu, l2_probe.cu, moe_probe.cu, smem_probe.cu) share: a CUDA call checked, the process
+ * ending with the call and its error on failure; 16-byte stream loads; a captured graph made ready and
+ * timed. */
 #pragma once
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -40,22 +41,54 @@ static inline cudaGraphExec_t probe_graph_ready(cudaStream_t st) {
     return ge;
 }
 
-/* the device time of one launch of ge on st in ms (events around it), the fastest of reps */
-static inline float probe_graph_ms(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+/* the device time of one launch of ge on st in ms (events around it, waited for; what the caller
+ * queued on st before, a reset say, stays outside) */
+static inline float probe_graph_once_ms(cudaGraphExec_t ge, cudaStream_t st) {
     cudaEvent_t e0, e1;
+    float ms;
     CKP(cudaEventCreate(&e0));
     CKP(cudaEventCreate(&e1));
-    float best = 1e30f;
-    for (int r = 0; r < reps; r++) {
-        float ms;
-        CKP(cudaEventRecord(e0, st));
-        CKP(cudaGraphLaunch(ge, st));
-        CKP(cudaEventRecord(e1, st));
-        CKP(cudaEventSynchronize(e1));
-        CKP(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < best) best = ms;
-    }
+    CKP(cudaEventRecord(e0, st));
+    CKP(cudaGraphLaunch(ge, st));
+    CKP(cudaEventRecord(e1, st));
+    CKP(cudaEventSynchronize(e1));
+    CKP(cudaEventElapsedTime(&ms, e0, e1));
     CKP(cudaEventDestroy(e0));
     CKP(cudaEventDestroy(e1));
+    return ms;
+}
+
+/* the device time of one launch of ge on st in ms, the fastest of reps */
+static inline float probe_graph_ms(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+    float best = 1e30f;
+    for (int r = 0; r < reps; r++) {
+        float ms = probe_graph_once_ms(ge, st);
+        if (ms < best) best = ms;
+    }
     return best;
+}
+
+/* a phase of the chains of gridbar_probe.cu and smem_probe.cu: block b's word of phase p + 1 is
+ * word (b + 1) % nb of phase p, plus one (so each phase's result depends on another block's write
+ * in the phase before) */
+__device__ __forceinline__ void probe_phase(unsigned *dst, const unsigned *src, int nb) {
+    if (threadIdx.x == 0) {
+        unsigned v = *(volatile const unsigned *)(src + (blockIdx.x + 1) % nb);
+        dst[blockIdx.x] = v + 1u;
+    }
+}
+
+/* a grid barrier on one monotonic counter with PTX release / acquire (gridbar_probe.cu's fastest):
+ * every block adds 1 (release) and polls (acquire) until the count reaches the phase's target; no
+ * reset */
+__device__ __forceinline__ void probe_barrier_ra(unsigned *count, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while ((int)(v - target) < 0);
+    }
+    __syncthreads();
 }

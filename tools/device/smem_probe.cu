@@ -32,21 +32,12 @@
 
 enum { R = 32768, K = 1024, THREADS = 512, REPS = 20, SMEM_MAX = 200 * 1024 };
 
-/* the phase work and barrier of the chain: thread 0 reads the word block (b + 1) % nb wrote in the
- * phase before, writes its own, then arrives (release) and polls (acquire) until every block has */
+/* one phase of the chain: thread 0 reads the word block (b + 1) % nb wrote in the phase before and
+ * writes its own (probe_phase), then every block arrives and waits (probe_barrier_ra) */
 __device__ __forceinline__ void chain_phase(unsigned *w, unsigned *count, unsigned target, int i, int nb) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *dst = w + (i & 1) * nb, *src = w + ((i + 1) & 1) * nb;
-        unsigned v = *(volatile unsigned *)(src + (blockIdx.x + 1) % nb);
-        dst[blockIdx.x] = v + 1u;
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-        unsigned c;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(count) : "memory");
-        } while ((int)(c - target) < 0);
-    }
-    __syncthreads();
+    probe_phase(w + (i & 1) * nb, w + ((i + 1) & 1) * nb, nb);
+    probe_barrier_ra(count, target);
 }
 
 /* 16 e4m3 bytes times x's 16 floats, one fma chain (k ascending) */
@@ -191,35 +182,21 @@ static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, floa
         else if (m == 3) k_probe<3><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
         else k_probe<4><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
     }
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CKP(cudaStreamEndCapture(st, &g));
-    CKP(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CKP(cudaEventCreate(&e0));
-    CKP(cudaEventCreate(&e1));
+    cudaGraphExec_t ge = probe_graph_ready(st); /* its warm-up launch too */
     float best = 1e30f;
     long long cyc_best = 0;
     for (int rep = 0; rep < 5; rep++) {
         CKP(cudaMemsetAsync(p.count, 0, sizeof(unsigned), st)); /* the barrier's counter from 0 each graph */
         CKP(cudaMemsetAsync(p.cyc, 0, sizeof(long long), st));
         CKP(cudaMemsetAsync(p.out, 0, sizeof(float) * R, st));
-        CKP(cudaEventRecord(e0, st));
-        CKP(cudaGraphLaunch(ge, st));
-        CKP(cudaEventRecord(e1, st));
-        CKP(cudaEventSynchronize(e1));
-        float ms;
-        CKP(cudaEventElapsedTime(&ms, e0, e1));
+        float ms = probe_graph_once_ms(ge, st);
         long long cyc;
         CKP(cudaMemcpy(&cyc, p.cyc, sizeof cyc, cudaMemcpyDeviceToHost));
         if (ms < best) best = ms, cyc_best = cyc;
     }
     if (m != 0) CKP(cudaMemcpy(h_out, p.out, sizeof(float) * R, cudaMemcpyDeviceToHost));
     *chain_us = m == 1 ? 0.0 : (double)cyc_best / REPS / clk_mhz;
-    CKP(cudaEventDestroy(e0));
-    CKP(cudaEventDestroy(e1));
     CKP(cudaGraphExecDestroy(ge));
-    CKP(cudaGraphDestroy(g));
     CKP(cudaStreamDestroy(st));
     return 1000.0 * best / REPS;
 }
