@@ -242,6 +242,71 @@ static void test_graphs_identical(void) {
     graphs_case("reference");
 }
 
+/* The side chain (forward.c: the compressors and the indexer on a second stream beside wq_b at
+ * a decode step) must not change a bit either: the same steps with DSV4_SIDE_CHAIN=0 (everything
+ * on one stream) and with it on, both with graphs, give identical logits, and the chains ran
+ * beside the main one (forked, mostly not closed early by a wait inside them). */
+static void side_case(const char *profile) {
+    dsv4_err err;
+    dsv4_engine *e0 = NULL, *e1 = NULL;
+    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
+    setenv("DSV4_SIDE_CHAIN", "0", 1);
+    if (dsv4_engine_open(&e0, &o, &err)) fprintf(stderr, "  one stream: %s\n", err.msg);
+    unsetenv("DSV4_SIDE_CHAIN");
+    if (e0 && dsv4_engine_open(&e1, &o, &err)) fprintf(stderr, "  side chains: %s\n", err.msg);
+    REQUIRE(e0 && e1);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e0, &info);
+    int V = info.vocab_size, T = 29, D = 40;
+    int32_t tok[80];
+    uint32_t s = 11;
+    for (int i = 0; i < T + D + 3; i++) {
+        s = s * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
+    }
+    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
+    REQUIRE(a && g);
+    dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
+    REQUIRE(dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0);
+    CHECK(dsv4_seq_append(s0, tok, T, a, 0, &err) == 0);
+    CHECK(dsv4_seq_append(s1, tok, T, g, 0, &err) == 0);
+    int same = memcmp(a, g, sizeof(float) * V) == 0;
+    dsv4_engine_perf_info p0, p1, q;
+    dsv4_engine_perf(e1, &p0);
+    for (int i = 0; i < D; i++) { /* every compressor window end of the tiny model, the window wrap */
+        CHECK(dsv4_seq_append(s0, tok + T + i, 1, a, 0, &err) == 0);
+        CHECK(dsv4_seq_append(s1, tok + T + i, 1, g, 0, &err) == 0);
+        same &= memcmp(a, g, sizeof(float) * V) == 0;
+    }
+    dsv4_engine_perf(e1, &p1);
+    REQUIRE(dsv4_seq_clone(s0, T + 3, &t0, &err) == 0 && dsv4_seq_clone(s1, T + 3, &t1, &err) == 0);
+    for (int i = 0; i < 3; i++) { /* batched decode steps: the chains take both rows */
+        dsv4_step_item i0[2] = {{s0, tok + T + D + i, 1, a}, {t0, tok + i, 1, a + V}};
+        dsv4_step_item i1[2] = {{s1, tok + T + D + i, 1, g}, {t1, tok + i, 1, g + V}};
+        CHECK(dsv4_engine_step(e0, i0, 2, &err) == 0);
+        CHECK(dsv4_engine_step(e1, i1, 2, &err) == 0);
+        same &= memcmp(a, g, sizeof(float) * 2 * V) == 0;
+    }
+    dsv4_engine_perf(e0, &q);
+    long forks = p1.side_forks - p0.side_forks, forced = p1.side_forced - p0.side_forced;
+    printf("  side chains %s: logits identical to one stream: %s; %d decode steps: %ld chains, %ld closed early "
+           "(one stream: %ld chains)\n", profile, same ? "yes" : "NO", D, forks, forced, q.side_forks);
+    CHECK(same);
+    CHECK(forks >= D);           /* at least one layer a step forks */
+    CHECK(forced * 4 <= forks);  /* waits inside a chain are rare (buffer growth) */
+    CHECK(q.side_forks == 0);
+    dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
+    dsv4_engine_close(e0);
+    dsv4_engine_close(e1);
+    free(a), free(g);
+}
+
+static void test_side_chain(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    side_case("exact");
+    side_case("reference");
+}
 
 /* Greedy decoding with the picks on the device (dsv4_seq_greedy: k_argmax, k_gather_ids for the
  * hash layers, the token read in place by the embedding, no logits row back between steps)
@@ -328,5 +393,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_greedy, test_flash2, test_backend_errors,
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2, test_backend_errors,
           test_zz_cleanup)

@@ -924,6 +924,160 @@ static void test_segment_starts(void) {
     low_close(&lm);
 }
 
+/* ----- the side chain (ops->side / ops->join) at a decode step -----
+ * A copy of the CPU table logs, in call order, the chain marks (F = side(b, 1), M = side(b, 0),
+ * J = join) and the ops that matter: wq_b (Q<l>), the indexer's wq_b (I<l>), top-k (T), the
+ * compressors' position biases (C) and pools (P), attention (A).  At a decode step a layer with
+ * an indexer forks after the first op list (its compressors in the chain, the indexer's q
+ * projection and wq_b on the main chain, the scores and top-k in the chain again after I), a
+ * layer with only a compressor forks at a step that closes its window; the attention comes after
+ * the join; prefill never forks; DSV4_SIDE_CHAIN=0 never forks; the logits of every step are the
+ * same bits either way. */
+static const dsv4_backend_ops *g_sc_cpu;
+static const dsv4_model_w *g_sc_w;
+static char g_sc_log[65536];
+static size_t g_sc_len;
+
+static void sc_note(const char *tag, int v) {
+    int n = v >= 0 ? snprintf(g_sc_log + g_sc_len, sizeof g_sc_log - g_sc_len, "%s%d ", tag, v)
+                   : snprintf(g_sc_log + g_sc_len, sizeof g_sc_log - g_sc_len, "%s ", tag);
+    if (n > 0 && g_sc_len + (size_t)n < sizeof g_sc_log) g_sc_len += (size_t)n;
+}
+static void sc_side(dsv4_backend *b, int on) {
+    sc_note(on ? "F" : "M", -1);
+    g_sc_cpu->side(b, on);
+}
+static void sc_join(dsv4_backend *b) {
+    sc_note("J", -1);
+    g_sc_cpu->join(b);
+}
+static void sc_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+                      int out_bf16) {
+    for (int l = 0; l < g_sc_w->n_layers; l++) {
+        if (w == &g_sc_w->layers[l].wq_b) sc_note("Q", l);
+        if (w == &g_sc_w->layers[l].idx.wq_b) sc_note("I", l);
+    }
+    g_sc_cpu->matmul(b, out, x, rows, w, act_fp8, out_bf16);
+}
+static void sc_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int rows, int stride, const int *n,
+                    int k) {
+    sc_note("T", -1);
+    g_sc_cpu->topk(b, idx, n_out, score, rows, stride, n, k);
+}
+static void sc_add_cyclic(dsv4_backend *b, float *x, const float *y, int rows, int width, int period, int first) {
+    sc_note("C", -1);
+    g_sc_cpu->add_cyclic(b, x, y, rows, width, period, first);
+}
+static void sc_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *g, int n, int width) {
+    sc_note("P", -1);
+    g_sc_cpu->pool(b, out, kv, g, n, width);
+}
+static void sc_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                    const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                    const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                    float scale, int prob_bf16, int out_bf16) {
+    sc_note("A", -1);
+    g_sc_cpu->sparse_attn(b, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
+                          topk, sink, scale, prob_bf16, out_bf16);
+}
+
+/* the last chain mark (F, M or J) before position at in the log, '-' if none */
+static char sc_mark_before(const char *at) {
+    for (const char *p = at; p > g_sc_log; p--)
+        if ((p[-1] == 'F' || p[-1] == 'M' || p[-1] == 'J') && (p - 1 == g_sc_log || p[-2] == ' ') && p[0] == ' ')
+            return p[-1];
+    return '-';
+}
+
+/* prefill of 7 tokens, then 9 decode steps (crossing the 4- and 8-token windows); each step's
+ * logits into lg [9][V]; the log holds the decode steps only */
+static void sc_run(low_model *lm, const char *mode, float *lg) {
+    dsv4_err err = {{0}};
+    dsv4_backend_ops ops = *g_sc_cpu;
+    ops.side = sc_side, ops.join = sc_join, ops.matmul = sc_matmul, ops.topk = sc_topk;
+    ops.add_cyclic = sc_add_cyclic, ops.pool = sc_pool, ops.sparse_attn = sc_attn;
+    lm->be.ops = &ops;
+    if (mode[0]) setenv("DSV4_SIDE_CHAIN", mode, 1);
+    else unsetenv("DSV4_SIDE_CHAIN");
+    dsv4_model *m = NULL;
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
+    unsetenv("DSV4_SIDE_CHAIN");
+    REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
+    int32_t tok[16];
+    make_tokens(tok, 16, 91, lm->cfg.vocab_size);
+    size_t V = (size_t)lm->cfg.vocab_size;
+    g_sc_len = 0, g_sc_log[0] = 0;
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    CHECKF(!strchr(g_sc_log, 'F'), "mode '%s': a prefill forked: %.200s", mode, g_sc_log);
+    g_sc_len = 0, g_sc_log[0] = 0;
+    for (int t = 0; t < 9; t++) {
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + 7 + t, .n = 1, .logits = lg + (size_t)t * V};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    lm->be.ops = g_sc_cpu;
+}
+
+static void test_side_chain(void) {
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    g_sc_cpu = lm.be.ops;
+    g_sc_w = &lm.w;
+    REQUIRE(g_sc_cpu->side != NULL && g_sc_cpu->join != NULL);
+    size_t V = (size_t)lm.cfg.vocab_size;
+    int L = lm.w.n_layers, n_comp = 0, n_idx = 0;
+    for (int l = 0; l < L; l++) n_comp += lm.w.layers[l].has_comp || lm.w.layers[l].has_indexer,
+                                n_idx += lm.w.layers[l].has_indexer;
+    REQUIRE(n_comp > 0 && n_idx > 0); /* the tiny model has both kinds of layer */
+    float *on = calloc(9 * V, sizeof(float)), *off = calloc(9 * V, sizeof(float));
+    REQUIRE(on && off);
+    /* the chains expected over the 9 steps (positions 7..15): every indexer layer, and a
+     * compressor-only layer where the step closes its window */
+    int want = 0;
+    for (int t = 0; t < 9; t++)
+        for (int l = 0; l < L; l++) {
+            const dsv4_layer_w *ly = &lm.w.layers[l];
+            want += ly->has_indexer || (ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0);
+        }
+    long f0 = dsv4_backend_cpu_sides(&lm.be, 0), j0 = dsv4_backend_cpu_sides(&lm.be, 1);
+    sc_run(&lm, "", on);
+    long forks = dsv4_backend_cpu_sides(&lm.be, 0) - f0, joins = dsv4_backend_cpu_sides(&lm.be, 1) - j0;
+    CHECKF(forks == want && joins == forks, "forks %ld, joins %ld, expected %d", forks, joins, want);
+    int n_f = 0, n_m = 0, n_j = 0;
+    for (const char *p = g_sc_log; *p; p++)
+        if (p[1] == ' ' && (p == g_sc_log || p[-1] == ' ')) n_f += *p == 'F', n_m += *p == 'M', n_j += *p == 'J';
+    /* an indexer layer enters its chain twice */
+    CHECKF(n_j == want && n_f == want + 9 * n_idx && n_m == n_f, "log: %d F, %d M, %d J (expected %d chains)", n_f,
+           n_m, n_j, want);
+    /* where each op falls: Q and I on the main chain (after M), T and P in a chain (after F), A
+     * never inside an open chain (after J, or where no chain was opened) */
+    int bad = 0;
+    for (const char *p = g_sc_log; *p; p++) {
+        if (p != g_sc_log && p[-1] != ' ') continue;
+        char k = *p, mb = sc_mark_before(p);
+        int lay = (k == 'Q' || k == 'I') ? atoi(p + 1) : -1;
+        if (k == 'Q' && (lm.w.layers[lay].has_indexer)) bad += mb != 'M';
+        if (k == 'I') bad += mb != 'M';
+        if ((k == 'T' || k == 'P') && p[1] == ' ') bad += mb != 'F';
+        if (k == 'A' && p[1] == ' ') bad += mb == 'F' || mb == 'M';
+    }
+    CHECKF(bad == 0, "%d ops outside their chain in: %.300s", bad, g_sc_log);
+    printf("  default: %ld side chains over 9 decode steps (%d layers with a compressor, %d with an indexer): "
+           "%.120s...\n", forks, n_comp, n_idx, g_sc_log);
+    f0 = dsv4_backend_cpu_sides(&lm.be, 0);
+    sc_run(&lm, "0", off);
+    CHECKF(dsv4_backend_cpu_sides(&lm.be, 0) == f0 && !strchr(g_sc_log, 'F'), "DSV4_SIDE_CHAIN=0 forked: %.200s",
+           g_sc_log);
+    int same = !memcmp(on, off, sizeof(float) * 9 * V);
+    printf("  DSV4_SIDE_CHAIN=0: no chain; the 9 steps' logits %s\n", same ? "equal bit for bit" : "DIFFER");
+    CHECK(same);
+    free(on);
+    free(off);
+    low_close(&lm);
+}
 
 /* ----- greedy decoding (dsv4_forward_greedy) -----
  * Against the host loop (one dsv4_forward a token, the host's argmax): the same picks, token
@@ -1074,4 +1228,4 @@ static void test_greedy(void) {
 TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
-          test_greedy, test_zz_cleanup)
+          test_greedy, test_side_chain, test_zz_cleanup)

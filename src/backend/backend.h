@@ -253,6 +253,18 @@ typedef struct dsv4_backend_ops {
     void (*argmax)(dsv4_backend *b, int32_t *out, const float *x, int rows, int n);
     void (*gather_ids)(dsv4_backend *b, int32_t *dst, const int32_t *tokens, int rows, const dsv4_weight *table,
                        int k);
+
+    /* ----- optional: a second chain of ops beside the first (both NULL or both set) -----
+     * side(b, 1): the ops issued from here on form a side chain that starts after every op
+     * issued so far and may run beside the ops issued after side(b, 0) (the main chain); side(b, 1)
+     * again while the chain is open continues it, its next ops also after every op issued so far
+     * on the main chain; join(b): the ops issued after it start after both chains.  The forward pass puts only ops of
+     * disjoint data in the two chains, so values do not depend on the overlap.  A backend may
+     * run the side chain in order with the rest (the CPU backend: it counts the calls, for the
+     * tests), and a device backend falls back to that whenever it must wait (a sync, the end
+     * of a graph capture).  side(b, 0) and join(b) without an open side chain do nothing. */
+    void (*side)(dsv4_backend *b, int on);
+    void (*join)(dsv4_backend *b);
 } dsv4_backend_ops;
 
 /* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first
@@ -302,6 +314,7 @@ typedef struct dsv4_backend_stats {
     /* cumulative since init (0 where a backend has none): CUDA graphs launched, updated in
      * place, instantiated; seconds the host spent waiting for the device */
     long graph_launches, graph_updates, graph_inst;
+    long side_forks, side_forced; /* side chains run beside the main one, and closed early (a wait inside) */
     double wait_s;
     double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
     double issue_s;              /* cumulative host time inside ops (begin to end), timed or not */

@@ -113,6 +113,8 @@ struct dsv4_model {
                              * projections, 1 at the previous layer's last hc_post (fused with its hc_pre),
                              * 2 (the default) at the previous layer's router gate, 3 as 2 but layer 1
                              * as 0 (seg_at) */
+    int side_chain;         /* DSV4_SIDE_CHAIN (default 1; "0" off): a decode step runs the compressors and the
+                             * indexer as a side chain beside wq_b (ops->side / ops->join) */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -297,6 +299,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     /* default 2 since 2026-12-04: 3.210 against 3.260 ms a step on the H200, logits identical to
      * graphs off (test_cuda_e2e) and flash-2's unchanged; "0" gives the old placement */
     m->seg_at_hc = sh && sh[0] >= '0' && sh[0] <= '3' ? sh[0] - '0' : 2;
+    const char *sc = getenv("DSV4_SIDE_CHAIN");
+    m->side_chain = !(sc && !strcmp(sc, "0"));
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -693,6 +697,60 @@ static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32
         }
 }
 
+/* The lightning indexer of a ratio-4 layer: the picks per row into m->picks / m->n_picks.  parts
+ * (IX_ALL in order) says which of its three steps run: its compressor (IX_COMP), q's projection
+ * (IX_Q), the scores and top-k (IX_PICK); the side chain issues them apart.  0, or -1 with err set. */
+enum { IX_COMP = 1, IX_Q = 2, IX_PICK = 4, IX_ALL = 7 };
+static int run_indexer(dsv4_model *m, int layer, const dsv4_layer_w *L, int rows, int nseg, int dec, int parts,
+                       dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_numerics *nm = &m->num;
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
+    int rd = c->rope_dim, ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8, topk = c->index_topk;
+    const double *freq = ratio ? m->freq_comp : m->freq_main;
+    if (parts & IX_COMP) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
+    int inh = c->index_n_heads, ihd = c->index_head_dim;
+    if (parts & IX_Q) op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
+    if (!(parts & IX_PICK)) return 0;
+    float iw_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh));
+    /* the rope of q and the scale of w folded into the scores op (the same bits; q and w stay
+     * as the projections left them, which nothing reads after the scores) unless a sim runs
+     * between or the layer-diff trace wants q as rotated */
+    int fuse_rs = op->indexer_scores_rs && !m->op_trace && !nm->indexer_sim_fp4;
+    if (!fuse_rs) {
+        op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
+        if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
+        op->scale(b, m->iw, (size_t)rows * inh, iw_scale, bf);
+    }
+    int need = 1;
+    for (int i = 0; i < rows; i++) {
+        int64_t vis = (m->pos[i] + 1) / ratio;
+        if (vis > need) need = (int)vis;
+    }
+    if (ensure_scores(m, need, err)) return -1;
+    for (int i = 0; i < rows; i++) { /* row i's keys: its sequence's indexer rows, contiguous */
+        segment *sg = &m->segs[m->seg_of[i]];
+        m->key_base[i] = sg->st->layers[layer].icomp.rows;
+        m->n_keys[i] = (int)((m->pos[i] + 1) / ratio);
+    }
+    if (fuse_rs)
+        op->indexer_scores_rs(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
+                              nm->indexer_score_bf16, rd, m->pos, freq, iw_scale, bf);
+    else
+        op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
+                           nm->indexer_score_bf16);
+    op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
+    op_trace(m, "indexer.q", layer, rows, inh * ihd, m->iq, NULL, NULL, m->pos);
+    op_trace(m, "indexer.scores", layer, rows, m->max_keys, m->scores, NULL, m->n_keys, m->pos);
+    if (m->op_trace || m->trace) { /* host copies only for the traces: the step itself never waits */
+        op->download(b, m->h_picks, m->picks, sizeof(int32_t) * (size_t)rows * topk);
+        op->download(b, m->h_npicks, m->n_picks, sizeof(int) * (size_t)rows);
+    }
+    if (m->op_trace) op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->h_picks, m->h_npicks, m->pos);
+    return 0;
+}
+
 /* next: the layer that follows this one in the same pass (-1: none, the head or the MTP
  * follows); its attention hc_pre then runs inside this layer's last hc_post where the backend
  * fuses them (hc_post_pre_norm) and that layer skips its own (m->hc_ready) */
@@ -729,6 +787,21 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     dsv4_op_task kv_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->kvc, .rows = rows, .n_heads = 1, .dim = hd,
                             .rope_dim = rd, .w = &L->kv_norm, .eps = eps, .pos = m->pos, .freq = freq,
                             .out_bf16 = bf};
+    /* side: at a decode step the compressors' position biases and windows and the indexer's
+     * scores and top-k run as a side chain (ops->side) beside the indexer's q projection, wq_b and
+     * the second list, joined before the attention: they read qa, iq, y's projections and the
+     * sequence's state, and write only the compressor state and rows, the indexer's scores and
+     * the picks, none of which the main chain touches.  The indexer's q projection stays in the
+     * main chain (the scores continue the side chain after it): two weight streams side by side
+     * slowed wq_b more than the overlap gave (H200 trace, 2026-12-04).  A layer with a compressor
+     * but no indexer forks only at a step that closes its window (else its chain is one short op
+     * list, and the fork cost more than it hid).  The same ops with the same arguments as the
+     * order below, so the same values (test_forward test_side_chain); the CPU backend runs them in
+     * order. */
+    int emits = 0;
+    for (int s = 0; s < nseg && L->has_comp; s++) emits |= (m->segs[s].pos0 + 1) % L->comp.ratio == 0;
+    int side = dec && m->side_chain && op->side && op->join && !m->op_trace && !m->trace &&
+               (L->has_indexer || emits);
     if (dec) {
         ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
         ol_add(m, kv_rope);
@@ -742,11 +815,29 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
          * the host built wq_b and the attention; a split before the attention instead (branch
          * next-split) has not run on a device */
         if (layer == 0) mark_segment(m, m->n_all + 3);
+        if (side) {
+            op->side(b, 1);
+            if (L->has_comp) comp_bias(m, layer, 0, nseg);
+            if (L->has_indexer) comp_bias(m, layer, 1, nseg);
+            ol_flush(m);
+            if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
+            if (L->has_indexer) run_indexer(m, layer, L, rows, nseg, dec, IX_COMP, err);
+            op->side(b, 0);
+            if (L->has_indexer) {
+                run_indexer(m, layer, L, rows, nseg, dec, IX_Q, err);
+                op->side(b, 1); /* the scores after iq and the indexer's new keys */
+                if (run_indexer(m, layer, L, rows, nseg, dec, IX_PICK, err)) {
+                    op->join(b);
+                    return -1;
+                }
+                op->side(b, 0);
+            }
+        }
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
-        if (L->has_comp) comp_bias(m, layer, 0, nseg);
-        if (L->has_indexer) comp_bias(m, layer, 1, nseg);
+        if (L->has_comp && !side) comp_bias(m, layer, 0, nseg);
+        if (L->has_indexer && !side) comp_bias(m, layer, 1, nseg);
         for (int s = 0; s < nseg; s++) {
             segment *sg = &m->segs[s];
             dsv4_layer_state *ls = &sg->st->layers[layer];
@@ -756,6 +847,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             ls->ring_pos[slot] = sg->pos0;
         }
         ol_flush(m);
+        if (side) op->join(b);
     } else {
         ol_run(m, &qa_norm);
         op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
@@ -767,51 +859,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     LAY_LAP(0);
-    if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
+    if (L->has_comp && !side) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
 
     LAY_LAP(1);
-    /* lightning indexer (ratio 4): picks per row */
+    /* lightning indexer (ratio 4): picks per row (in the side chain at a decode step) */
     int topk = c->index_topk;
-    if (L->has_indexer) {
-        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
-        int inh = c->index_n_heads, ihd = c->index_head_dim;
-        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
-        float iw_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh));
-        /* the rope of q and the scale of w folded into the scores op (the same bits; q and w stay
-         * as the projections left them, which nothing reads after the scores) unless a sim runs
-         * between or the layer-diff trace wants q as rotated */
-        int fuse_rs = op->indexer_scores_rs && !m->op_trace && !nm->indexer_sim_fp4;
-        if (!fuse_rs) {
-            op->rope(b, m->iq, rows, inh, ihd, rd, m->pos, freq, 0, bf);
-            if (nm->indexer_sim_fp4) op->sim(b, m->iq, rows * inh, ihd, 0, ihd, DSV4_SIM_HAD_FP4_B32);
-            op->scale(b, m->iw, (size_t)rows * inh, iw_scale, bf);
-        }
-        int need = 1;
-        for (int i = 0; i < rows; i++) {
-            int64_t vis = (m->pos[i] + 1) / ratio;
-            if (vis > need) need = (int)vis;
-        }
-        if (ensure_scores(m, need, err)) return -1;
-        for (int i = 0; i < rows; i++) { /* row i's keys: its sequence's indexer rows, contiguous */
-            segment *sg = &m->segs[m->seg_of[i]];
-            m->key_base[i] = sg->st->layers[layer].icomp.rows;
-            m->n_keys[i] = (int)((m->pos[i] + 1) / ratio);
-        }
-        if (fuse_rs)
-            op->indexer_scores_rs(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
-                                  nm->indexer_score_bf16, rd, m->pos, freq, iw_scale, bf);
-        else
-            op->indexer_scores(b, m->scores, m->iq, m->iw, rows, inh, ihd, m->key_base, m->n_keys, m->max_keys,
-                               nm->indexer_score_bf16);
-        op->topk(b, m->picks, m->n_picks, m->scores, rows, m->max_keys, m->n_keys, topk);
-        op_trace(m, "indexer.q", layer, rows, inh * ihd, m->iq, NULL, NULL, m->pos);
-        op_trace(m, "indexer.scores", layer, rows, m->max_keys, m->scores, NULL, m->n_keys, m->pos);
-        if (m->op_trace || m->trace) { /* host copies only for the traces: the step itself never waits */
-            op->download(b, m->h_picks, m->picks, sizeof(int32_t) * (size_t)rows * topk);
-            op->download(b, m->h_npicks, m->n_picks, sizeof(int) * (size_t)rows);
-        }
-        if (m->op_trace) op_trace(m, "indexer.picks", layer, rows, topk, NULL, m->h_picks, m->h_npicks, m->pos);
-    }
+    if (L->has_indexer && !side && run_indexer(m, layer, L, rows, nseg, dec, IX_ALL, err)) return -1;
 
     LAY_LAP(2);
     /* key lists: window (fresh rows or ring) per row, then compressed rows (picked on the

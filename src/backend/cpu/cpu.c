@@ -31,6 +31,8 @@ typedef struct {
 typedef struct {
     arena a;
     int n_threads;
+    long sides[2]; /* side(b, 1) calls that opened a chain, join calls that closed one */
+    int side_open;
 } cpu_impl;
 
 static void *arena_push(arena *a, size_t bytes) {
@@ -70,6 +72,7 @@ static cpu_impl *impl(dsv4_backend *b) { return (cpu_impl *)b->impl; }
 #define POP(b, m) arena_pop(&impl(b)->a, (m))
 
 long dsv4_backend_cpu_spills(dsv4_backend *b) { return impl(b)->a.spills; }
+long dsv4_backend_cpu_sides(dsv4_backend *b, int which) { return impl(b)->sides[which ? 1 : 0]; }
 
 /* ----- small helpers ----- */
 /* Parallel regions cost a fork/join and a barrier; below ~64K multiply-adds a
@@ -652,6 +655,17 @@ static void cpu_gather_ids(dsv4_backend *b, int32_t *dst, const int32_t *tokens,
         }
 }
 
+/* the side chain runs in order with the rest on the CPU: only the calls are counted (the tests
+ * check that the forward pass opened and closed its chains) */
+static void cpu_side(dsv4_backend *b, int on) {
+    cpu_impl *c = impl(b);
+    if (on && !c->side_open) c->side_open = 1, c->sides[0]++;
+}
+static void cpu_join(dsv4_backend *b) {
+    cpu_impl *c = impl(b);
+    if (c->side_open) c->side_open = 0, c->sides[1]++;
+}
+
 static const dsv4_backend_ops CPU_OPS = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -683,6 +697,8 @@ static const dsv4_backend_ops CPU_OPS = {
     .hc_post_pre_norm = cpu_hc_post_pre_norm,
     .argmax = cpu_argmax,
     .gather_ids = cpu_gather_ids,
+    .side = cpu_side,
+    .join = cpu_join,
 };
 
 int dsv4_backend_cpu_init(dsv4_backend *b, int n_threads, dsv4_err *err) {

@@ -8,5 +8,7 @@
 /* Number of scratch allocations that did not fit the arena since init (tests
  * check it stops growing after the first calls: nothing allocated per token). */
 long dsv4_backend_cpu_spills(dsv4_backend *b);
+/* side chains the forward pass opened (which 0) and joined (which 1) since init */
+long dsv4_backend_cpu_sides(dsv4_backend *b, int which);
 
 #endif

@@ -155,6 +155,7 @@ static int seg_cache(cuda_impl *c, int key) {
 static void seg_end_timed(dsv4_backend *b);
 void dsv4_cuda_seg_end(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_side_close(b); /* a capture must end joined */
     if (!c->capturing) return;
     double t0 = host_ms();
     seg_end_timed(b);
@@ -214,7 +215,9 @@ static void seg_end_timed(dsv4_backend *b) {
     if (!use) {
         if (lru->exec) cudaGraphExecDestroy(lru->exec);
         lru->exec = NULL;
-        if (CK(b, cudaGraphInstantiate(&lru->exec, g, 0))) {
+        /* node priorities as captured (the side chain's stream has the highest: its kernels take
+         * SM slots first as the main chain's blocks retire) */
+        if (CK(b, cudaGraphInstantiate(&lru->exec, g, cudaGraphInstantiateFlagUseNodePriority))) {
             lru->exec = NULL;
             cudaGraphDestroy(g);
             return;
@@ -241,7 +244,7 @@ static void seg_end_timed(dsv4_backend *b) {
 
 int dsv4_cuda_sync(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    dsv4_cuda_seg_end(b);
+    dsv4_cuda_seg_end(b); /* which closes a side chain first: the main stream then follows it */
     if (c->failed) return -1;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -288,7 +291,9 @@ static void graphs_free(cuda_impl *c) {
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->scratch_top = 0;
-    if (c->n_spill || c->scratch_want > c->scratch_cap) dsv4_cuda_sync(b);
+    /* the side's arena grows only at a fork (side_open), where waiting is allowed; here a spill
+     * or the main arena's growth waits, which closes the side chain and brings the main arena back */
+    if (c->n_spill || (c->side_state != 1 && c->scratch_want > c->scratch_cap)) dsv4_cuda_sync(b);
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     if (c->scratch_want > c->scratch_cap && !c->failed) {
         size_t cap = c->scratch_want + c->scratch_want / 4 + (1 << 20);
@@ -304,6 +309,13 @@ void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes) {
     cuda_impl *c = CI(b);
     if (c->failed) return NULL;
     bytes = (bytes + 255) & ~(size_t)255;
+    if (c->side_state == 1 && c->scratch_top + bytes > c->scratch_cap) {
+        /* the side's arena is full: note its size for the next fork, then run the rest of the
+         * chain in order on the main stream, from the main arena (what this op took from the
+         * side's stays valid) */
+        if (c->scratch_top + bytes > c->scratch_want) c->scratch_want = c->scratch_top + bytes;
+        dsv4_cuda_side_close(b);
+    }
     if (c->scratch_top + bytes > c->scratch_want) c->scratch_want = c->scratch_top + bytes;
     if (c->scratch_top + bytes <= c->scratch_cap) {
         void *p = c->scratch + c->scratch_top;
@@ -509,6 +521,8 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->graph_launches = c->g_launch;
     out->graph_updates = c->g_update;
     out->graph_inst = c->g_inst;
+    out->side_forks = c->side_forks;
+    out->side_forced = c->side_forced;
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
     out->issue_s = c->issue_s;
@@ -880,6 +894,91 @@ static void cu_host_free(dsv4_backend *b, void *p) {
     if (p) cudaFreeHost(p);
 }
 
+/* ----- the side chain (ops->side, ops->join) -----
+ * side(b, 1) records an event on the main stream, makes the side stream (created at init with
+ * the device's highest priority) wait for it, and points c->stream and the scratch fields at
+ * the side's; side(b, 0) points them back, the side stream running on; join records an event
+ * on the side stream for the main stream to wait on.  In a capture the events become graph
+ * edges (two branches, instantiated with their node priorities).  Whatever must wait for the
+ * device (dsv4_cuda_sync, the end of a capture, a spill) closes the chain first, so the ops
+ * after it run in order on the main stream: slower, never different.  With per-op timing
+ * (profile) or without the stream, side chains run in order.  Each op draws its scratch from
+ * the arena of the stream it runs on: the two chains never share a buffer. */
+static void side_swap(cuda_impl *c) {
+    uint8_t *p = c->scratch;
+    size_t cap = c->scratch_cap, top = c->scratch_top, want = c->scratch_want;
+    c->scratch = c->side_scratch, c->scratch_cap = c->side_cap, c->scratch_top = c->side_top;
+    c->scratch_want = c->side_want;
+    c->side_scratch = p, c->side_cap = cap, c->side_top = top, c->side_want = want;
+}
+
+static void side_to_main(cuda_impl *c) {
+    if (c->side_state != 1) return;
+    c->stream = c->main_stream;
+    side_swap(c);
+    c->side_state = 2;
+}
+
+void dsv4_cuda_side_close(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (!c->side_state) return;
+    int early = c->side_state == 1;
+    side_to_main(c);
+    c->side_state = 0;
+    c->side_joins++;
+    c->side_forced += early;
+    dsv4_cuda_seg_note(b, 33);
+    if (c->failed) return;
+    if (CK(b, cudaEventRecord(c->side_join, c->side_stream))) return;
+    CK(b, cudaStreamWaitEvent(c->stream, c->side_join, 0));
+}
+
+/* the side arena at its high-water mark (outside any chain: waits for the device) */
+static int side_grow(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    if (c->side_want <= c->side_cap) return 0;
+    if (dsv4_cuda_sync(b)) return -1;
+    size_t cap = c->side_want + c->side_want / 4 + (1 << 20);
+    if (c->side_scratch) cudaFree(c->side_scratch);
+    c->side_scratch = NULL;
+    c->side_cap = 0;
+    if (CK(b, cudaMalloc((void **)&c->side_scratch, cap))) return -1;
+    c->side_cap = cap;
+    return 0;
+}
+
+static void cu_side(dsv4_backend *b, int on) {
+    cuda_impl *c = CI(b);
+    if (!on) {
+        side_to_main(c);
+        return;
+    }
+    if (c->side_state == 2 && !c->failed) { /* the open chain continues after the main chain's ops so far */
+        if (CK(b, cudaEventRecord(c->side_fork, c->stream)) ||
+            CK(b, cudaStreamWaitEvent(c->side_stream, c->side_fork, 0)))
+            return;
+        c->stream = c->side_stream;
+        side_swap(c);
+        c->side_state = 1;
+        dsv4_cuda_seg_note(b, 34);
+        return;
+    }
+    if (c->side_state || !c->side_ok || c->timing || c->failed) return; /* in order */
+    dsv4_cuda_flush(b);
+    if (side_grow(b)) return;
+    if (CK(b, cudaEventRecord(c->side_fork, c->stream)) || CK(b, cudaStreamWaitEvent(c->side_stream, c->side_fork, 0)))
+        return;
+    c->main_stream = c->stream;
+    c->stream = c->side_stream;
+    side_swap(c);
+    c->scratch_top = 0;
+    c->side_state = 1;
+    c->side_forks++;
+    dsv4_cuda_seg_note(b, 32);
+}
+
+static void cu_join(dsv4_backend *b) { dsv4_cuda_side_close(b); }
+
 static const dsv4_backend_ops CUDA_OPS = {
     "cuda",
     cu_alloc,
@@ -924,6 +1023,8 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_host_free,
     cu_argmax,
     cu_gather_ids,
+    cu_side,
+    cu_join,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
@@ -943,6 +1044,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
+    if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }
@@ -985,6 +1087,18 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
         dsv4_backend_cuda_free(b);
         return -1;
     }
+    /* the side chain's stream (highest priority), events and a first 4 MB arena; without them
+     * side chains run in order (the same values) */
+    int lo = 0, hi = 0;
+    if (cudaDeviceGetStreamPriorityRange(&lo, &hi) == cudaSuccess &&
+        cudaStreamCreateWithPriority(&c->side_stream, cudaStreamNonBlocking, hi) == cudaSuccess &&
+        cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&c->side_join, cudaEventDisableTiming) == cudaSuccess &&
+        cudaMalloc((void **)&c->side_scratch, (size_t)4 << 20) == cudaSuccess) {
+        c->side_cap = (size_t)4 << 20;
+        c->side_ok = 1;
+    }
+    cudaGetLastError();
     /* graph timing (an event pair per graph, read at every sync: ~44 event queries per decode
      * step on the host between steps, while the device waits) only when asked for */
     const char *gt = getenv("DSV4_CUDA_GRAPH_TIMES");
@@ -1010,6 +1124,7 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
         if (g) cudaGraphDestroy(g);
         c->capturing = 0;
     }
+    dsv4_cuda_side_close(b);
     if (c->stream) cudaStreamSynchronize(c->stream);
     dsv4_cuda_devside_free(b);
     graphs_free(c);
@@ -1031,6 +1146,10 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     for (int i = 0; i < c->n_dev; i++) cudaFree((void *)c->dev[i].base);
     free(c->dev);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->side_stream) cudaStreamDestroy(c->side_stream);
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    if (c->side_join) cudaEventDestroy(c->side_join);
+    if (c->side_scratch) cudaFree(c->side_scratch);
     free(c);
     b->impl = NULL;
     b->ops = NULL;

@@ -119,6 +119,16 @@ struct cuda_impl {
     cudaEvent_t gev[2][64];
     int n_gev;
     double graph_gpu_s;
+    /* the side chain (ops->side / ops->join, backend.cu "side chain"): a second stream of the
+     * highest priority, its fork / join events and its own scratch arena (swapped with the
+     * fields above while ops go to it: stream and arena then name the side's) */
+    cudaStream_t side_stream, main_stream;
+    cudaEvent_t side_fork, side_join;
+    int side_state;             /* 0 none open, 1 ops go to the side stream, 2 open, ops go to the main stream */
+    int side_ok;                /* the stream, events and arena exist (else side chains run in order) */
+    uint8_t *side_scratch;      /* the other arena (the side's while the main one is in use, and back) */
+    size_t side_cap, side_top, side_want;
+    long side_forks, side_joins, side_forced; /* counters (tests, stats): chains opened, joined, joined early */
 };
 #define DSV4_CUDA_GVARIANTS 6
 
@@ -181,6 +191,9 @@ static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, 
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelExC(&cfg, k, args);
 }
+
+/* closes an open side chain (ops->join's work): every later op starts after both chains */
+void dsv4_cuda_side_close(dsv4_backend *b);
 
 /* device scratch: NULL (and sticky error) on failure; valid until the next op */
 void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);
