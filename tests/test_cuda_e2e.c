@@ -171,27 +171,39 @@ static void test_flash2(void) {
     run_case(dir, "reference", "moe.dot=e4m3", 20, 3, 0.1, 90);
 }
 
+/* two CUDA engines on the tiny model: *e0 opened with var=val in the environment (the A side of an
+ * A/B), *e1 without it; 0 when both opened */
+static int open_ab(const char *profile, const char *var, const char *val, dsv4_engine **e0, dsv4_engine **e1) {
+    dsv4_err err;
+    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
+    *e0 = *e1 = NULL;
+    setenv(var, val, 1);
+    if (dsv4_engine_open(e0, &o, &err)) fprintf(stderr, "  %s=%s: %s\n", var, val, err.msg);
+    unsetenv(var);
+    if (*e0 && dsv4_engine_open(e1, &o, &err)) fprintf(stderr, "  without %s: %s\n", var, err.msg);
+    return *e0 && *e1 ? 0 : -1;
+}
+
+/* n tokens below V from an LCG seeded by seed */
+static void lcg_tokens(int32_t *tok, int n, uint32_t seed, int V) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((seed >> 8) % (uint32_t)V);
+    }
+}
+
 /* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and
  * decode steps with DSV4_CUDA_GRAPHS=0 and with graphs on give identical logits, and the
  * graphs engine really launched graphs, updated them in place and built a few variants. */
 static void graphs_case(const char *profile) {
     dsv4_err err;
-    dsv4_engine *e0 = NULL, *e1 = NULL;
-    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
-    setenv("DSV4_CUDA_GRAPHS", "0", 1);
-    if (dsv4_engine_open(&e0, &o, &err)) fprintf(stderr, "  no graphs: %s\n", err.msg);
-    unsetenv("DSV4_CUDA_GRAPHS");
-    if (e0 && dsv4_engine_open(&e1, &o, &err)) fprintf(stderr, "  graphs: %s\n", err.msg);
-    REQUIRE(e0 && e1);
+    dsv4_engine *e0, *e1;
+    REQUIRE(open_ab(profile, "DSV4_CUDA_GRAPHS", "0", &e0, &e1) == 0);
     dsv4_engine_info info;
     dsv4_engine_get_info(e0, &info);
     int V = info.vocab_size, T = 37, D = 40;
     int32_t tok[80];
-    uint32_t s = 7;
-    for (int i = 0; i < T + D + 3; i++) {
-        s = s * 1664525u + 1013904223u;
-        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
-    }
+    lcg_tokens(tok, T + D + 3, 7, V);
     /* the graphs' logits land in page-locked memory (dsv4_engine_host_alloc: one DMA per
      * download), the other engine's in malloc'd memory: both must hold the same bits */
     float *a = malloc(sizeof(float) * (size_t)3 * V), *g = dsv4_engine_host_alloc(e1, sizeof(float) * (size_t)3 * V);
@@ -248,22 +260,13 @@ static void test_graphs_identical(void) {
  * beside the main one (forked, mostly not closed early by a wait inside them). */
 static void side_case(const char *profile) {
     dsv4_err err;
-    dsv4_engine *e0 = NULL, *e1 = NULL;
-    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
-    setenv("DSV4_SIDE_CHAIN", "0", 1);
-    if (dsv4_engine_open(&e0, &o, &err)) fprintf(stderr, "  one stream: %s\n", err.msg);
-    unsetenv("DSV4_SIDE_CHAIN");
-    if (e0 && dsv4_engine_open(&e1, &o, &err)) fprintf(stderr, "  side chains: %s\n", err.msg);
-    REQUIRE(e0 && e1);
+    dsv4_engine *e0, *e1;
+    REQUIRE(open_ab(profile, "DSV4_SIDE_CHAIN", "0", &e0, &e1) == 0);
     dsv4_engine_info info;
     dsv4_engine_get_info(e0, &info);
     int V = info.vocab_size, T = 29, D = 40;
     int32_t tok[80];
-    uint32_t s = 11;
-    for (int i = 0; i < T + D + 3; i++) {
-        s = s * 1664525u + 1013904223u;
-        tok[i] = (int32_t)((s >> 8) % (uint32_t)V);
-    }
+    lcg_tokens(tok, T + D + 3, 11, V);
     float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
     REQUIRE(a && g);
     dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
