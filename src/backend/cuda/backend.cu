@@ -291,7 +291,7 @@ static void graphs_free(cuda_impl *c) {
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->scratch_top = 0;
-    /* the side's arena grows only at a fork (side_open), where waiting is allowed; here a spill
+    /* the side's arena grows only at a fork (cu_side: side_grow), where waiting is allowed; here a spill
      * or the main arena's growth waits, which closes the side chain and brings the main arena back */
     if (c->n_spill || (c->side_state != 1 && c->scratch_want > c->scratch_cap)) dsv4_cuda_sync(b);
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
