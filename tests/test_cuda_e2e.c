@@ -184,52 +184,63 @@ static int open_ab(const char *profile, const char *var, const char *val, dsv4_e
     return *e0 && *e1 ? 0 : -1;
 }
 
-/* n tokens below V from an LCG seeded by seed */
-static void lcg_tokens(int32_t *tok, int n, uint32_t seed, int V) {
-    for (int i = 0; i < n; i++) {
+/* The same prefill of T tokens, D decode steps and 3 batched steps of two sequences (the second a
+ * clone at length T + 5) on both engines, tokens from an LCG seeded by seed, logits into a (e0) and
+ * g (e1), each [2][vocab]; *p0 / *p1: e1's counters before the decode steps and after the batched
+ * ones.  1 if every step's logits are the same bits on both. */
+static int ab_steps(dsv4_engine *e0, dsv4_engine *e1, int T, int D, uint32_t seed, float *a, float *g,
+                    dsv4_engine_perf_info *p0, dsv4_engine_perf_info *p1) {
+    dsv4_err err;
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e0, &info);
+    int V = info.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(T + D + 3));
+    if (!tok) return 0;
+    for (int i = 0; i < T + D + 3; i++) {
         seed = seed * 1664525u + 1013904223u;
         tok[i] = (int32_t)((seed >> 8) % (uint32_t)V);
     }
-}
-
-/* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and
- * decode steps with DSV4_CUDA_GRAPHS=0 and with graphs on give identical logits, and the
- * graphs engine really launched graphs, updated them in place and built a few variants. */
-static void graphs_case(const char *profile) {
-    dsv4_err err;
-    dsv4_engine *e0, *e1;
-    REQUIRE(open_ab(profile, "DSV4_CUDA_GRAPHS", "0", &e0, &e1) == 0);
-    dsv4_engine_info info;
-    dsv4_engine_get_info(e0, &info);
-    int V = info.vocab_size, T = 37, D = 40;
-    int32_t tok[80];
-    lcg_tokens(tok, T + D + 3, 7, V);
-    /* the graphs' logits land in page-locked memory (dsv4_engine_host_alloc: one DMA per
-     * download), the other engine's in malloc'd memory: both must hold the same bits */
-    float *a = malloc(sizeof(float) * (size_t)3 * V), *g = dsv4_engine_host_alloc(e1, sizeof(float) * (size_t)3 * V);
-    REQUIRE(a && g);
     dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
-    REQUIRE(dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0);
-    CHECK(dsv4_seq_append(s0, tok, T, a, 0, &err) == 0);
-    CHECK(dsv4_seq_append(s1, tok, T, g, 0, &err) == 0);
-    int same = memcmp(a, g, sizeof(float) * V) == 0;
-    dsv4_engine_perf_info p0, p1;
-    dsv4_engine_perf(e1, &p0);
-    for (int i = 0; i < D; i++) { /* 40 steps: every compressor boundary of the tiny model, window wrap */
+    int same = dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0;
+    CHECK(same);
+    same = same && dsv4_seq_append(s0, tok, T, a, 0, &err) == 0 && dsv4_seq_append(s1, tok, T, g, 0, &err) == 0 &&
+           memcmp(a, g, sizeof(float) * V) == 0;
+    dsv4_engine_perf(e1, p0);
+    for (int i = 0; i < D && s0 && s1; i++) { /* every compressor window end of the tiny model, the window wrap */
         CHECK(dsv4_seq_append(s0, tok + T + i, 1, a, 0, &err) == 0);
         CHECK(dsv4_seq_append(s1, tok + T + i, 1, g, 0, &err) == 0);
         same &= memcmp(a, g, sizeof(float) * V) == 0;
     }
-    /* a batched step of two sequences (a clone at an earlier length) */
-    REQUIRE(dsv4_seq_clone(s0, T + 5, &t0, &err) == 0 && dsv4_seq_clone(s1, T + 5, &t1, &err) == 0);
-    for (int i = 0; i < 3; i++) {
+    int cl = s0 && s1 && dsv4_seq_clone(s0, T + 5, &t0, &err) == 0 && dsv4_seq_clone(s1, T + 5, &t1, &err) == 0;
+    CHECK(cl);
+    for (int i = 0; i < 3 && cl; i++) { /* batched steps: two rows */
         dsv4_step_item i0[2] = {{s0, tok + T + D + i, 1, a}, {t0, tok + i, 1, a + V}};
         dsv4_step_item i1[2] = {{s1, tok + T + D + i, 1, g}, {t1, tok + i, 1, g + V}};
         CHECK(dsv4_engine_step(e0, i0, 2, &err) == 0);
         CHECK(dsv4_engine_step(e1, i1, 2, &err) == 0);
         same &= memcmp(a, g, sizeof(float) * 2 * V) == 0;
     }
-    dsv4_engine_perf(e1, &p1);
+    dsv4_engine_perf(e1, p1);
+    dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
+    free(tok);
+    return same && cl;
+}
+
+/* CUDA graphs (backend.cu segments) must not change a single bit: the same prefill and
+ * decode steps with DSV4_CUDA_GRAPHS=0 and with graphs on give identical logits, and the
+ * graphs engine really launched graphs, updated them in place and built a few variants. */
+static void graphs_case(const char *profile) {
+    dsv4_engine *e0, *e1;
+    REQUIRE(open_ab(profile, "DSV4_CUDA_GRAPHS", "0", &e0, &e1) == 0);
+    dsv4_engine_info info;
+    dsv4_engine_get_info(e0, &info);
+    int V = info.vocab_size, D = 40;
+    /* the graphs' logits land in page-locked memory (dsv4_engine_host_alloc: one DMA per
+     * download), the other engine's in malloc'd memory: both must hold the same bits */
+    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = dsv4_engine_host_alloc(e1, sizeof(float) * (size_t)2 * V);
+    REQUIRE(a && g);
+    dsv4_engine_perf_info p0, p1;
+    int same = ab_steps(e0, e1, 37, D, 7, a, g, &p0, &p1);
     long launches = p1.graph_launches - p0.graph_launches, updates = p1.graph_updates - p0.graph_updates;
     long inst = p1.graph_inst - p0.graph_inst;
     dsv4_engine_perf(e0, &p0);
@@ -240,7 +251,6 @@ static void graphs_case(const char *profile) {
     CHECK(launches >= (long)D * info.n_layers); /* every layer of every decode step ran as a graph */
     CHECK(updates > launches / 2);              /* mostly updated in place, not rebuilt */
     CHECK(p0.graph_launches == 0);
-    dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
     dsv4_engine_host_free(e1, g);
     dsv4_engine_close(e0);
     dsv4_engine_close(e1);
@@ -259,46 +269,23 @@ static void test_graphs_identical(void) {
  * on one stream) and with it on, both with graphs, give identical logits, and the chains ran
  * beside the main one (forked, mostly not closed early by a wait inside them). */
 static void side_case(const char *profile) {
-    dsv4_err err;
     dsv4_engine *e0, *e1;
     REQUIRE(open_ab(profile, "DSV4_SIDE_CHAIN", "0", &e0, &e1) == 0);
     dsv4_engine_info info;
     dsv4_engine_get_info(e0, &info);
-    int V = info.vocab_size, T = 29, D = 40;
-    int32_t tok[80];
-    lcg_tokens(tok, T + D + 3, 11, V);
+    int V = info.vocab_size, D = 40;
     float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
     REQUIRE(a && g);
-    dsv4_seq *s0 = NULL, *s1 = NULL, *t0 = NULL, *t1 = NULL;
-    REQUIRE(dsv4_seq_new(e0, &s0, &err) == 0 && dsv4_seq_new(e1, &s1, &err) == 0);
-    CHECK(dsv4_seq_append(s0, tok, T, a, 0, &err) == 0);
-    CHECK(dsv4_seq_append(s1, tok, T, g, 0, &err) == 0);
-    int same = memcmp(a, g, sizeof(float) * V) == 0;
     dsv4_engine_perf_info p0, p1, q;
-    dsv4_engine_perf(e1, &p0);
-    for (int i = 0; i < D; i++) { /* every compressor window end of the tiny model, the window wrap */
-        CHECK(dsv4_seq_append(s0, tok + T + i, 1, a, 0, &err) == 0);
-        CHECK(dsv4_seq_append(s1, tok + T + i, 1, g, 0, &err) == 0);
-        same &= memcmp(a, g, sizeof(float) * V) == 0;
-    }
-    dsv4_engine_perf(e1, &p1);
-    REQUIRE(dsv4_seq_clone(s0, T + 3, &t0, &err) == 0 && dsv4_seq_clone(s1, T + 3, &t1, &err) == 0);
-    for (int i = 0; i < 3; i++) { /* batched decode steps: the chains take both rows */
-        dsv4_step_item i0[2] = {{s0, tok + T + D + i, 1, a}, {t0, tok + i, 1, a + V}};
-        dsv4_step_item i1[2] = {{s1, tok + T + D + i, 1, g}, {t1, tok + i, 1, g + V}};
-        CHECK(dsv4_engine_step(e0, i0, 2, &err) == 0);
-        CHECK(dsv4_engine_step(e1, i1, 2, &err) == 0);
-        same &= memcmp(a, g, sizeof(float) * 2 * V) == 0;
-    }
+    int same = ab_steps(e0, e1, 29, D, 11, a, g, &p0, &p1);
     dsv4_engine_perf(e0, &q);
     long forks = p1.side_forks - p0.side_forks, forced = p1.side_forced - p0.side_forced;
-    printf("  side chains %s: logits identical to one stream: %s; %d decode steps: %ld chains, %ld closed early "
-           "(one stream: %ld chains)\n", profile, same ? "yes" : "NO", D, forks, forced, q.side_forks);
+    printf("  side chains %s: logits identical to one stream: %s; %d decode + 3 batched steps: %ld chains, %ld "
+           "closed early (one stream: %ld chains)\n", profile, same ? "yes" : "NO", D, forks, forced, q.side_forks);
     CHECK(same);
     CHECK(forks >= D);           /* at least one layer a step forks */
     CHECK(forced * 4 <= forks);  /* waits inside a chain are rare (buffer growth) */
     CHECK(q.side_forks == 0);
-    dsv4_seq_free(s0), dsv4_seq_free(s1), dsv4_seq_free(t0), dsv4_seq_free(t1);
     dsv4_engine_close(e0);
     dsv4_engine_close(e1);
     free(a), free(g);

@@ -256,10 +256,11 @@ typedef struct dsv4_backend_ops {
 
     /* ----- optional: a second chain of ops beside the first (both NULL or both set) -----
      * side(b, 1): the ops issued from here on form a side chain that starts after every op
-     * issued so far and may run beside the ops issued after side(b, 0) (the main chain); side(b, 1)
-     * again while the chain is open continues it, its next ops also after every op issued so far
-     * on the main chain; join(b): the ops issued after it start after both chains.  The forward pass puts only ops of
-     * disjoint data in the two chains, so values do not depend on the overlap.  A backend may
+     * issued so far and may run beside the ops issued after side(b, 0) (the main chain);
+     * side(b, 1) again while the chain is open continues it, its next ops also after every op
+     * issued so far on the main chain; join(b): the ops issued after it start after both chains.
+     * The forward pass puts only ops of disjoint data in the two chains, so values do not
+     * depend on the overlap.  A backend may
      * run the side chain in order with the rest (the CPU backend: it counts the calls, for the
      * tests), and a device backend falls back to that whenever it must wait (a sync, the end
      * of a graph capture).  side(b, 0) and join(b) without an open side chain do nothing. */

@@ -697,22 +697,16 @@ static void hash_ids(const dsv4_model *m, const dsv4_layer_w *L, int rows, int32
         }
 }
 
-/* The lightning indexer of a ratio-4 layer: the picks per row into m->picks / m->n_picks.  parts
- * (IX_ALL in order) says which of its three steps run: its compressor (IX_COMP), q's projection
- * (IX_Q), the scores and top-k (IX_PICK); the side chain issues them apart.  0, or -1 with err set. */
-enum { IX_COMP = 1, IX_Q = 2, IX_PICK = 4, IX_ALL = 7 };
-static int run_indexer(dsv4_model *m, int layer, const dsv4_layer_w *L, int rows, int nseg, int dec, int parts,
-                       dsv4_err *err) {
+/* The lightning indexer's last step on a ratio-4 layer (after its compressor and q's projection
+ * into m->iq): the scores and the picks per row into m->picks / m->n_picks.  0, or -1 with err set. */
+static int indexer_picks(dsv4_model *m, int layer, const dsv4_layer_w *L, int rows, dsv4_err *err) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
     const dsv4_backend_ops *op = OPS(m);
     dsv4_backend *b = B_(m);
-    int rd = c->rope_dim, ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8, topk = c->index_topk;
+    int rd = c->rope_dim, ratio = L->ratio, bf = nm->act_bf16, topk = c->index_topk;
     const double *freq = ratio ? m->freq_comp : m->freq_main;
-    if (parts & IX_COMP) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
     int inh = c->index_n_heads, ihd = c->index_head_dim;
-    if (parts & IX_Q) op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
-    if (!(parts & IX_PICK)) return 0;
     float iw_scale = (float)(1.0 / sqrt((double)ihd) / sqrt((double)inh));
     /* the rope of q and the scale of w folded into the scores op (the same bits; q and w stay
      * as the projections left them, which nothing reads after the scores) unless a sim runs
@@ -821,12 +815,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             if (L->has_indexer) comp_bias(m, layer, 1, nseg);
             ol_flush(m);
             if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
-            if (L->has_indexer) run_indexer(m, layer, L, rows, nseg, dec, IX_COMP, err);
+            if (L->has_indexer) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
             op->side(b, 0);
             if (L->has_indexer) {
-                run_indexer(m, layer, L, rows, nseg, dec, IX_Q, err);
+                op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
                 op->side(b, 1); /* the scores after iq and the indexer's new keys */
-                if (run_indexer(m, layer, L, rows, nseg, dec, IX_PICK, err)) {
+                if (indexer_picks(m, layer, L, rows, err)) {
                     op->join(b);
                     return -1;
                 }
@@ -864,7 +858,11 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     LAY_LAP(1);
     /* lightning indexer (ratio 4): picks per row (in the side chain at a decode step) */
     int topk = c->index_topk;
-    if (L->has_indexer && !side && run_indexer(m, layer, L, rows, nseg, dec, IX_ALL, err)) return -1;
+    if (L->has_indexer && !side) {
+        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
+        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
+        if (indexer_picks(m, layer, L, rows, err)) return -1;
+    }
 
     LAY_LAP(2);
     /* key lists: window (fresh rows or ring) per row, then compressed rows (picked on the

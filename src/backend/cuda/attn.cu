@@ -1621,7 +1621,8 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
 /* the most candidates k_topk_s lists after its first pass: 0 (the default: every pass scans every
  * entry) unless DSV4_CUDA_TOPK_CAND=1 (TK_CMAX; read once).  Off until it is timed: on the H200
  * (2026-12-04) it gave the same picks in every case of test_topk, but the only timing taken was
- * the per-op one with a sync after each call, whose ~15 us of overhead hid the difference */
+ * the per-op one with a sync after each call, which did not resolve the two (18.1-20.1 us with
+ * it, 17.6-20.0 without) */
 static int tk_cmax(void) {
     static int v = -1;
     if (v < 0) {

@@ -291,8 +291,9 @@ static void graphs_free(cuda_impl *c) {
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->scratch_top = 0;
-    /* the side's arena grows only at a fork (cu_side: side_grow), where waiting is allowed; here a spill
-     * or the main arena's growth waits, which closes the side chain and brings the main arena back */
+    /* the side's arena grows only at a fork (cu_side: side_grow), where waiting is allowed; here
+     * a spill or the main arena's growth waits, which closes the side chain and brings the main
+     * arena back */
     if (c->n_spill || (c->side_state != 1 && c->scratch_want > c->scratch_cap)) dsv4_cuda_sync(b);
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     if (c->scratch_want > c->scratch_cap && !c->failed) {
@@ -925,7 +926,6 @@ void dsv4_cuda_side_close(dsv4_backend *b) {
     int early = c->side_state == 1;
     side_to_main(c);
     c->side_state = 0;
-    c->side_joins++;
     c->side_forced += early;
     dsv4_cuda_seg_note(b, 33);
     if (c->failed) return;
@@ -964,7 +964,6 @@ static void cu_side(dsv4_backend *b, int on) {
         return;
     }
     if (c->side_state || !c->side_ok || c->timing || c->failed) return; /* in order */
-    dsv4_cuda_flush(b);
     if (side_grow(b)) return;
     if (CK(b, cudaEventRecord(c->side_fork, c->stream)) || CK(b, cudaStreamWaitEvent(c->side_stream, c->side_fork, 0)))
         return;

@@ -128,7 +128,7 @@ struct cuda_impl {
     int side_ok;                /* the stream, events and arena exist (else side chains run in order) */
     uint8_t *side_scratch;      /* the other arena (the side's while the main one is in use, and back) */
     size_t side_cap, side_top, side_want;
-    long side_forks, side_joins, side_forced; /* counters (tests, stats): chains opened, joined, joined early */
+    long side_forks, side_forced; /* counters (stats, tests): chains opened, chains joined early */
 };
 #define DSV4_CUDA_GVARIANTS 6
 
