@@ -1088,6 +1088,8 @@ static void test_side_chain(void) {
  * failing check fails the call with the length unchanged; bad arguments are refused. */
 static struct {
     long argmax, gather, checks, logit_dl;
+    long layer_marks; /* segment marks keyed by a layer >= 1 (a graph that starts at that layer) */
+    int n_layers;
     int fail_at;
     size_t vocab_bytes;
 } g_gr;
@@ -1110,6 +1112,10 @@ static void gr_gather(dsv4_backend *b, int32_t *dst, const int32_t *tok, int row
     g_gr.gather++;
     g_gr_cpu->gather_ids(b, dst, tok, rows, t, k);
 }
+static void gr_segment(dsv4_backend *b, int key) { /* the CPU table has no segment op */
+    (void)b;
+    g_gr.layer_marks += key >= 1 && key < g_gr.n_layers;
+}
 static void gr_noop_trace(void *user, const dsv4_op_info *info) { (void)user, (void)info; }
 
 static void test_greedy(void) {
@@ -1121,6 +1127,7 @@ static void test_greedy(void) {
     REQUIRE(g_gr_cpu->argmax && g_gr_cpu->gather_ids);
     dsv4_backend_ops ops = *g_gr_cpu;
     ops.download = gr_download, ops.check = gr_check, ops.argmax = gr_argmax, ops.gather_ids = gr_gather;
+    ops.segment = gr_segment;
     lm.be.ops = &ops;
     dsv4_model *m = NULL;
     REQUIRE(dsv4_model_init(&m, &lm.w, &lm.be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
@@ -1145,11 +1152,20 @@ static void test_greedy(void) {
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     int32_t first = dsv4_argmax_row(lg, V);
     /* greedy on the device path */
-    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V;
+    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers;
     REQUIRE(dsv4_forward_greedy(m, g, first, N, out, &err) == 0);
     int every = (int)g->snapshot_every, ckpts = (P + N) / every - P / every;
+    /* segments of DSV4_GREEDY_SEG_LAYERS (default 4) layers after layer 0: layers 1, 5, 9, ...
+     * start one; the host loop below has one a layer (DSV4_SEG_LAYERS, default 1) */
+    const char *gsl = getenv("DSV4_GREEDY_SEG_LAYERS"), *hsl = getenv("DSV4_SEG_LAYERS");
+    int G = gsl && atoi(gsl) >= 1 && atoi(gsl) <= 64 ? atoi(gsl) : 4, H = hsl && atoi(hsl) >= 1 && atoi(hsl) <= 64 ? atoi(hsl) : 1;
+    long gmarks = g_gr.layer_marks, want_g = 0, want_h = 0;
+    for (int l = 1; l < cfg.n_layers; l++) want_g += (l - 1) % G == 0, want_h += (l - 1) % H == 0;
     printf("  greedy %d steps: argmax %ld, gather_ids %ld (%d hash layers), checks %ld (%d checkpoints), logits rows "
-           "downloaded %ld\n", N, g_gr.argmax, g_gr.gather, n_hash, g_gr.checks, ckpts, g_gr.logit_dl);
+           "downloaded %ld, %ld graphs starting at a layer >= 1 (%ld a step expected: %d layers, %d a segment)\n", N,
+           g_gr.argmax, g_gr.gather, n_hash, g_gr.checks, ckpts, g_gr.logit_dl, gmarks, want_g, cfg.n_layers, G);
+    CHECK(cfg.n_layers > 2 && want_g < want_h); /* the tiny model shows the difference */
+    CHECK_EQ_INT(gmarks, (long)N * want_g);
     CHECK(ckpts >= 1);
     CHECK_EQ_INT(g_gr.argmax, N);
     CHECK_EQ_INT(g_gr.gather, (long)N * n_hash);
@@ -1158,11 +1174,14 @@ static void test_greedy(void) {
     CHECK_EQ_INT(g->len, P + N);
     /* the host loop */
     int32_t tok = first;
+    g_gr.layer_marks = 0;
     for (int s = 0; s < N; s++) {
         it = (dsv4_fwd_item){.st = r, .tokens = &tok, .n = 1, .logits = lr};
         REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
         host[s] = tok = dsv4_argmax_row(lr, V);
     }
+    printf("  the host loop: %ld graphs starting at a layer >= 1 (%ld a step expected)\n", g_gr.layer_marks, want_h);
+    CHECK_EQ_INT(g_gr.layer_marks, (long)N * want_h);
     int same = !memcmp(out, host, sizeof out), distinct = 0;
     for (int s = 1; s < N; s++) distinct += out[s] != out[s - 1];
     printf("  greedy picks %s the host loop's (%d changes of token in %d)\n", same ? "equal" : "DIFFER from", distinct,

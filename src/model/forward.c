@@ -109,6 +109,9 @@ struct dsv4_model {
     int *done;              /* [done_cap] tokens consumed per item of the current call */
     float *mtp_x, *mtp_a;   /* host scratch of the MTP input mix [hc*dim], [dim] */
     int seg_layers;         /* layers per segment after layer 0 (DSV4_SEG_LAYERS, default 1) */
+    int seg_layers_greedy;  /* the same inside dsv4_forward_greedy's device loop (DSV4_GREEDY_SEG_LAYERS,
+                             * default 4): the host runs ahead of the device there, so fewer graph
+                             * boundaries cost no idle time (docs/CUDA.md, "CUDA graphs") */
     int seg_at_hc;          /* DSV4_SEG_AT_HC: where a segment after layer 0 starts: 0 at its own y
                              * projections, 1 at the previous layer's last hc_post (fused with its hc_pre),
                              * 2 (the default) at the previous layer's router gate, 3 as 2 but layer 1
@@ -295,6 +298,11 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->n_all = w->n_layers;
     const char *sl = getenv("DSV4_SEG_LAYERS");
     m->seg_layers = sl && atoi(sl) >= 1 && atoi(sl) <= 64 ? atoi(sl) : 1;
+    /* 4 since 2026-12-04: greedy 3.07 against 3.10-3.11 ms a step on the H200 (20 Flash layers, 2K,
+     * two rounds each), where the step API, whose host waits for each step's logits, was slower
+     * with 4 (3.23-3.42 against 3.14-3.22) and 20 (4.15-4.41) */
+    const char *sg = getenv("DSV4_GREEDY_SEG_LAYERS");
+    m->seg_layers_greedy = sg && atoi(sg) >= 1 && atoi(sg) <= 64 ? atoi(sg) : 4;
     const char *sh = getenv("DSV4_SEG_AT_HC");
     /* default 2 since 2026-12-04: 3.210 against 3.260 ms a step on the H200, logits identical to
      * graphs off (test_cuda_e2e) and flash-2's unchanged; "0" gives the old placement */
@@ -1270,16 +1278,30 @@ static int greedy_host(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps
     return 0;
 }
 
+static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err);
+
 int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
+    /* the device loop queues steps without waiting for them, so its segments may be longer
+     * (seg_layers_greedy); the segments change only where graphs begin, never an op */
     const dsv4_config *c = m->cfg;
     const dsv4_backend_ops *op = OPS(m);
-    dsv4_backend *b = B_(m);
     if (!st || !out || n_steps < 1) return dsv4_errf(err, "greedy: no sequence, output or steps");
     if (first < 0 || first >= c->vocab_size)
         return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
     if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
     /* traces want host copies of each step's tokens and routing: the host loop */
     if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
+    int keep = m->seg_layers;
+    m->seg_layers = m->seg_layers_greedy;
+    int rc = greedy_device(m, st, first, n_steps, out, err);
+    m->seg_layers = keep;
+    return rc;
+}
+
+static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_backend_ops *op = OPS(m);
+    dsv4_backend *b = B_(m);
     if (n_steps + 1 > m->gtok_cap) {
         if (m->gtok) op->free(b, m->gtok);
         m->gtok_cap = 0;
