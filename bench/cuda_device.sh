@@ -53,12 +53,6 @@ for stage in "${stages[@]}"; do
     note "attn test_indexer IX_TILE=4 rc=$? $(tail -1 "$OUT/attn_ix4.log")"
     DSV4_CUDA_TOPK_SMEM=1 timeout 120 $bin/test_cuda_attn test_topk >"$OUT/attn_tk1.log" 2>&1
     note "attn test_topk TOPK_SMEM=1 rc=$? $(tail -1 "$OUT/attn_tk1.log")"
-    # k_topk_s listing its candidates after the first pass (DSV4_CUDA_TOPK_CAND=1, off by default), also for
-    # every row above k
-    DSV4_CUDA_TOPK_CAND=1 timeout 120 $bin/test_cuda_attn test_topk >"$OUT/attn_tkc.log" 2>&1
-    note "attn test_topk TOPK_CAND=1 rc=$? $(tail -1 "$OUT/attn_tkc.log")"
-    DSV4_CUDA_TOPK_CAND=1 DSV4_CUDA_TOPK_SMEM=1 timeout 120 $bin/test_cuda_attn test_topk >"$OUT/attn_tkc1.log" 2>&1
-    note "attn test_topk TOPK_CAND=1 TOPK_SMEM=1 rc=$? $(tail -1 "$OUT/attn_tkc1.log")"
     for t in test_cuda_attn test_cuda_mhc test_cuda_linear test_cuda_moe; do
       [ -x $bin/$t ] || continue
       timeout 300 $bin/$t >"$OUT/$t.log" 2>&1; note "$t rc=$? $(tail -1 "$OUT/$t.log")"

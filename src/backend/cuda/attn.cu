@@ -1536,67 +1536,39 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
  * [t per, (t + 1) per) -- so that one block scan of the runs' counts places every entry,
  * where k_topk scans once per 1024 entries and reads the scores from global memory in each
  * of its five passes (at 8198 entries it ran ~18 us after the indexer ended, decode trace of
- * 2026-12-02 05:54Z; this kernel ~11 us).  With cmax > 0 (DSV4_CUDA_TOPK_CAND=1, off by
- * default: tk_cmax) the entries whose top byte is the first pass's digit (at most cmax; else
- * every entry as before) are listed once in shared memory after that pass (a warp-aggregated
- * append: their order varies, their counts do not), and the later passes histogram only those:
- * at 8198 entries a pass reads 9 keys a thread (ncu 2026-12-04: 40.6 K warp instructions, 18
- * cycles each, on the block's one SM).  Same set, same ascending index order either way. */
+ * 2026-12-02 05:54Z; this kernel ~11 us).  Same set, same ascending index order.
+ * Tried and removed (2026-12-04): listing the first pass's digit's entries once, so that the
+ * later passes histogram only those (DSV4_CUDA_TOPK_CAND=1): the same picks, and no time gained
+ * (8192 keys in a graph: 13.5 us a call either way; the 20-layer step at 32K: 3.27 ms either way,
+ * picks on the device), so the passes are not where this kernel's time goes. */
 #define TK_SMAX 49152
-#define TK_CMAX 4096
 __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out, const float *score, int stride,
-                                                       const int *n, const __grid_constant__ row_params rp, int k,
-                                                       int cmax) {
+                                                       const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
-    extern __shared__ uint32_t tk_keys[]; /* [nr] keys, then [cmax] candidate indices */
-    __shared__ int hist[256], wsum[32], s_need, s_done, s_cnt;
+    extern __shared__ uint32_t tk_keys[];
+    __shared__ int hist[256], wsum[32], s_need, s_done;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int nr = n ? n[r] : rp.n[r];
     const float *s = score + (int64_t)r * stride;
     int32_t *ir = idx + (int64_t)r * k;
     if (tk_whole(ir, n_out, r, nr, k)) return;
-    uint32_t *cand = tk_keys + nr;
     for (int i = t; i < nr; i += TK_THREADS) tk_keys[i] = tk_key(s[i]);
     int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* uniform */
     uint32_t prefix = 0, mask = 0;
-    int need = k, nc = -1; /* candidates listed in cand (-1: none, every entry is scanned) */
+    int need = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
         if (t < 256) hist[t] = 0;
-        __syncthreads(); /* also: the keys are in shared memory (first pass), cand is complete */
-        if (nc < 0) {
-            for (int u = 0; u < nu; u++) {
-                int i = u * TK_THREADS + t;
-                uint32_t key = i < nr ? tk_keys[i] : 0u;
-                int dg = (i < nr && (key & mask) == prefix) ? (int)((key >> shift) & 255u) : 256;
-                tk_hist_add(hist, dg, lane);
-            }
-        } else {
-            for (int j0 = 0; j0 < nc; j0 += TK_THREADS) { /* uniform trip count: shuffles inside */
-                int j = j0 + t;
-                uint32_t key = j < nc ? tk_keys[cand[j]] : 0u;
-                int dg = (j < nc && (key & mask) == prefix) ? (int)((key >> shift) & 255u) : 256;
-                tk_hist_add(hist, dg, lane);
-            }
+        __syncthreads(); /* also: the keys are in shared memory (first pass) */
+        for (int u = 0; u < nu; u++) {
+            int i = u * TK_THREADS + t;
+            uint32_t key = i < nr ? tk_keys[i] : 0u;
+            int dg = (i < nr && (key & mask) == prefix) ? (int)((key >> shift) & 255u) : 256;
+            tk_hist_add(hist, dg, lane);
         }
         tk_pass_end(hist, warp, lane, shift, prefix, need, &s_prefix, &s_need, &s_done);
         mask |= 255u << shift;
         if (s_done) break; /* uniform */
-        if (shift == 24 && cmax > 0) { /* after the first pass: list its digit's entries if they are few */
-            int c = hist[prefix >> 24]; /* this pass's count of them (nothing writes hist before the barrier) */
-            if (t == 0) s_cnt = 0;
-            __syncthreads(); /* every thread has read c (the same value); s_cnt is 0 */
-            for (int u = 0; u < nu && c <= cmax; u++) {
-                int i = u * TK_THREADS + t;
-                bool in = i < nr && (tk_keys[i] & mask) == prefix;
-                unsigned bal = __ballot_sync(0xffffffffu, in);
-                int base = 0;
-                if (lane == 0 && bal) base = atomicAdd(&s_cnt, __popc(bal));
-                base = __shfl_sync(0xffffffffu, base, 0);
-                if (in) cand[base + __popc(bal & ((1u << lane) - 1u))] = (uint32_t)i;
-            }
-            if (c <= cmax) nc = c; /* the append's count is the histogram's */
-        }
     }
     /* contiguous runs: counts, one scan, then each run writes its entries in index order */
     int per = nu, i0 = t * per, i1 = min(nr, i0 + per), gt = 0, eq = 0, tot;
@@ -1616,20 +1588,6 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
         }
     }
     if (t == 0) n_out[r] = k;
-}
-
-/* the most candidates k_topk_s lists after its first pass: 0 (the default: every pass scans every
- * entry) unless DSV4_CUDA_TOPK_CAND=1 (TK_CMAX; read once).  Off until it is timed: on the H200
- * (2026-12-04) it gave the same picks in every case of test_topk, but the only timing taken was
- * the per-op one with a sync after each call, which did not resolve the two (18.1-20.1 us with
- * it, 17.6-20.0 without) */
-static int tk_cmax(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_TOPK_CAND");
-        v = e && !strcmp(e, "1") ? TK_CMAX : 0;
-    }
-    return v;
 }
 
 /* the smallest row count at which cu_topk takes k_topk_s (DSV4_CUDA_TOPK_SMEM=N, read once;
@@ -1666,10 +1624,9 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
     if (maxn >= tk_smem_min() && maxn <= TK_SMAX) {
-        int cmax = tk_cmax();
-        size_t sm = sizeof(uint32_t) * ((size_t)maxn + cmax); /* the keys, then the candidates */
+        size_t sm = sizeof(uint32_t) * (size_t)maxn;
         if (CK(b, cudaFuncSetAttribute(k_topk_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;
-        dsv4_launch(k_topk_s, rows, TK_THREADS, sm, c->stream, id, no, sd, stride, nd, rp, k, cmax);
+        dsv4_launch(k_topk_s, rows, TK_THREADS, sm, c->stream, id, no, sd, stride, nd, rp, k);
     } else if (maxn <= TK_THREADS * TK_PER)
         dsv4_launch(k_topk_r, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     else
