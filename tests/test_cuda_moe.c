@@ -37,8 +37,10 @@
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
  * act_fp8, host outputs; hash ids and 36 slots (the op falls back to the two ops); k > n_routed
- * (ids -1 skipped and reported by both); against the CPU's route then moe; the path taken
- * (dsv4_cuda_route_plan_calls); DSV4_CUDA_ROUTE_PLAN=0 leaves the op NULL.
+ * (ids -1 skipped and reported by both, at 1 and 2 rows); against the CPU's route then moe; the
+ * path taken (dsv4_cuda_route_plan_calls; one row: k_route_plan_1, dsv4_cuda_route_plan1_calls,
+ * and with DSV4_CUDA_RP1=0 k_route_plan_w, the same bits); DSV4_CUDA_ROUTE_PLAN=0 leaves the op
+ * NULL.
  * Without a CUDA device the binary prints SKIP. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -581,10 +583,10 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&gpu, &f, lg, x, R, NER));
     gpu.ops->route(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f);
     gpu.ops->moe(&gpu, a.o, a.x, R, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, before_w2, act_fp8, 0, 2.5f);
-    long n0 = dsv4_cuda_route_plan_calls(&gpu);
+    long n0 = dsv4_cuda_route_plan_calls(&gpu), n1 = dsv4_cuda_route_plan1_calls(&gpu);
     gpu.ops->route_moe(&gpu, f.e, f.w, f.lg, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, before_w2,
                        act_fp8, 0, 2.5f);
-    long took = dsv4_cuda_route_plan_calls(&gpu) - n0;
+    long took = dsv4_cuda_route_plan_calls(&gpu) - n0, took1 = dsv4_cuda_route_plan1_calls(&gpu) - n1;
     /* host outputs (the op stages them and copies them back at its end) */
     gpu.ops->route_moe(&gpu, hst.e, hst.w, f.lg, R, NER, KR, bp, hp, 1.5f, hst.o, f.x, rm_ex, &rm_sh, 6.0f,
                        before_w2, act_fp8, 0, 2.5f);
@@ -600,7 +602,8 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     printf("  route_moe rows %d%s%s, before_w2 %d, act_fp8 %d: %s, vs two ops %s (host outputs %s); vs cpu ids %s, "
            "weights rel %.2e, out rel %.2e (tol %.0e)\n",
            R, hash ? ", hash ids" : "", bp ? ", bias" : "", before_w2, act_fp8,
-           took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER", same_h ? "same" : "DIFFER",
+           took1 ? "k_route_plan_1" : took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER",
+           same_h ? "same" : "DIFFER",
            ids ? "same" : "DIFFER", rw, ro, tol);
     CHECK(same);
     CHECK(same_h);
@@ -608,6 +611,7 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     CHECKF(rw <= 1e-6, "route_moe weights rel %g", rw);
     CHECKF(ro <= tol, "route_moe out rel %g", ro);
     CHECKF(took == fused, "k_route_plan_w ran %ld times, expected %d", took, fused);
+    CHECKF(took1 == (fused && R == 1), "k_route_plan_1 ran %ld times at %d rows", took1, R);
     rm_free(&gpu, &a);
     rm_free(&gpu, &f);
     free(lg), free(x);
@@ -616,14 +620,15 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
 /* k > n_routed (4 experts, k 6): picks 4 and 5 are no expert (id -1, weight 0); the plan skips
  * them and reports it.  Two ops on one backend, route_moe on another (the error is sticky):
  * the same bits and the same report */
-static void check_route_moe_bad_ids(void) {
-    enum { R = 2, NR = 4 };
+static void check_route_moe_bad_ids(int R) {
+    enum { NR = 4 };
     dsv4_backend g2, g3;
     dsv4_err err;
     REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
     REQUIRE(dsv4_backend_cuda_init(&g3, 0, &err) == 0);
     static rm_out sep, fus;
-    float lg[R * NR], x[R * DR];
+    static float lg[2 * NR], x[2 * DR];
+    REQUIRE(R >= 1 && R <= 2);
     fill(lg, R * NR, 4);
     fill(x, R * DR, 1);
     rm_dev a, f;
@@ -631,20 +636,62 @@ static void check_route_moe_bad_ids(void) {
     g2.ops->route(&g2, a.e, a.w, a.lg, R, NR, KR, NULL, NULL, 1.5f);
     g2.ops->moe(&g2, a.o, a.x, R, rm_ex, NR, a.e, a.w, KR, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
     g3.ops->route_moe(&g3, f.e, f.w, f.lg, R, NR, KR, NULL, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
-    long took = dsv4_cuda_route_plan_calls(&g3);
+    long took = dsv4_cuda_route_plan_calls(&g3), took1 = dsv4_cuda_route_plan1_calls(&g3);
     rm_get(&g2, &a, &sep, R);
     rm_get(&g3, &f, &fus, R);
     int rc2 = g2.ops->check(&g2, &err), rc3 = g3.ops->check(&g3, &err);
     int same = rm_same(&sep, &fus, R);
-    printf("  route_moe, k 6 of 4 experts: %s, vs two ops %s, ids %d %d, check %d / %d (%s)\n",
-           took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER", fus.e[4], fus.e[5], rc2, rc3,
-           rc3 ? err.msg : "no error");
+    printf("  route_moe rows %d, k 6 of 4 experts: %s, vs two ops %s, ids %d %d, check %d / %d (%s)\n", R,
+           took1 ? "k_route_plan_1" : took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER", fus.e[4],
+           fus.e[5], rc2, rc3, rc3 ? err.msg : "no error");
     CHECK(same);
     CHECK(took == 1);
+    CHECK(took1 == (R == 1));
     CHECK(fus.e[4] == -1 && fus.e[5] == -1 && fus.w[5] == 0.0f);
     CHECK(rc2 != 0 && rc3 != 0 && strstr(err.msg, "expert id") != NULL);
     dsv4_backend_cuda_free(&g2);
     dsv4_backend_cuda_free(&g3);
+}
+
+/* DSV4_CUDA_RP1=0: one row takes k_route_plan_w instead of k_route_plan_1, with the same bits
+ * (out, experts, weights) as the default backend's */
+static void check_route_moe_rp1_off(void) {
+    enum { R = 1 };
+    dsv4_backend g2;
+    dsv4_err err;
+    /* moe.cu reads its switches when a backend first routes (its device-side state), not at init:
+     * the variable stays set until g2's first call */
+    REQUIRE(getenv("DSV4_CUDA_RP1") == NULL);
+    setenv("DSV4_CUDA_RP1", "0", 1);
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    static rm_out on, off;
+    float *lg = malloc(sizeof(float) * NER), *x = malloc(sizeof(float) * DR), bias[NER];
+    REQUIRE(lg && x);
+    fill(lg, NER, 4);
+    fill(x, DR, 1);
+    fill(bias, NER, 0.1f);
+    rm_dev a, f;
+    REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&g2, &f, lg, x, R, NER));
+    long n1 = dsv4_cuda_route_plan1_calls(&gpu);
+    gpu.ops->route_moe(&gpu, a.e, a.w, a.lg, R, NER, KR, bias, NULL, 1.5f, a.o, a.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                       2.5f);
+    g2.ops->route_moe(&g2, f.e, f.w, f.lg, R, NER, KR, bias, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                      2.5f);
+    unsetenv("DSV4_CUDA_RP1");
+    rm_get(&gpu, &a, &on, R);
+    rm_get(&g2, &f, &off, R);
+    CHECK(gpu_ok());
+    long on1 = dsv4_cuda_route_plan1_calls(&gpu) - n1, off1 = dsv4_cuda_route_plan1_calls(&g2),
+         off_w = dsv4_cuda_route_plan_calls(&g2);
+    int same = rm_same(&on, &off, R);
+    printf("  route_moe rows 1: k_route_plan_1 (%ld call) against DSV4_CUDA_RP1=0 (k_route_plan_w, %ld call): %s\n",
+           on1, off_w, same ? "same bits" : "DIFFER");
+    CHECK(same);
+    CHECK(on1 == 1 && off1 == 0 && off_w == 1);
+    rm_free(&gpu, &a);
+    rm_free(&g2, &f);
+    dsv4_backend_cuda_free(&g2);
+    free(lg), free(x);
 }
 
 static void test_route_moe(void) {
@@ -655,7 +702,9 @@ static void test_route_moe(void) {
     check_route_moe_fused(3, 1, 0, 0, 1, 1);  /* act_fp8 */
     check_route_moe_fused(2, 1, 1, 0, 0, 0);  /* hash ids: route then moe */
     check_route_moe_fused(6, 1, 0, 0, 0, 0);  /* 36 slots: past the one-warp plan */
-    check_route_moe_bad_ids();
+    check_route_moe_bad_ids(1);
+    check_route_moe_bad_ids(2);
+    check_route_moe_rp1_off();
     /* DSV4_CUDA_ROUTE_PLAN=0: the op is left out (the forward pass calls route and moe) */
     dsv4_backend g2;
     REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_ROUTE_PLAN", "0") == 0);

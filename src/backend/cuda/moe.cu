@@ -145,6 +145,47 @@ __device__ __forceinline__ unsigned route_key(float v) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* The warp's picks of one row from its lanes' keys: lane holds experts e = lane + 32 m (m < NPL),
+ * key[m] its score+bias key, s[m] its score, bit m of live set where e < n_routed.  k picks by
+ * warp reductions (highest key, ties to the lower id), then each pick's weight, its score over
+ * the picks' sum (in pick order, as the block kernel's thread 0) times scale: lane j < k gets
+ * pick j (ROUTE_NONE when fewer experts are live) in *id and its weight in *w, and writes them to
+ * experts / weights of row r. */
+template <int NPL>
+__device__ __forceinline__ void d_route_pick(const unsigned (&key)[NPL], const float (&s)[NPL], unsigned live,
+                                             int32_t *experts, float *weights, int64_t r, int k, float scale,
+                                             unsigned *id, float *w) {
+    int lane = threadIdx.x & 31;
+    unsigned my_id = ROUTE_NONE;
+    float my_s = 0.0f;
+    unsigned bk = 0, bi = ROUTE_NONE; /* this lane's best live (key, id) and its score */
+    float bs = 0.0f;
+#pragma unroll
+    for (int m = 0; m < NPL; m++)
+        if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
+    for (int j = 0; j < k; j++) {
+        unsigned mk = __reduce_max_sync(0xffffffffu, bi == ROUTE_NONE ? 0u : bk);
+        unsigned wn = __reduce_min_sync(0xffffffffu, bi != ROUTE_NONE && bk == mk ? bi : ROUTE_NONE);
+        float ps = __shfl_sync(0xffffffffu, bs, (int)(wn & 31));
+        if (lane == j) my_id = wn, my_s = wn == ROUTE_NONE ? 0.0f : ps;
+        if (wn != ROUTE_NONE && (int)(wn & 31) == lane) { /* the winner drops it and rescans */
+            live &= ~(1u << (wn >> 5));
+            bk = 0, bi = ROUTE_NONE, bs = 0.0f;
+#pragma unroll
+            for (int m = 0; m < NPL; m++)
+                if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
+        }
+    }
+    float sum = 0.0f; /* pick order, as the block kernel's thread 0 */
+    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, my_s, j);
+    float mw = my_s / (sum + 1e-20f) * scale;
+    if (lane < k) {
+        experts[r * k + lane] = (int32_t)my_id;
+        weights[r * k + lane] = mw;
+    }
+    *id = my_id, *w = mw;
+}
+
 /* k_route_w's body for row r, on the calling warp (all 32 lanes); k_route_plan_w calls it too */
 template <int NPL>
 __device__ __forceinline__ void d_route_w(int32_t *experts, float *weights, const float *logits, int64_t r,
@@ -165,32 +206,9 @@ __device__ __forceinline__ void d_route_w(int32_t *experts, float *weights, cons
         key[m] = route_key(s[m] + (bias ? bv[m] : 0.0f)); /* the block kernel's score+bias */
         if (lane + 32 * m < n_routed) live |= 1u << m;
     }
-    unsigned my_id = ROUTE_NONE;
-    float my_s = 0.0f;
-    unsigned bk = 0, bi = ROUTE_NONE; /* this lane's best live (key, id) and its score */
-    float bs = 0.0f;
-#pragma unroll
-    for (int m = 0; m < NPL; m++)
-        if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
-    for (int j = 0; j < k; j++) {
-        unsigned mk = __reduce_max_sync(0xffffffffu, bi == ROUTE_NONE ? 0u : bk);
-        unsigned w = __reduce_min_sync(0xffffffffu, bi != ROUTE_NONE && bk == mk ? bi : ROUTE_NONE);
-        float ps = __shfl_sync(0xffffffffu, bs, (int)(w & 31));
-        if (lane == j) my_id = w, my_s = w == ROUTE_NONE ? 0.0f : ps;
-        if (w != ROUTE_NONE && (int)(w & 31) == lane) { /* the winner drops it and rescans */
-            live &= ~(1u << (w >> 5));
-            bk = 0, bi = ROUTE_NONE, bs = 0.0f;
-#pragma unroll
-            for (int m = 0; m < NPL; m++)
-                if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
-        }
-    }
-    float sum = 0.0f; /* pick order, as the block kernel's thread 0 */
-    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, my_s, j);
-    if (lane < k) {
-        experts[r * k + lane] = (int32_t)my_id;
-        weights[r * k + lane] = my_s / (sum + 1e-20f) * scale;
-    }
+    unsigned id;
+    float w;
+    d_route_pick<NPL>(key, s, live, experts, weights, r, k, scale, &id, &w);
 }
 
 template <int NPL>
@@ -2526,11 +2544,13 @@ __global__ void k_moe_combine_u(float *out, const float *y, int64_t dim, int row
  * slot's rank among its expert's slots by __match_any_sync), the routed groups by
  * increasing expert id (a group's index: the groups of smaller ids, summed over the warp),
  * the shared expert's groups last, one weight-byte count per group; each row's combine
- * order (its slots by (id, slot): the block kernel's stable insertion sort) and weights. */
+ * order (its slots by (id, slot): the block kernel's stable insertion sort) and weights.  tb (or
+ * NULL): every expert's tab[].bytes, already loaded (k_route_plan_1's shared copy). */
 __device__ __forceinline__ void d_moe_plan_w(group *groups, int *n_groups, int max_groups, int32_t *order, float *cw,
                                              const int32_t *e, const float *wgt, int rows, int k, int n_routed,
                                              int has_shared, int before_w2, const dexpert *tab,
-                                             unsigned long long *wbytes, unsigned *flags, int gmax) {
+                                             unsigned long long *wbytes, unsigned *flags, int gmax,
+                                             const unsigned long long *tb = NULL) {
     int i = threadIdx.x & 31, nrs = rows * k, in = i < nrs;
     int x = in ? e[i] : 0;
     float w = in ? wgt[i] : 0.0f;
@@ -2558,7 +2578,7 @@ __device__ __forceinline__ void d_moe_plan_w(group *groups, int *n_groups, int m
             if (t == 0) {
                 G.ex = x;
                 G.n = min(gmax, c - q * gmax);
-                atomicAdd(wbytes, tab[x].bytes);
+                atomicAdd(wbytes, tb ? tb[x] : tab[x].bytes);
             }
             G.slot[t] = i;
             G.row[t] = i / k;
@@ -2602,6 +2622,55 @@ __global__ void __launch_bounds__(32 * RP_WARPS)
     if (warp == 0)
         d_moe_plan_w(groups, n_groups, max_groups, order, cw, experts, weights, rows, k, n_routed, has_shared,
                      before_w2, tab, wbytes, flags, gmax);
+}
+
+/* route, then plan, of one row (decode batch 1) in one launch of 32 NPL threads: k_route_plan_w's
+ * results, bit for bit, with fewer dependent steps on its one warp.  Thread t < n_routed loads
+ * expert t's logit, bias and table byte count (one round trip for all) and forms its score and
+ * key (k_route_w's expressions) into shared memory; after the barrier warp 0 alone picks from
+ * them (d_route_pick, the lanes' experts as in k_route_w), and plans from its own picks through
+ * shared memory (not through the experts / weights it writes to global memory and would read
+ * back) and from the staged byte counts.  Measured in the 20-layer Flash step on the H200
+ * (2026-12-04, ktrace): k_route_plan_w took 5.4-5.8 us after the router gate ended. */
+template <int NPL>
+__global__ void __launch_bounds__(32 * NPL)
+    k_route_plan_1(int32_t *experts, float *weights, const float *logits, int n_routed, const float *bias,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
+                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
+                   int gmax) {
+    __shared__ unsigned skey[32 * NPL];
+    __shared__ float ssc[32 * NPL];
+    __shared__ unsigned long long sby[32 * NPL];
+    __shared__ int32_t se[32];
+    __shared__ float sw[32];
+    pdl_enter();
+    int t = threadIdx.x, lane = t & 31;
+    if (t < n_routed) {
+        float lv = logits[t], bv = bias ? bias[t] : 0.0f;
+        sby[t] = tab[t].bytes;
+        float sc = d_sqrt_softplus(lv);
+        ssc[t] = sc;
+        skey[t] = route_key(sc + (bias ? bv : 0.0f)); /* the block kernel's score+bias */
+    }
+    __syncthreads();
+    if (t >= 32) return;
+    float s[NPL];
+    unsigned key[NPL], live = 0;
+#pragma unroll
+    for (int m = 0; m < NPL; m++) {
+        int e = lane + 32 * m;
+        bool in = e < n_routed;
+        key[m] = in ? skey[e] : 0u;
+        s[m] = in ? ssc[e] : 0.0f;
+        if (in) live |= 1u << m;
+    }
+    unsigned id;
+    float w;
+    d_route_pick<NPL>(key, s, live, experts, weights, 0, k, scale, &id, &w);
+    if (lane < k) se[lane] = (int32_t)id, sw[lane] = w;
+    __syncwarp();
+    d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
+                 flags, gmax, sby);
 }
 
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
@@ -2650,7 +2719,9 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
-    long rp_calls;                  /* route_moe calls that took k_route_plan_w */
+    long rp_calls;                  /* route_moe calls that took k_route_plan_w or k_route_plan_1 */
+    long rp1_calls;                 /* of those, the ones that took k_route_plan_1 (one row) */
+    int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
     struct bias_copy {              /* the router's bias arrays on the device, by host pointer */
@@ -2686,10 +2757,16 @@ extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
     return c->devside ? c->devside->bn_calls : 0;
 }
 
-/* route_moe calls that took k_route_plan_w (cuda.h), for the tests */
+/* route_moe calls that took k_route_plan_w or k_route_plan_1 (cuda.h), for the tests */
 extern "C" long dsv4_cuda_route_plan_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->rp_calls : 0;
+}
+
+/* of those, the calls that took k_route_plan_1 (cuda.h) */
+extern "C" long dsv4_cuda_route_plan1_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->rp1_calls : 0;
 }
 
 static cuda_devside *devside(dsv4_backend *b) {
@@ -2711,6 +2788,8 @@ static cuda_devside *devside(dsv4_backend *b) {
     d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
     const char *rs = getenv("DSV4_CUDA_ROUTE_SMALL");
     d->small = !(rs && rs[0] == '0');
+    const char *r1 = getenv("DSV4_CUDA_RP1");
+    d->rp1 = !(r1 && r1[0] == '0');
     c->devside = d;
     return d;
 }
@@ -3044,8 +3123,9 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
  * runs the experts and the combine, and commits out; the caller ends the op (0) or not (1: a
  * failure, sticky error set).  ra NULL: the plan reads the ids and weights e / wgt (k_moe_plan_w
  * or k_moe_plan); else ra is a staged route call (route_stage, a warp router: npl 8 or 16) whose
- * outputs are the ids and weights (e / wgt unused), and k_route_plan_w routes and plans in one
- * launch (the caller checked ds->small, rows <= RP_WARPS and rows * k <= 32).  Only that launch
+ * outputs are the ids and weights (e / wgt unused), and k_route_plan_w (one row of <= 256
+ * experts: k_route_plan_1, unless DSV4_CUDA_RP1=0) routes and plans in one launch (the caller
+ * checked ds->small, rows <= RP_WARPS and rows * k <= 32).  Only that launch
  * differs: the same scratch in the same order, the same kernels after it. */
 static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
@@ -3092,7 +3172,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
-    if (ra && ra->npl == 8) /* decode: route and plan in one launch */
+    if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
+        dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
+                    gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
+                    gmax);
+        ds->rp1_calls++;
+    } else if (ra && ra->npl == 8) /* decode: route and plan in one launch */
         dsv4_launch(k_route_plan_w<8>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
                     gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
                     gmax);
