@@ -1155,10 +1155,10 @@ static void test_greedy(void) {
     memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers;
     REQUIRE(dsv4_forward_greedy(m, g, first, N, out, &err) == 0);
     int every = (int)g->snapshot_every, ckpts = (P + N) / every - P / every;
-    /* segments of DSV4_GREEDY_SEG_LAYERS (default 4) layers after layer 0: layers 1, 5, 9, ...
-     * start one; the host loop below has one a layer (DSV4_SEG_LAYERS, default 1) */
-    const char *gsl = getenv("DSV4_GREEDY_SEG_LAYERS"), *hsl = getenv("DSV4_SEG_LAYERS");
-    int G = gsl && atoi(gsl) >= 1 && atoi(gsl) <= 64 ? atoi(gsl) : 4, H = hsl && atoi(hsl) >= 1 && atoi(hsl) <= 64 ? atoi(hsl) : 1;
+    /* the default segments: 4 layers after layer 0 in the greedy loop (layers 1, 5, 9, ... start
+     * one), one a layer in the host loop below */
+    REQUIRE(!getenv("DSV4_GREEDY_SEG_LAYERS") && !getenv("DSV4_SEG_LAYERS"));
+    const int G = 4, H = 1;
     long gmarks = g_gr.layer_marks, want_g = 0, want_h = 0;
     for (int l = 1; l < cfg.n_layers; l++) want_g += (l - 1) % G == 0, want_h += (l - 1) % H == 0;
     printf("  greedy %d steps: argmax %ld, gather_ids %ld (%d hash layers), checks %ld (%d checkpoints), logits rows "

@@ -1264,7 +1264,8 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
  * host records step s + 1 while the device still runs step s: no logits come back and nothing
  * waits until the tokens are downloaded at the end (or a checkpoint's copies).  The hash layers'
  * ids come from gather_ids on the same token.  What each step runs is dsv4_forward's one-row
- * sub-batch: the same ops, segments and arguments, so the same values. */
+ * sub-batch: the same ops and arguments, so the same values; only its graph segments are longer
+ * (seg_layers_greedy layers: the host is ahead of the device here, so a boundary buys nothing). */
 static int greedy_host(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
     const dsv4_config *c = m->cfg;
     if (!m->glog && !(m->glog = malloc(sizeof(float) * (size_t)c->vocab_size)))
@@ -1276,26 +1277,6 @@ static int greedy_host(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps
         out[s] = tok = dsv4_argmax_row(m->glog, c->vocab_size);
     }
     return 0;
-}
-
-static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err);
-
-int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
-    /* the device loop queues steps without waiting for them, so its segments may be longer
-     * (seg_layers_greedy); the segments change only where graphs begin, never an op */
-    const dsv4_config *c = m->cfg;
-    const dsv4_backend_ops *op = OPS(m);
-    if (!st || !out || n_steps < 1) return dsv4_errf(err, "greedy: no sequence, output or steps");
-    if (first < 0 || first >= c->vocab_size)
-        return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
-    if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
-    /* traces want host copies of each step's tokens and routing: the host loop */
-    if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
-    int keep = m->seg_layers;
-    m->seg_layers = m->seg_layers_greedy;
-    int rc = greedy_device(m, st, first, n_steps, out, err);
-    m->seg_layers = keep;
-    return rc;
 }
 
 static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
@@ -1360,6 +1341,22 @@ static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_ste
     }
     for (int s = 0; s < n_steps; s++) st->tokens[len0 + s] = s ? out[s - 1] : first;
     return 0;
+}
+
+int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_steps, int32_t *out, dsv4_err *err) {
+    const dsv4_config *c = m->cfg;
+    const dsv4_backend_ops *op = OPS(m);
+    if (!st || !out || n_steps < 1) return dsv4_errf(err, "greedy: no sequence, output or steps");
+    if (first < 0 || first >= c->vocab_size)
+        return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
+    if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
+    /* traces want host copies of each step's tokens and routing: the host loop */
+    if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
+    int keep = m->seg_layers; /* segments change only where graphs begin, never an op */
+    m->seg_layers = m->seg_layers_greedy;
+    int rc = greedy_device(m, st, first, n_steps, out, err);
+    m->seg_layers = keep;
+    return rc;
 }
 
 /* ----- MTP (spec §2.8) ----- */

@@ -927,7 +927,7 @@ void dsv4_cuda_side_close(dsv4_backend *b) {
     side_to_main(c);
     c->side_state = 0;
     c->side_forced += early;
-    dsv4_cuda_seg_note(b, 33);
+    dsv4_cuda_seg_note(b, DSV4_SEG_SIDE_JOIN);
     if (c->failed) return;
     if (CK(b, cudaEventRecord(c->side_join, c->side_stream))) return;
     CK(b, cudaStreamWaitEvent(c->stream, c->side_join, 0));
@@ -960,7 +960,7 @@ static void cu_side(dsv4_backend *b, int on) {
         c->stream = c->side_stream;
         side_swap(c);
         c->side_state = 1;
-        dsv4_cuda_seg_note(b, 34);
+        dsv4_cuda_seg_note(b, DSV4_SEG_SIDE_AGAIN);
         return;
     }
     if (c->side_state || !c->side_ok || c->timing || c->failed) return; /* in order */
@@ -973,7 +973,7 @@ static void cu_side(dsv4_backend *b, int on) {
     c->scratch_top = 0;
     c->side_state = 1;
     c->side_forks++;
-    dsv4_cuda_seg_note(b, 32);
+    dsv4_cuda_seg_note(b, DSV4_SEG_SIDE_FORK);
 }
 
 static void cu_join(dsv4_backend *b) { dsv4_cuda_side_close(b); }

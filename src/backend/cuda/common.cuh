@@ -225,10 +225,14 @@ int dsv4_cuda_sync(dsv4_backend *b);
 /* ends a graph capture in progress and launches it (no-op when not capturing) */
 void dsv4_cuda_seg_end(dsv4_backend *b);
 /* records one node of the capture in progress in its signature: a kernel launch, a copy or
- * a memset issued into the stream (what < 16), or the end of op 16 + id */
+ * a memset issued into the stream (what < 16), the end of op 16 + id, or a side chain's
+ * fork, re-entry or join (edges, no node: above every op's code) */
 #define DSV4_SEG_KERNEL 1u
 #define DSV4_SEG_COPY 2u
 #define DSV4_SEG_MEMSET 3u
+#define DSV4_SEG_SIDE_FORK (16u + DSV4_CUDA_N_OPS)
+#define DSV4_SEG_SIDE_AGAIN (17u + DSV4_CUDA_N_OPS)
+#define DSV4_SEG_SIDE_JOIN (18u + DSV4_CUDA_N_OPS)
 void dsv4_cuda_seg_note(dsv4_backend *b, unsigned what);
 
 /* Device-side state (moe.cu).  Ops that read indices from device memory check them
