@@ -172,8 +172,9 @@ static void test_flash2(void) {
 }
 
 /* two CUDA engines on the tiny model: *e0 opened with var=val in the environment (the A side of an
- * A/B), *e1 without it; 0 when both opened */
-static int open_ab(const char *profile, const char *var, const char *val, dsv4_engine **e0, dsv4_engine **e1) {
+ * A/B), *e1 without it, and the model's info; 0 when both opened */
+static int open_ab(const char *profile, const char *var, const char *val, dsv4_engine **e0, dsv4_engine **e1,
+                   dsv4_engine_info *info) {
     dsv4_err err;
     dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
     *e0 = *e1 = NULL;
@@ -181,7 +182,9 @@ static int open_ab(const char *profile, const char *var, const char *val, dsv4_e
     if (dsv4_engine_open(e0, &o, &err)) fprintf(stderr, "  %s=%s: %s\n", var, val, err.msg);
     unsetenv(var);
     if (*e0 && dsv4_engine_open(e1, &o, &err)) fprintf(stderr, "  without %s: %s\n", var, err.msg);
-    return *e0 && *e1 ? 0 : -1;
+    if (!*e0 || !*e1) return -1;
+    dsv4_engine_get_info(*e0, info);
+    return 0;
 }
 
 /* The same prefill of T tokens, D decode steps and 3 batched steps of two sequences (the second a
@@ -231,9 +234,8 @@ static int ab_steps(dsv4_engine *e0, dsv4_engine *e1, int T, int D, uint32_t see
  * graphs engine really launched graphs, updated them in place and built a few variants. */
 static void graphs_case(const char *profile) {
     dsv4_engine *e0, *e1;
-    REQUIRE(open_ab(profile, "DSV4_CUDA_GRAPHS", "0", &e0, &e1) == 0);
     dsv4_engine_info info;
-    dsv4_engine_get_info(e0, &info);
+    REQUIRE(open_ab(profile, "DSV4_CUDA_GRAPHS", "0", &e0, &e1, &info) == 0);
     int V = info.vocab_size, D = 40;
     /* the graphs' logits land in page-locked memory (dsv4_engine_host_alloc: one DMA per
      * download), the other engine's in malloc'd memory: both must hold the same bits */
@@ -270,9 +272,8 @@ static void test_graphs_identical(void) {
  * beside the main one (forked, mostly not closed early by a wait inside them). */
 static void side_case(const char *profile) {
     dsv4_engine *e0, *e1;
-    REQUIRE(open_ab(profile, "DSV4_SIDE_CHAIN", "0", &e0, &e1) == 0);
     dsv4_engine_info info;
-    dsv4_engine_get_info(e0, &info);
+    REQUIRE(open_ab(profile, "DSV4_SIDE_CHAIN", "0", &e0, &e1, &info) == 0);
     int V = info.vocab_size, D = 40;
     float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
     REQUIRE(a && g);
