@@ -36,7 +36,9 @@
  route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
- * act_fp8, host outputs; hash ids and 36 slots (the op falls back to the two ops); k > n_routed
+ * act_fp8, host outputs; hash ids at one row (k_route_plan_h, dsv4_cuda_route_plan_hash_calls; also
+ * with ids outside the experts, which both paths weigh 0, skip and report) and at two rows and 36
+ * slots (the op falls back to the two ops; a hash row also with DSV4_CUDA_RP1=0); k > n_routed
  * (ids -1 skipped and reported by both, at 1 and 2 rows); against the CPU's route then moe; the
  * path taken (dsv4_cuda_route_plan_calls; one row: k_route_plan_1, dsv4_cuda_route_plan1_calls,
  * and with DSV4_CUDA_RP1=0 k_route_plan_w, the same bits); DSV4_CUDA_ROUTE_PLAN=0 leaves the op
@@ -583,10 +585,12 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&gpu, &f, lg, x, R, NER));
     gpu.ops->route(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f);
     gpu.ops->moe(&gpu, a.o, a.x, R, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, before_w2, act_fp8, 0, 2.5f);
-    long n0 = dsv4_cuda_route_plan_calls(&gpu), n1 = dsv4_cuda_route_plan1_calls(&gpu);
+    long n0 = dsv4_cuda_route_plan_calls(&gpu), n1 = dsv4_cuda_route_plan1_calls(&gpu),
+         nh = dsv4_cuda_route_plan_hash_calls(&gpu);
     gpu.ops->route_moe(&gpu, f.e, f.w, f.lg, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, before_w2,
                        act_fp8, 0, 2.5f);
-    long took = dsv4_cuda_route_plan_calls(&gpu) - n0, took1 = dsv4_cuda_route_plan1_calls(&gpu) - n1;
+    long took = dsv4_cuda_route_plan_calls(&gpu) - n0, took1 = dsv4_cuda_route_plan1_calls(&gpu) - n1,
+         tookh = dsv4_cuda_route_plan_hash_calls(&gpu) - nh;
     /* host outputs (the op stages them and copies them back at its end) */
     gpu.ops->route_moe(&gpu, hst.e, hst.w, f.lg, R, NER, KR, bp, hp, 1.5f, hst.o, f.x, rm_ex, &rm_sh, 6.0f,
                        before_w2, act_fp8, 0, 2.5f);
@@ -602,8 +606,8 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     printf("  route_moe rows %d%s%s, before_w2 %d, act_fp8 %d: %s, vs two ops %s (host outputs %s); vs cpu ids %s, "
            "weights rel %.2e, out rel %.2e (tol %.0e)\n",
            R, hash ? ", hash ids" : "", bp ? ", bias" : "", before_w2, act_fp8,
-           took1 ? "k_route_plan_1" : took ? "k_route_plan_w" : "fallback", same ? "same bits" : "DIFFER",
-           same_h ? "same" : "DIFFER",
+           tookh ? "k_route_plan_h" : took1 ? "k_route_plan_1" : took ? "k_route_plan_w" : "fallback",
+           same ? "same bits" : "DIFFER", same_h ? "same" : "DIFFER",
            ids ? "same" : "DIFFER", rw, ro, tol);
     CHECK(same);
     CHECK(same_h);
@@ -611,7 +615,8 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     CHECKF(rw <= 1e-6, "route_moe weights rel %g", rw);
     CHECKF(ro <= tol, "route_moe out rel %g", ro);
     CHECKF(took == fused, "k_route_plan_w ran %ld times, expected %d", took, fused);
-    CHECKF(took1 == (fused && R == 1), "k_route_plan_1 ran %ld times at %d rows", took1, R);
+    CHECKF(took1 == (fused && R == 1 && !hash), "k_route_plan_1 ran %ld times at %d rows", took1, R);
+    CHECKF(tookh == (fused && hash), "k_route_plan_h ran %ld times at %d rows", tookh, R);
     rm_free(&gpu, &a);
     rm_free(&gpu, &f);
     free(lg), free(x);
@@ -653,6 +658,45 @@ static void check_route_moe_bad_ids(int R) {
     dsv4_backend_cuda_free(&g3);
 }
 
+/* one row of hash ids with two ids outside the experts (NER + 5, -2): route then moe on one
+ * backend, route_moe (k_route_plan_h) on another: the same bits (those picks weigh 0 and are
+ * skipped) and both report the bad id */
+static void check_route_moe_hash_bad(void) {
+    dsv4_backend g2, g3;
+    dsv4_err err;
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    REQUIRE(dsv4_backend_cuda_init(&g3, 0, &err) == 0);
+    static rm_out sep, fus;
+    static float lg[NER], x[DR];
+    int32_t hid[KR];
+    fill(lg, NER, 4);
+    fill(x, DR, 1);
+    for (int i = 0; i < KR; i++) hid[i] = (int32_t)(i * 29 % NER);
+    hid[1] = NER + 5, hid[4] = -2;
+    rm_dev a, f;
+    REQUIRE(!rm_alloc(&g2, &a, lg, x, 1, NER) && !rm_alloc(&g3, &f, lg, x, 1, NER));
+    g2.ops->route(&g2, a.e, a.w, a.lg, 1, NER, KR, NULL, hid, 1.5f);
+    g2.ops->moe(&g2, a.o, a.x, 1, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
+    g3.ops->route_moe(&g3, f.e, f.w, f.lg, 1, NER, KR, NULL, hid, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
+    long tookh = dsv4_cuda_route_plan_hash_calls(&g3);
+    rm_get(&g2, &a, &sep, 1);
+    rm_get(&g3, &f, &fus, 1);
+    int rc2 = g2.ops->check(&g2, &err), rc3 = g3.ops->check(&g3, &err);
+    int same = rm_same(&sep, &fus, 1);
+    printf("  route_moe rows 1, hash ids %d and %d outside %d experts: %s, vs two ops %s, weights %g %g, check %d / %d "
+           "(%s)\n",
+           hid[1], hid[4], NER, tookh ? "k_route_plan_h" : "fallback", same ? "same bits" : "DIFFER", fus.w[1],
+           fus.w[4], rc2, rc3, rc3 ? err.msg : "no error");
+    CHECK(same);
+    CHECK(tookh == 1);
+    CHECK(fus.e[1] == NER + 5 && fus.e[4] == -2 && fus.w[1] == 0.0f && fus.w[4] == 0.0f);
+    CHECK(rc2 != 0 && rc3 != 0 && strstr(err.msg, "expert id") != NULL);
+    rm_free(&g2, &a);
+    rm_free(&g3, &f);
+    dsv4_backend_cuda_free(&g2);
+    dsv4_backend_cuda_free(&g3);
+}
+
 /* DSV4_CUDA_RP1=0: one row takes k_route_plan_w instead of k_route_plan_1, with the same bits
  * (out, experts, weights) as the default backend's */
 static void check_route_moe_rp1_off(void) {
@@ -677,6 +721,27 @@ static void check_route_moe_rp1_off(void) {
                        2.5f);
     g2.ops->route_moe(&g2, f.e, f.w, f.lg, R, NER, KR, bias, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
                       2.5f);
+    /* a hash row on the RP1=0 backend: route then moe (k_route_plan_h off with k_route_plan_1) */
+    int32_t hid[KR];
+    for (int i = 0; i < KR; i++) hid[i] = (int32_t)(i * 41 % NER);
+    static rm_out hon, hoff;
+    rm_dev ha, hf;
+    REQUIRE(!rm_alloc(&gpu, &ha, lg, x, R, NER) && !rm_alloc(&g2, &hf, lg, x, R, NER));
+    long nh = dsv4_cuda_route_plan_hash_calls(&gpu);
+    gpu.ops->route_moe(&gpu, ha.e, ha.w, ha.lg, R, NER, KR, NULL, hid, 1.5f, ha.o, ha.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                       2.5f);
+    g2.ops->route_moe(&g2, hf.e, hf.w, hf.lg, R, NER, KR, NULL, hid, 1.5f, hf.o, hf.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                      2.5f);
+    rm_get(&gpu, &ha, &hon, R);
+    rm_get(&g2, &hf, &hoff, R);
+    long onh = dsv4_cuda_route_plan_hash_calls(&gpu) - nh, offh = dsv4_cuda_route_plan_hash_calls(&g2);
+    int hsame = rm_same(&hon, &hoff, R);
+    printf("  route_moe rows 1, hash ids: k_route_plan_h (%ld call) against DSV4_CUDA_RP1=0 (%ld calls of it): %s\n",
+           onh, offh, hsame ? "same bits" : "DIFFER");
+    CHECK(hsame);
+    CHECK(onh == 1 && offh == 0);
+    rm_free(&gpu, &ha);
+    rm_free(&g2, &hf);
     unsetenv("DSV4_CUDA_RP1");
     rm_get(&gpu, &a, &on, R);
     rm_get(&g2, &f, &off, R);
@@ -700,7 +765,10 @@ static void test_route_moe(void) {
     for (int R = 1; R <= 5; R++) check_route_moe_fused(R, 1, 0, 0, 0, 1);
     check_route_moe_fused(1, 0, 0, 1, 0, 1);  /* no bias, weights before w2 */
     check_route_moe_fused(3, 1, 0, 0, 1, 1);  /* act_fp8 */
-    check_route_moe_fused(2, 1, 1, 0, 0, 0);  /* hash ids: route then moe */
+    check_route_moe_fused(1, 1, 1, 0, 0, 1);  /* hash ids, one row: k_route_plan_h */
+    check_route_moe_fused(1, 0, 1, 1, 1, 1);  /* the same before w2, act_fp8 */
+    check_route_moe_fused(2, 1, 1, 0, 0, 0);  /* hash ids, two rows: route then moe */
+    check_route_moe_hash_bad();
     check_route_moe_fused(6, 1, 0, 0, 0, 0);  /* 36 slots: past the one-warp plan */
     check_route_moe_bad_ids(1);
     check_route_moe_bad_ids(2);

@@ -26,6 +26,7 @@ long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
 /* route_moe calls that routed and planned in one launch (k_route_plan_w) on this backend */
 long dsv4_cuda_route_plan_calls(struct dsv4_backend *b);
 long dsv4_cuda_route_plan1_calls(struct dsv4_backend *b); /* of those, k_route_plan_1's (one row) */
+long dsv4_cuda_route_plan_hash_calls(struct dsv4_backend *b); /* of those, k_route_plan_h's (one row, hash) */
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */

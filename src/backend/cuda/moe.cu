@@ -2675,6 +2675,34 @@ __global__ void __launch_bounds__(32 * NPL)
                  flags, gmax, sby);
 }
 
+/* route by hash ids, then plan, of one row (decode batch 1 in the first num_hash_layers layers) in
+ * one launch of one warp: k_route's outputs for a hash row bit for bit (the ids as given; lane j
+ * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed); the sum
+ * added in pick order from 0, as k_route's thread 0 does; weight = score / (sum + 1e-20) *
+ * scale), written to experts / weights and kept in shared memory, from which the lane plans
+ * (d_moe_plan_w: k_moe_plan_w's body, which flags and skips a bad id).  It replaces k_route +
+ * k_moe_plan_w, two dependent launches (3.5 + 4.2 us a call in the 20-layer Flash step's trace,
+ * 2026-12-04).  DSV4_CUDA_RP1=0 keeps the two ops. */
+__global__ void __launch_bounds__(32)
+    k_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed, const int32_t *hash_ids,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
+                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
+                   int gmax) {
+    __shared__ int32_t se[32];
+    __shared__ float sw[32];
+    pdl_enter();
+    const int lane = threadIdx.x;
+    const int32_t id = lane < k ? hash_ids[lane] : 0;
+    const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(logits[id]) : 0.0f;
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, sc, j);
+    const float w = sc / (sum + 1e-20f) * scale;
+    if (lane < k) experts[lane] = id, weights[lane] = w, se[lane] = id, sw[lane] = w;
+    __syncwarp();
+    d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
+                 flags, gmax);
+}
+
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
  * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
 static int moe_kw(int64_t warps, int64_t steps) {
@@ -2723,6 +2751,7 @@ struct cuda_devside {
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     long rp_calls;                  /* route_moe calls that took k_route_plan_w or k_route_plan_1 */
     long rp1_calls;                 /* of those, the ones that took k_route_plan_1 (one row) */
+    long rph_calls;                 /* of those, the ones that took k_route_plan_h (one row, hash ids) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -2769,6 +2798,12 @@ extern "C" long dsv4_cuda_route_plan_calls(dsv4_backend *b) {
 extern "C" long dsv4_cuda_route_plan1_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->rp1_calls : 0;
+}
+
+/* of those, the calls that took k_route_plan_h (cuda.h) */
+extern "C" long dsv4_cuda_route_plan_hash_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->rph_calls : 0;
 }
 
 static cuda_devside *devside(dsv4_backend *b) {
@@ -3174,7 +3209,11 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
-    if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
+    if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
+        dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
+                    max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+        ds->rph_calls++;
+    } else if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
         dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
                     gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
                     gmax);
@@ -3469,8 +3508,9 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
 }
 
 /* route(...) then moe(...) (backend.h, route_moe).  Decode (the warp router without hash ids,
- * rows <= RP_WARPS and rows * k <= 32 slots: the one-warp plan) takes one launch for both,
- * k_route_plan_w, with the rest of moe_body unchanged; any other call is the two ops. */
+ * rows <= RP_WARPS and rows * k <= 32 slots: the one-warp plan; or one row of hash ids, unless
+ * DSV4_CUDA_RP1=0) takes one launch for both, k_route_plan_w / _1 / _h, with the rest of moe_body
+ * unchanged; any other call is the two ops. */
 void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float *logits, int rows, int n_routed,
                   int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out, const float *x,
                   const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int flags,
@@ -3478,7 +3518,8 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     int act_fp8 = flags & DSV4_MOE_ACT_FP8;
     cuda_devside *d = CI(b)->failed ? NULL : devside(b);
     int gmin = dsv4_cuda_moe_gemm_min_rows();
-    int fuse = d && small_kernels(d) && !hash_ids && n_routed > 0 && (n_routed + 31) / 32 <= 16 && k > 0 &&
+    int fuse = d && small_kernels(d) && (!hash_ids || (rows == 1 && d->rp1)) && n_routed > 0 &&
+               (n_routed + 31) / 32 <= 16 && k > 0 &&
                k <= 32 && rows > 0 && rows <= RP_WARPS && rows * k <= 32 &&
                !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
     if (!fuse) {
@@ -3494,7 +3535,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     moe_table *t;
     route_dev r;
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
-        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale) ||
+        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, hash_ids, route_scale) ||
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
                  out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
         return;
