@@ -697,6 +697,14 @@ static void check_route_moe_hash_bad(void) {
     dsv4_backend_cuda_free(&g3);
 }
 
+/* one row through route_moe on the default backend (a) and on g2 (f), the same inputs */
+static void rm_both(dsv4_backend *g2, rm_dev *a, rm_dev *f, const float *bias, const int32_t *hid) {
+    gpu.ops->route_moe(&gpu, a->e, a->w, a->lg, 1, NER, KR, bias, hid, 1.5f, a->o, a->x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                       2.5f);
+    g2->ops->route_moe(g2, f->e, f->w, f->lg, 1, NER, KR, bias, hid, 1.5f, f->o, f->x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                       2.5f);
+}
+
 /* DSV4_CUDA_RP1=0: one row takes k_route_plan_w instead of k_route_plan_1, with the same bits
  * (out, experts, weights) as the default backend's */
 static void check_route_moe_rp1_off(void) {
@@ -717,10 +725,7 @@ static void check_route_moe_rp1_off(void) {
     rm_dev a, f;
     REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&g2, &f, lg, x, R, NER));
     long n1 = dsv4_cuda_route_plan1_calls(&gpu);
-    gpu.ops->route_moe(&gpu, a.e, a.w, a.lg, R, NER, KR, bias, NULL, 1.5f, a.o, a.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
-                       2.5f);
-    g2.ops->route_moe(&g2, f.e, f.w, f.lg, R, NER, KR, bias, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
-                      2.5f);
+    rm_both(&g2, &a, &f, bias, NULL);
     /* a hash row on the RP1=0 backend: route then moe (k_route_plan_h off with k_route_plan_1) */
     int32_t hid[KR];
     for (int i = 0; i < KR; i++) hid[i] = (int32_t)(i * 41 % NER);
@@ -728,10 +733,7 @@ static void check_route_moe_rp1_off(void) {
     rm_dev ha, hf;
     REQUIRE(!rm_alloc(&gpu, &ha, lg, x, R, NER) && !rm_alloc(&g2, &hf, lg, x, R, NER));
     long nh = dsv4_cuda_route_plan_hash_calls(&gpu);
-    gpu.ops->route_moe(&gpu, ha.e, ha.w, ha.lg, R, NER, KR, NULL, hid, 1.5f, ha.o, ha.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
-                       2.5f);
-    g2.ops->route_moe(&g2, hf.e, hf.w, hf.lg, R, NER, KR, NULL, hid, 1.5f, hf.o, hf.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
-                      2.5f);
+    rm_both(&g2, &ha, &hf, NULL, hid);
     rm_get(&gpu, &ha, &hon, R);
     rm_get(&g2, &hf, &hoff, R);
     long onh = dsv4_cuda_route_plan_hash_calls(&gpu) - nh, offh = dsv4_cuda_route_plan_hash_calls(&g2);
