@@ -36,11 +36,11 @@
  route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
- * act_fp8, host outputs; hash ids at one row (k_route_plan_h, dsv4_cuda_route_plan_hash_calls; also
+ * act_fp8, host outputs; hash ids at one row (k_route_plan_h, counted as DSV4_RP_HASH; also
  * with ids outside the experts, which both paths weigh 0, skip and report) and at two rows and 36
  * slots (the op falls back to the two ops; a hash row also with DSV4_CUDA_RP1=0); k > n_routed
  * (ids -1 skipped and reported by both, at 1 and 2 rows); against the CPU's route then moe; the
- * path taken (dsv4_cuda_route_plan_calls; one row: k_route_plan_1, dsv4_cuda_route_plan1_calls,
+ * path taken (dsv4_cuda_route_plan_calls; one row: k_route_plan_1, DSV4_RP_ONE,
  * and with DSV4_CUDA_RP1=0 k_route_plan_w, the same bits); DSV4_CUDA_ROUTE_PLAN=0 leaves the op
  * NULL.
  * Without a CUDA device the binary prints SKIP. */
@@ -585,12 +585,13 @@ static void check_route_moe_fused(int R, int with_bias, int hash, int before_w2,
     REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&gpu, &f, lg, x, R, NER));
     gpu.ops->route(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f);
     gpu.ops->moe(&gpu, a.o, a.x, R, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, before_w2, act_fp8, 0, 2.5f);
-    long n0 = dsv4_cuda_route_plan_calls(&gpu), n1 = dsv4_cuda_route_plan1_calls(&gpu),
-         nh = dsv4_cuda_route_plan_hash_calls(&gpu);
+    long n0 = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ALL), n1 = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ONE),
+         nh = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_HASH);
     gpu.ops->route_moe(&gpu, f.e, f.w, f.lg, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, before_w2,
                        act_fp8, 0, 2.5f);
-    long took = dsv4_cuda_route_plan_calls(&gpu) - n0, took1 = dsv4_cuda_route_plan1_calls(&gpu) - n1,
-         tookh = dsv4_cuda_route_plan_hash_calls(&gpu) - nh;
+    long took = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ALL) - n0,
+         took1 = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ONE) - n1,
+         tookh = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_HASH) - nh;
     /* host outputs (the op stages them and copies them back at its end) */
     gpu.ops->route_moe(&gpu, hst.e, hst.w, f.lg, R, NER, KR, bp, hp, 1.5f, hst.o, f.x, rm_ex, &rm_sh, 6.0f,
                        before_w2, act_fp8, 0, 2.5f);
@@ -641,7 +642,7 @@ static void check_route_moe_bad_ids(int R) {
     g2.ops->route(&g2, a.e, a.w, a.lg, R, NR, KR, NULL, NULL, 1.5f);
     g2.ops->moe(&g2, a.o, a.x, R, rm_ex, NR, a.e, a.w, KR, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
     g3.ops->route_moe(&g3, f.e, f.w, f.lg, R, NR, KR, NULL, NULL, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
-    long took = dsv4_cuda_route_plan_calls(&g3), took1 = dsv4_cuda_route_plan1_calls(&g3);
+    long took = dsv4_cuda_route_plan_calls(&g3, DSV4_RP_ALL), took1 = dsv4_cuda_route_plan_calls(&g3, DSV4_RP_ONE);
     rm_get(&g2, &a, &sep, R);
     rm_get(&g3, &f, &fus, R);
     int rc2 = g2.ops->check(&g2, &err), rc3 = g3.ops->check(&g3, &err);
@@ -678,7 +679,7 @@ static void check_route_moe_hash_bad(void) {
     g2.ops->route(&g2, a.e, a.w, a.lg, 1, NER, KR, NULL, hid, 1.5f);
     g2.ops->moe(&g2, a.o, a.x, 1, rm_ex, NER, a.e, a.w, KR, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
     g3.ops->route_moe(&g3, f.e, f.w, f.lg, 1, NER, KR, NULL, hid, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
-    long tookh = dsv4_cuda_route_plan_hash_calls(&g3);
+    long tookh = dsv4_cuda_route_plan_calls(&g3, DSV4_RP_HASH);
     rm_get(&g2, &a, &sep, 1);
     rm_get(&g3, &f, &fus, 1);
     int rc2 = g2.ops->check(&g2, &err), rc3 = g3.ops->check(&g3, &err);
@@ -724,7 +725,7 @@ static void check_route_moe_rp1_off(void) {
     fill(bias, NER, 0.1f);
     rm_dev a, f;
     REQUIRE(!rm_alloc(&gpu, &a, lg, x, R, NER) && !rm_alloc(&g2, &f, lg, x, R, NER));
-    long n1 = dsv4_cuda_route_plan1_calls(&gpu);
+    long n1 = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ONE);
     rm_both(&g2, &a, &f, bias, NULL);
     /* a hash row on the RP1=0 backend: route then moe (k_route_plan_h off with k_route_plan_1) */
     int32_t hid[KR];
@@ -732,11 +733,12 @@ static void check_route_moe_rp1_off(void) {
     static rm_out hon, hoff;
     rm_dev ha, hf;
     REQUIRE(!rm_alloc(&gpu, &ha, lg, x, R, NER) && !rm_alloc(&g2, &hf, lg, x, R, NER));
-    long nh = dsv4_cuda_route_plan_hash_calls(&gpu);
+    long nh = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_HASH);
     rm_both(&g2, &ha, &hf, NULL, hid);
     rm_get(&gpu, &ha, &hon, R);
     rm_get(&g2, &hf, &hoff, R);
-    long onh = dsv4_cuda_route_plan_hash_calls(&gpu) - nh, offh = dsv4_cuda_route_plan_hash_calls(&g2);
+    long onh = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_HASH) - nh,
+         offh = dsv4_cuda_route_plan_calls(&g2, DSV4_RP_HASH);
     int hsame = rm_same(&hon, &hoff, R);
     printf("  route_moe rows 1, hash ids: k_route_plan_h (%ld call) against DSV4_CUDA_RP1=0 (%ld calls of it): %s\n",
            onh, offh, hsame ? "same bits" : "DIFFER");
@@ -748,8 +750,8 @@ static void check_route_moe_rp1_off(void) {
     rm_get(&gpu, &a, &on, R);
     rm_get(&g2, &f, &off, R);
     CHECK(gpu_ok());
-    long on1 = dsv4_cuda_route_plan1_calls(&gpu) - n1, off1 = dsv4_cuda_route_plan1_calls(&g2),
-         off_w = dsv4_cuda_route_plan_calls(&g2);
+    long on1 = dsv4_cuda_route_plan_calls(&gpu, DSV4_RP_ONE) - n1,
+         off1 = dsv4_cuda_route_plan_calls(&g2, DSV4_RP_ONE), off_w = dsv4_cuda_route_plan_calls(&g2, DSV4_RP_ALL);
     int same = rm_same(&on, &off, R);
     printf("  route_moe rows 1: k_route_plan_1 (%ld call) against DSV4_CUDA_RP1=0 (k_route_plan_w, %ld call): %s\n",
            on1, off_w, same ? "same bits" : "DIFFER");

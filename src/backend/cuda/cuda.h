@@ -23,10 +23,11 @@ long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
 long dsv4_cuda_moe_q8_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
 long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
-/* route_moe calls that routed and planned in one launch (k_route_plan_w) on this backend */
-long dsv4_cuda_route_plan_calls(struct dsv4_backend *b);
-long dsv4_cuda_route_plan1_calls(struct dsv4_backend *b); /* of those, k_route_plan_1's (one row) */
-long dsv4_cuda_route_plan_hash_calls(struct dsv4_backend *b); /* of those, k_route_plan_h's (one row, hash) */
+/* route_moe calls that routed and planned in one launch on this backend: DSV4_RP_ALL every one
+ * (k_route_plan_w, _1 or _h), DSV4_RP_ONE those on k_route_plan_1 (one row), DSV4_RP_HASH those on
+ * k_route_plan_h (one row of hash ids) */
+enum { DSV4_RP_ALL, DSV4_RP_ONE, DSV4_RP_HASH, DSV4_RP_KINDS };
+long dsv4_cuda_route_plan_calls(struct dsv4_backend *b, int kind);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */

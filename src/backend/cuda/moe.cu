@@ -145,6 +145,15 @@ __device__ __forceinline__ unsigned route_key(float v) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* a pick's weight on the calling warp (all 32 lanes; lane j < k holds pick j's score my_s, 0 for
+ * no expert): its score over the picks' sum, added in pick order from 0 as the block kernel's
+ * thread 0 adds it, times scale (k_route's expression) */
+__device__ __forceinline__ float d_pick_weight(float my_s, int k, float scale) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, my_s, j);
+    return my_s / (sum + 1e-20f) * scale;
+}
+
 /* The warp's picks of one row from its lanes' keys: lane holds experts e = lane + 32 m (m < NPL),
  * key[m] its score+bias key, s[m] its score, bit m of live set where e < n_routed.  k picks by
  * warp reductions (highest key, ties to the lower id), then each pick's weight, its score over
@@ -176,9 +185,7 @@ __device__ __forceinline__ void d_route_pick(const unsigned (&key)[NPL], const f
                 if (((live >> m) & 1) && (bi == ROUTE_NONE || key[m] > bk)) bk = key[m], bi = lane + 32 * m, bs = s[m];
         }
     }
-    float sum = 0.0f; /* pick order, as the block kernel's thread 0 */
-    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, my_s, j);
-    float mw = my_s / (sum + 1e-20f) * scale;
+    float mw = d_pick_weight(my_s, k, scale);
     if (lane < k) {
         experts[r * k + lane] = (int32_t)my_id;
         weights[r * k + lane] = mw;
@@ -2677,9 +2684,8 @@ __global__ void __launch_bounds__(32 * NPL)
 
 /* route by hash ids, then plan, of one row (decode batch 1 in the first num_hash_layers layers) in
  * one launch of one warp: k_route's outputs for a hash row bit for bit (the ids as given; lane j
- * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed); the sum
- * added in pick order from 0, as k_route's thread 0 does; weight = score / (sum + 1e-20) *
- * scale), written to experts / weights and kept in shared memory, from which the lane plans
+ * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed), and its
+ * weight by d_pick_weight), written to experts / weights and kept in shared memory, from which the lane plans
  * (d_moe_plan_w: k_moe_plan_w's body, which flags and skips a bad id).  It replaces k_route +
  * k_moe_plan_w, two dependent launches (3.5 + 4.2 us a call in the 20-layer Flash step's trace,
  * 2026-12-04).  DSV4_CUDA_RP1=0 keeps the two ops. */
@@ -2694,9 +2700,7 @@ __global__ void __launch_bounds__(32)
     const int lane = threadIdx.x;
     const int32_t id = lane < k ? hash_ids[lane] : 0;
     const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(logits[id]) : 0.0f;
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) sum += __shfl_sync(0xffffffffu, sc, j);
-    const float w = sc / (sum + 1e-20f) * scale;
+    const float w = d_pick_weight(sc, k, scale);
     if (lane < k) experts[lane] = id, weights[lane] = w, se[lane] = id, sw[lane] = w;
     __syncwarp();
     d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
@@ -2749,9 +2753,7 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
-    long rp_calls;                  /* route_moe calls that took k_route_plan_w or k_route_plan_1 */
-    long rp1_calls;                 /* of those, the ones that took k_route_plan_1 (one row) */
-    long rph_calls;                 /* of those, the ones that took k_route_plan_h (one row, hash ids) */
+    long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -2788,22 +2790,10 @@ extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
     return c->devside ? c->devside->bn_calls : 0;
 }
 
-/* route_moe calls that took k_route_plan_w or k_route_plan_1 (cuda.h), for the tests */
-extern "C" long dsv4_cuda_route_plan_calls(dsv4_backend *b) {
+/* route_moe calls that routed and planned in one launch, by kind (cuda.h), for the tests */
+extern "C" long dsv4_cuda_route_plan_calls(dsv4_backend *b, int kind) {
     cuda_impl *c = CI(b);
-    return c->devside ? c->devside->rp_calls : 0;
-}
-
-/* of those, the calls that took k_route_plan_1 (cuda.h) */
-extern "C" long dsv4_cuda_route_plan1_calls(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    return c->devside ? c->devside->rp1_calls : 0;
-}
-
-/* of those, the calls that took k_route_plan_h (cuda.h) */
-extern "C" long dsv4_cuda_route_plan_hash_calls(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    return c->devside ? c->devside->rph_calls : 0;
+    return c->devside && kind >= 0 && kind < DSV4_RP_KINDS ? c->devside->rp_calls[kind] : 0;
 }
 
 static cuda_devside *devside(dsv4_backend *b) {
@@ -3159,10 +3149,11 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
 /* The moe op on the slot kernels, after its expert table t (cu_moe, cu_route_moe): stages, plans,
  * runs the experts and the combine, and commits out; the caller ends the op (0) or not (1: a
  * failure, sticky error set).  ra NULL: the plan reads the ids and weights e / wgt (k_moe_plan_w
- * or k_moe_plan); else ra is a staged route call (route_stage, a warp router: npl 8 or 16) whose
- * outputs are the ids and weights (e / wgt unused), and k_route_plan_w (one row of <= 256
- * experts: k_route_plan_1, unless DSV4_CUDA_RP1=0) routes and plans in one launch (the caller
- * checked ds->small, rows <= RP_WARPS and rows * k <= 32).  Only that launch
+ * or k_moe_plan); else ra is a staged route call (route_stage: a warp router, npl 8 or 16, or one
+ * row of hash ids, hd) whose outputs are the ids and weights (e / wgt unused), and one launch
+ * routes and plans: k_route_plan_h (hash ids), k_route_plan_1 (one row of <= 256 experts, unless
+ * DSV4_CUDA_RP1=0) or k_route_plan_w (the caller checked ds->small, rows <= RP_WARPS and rows * k
+ * <= 32).  Only that launch
  * differs: the same scratch in the same order, the same kernels after it. */
 static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
@@ -3212,12 +3203,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
         dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
                     max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-        ds->rph_calls++;
+        ds->rp_calls[DSV4_RP_HASH]++;
     } else if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
         dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
                     gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
                     gmax);
-        ds->rp1_calls++;
+        ds->rp_calls[DSV4_RP_ONE]++;
     } else if (ra && ra->npl == 8) /* decode: route and plan in one launch */
         dsv4_launch(k_route_plan_w<8>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
                     gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
@@ -3539,7 +3530,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
                  out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
         return;
-    d->rp_calls++;
+    d->rp_calls[DSV4_RP_ALL]++;
     route_commit(b, experts, weights, &r);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROUTE_MOE);
 }
