@@ -224,9 +224,9 @@ static inline void cuda_check_grouped(dsv4_wfmt fmt, int G, int64_t R, int64_t C
     float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
     REQUIRE(x && a && g);
     fill(x, nx, 1);
-    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
+    cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16, 0);
     for (size_t i = 0; i < no; i++) g[i] = NAN;
-    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
+    gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16, 0);
     int ok = gpu_ok();
     double r = rel(g, a, no), tol = in_bf16 ? 4e-3 : 2e-6;
     printf("  %-14s %-6s %d x [%5lld x %5lld] rows %d in/out_bf16 %d: rel %.2e (tol %.0e)\n", what,

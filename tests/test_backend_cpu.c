@@ -93,7 +93,7 @@ static void test_matmul_grouped(void) {
     fill(w, sizeof w / 4, 1);
     fill(x, sizeof x / 4, 1);
     dsv4_weight W = f32w(w, G * RK, C);
-    B()->ops->matmul_grouped(B(), out, x, R, &W, G, 0, 0);
+    B()->ops->matmul_grouped(B(), out, x, R, &W, G, 0, 0, 0);
     double worst = 0;
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++)

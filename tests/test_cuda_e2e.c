@@ -12,7 +12,9 @@
  * synthetic layers, so the bound is loose and per model: tiny rel <= 0.6 and >= 80%
  * equal argmax (measured 0.43, 72/85); flash 2-layer rel <= 0.1, >= 90% (measured
  * 0.055, 25/26); exact with moe.dot=mma on the GPU only (tensor-core MXFP4 dots at one row)
- * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it).
+ * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it);
+ * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a, wo_b, the indexer's
+ * wq_b on f16 tensor cores; gemv_mma.cu; its launch counter must move).
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda.h"
 #include "engine/engine.h"
 #include "test.h"
 
@@ -169,6 +172,11 @@ static void test_flash2(void) {
     run_case(dir, "exact", "moe.dot=mma", 20, 3, 1e-4, 90);
     /* the experts' one-row dots of the act-quantized inputs on e4m3 tensor cores (decode steps) */
     run_case(dir, "reference", "moe.dot=e4m3", 20, 3, 0.1, 90);
+    /* the one-row FP8 linears on tensor cores (decode steps) against the CPU's fp32 */
+    long n0 = dsv4_cuda_gemv_mma_calls();
+    run_case(dir, "exact", "linear.dot=mma", 20, 3, 1e-4, 90);
+    printf("  linear.dot=mma: %ld k_gemv_mma launches\n", dsv4_cuda_gemv_mma_calls() - n0);
+    CHECK(dsv4_cuda_gemv_mma_calls() > n0);
 }
 
 /* two CUDA engines on the tiny model: *e0 opened with var=val in the environment (the A side of an

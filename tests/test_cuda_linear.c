@@ -25,6 +25,12 @@
  * Every output is preset to NaN so an unwritten row fails.
  * test_fresh_weights: weights never seen before, used at once (the upload must be complete
  *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
+ * test_gemv_mma: linear.dot=mma (k_gemv_mma, gemv_mma.cu, FP8 one row on f16 tensor cores) on
+ *   each geometry it picks (K 512 .. 8192: 1, 2, 4, 8 warps a tile), row counts not a multiple of
+ *   16, grouped wo_a with and without bf16 input, out_bf16, act_fp8, x over 2^-24 .. 2^24 and
+ *   within-block spreads, zeros, a NaN and an inf; the launch counter proves the path ran (and
+ *   that f32 scales, K 7168, small weights and two rows decline it, the fp32 kernels then
+ *   giving the answer); tolerance 2e-6 as above (the MMA's own summation; docs/NUMERICS.md);
  * test_timing: the Flash decode shapes (wq_b, grouped wo_a, wo_b, wq_a, wkv, indexer wq_b,
  *   bf16 compressor / gate / weights_proj-like) at rows 1, 2, 4, 8, 32, cold (a 256 MB device
  *   copy before each of 20 calls), device time per call from the backend's per-op events;
@@ -125,6 +131,97 @@ static void test_gemv8(void) {
     }
 }
 
+/* linear.dot=mma against the CPU's fp32 op: G groups (0: plain matmul) of O x K, x by mode (0
+ * fill, 1 fill_aq's block scales, 2 a spread of 2^-20 .. 2^20 inside every block, 3 zeros);
+ * taken: whether k_gemv_mma must run (its counter) */
+static void check_mma(int G, int64_t O, int64_t K, int rows, int sf32, int in_bf16, int out_bf16, int act_fp8,
+                      int mode, int taken, const char *what) {
+    int64_t R = G ? (int64_t)G * O : O, xc = G ? (int64_t)G * K : K;
+    tw t = make_w(DSV4_WF_FP8, R, K, sf32);
+    size_t nx = (size_t)rows * xc, no = (size_t)rows * R;
+    float *x = malloc(sizeof(float) * nx), *a = malloc(sizeof(float) * no), *g = malloc(sizeof(float) * no);
+    REQUIRE(x && a && g);
+    if (mode == 1) {
+        for (int r = 0; r < rows; r++)
+            for (int64_t c = 0; c < xc; c += K) fill_aq(x + (size_t)r * xc + c, K);
+    } else if (mode == 2) {
+        for (size_t i = 0; i < nx; i++) x[i] = ldexpf(frand(), (int)(urand() % 41) - 20);
+    } else if (mode == 3) {
+        memset(x, 0, sizeof(float) * nx);
+    } else {
+        fill(x, nx, 2);
+    }
+    const int fl = (act_fp8 ? DSV4_LIN_ACT_FP8 : 0) | DSV4_LIN_DOT_MMA;
+    if (G) cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, out_bf16, 0);
+    else cpu.ops->matmul(&cpu, a, x, rows, &t.w, act_fp8, out_bf16);
+    for (size_t i = 0; i < no; i++) g[i] = NAN;
+    long n0 = dsv4_cuda_gemv_mma_calls();
+    if (G) gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, out_bf16, fl);
+    else gpu.ops->matmul(&gpu, g, x, rows, &t.w, fl, out_bf16);
+    int ok = gpu_ok(), ran = dsv4_cuda_gemv_mma_calls() > n0;
+    double r = rel(g, a, no), tol = in_bf16 || out_bf16 ? 4e-3 : 2e-6;
+    int zero_ok = 1;
+    if (mode == 3)
+        for (size_t i = 0; i < no; i++) zero_ok &= g[i] == 0.0f;
+    printf("  mma %-14s %d x [%6lld x %5lld] rows %d%s in/out_bf16 %d/%d act_fp8 %d x %d: %s, rel %.2e (tol %.0e)\n",
+           what, G, (long long)O, (long long)K, rows, sf32 ? " f32s" : "", in_bf16, out_bf16, act_fp8, mode,
+           ran ? "k_gemv_mma" : "declined", r, tol);
+    CHECKF(ok && ran == taken && zero_ok && (mode == 3 || r <= tol), "mma %s ran %d (want %d) rel %g zeros %d", what,
+           ran, taken, r, zero_ok);
+    free(x), free(a), free(g);
+    free_w(&t);
+}
+
+/* a NaN or an inf in x: every output non-finite, as the CPU's (k_gemv_mma gives NaN for both) */
+static void check_mma_nonfinite(float bad, int64_t at) {
+    tw t = make_w(DSV4_WF_FP8, 32768, 1024, 0);
+    float *x = malloc(sizeof(float) * 1024), *a = malloc(sizeof(float) * 32768), *g = malloc(sizeof(float) * 32768);
+    REQUIRE(x && a && g);
+    fill(x, 1024, 1);
+    x[at] = bad;
+    cpu.ops->matmul(&cpu, a, x, 1, &t.w, 0, 0);
+    long n0 = dsv4_cuda_gemv_mma_calls();
+    gpu.ops->matmul(&gpu, g, x, 1, &t.w, DSV4_LIN_DOT_MMA, 0);
+    int ok = gpu_ok(), ran = dsv4_cuda_gemv_mma_calls() > n0, nf_cpu = 0, nf_gpu = 0, nan_gpu = 0;
+    for (int i = 0; i < 32768; i++) nf_cpu += !isfinite(a[i]), nf_gpu += !isfinite(g[i]), nan_gpu += isnan(g[i]);
+    printf("  mma x[%lld] = %g: non-finite outputs cpu %d gpu %d (NaN %d) of 32768\n", (long long)at, bad, nf_cpu,
+           nf_gpu, nan_gpu);
+    CHECKF(ok && ran && nf_cpu == 32768 && nf_gpu == 32768 && nan_gpu == 32768, "mma non-finite x %g: %d %d %d", bad,
+           nf_cpu, nf_gpu, nan_gpu);
+    free(x), free(a), free(g);
+    free_w(&t);
+}
+
+static void test_gemv_mma(void) {
+    NEED_GPU();
+    check_mma(0, 32768, 1024, 1, 0, 0, 0, 0, 0, 1, "wq_b");          /* 1 warp a tile, 8 tiles a block */
+    check_mma(0, 4096, 8192, 1, 0, 0, 0, 0, 0, 1, "wo_b");           /* 8 warps a tile */
+    check_mma(0, 8192, 4096, 1, 0, 0, 0, 0, 0, 1, "K 4096");         /* 4 warps a tile */
+    check_mma(0, 16384, 2048, 1, 0, 0, 0, 0, 0, 1, "K 2048");        /* 2 warps a tile */
+    check_mma(0, 32768, 512, 1, 0, 0, 0, 0, 0, 1, "K 512");          /* 4 steps a warp */
+    check_mma(0, 32770, 1024, 1, 0, 0, 0, 0, 0, 1, "tail 2");        /* last tile 2 rows */
+    check_mma(0, 4100, 8192, 1, 0, 0, 0, 0, 0, 1, "tail 4 x8");      /* last tile 4 rows, 8 warps */
+    check_mma(0, 32760, 1024, 1, 0, 0, 0, 0, 0, 1, "tail 8");        /* rows 8..15 of the last tile past the end */
+    check_mma(0, 32768, 1024, 1, 0, 0, 0, 0, 1, 1, "wq_b aq-x");     /* block scales 2^-24 .. 2^24 */
+    check_mma(0, 4096, 8192, 1, 0, 0, 0, 0, 2, 1, "wo_b spread");    /* 2^-20 .. 2^20 inside blocks */
+    check_mma(0, 32768, 1024, 1, 0, 0, 0, 0, 3, 1, "zeros");
+    check_mma(0, 32768, 1024, 1, 0, 0, 1, 0, 0, 1, "out_bf16");
+    check_mma(0, 32768, 1024, 1, 0, 0, 0, 1, 1, 1, "act_fp8");
+    check_mma(8, 1024, 4096, 1, 0, 0, 0, 0, 0, 1, "wo_a");           /* 2 tiles a block, one group */
+    check_mma(8, 1024, 4096, 1, 0, 0, 0, 0, 1, 1, "wo_a aq-x");
+    check_mma(8, 1024, 4096, 1, 0, 1, 1, 0, 0, 1, "wo_a bf16");      /* x rounded inside; exact bf16 weights */
+    check_mma(32, 1024, 1024, 1, 0, 0, 0, 0, 0, 1, "grp K 1024");    /* 8 tiles a block in one group */
+    /* declined: the fp32 kernels answer */
+    check_mma(0, 4096, 4096, 1, 1, 0, 0, 0, 0, 0, "f32 scales");
+    check_mma(0, 2048, 7168, 1, 0, 0, 0, 0, 0, 0, "K 7168");         /* 56 steps: 7 warps a tile */
+    check_mma(0, 1024, 4096, 1, 0, 0, 0, 0, 0, 0, "small");          /* 32 blocks < the SMs */
+    check_mma(0, 32768, 1024, 2, 0, 0, 0, 0, 0, 0, "two rows");
+    check_mma(6, 1022, 4096, 1, 0, 0, 0, 0, 0, 0, "grp 1022");       /* a block would span two groups */
+    check_mma_nonfinite(NAN, 700);
+    check_mma_nonfinite(INFINITY, 3);
+    check_mma_nonfinite(-INFINITY, 1023);
+}
+
 /* grouped wo_a's bf16 input rounded inside k_gemv8x (linear.cu gemv_bf16in) and its bf16
  * weights factored like e8m0 FP8 (SCL 0, exact in bf16 for codes 3..246): the same bits as the
  * copy + k_round_bf16 and the per-weight rounding (SCL 2) of dsv4_cuda_set_aq_fuse(0), the call
@@ -139,14 +236,14 @@ static void fused_pair(int64_t O, int64_t K, int G, int want_fused, const char *
     g[0] = malloc(sizeof(float) * no), g[1] = malloc(sizeof(float) * no);
     REQUIRE(x && a && g[0] && g[1]);
     for (int gi = 0; gi < G; gi++) fill_aq(x + (size_t)gi * K, K);
-    cpu.ops->matmul_grouped(&cpu, a, x, 1, &t.w, G, 1, 1);
+    cpu.ops->matmul_grouped(&cpu, a, x, 1, &t.w, G, 1, 1, 0);
     long took[2];
     const int fz0 = dsv4_cuda_aq_fuse();
     for (int f = 0; f < 2; f++) {
         dsv4_cuda_set_aq_fuse(f ? DSV4_CUDA_AQ_ALL : 0);
         for (size_t i = 0; i < no; i++) g[f][i] = NAN;
         long c0 = dsv4_cuda_aq_fused_calls();
-        gpu.ops->matmul_grouped(&gpu, g[f], x, 1, &t.w, G, 1, 1);
+        gpu.ops->matmul_grouped(&gpu, g[f], x, 1, &t.w, G, 1, 1, 0);
         CHECK(gpu_ok());
         took[f] = dsv4_cuda_aq_fused_calls() - c0;
     }
@@ -293,7 +390,7 @@ static void test_timing(void) {
             gpu.ops->profile(&gpu, 1);
             for (int k = 0; k < REPS; k++) {
                 gpu.ops->copy(&gpu, fc, fa, fb);
-                if (sh[i].groups > 1) gpu.ops->matmul_grouped(&gpu, od, xd, rows, &t.w, sh[i].groups, 0, 0);
+                if (sh[i].groups > 1) gpu.ops->matmul_grouped(&gpu, od, xd, rows, &t.w, sh[i].groups, 0, 0, 0);
                 else gpu.ops->matmul(&gpu, od, xd, rows, &t.w, 0, 0);
             }
             dsv4_backend_stats st;
@@ -302,7 +399,7 @@ static void test_timing(void) {
             int ok = gpu_ok();
             /* the timed calls are checked against the CPU op too (2e-6, as above) */
             gpu.ops->download(&gpu, g, od, sizeof(float) * rows * sh[i].O);
-            if (sh[i].groups > 1) cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, sh[i].groups, 0, 0);
+            if (sh[i].groups > 1) cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, sh[i].groups, 0, 0, 0);
             else cpu.ops->matmul(&cpu, a, x, rows, &t.w, 0, 0);
             double r = rel(g, a, (size_t)rows * sh[i].O);
             int op = sh[i].groups > 1 ? 2 : 1; /* DSV4_CUDA_OP_MATMUL_GROUPED : _MATMUL */
@@ -322,4 +419,5 @@ static void test_timing(void) {
     gpu.ops->free(&gpu, fc);
 }
 
-TEST_MAIN(test_stream_shapes, test_gemv8, test_fused_input, test_batched, test_other_shapes, test_fresh_weights, test_timing)
+TEST_MAIN(test_stream_shapes, test_gemv8, test_gemv_mma, test_fused_input, test_batched, test_other_shapes,
+          test_fresh_weights, test_timing)

@@ -81,8 +81,8 @@ static void test_matmul_grouped(void) {
         tw t = make_w(DSV4_WF_FP8, G * R, C, 0);
         float x[3 * 4 * 256], a[3 * 256], g[3 * 256];
         fill(x, sizeof x / 4, 1);
-        cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16);
-        gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16);
+        cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, in_bf16, 0);
+        gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, in_bf16, 0);
         CHECK(gpu_ok());
         double r = rel(g, a, (size_t)rows * G * R), tol = in_bf16 ? 4e-3 : 2e-6;
         printf("  matmul_grouped in/out_bf16 %d: rel %.2e (tol %.0e)\n", in_bf16, r, tol);

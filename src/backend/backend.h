@@ -47,6 +47,9 @@ enum {
     DSV4_SIM_FP4_B32 = 5,     /* e2m1 blocks of 32 without Hadamard (indexer.keys=fp4) */
 };
 
+/* flags of the matmul ops (matmul, matmul_multi, matmul_grouped) */
+enum { DSV4_LIN_ACT_FP8 = 1, DSV4_LIN_DOT_MMA = 2 };
+
 /* flags of the moe and route_moe ops */
 enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4 };
 
@@ -63,14 +66,17 @@ typedef struct dsv4_backend_ops {
     /* ----- ops ----- */
     /* out[r][:] = embed row tokens[r] (dim floats). */
     void (*embed)(dsv4_backend *b, float *out, const int32_t *tokens, int rows, const dsv4_weight *w);
-    /* out[r][o] = sum_k W[o][k] x[r][k]; x [rows, W.cols], out [rows, W.rows].  act_fp8: x is
-     * act-quantized (1x128 ue8m0 e4m3) first; out_bf16: outputs rounded to bf16. */
-    void (*matmul)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+    /* out[r][o] = sum_k W[o][k] x[r][k]; x [rows, W.cols], out [rows, W.rows].  flags:
+     * DSV4_LIN_ACT_FP8 (linear.act=fp8): x is act-quantized (1x128 ue8m0 e4m3) first;
+     * DSV4_LIN_DOT_MMA (linear.dot=mma): a device backend may form one-row FP8 dots on tensor
+     * cores (the CPU op, the reference, ignores it).  out_bf16: outputs rounded to bf16. */
+    void (*matmul)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                    int out_bf16);
     /* Grouped low-rank projection (wo_a): W [groups*R, C], x [rows, groups*C];
-     * out[r][g*R+j] = sum_k W[g*R+j][k] x[r][g*C+k]. */
+     * out[r][g*R+j] = sum_k W[g*R+j][k] x[r][g*C+k].  in_bf16 rounds x (and each dequantized
+     * weight) to bf16; flags: DSV4_LIN_DOT_MMA as for matmul (DSV4_LIN_ACT_FP8 is not taken). */
     void (*matmul_grouped)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int groups,
-                           int in_bf16, int out_bf16);
+                           int in_bf16, int out_bf16, int flags);
     /* RMSNorm over `dim` of each row (in place allowed); w NULL = unweighted.  Rows are
      * `rows*groups` vectors of `dim` (per-head norms use groups = n_heads). */
     void (*rmsnorm)(dsv4_backend *b, float *out, const float *x, int rows, int dim, const dsv4_weight *w,
@@ -185,12 +191,12 @@ typedef struct dsv4_backend_ops {
                              int hc, int dim, const dsv4_weight *fn, const dsv4_weight *base,
                              const dsv4_weight *scale, int iters, float norm_eps, float hc_eps, int gemm_bf16,
                              int out_bf16, const dsv4_weight *y_norm, float y_eps);
-    /* matmul(outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]) for i < n, every ws[i] with the
+    /* matmul(outs[i], x, rows, ws[i], flags[i], out_bf16[i]) for i < n, every ws[i] with the
      * same cols (one input): the values of the n matmul calls up to summation order (a device
      * backend streams several weights in one launch).  NULL: the forward pass calls matmul n
      * times; the CPU backend sets none. */
     void (*matmul_multi)(dsv4_backend *b, int n, float *const *outs, const float *x, int rows,
-                         const dsv4_weight *const *ws, const int *act_fp8, const int *out_bf16);
+                         const dsv4_weight *const *ws, const int *flags, const int *out_bf16);
     /* sparse_attn(out, q, ..., prob_bf16, out_bf16), then the inverse RoPE of the output at the
      * query positions: rope(out, rows, n_heads, head_dim, rope_dim, pos, freq, 1, out_bf16).
      * NULL (the CPU backend): the forward pass calls the two ops. */

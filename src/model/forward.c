@@ -32,6 +32,11 @@
 #define B_(m) ((m)->be)
 #define OPS(m) ((m)->be->ops)
 
+/* the matmul ops' flags for the quantized linears (DSV4_LIN_*) */
+static int lin_flags(const dsv4_numerics *nm) {
+    return (nm->linear_act_fp8 ? DSV4_LIN_ACT_FP8 : 0) | (nm->lin_dot_mma ? DSV4_LIN_DOT_MMA : 0);
+}
+
 typedef struct segment {
     int item;               /* index into the items of the call */
     dsv4_state *st;
@@ -661,7 +666,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
  * weights (weights_proj). */
 static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
     const dsv4_backend_ops *op = OPS(m);
-    int a8 = m->num.linear_act_fp8, bf = m->num.act_bf16, n = 0;
+    int a8 = lin_flags(&m->num), bf = m->num.act_bf16, n = 0;
     float *outs[7];
     const dsv4_weight *ws[7];
     int af[7], ob[7];
@@ -763,7 +768,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     const dsv4_backend_ops *op = OPS(m);
     dsv4_backend *b = B_(m);
     int hc = c->hc_mult, D = c->dim, hd = c->head_dim, nh = c->n_heads, rd = c->rope_dim, W = c->window;
-    int ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8;
+    int ratio = L->ratio, bf = nm->act_bf16, a8 = nm->linear_act_fp8, lf = lin_flags(nm);
     const double *freq = ratio ? m->freq_comp : m->freq_main;
     float eps = (float)c->norm_eps;
     double lt = fwd_now(), ln_;
@@ -826,7 +831,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             if (L->has_indexer) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
             op->side(b, 0);
             if (L->has_indexer) {
-                op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
+                op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
                 op->side(b, 1); /* the scores after iq and the indexer's new keys */
                 if (indexer_picks(m, layer, L, rows, err)) {
                     op->join(b);
@@ -835,7 +840,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                 op->side(b, 0);
             }
         }
-        op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
+        op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
         if (L->has_comp && !side) comp_bias(m, layer, 0, nseg);
@@ -852,7 +857,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
         if (side) op->join(b);
     } else {
         ol_run(m, &qa_norm);
-        op->matmul(b, m->q, m->qa, rows, &L->wq_b, a8, bf);
+        op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         ol_run(m, &q_rope);
         ol_run(m, &kv_rope);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
@@ -868,7 +873,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     int topk = c->index_topk;
     if (L->has_indexer && !side) {
         run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
-        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, a8, bf);
+        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
         if (indexer_picks(m, layer, L, rows, err)) return -1;
     }
 
@@ -906,8 +911,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                         topk, m->sink[layer], ascale, nm->attn_prob_bf16, bf);
         op->rope(b, m->o, rows, nh, hd, rd, m->pos, freq, 1, bf);
     }
-    op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf);
-    op->matmul(b, m->a, m->low, rows, &L->wo_b, a8, bf);
+    op->matmul_grouped(b, m->low, m->o, rows, &L->wo_a, c->o_groups, bf, bf, lf & DSV4_LIN_DOT_MMA);
+    op->matmul(b, m->a, m->low, rows, &L->wo_b, lf, bf);
     op_trace(m, "attn.out", layer, rows, D, m->a, NULL, NULL, m->pos);
 
     LAY_LAP(3);
@@ -1370,7 +1375,7 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     const dsv4_layer_w *L = &m->w->layers[layer];
     const dsv4_backend_ops *op = OPS(m);
     dsv4_backend *b = B_(m);
-    int bf = m->num.act_bf16, a8 = m->num.linear_act_fp8, D = c->dim, hc = c->hc_mult;
+    int bf = m->num.act_bf16, a8 = lin_flags(&m->num), D = c->dim, hc = c->hc_mult;
     float eps = (float)c->norm_eps;
     /* one row at position len-1: e = enorm(embed[token]); X'_k = e_proj e + h_proj hnorm(X_k) */
     m->tok[0] = token;

@@ -18,6 +18,7 @@ const dsv4_numerics DSV4_NUMERICS_EXACT = {
     .indexer_keys = DSV4_IKEYS_F32,
     .route_scale = DSV4_RSCALE_ROUTER,
     .moe_dot_mma = 0,
+    .lin_dot_mma = 0,
 };
 
 const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
@@ -33,6 +34,7 @@ const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
     .indexer_keys = DSV4_IKEYS_BF16,
     .route_scale = DSV4_RSCALE_ROUTER,
     .moe_dot_mma = 0, /* a GPU arithmetic of ours, not the reference's */
+    .lin_dot_mma = 0, /* likewise */
 };
 
 /* ----- the switch table: one row per field, values in field order (0, 1, ...) ----- */
@@ -84,6 +86,11 @@ static const switch_row SWITCHES[] = {
         "tensor-core MMA of the act-quantized input and the stored codes (DeepSeek's arithmetic; the MMA's own "
         "summation differs); the CPU computes f32 either way",
         "§2.6", "f32", "mma", "e4m3"),
+    ROW("linear.dot", lin_dot_mma, "f32|mma",
+        "FP8 linear dots of one-row decode on the GPU (wq_b, wo_a, wo_b, the indexer's wq_b): fp32 fma, or f16 "
+        "tensor-core MMA (x split in three f16 parts per 128 columns, exact products; the MMA's own summation "
+        "differs); the CPU computes f32 either way",
+        "§2.0", "f32", "mma"),
 };
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))
 

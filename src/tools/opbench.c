@@ -95,7 +95,7 @@ static void run_op(const bench_ctx *x, const bench_op *o) {
     switch (o->kind) {
     case OP_COPY: op->copy(x->be, x->cpb, x->cpa, x->cp_bytes); break;
     case OP_MATMUL: op->matmul(x->be, x->out, x->in, R, o->wt, o->a8, o->obf); break;
-    case OP_GROUPED: op->matmul_grouped(x->be, x->out, x->in, R, o->wt, c->o_groups, bf, bf); break;
+    case OP_GROUPED: op->matmul_grouped(x->be, x->out, x->in, R, o->wt, c->o_groups, bf, bf, 0); break;
     case OP_HC_PRE:
         op->hc_pre(x->be, x->y, x->post, x->comb, x->X, R, c->hc_mult, c->dim, &x->L->hc_attn_fn,
                    &x->L->hc_attn_base, &x->L->hc_attn_scale, c->hc_sinkhorn_iters, eps, heps, nm->mhc_gemm_bf16, bf);

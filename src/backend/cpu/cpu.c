@@ -150,16 +150,18 @@ static void cpu_embed(dsv4_backend *b, float *out, const int32_t *tokens, int ro
     for (int r = 0; r < rows; r++) dsv4_weight_row(w, tokens[r], out + (size_t)r * (size_t)w->cols);
 }
 
-static void cpu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+/* DSV4_LIN_DOT_MMA names a device arithmetic: the CPU op is the fp32 reference it is measured against */
+static void cpu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                        int out_bf16) {
     size_t m = MARK(b);
-    if (act_fp8 && quantized(w)) x = act_quant(b, x, rows, w->cols);
+    if ((flags & DSV4_LIN_ACT_FP8) && quantized(w)) x = act_quant(b, x, rows, w->cols);
     mm(b, out, w->rows, x, w->cols, rows, w, 0, w->rows, 0, out_bf16);
     POP(b, m);
 }
 
 static void cpu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w,
-                               int groups, int in_bf16, int out_bf16) {
+                               int groups, int in_bf16, int out_bf16, int flags) {
+    (void)flags; /* DSV4_LIN_DOT_MMA: a device arithmetic (cpu_matmul) */
     int64_t R = w->rows / groups, C = w->cols;
     size_t m = MARK(b);
     if (in_bf16) {

@@ -505,6 +505,10 @@ void dsv4_cuda_linear_grouped(dsv4_backend *b, float *out_d, int64_t ldo, const 
                               const dweight &w, int64_t o0, int64_t no, int64_t gR, int64_t xg, int w_bf16,
                               int out_bf16);
 void dsv4_cuda_act_quant(dsv4_backend *b, float *out_d, const float *x_d, int rows, int64_t K, int block);
+/* linear.dot=mma (gemv_mma.cu): out = W x for one row of x on the f16 tensor cores, grouped when
+ * xg (feature o reads x columns (o / gR) xg ..); 1 if launched, 0 if k_gemv_mma does not take it */
+int dsv4_cuda_gemv_mma(dsv4_backend *b, float *out_d, const float *x_d, const dweight &w, int64_t gR, int64_t xg,
+                       int x_bf16, int w_bf16, int out_bf16);
 /* the grouped matmul of many rows on the SGEMM (gemm.cu): 1 when it ran, 0 when the GEMV must */
 int dsv4_cuda_gemm_grouped(dsv4_backend *b, float *od, const float *xd, int rows, const dsv4_weight *w, int groups,
                            int in_bf16, int out_bf16);

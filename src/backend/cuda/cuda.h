@@ -44,6 +44,8 @@ enum { DSV4_CUDA_AQ_MULTI = 2, DSV4_CUDA_AQ_WOA = 4, DSV4_CUDA_AQ_MOE = 8, DSV4_
 int dsv4_cuda_aq_fuse(void);
 void dsv4_cuda_set_aq_fuse(int mask);
 long dsv4_cuda_aq_fused_calls(void);
+/* launches of k_gemv_mma (linear.dot=mma, gemv_mma.cu) since the process started */
+long dsv4_cuda_gemv_mma_calls(void);
 /* grouped matmuls (wo_a) of many rows that took the SGEMM (gemm.cu), all backends of the process */
 long dsv4_cuda_sgemm_grouped_calls(void);
 /* op_list (oplist.cu), all backends of the process: k_op_list launches, and tasks that ran alone

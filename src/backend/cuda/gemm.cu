@@ -462,15 +462,16 @@ static void launch_fp8(dsv4_backend *b, float *od, const float *xd, int rows, co
 /* ===================================================================================== */
 /* ----- the op ----- */
 
-void cu_matmul_any(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+void cu_matmul_any(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                    int out_bf16) {
+    const int act_fp8 = flags & DSV4_LIN_ACT_FP8;
     int fp8 = rows >= GEMM_MIN_ROWS && fp8_ok(w, act_fp8);
     /* the exact path reads x by float4: a device x must be 16-byte aligned (staged copies
      * and act_quant scratch are) */
     int x_al = !dsv4_cuda_is_dev(b, x) || ((uintptr_t)x & 15) == 0 || (act_fp8 && quantized_fmt(w->fmt));
     int exact = !fp8 && rows >= sgemm_min_rows() && sgemm_ok(w) && x_al;
     if (!fp8 && !exact) {
-        cu_matmul(b, out, x, rows, w, act_fp8, out_bf16);
+        cu_matmul(b, out, x, rows, w, flags, out_bf16);
         return;
     }
     dsv4_cuda_op_begin(b);

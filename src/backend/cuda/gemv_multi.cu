@@ -267,7 +267,7 @@ long dsv4_cuda_gemv_multi_launches(dsv4_backend *b) {
 }
 
 void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x, int rows,
-                     const dsv4_weight *const *ws, const int *act_fp8, const int *out_bf16) {
+                     const dsv4_weight *const *ws, const int *flags, const int *out_bf16) {
     cuda_impl *c = CI(b);
     if (gm_off < 0) {
         const char *e = getenv("DSV4_CUDA_GEMV_MULTI");
@@ -292,11 +292,11 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     if (dsv4_cuda_is_dev(b, x) && ((uintptr_t)x & 15)) any = 0; /* x is read by float4 */
     if (!any || n > GM_MAXE * 4) {
         for (int i = 0; i < n; i++)
-            cu_matmul_any(b, outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]);
+            cu_matmul_any(b, outs[i], x, rows, ws[i], flags[i], out_bf16[i]);
         return;
     }
     for (int i = 0; i < n; i++)
-        if (!take[i]) cu_matmul_any(b, outs[i], x, rows, ws[i], act_fp8[i], out_bf16[i]);
+        if (!take[i]) cu_matmul_any(b, outs[i], x, rows, ws[i], flags[i], out_bf16[i]);
     dsv4_cuda_op_begin(b);
     int64_t K = ws[0]->cols;
     int nsm = c->nsm;
@@ -315,7 +315,8 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         gm_table t;
         t.n = 0, t.total = 0, t.aq = quant && fuse;
         for (int i = 0; i < n; i++) {
-            if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && (act_fp8[i] != 0) != quant)) continue;
+            if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && ((flags[i] & DSV4_LIN_ACT_FP8) != 0) != quant))
+                continue;
             if (quant && !fuse && !xq) {
                 float *q = (float *)dsv4_cuda_scratch(b, sizeof(float) * K);
                 if (!q) return;

@@ -1337,7 +1337,7 @@ void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n) {
 static int quantized(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
 
 /* ----- ops ----- */
-void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int act_fp8,
+void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                int out_bf16) {
     dsv4_cuda_op_begin(b);
     dweight dw;
@@ -1346,19 +1346,24 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    if (act_fp8 && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
+    if ((flags & DSV4_LIN_ACT_FP8) && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
         float *xq = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
         if (!xq) return;
         dsv4_cuda_act_quant(b, xq, xd, rows, w->cols, 128);
         xd = xq;
     }
-    dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
+    /* linear.dot=mma: one row on the tensor cores where k_gemv_mma takes the weight (gemv_mma.cu) */
+    if (rows == 1 && (flags & DSV4_LIN_DOT_MMA) && dsv4_cuda_gemv_mma(b, od, xd, dw, 0, 0, 0, 0, out_bf16)) {
+        if (!CI(b)->failed) CI(b)->weight_bytes_read += wbytes_rows(dw, dw.rows);
+    } else {
+        dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
+    }
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
 }
 
 void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int groups,
-                       int in_bf16, int out_bf16) {
+                       int in_bf16, int out_bf16, int flags) {
     dsv4_cuda_op_begin(b);
     dweight dw;
     if (dsv4_cuda_weight(b, w, &dw)) return;
@@ -1367,6 +1372,14 @@ void cu_matmul_grouped(dsv4_backend *b, float *out, const float *x, int rows, co
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
+    /* linear.dot=mma: one row on the tensor cores (x's bf16 rounding inside, w_bf16 only where exact) */
+    if (rows == 1 && (flags & DSV4_LIN_DOT_MMA) &&
+        dsv4_cuda_gemv_mma(b, od, xd, dw, R, C, in_bf16, in_bf16, out_bf16)) {
+        if (!CI(b)->failed) CI(b)->weight_bytes_read += wbytes_rows(dw, dw.rows);
+        dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_GROUPED);
+        return;
+    }
     /* one row: the rounding inside k_gemv8x (gemv_bf16in), where it takes the weight */
     if (in_bf16 && rows == 1 && gemv_bf16in(b, od, xd, groups * C, dw, R, C, out_bf16)) {
         dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
