@@ -15,8 +15,11 @@
  * 16 t .. + 15, the lane's 32 "positions" (each load instruction reads whole 32-byte sectors:
  * 64 contiguous bytes a row; with columns 32 t .. 32 t + 31 each sector was read by two
  * instructions, half each, and the kernel ran no faster than the fp32 ones).  D steps of
- * loads are in flight (a ring of registers, the loop unrolled so its slots are constants); the
- * first D are issued before the PDL wait (weights only).
+ * loads are in flight, the first D issued before the PDL wait (weights only), the loop unrolled
+ * so the ring's slots are constants: by default (CP = 1, below) a ring of D = 6 / 5 / 3 steps in
+ * shared memory filled by cp.async at K <= 2048 / 4096 / 8192; DSV4_CUDA_GMA_CP=0 a ring of 3
+ * (DSV4_CUDA_GMA_D=2: 2) in registers, as at K 512 (ncu, 2026-12-04: wo_a 12.1 against 13.5 us,
+ * wo_b 13.0 against 13.9, wq_b 12.1 either way).
  * One m16n8k16 MMA takes k = 16 of the tile: for MMA j of a step, lane (g, t) gives its
  * positions 4 j .. + 3 of rows g and g + 8.  The MMA's sum does not depend on where each column
  * goes, so A's k slots (2 t, 2 t + 1, 2 t + 8, 2 t + 9) take those four columns in that
@@ -104,7 +107,35 @@ __device__ __forceinline__ void gma_load(uint4 (&v)[4], const uint8_t *pa, const
     v[3] = d_ld_stream16(pb + s * GMA_STEP + 64);
 }
 
-template <int SPW, int D>
+/* CP = 1: a lane's 4 x 16 bytes of a step go to shared memory by cp.async (16 bytes each, L1
+ * bypassed), into the warp's ring of D stages of 2 KB (piece i of lane l at i 512 + 16 l: the
+ * reads of a piece are 32 consecutive 16-byte words), one commit group a step.  No register holds
+ * bytes in flight, so the ring can be deeper than the register ring's 3 steps (launcher: as deep
+ * as 2 blocks an SM leave room for).  Each lane reads back only what it copied, so its own
+ * cp.async.wait_group suffices (no barrier), and it refills a stage only after its reads of it
+ * have been used. */
+__device__ __forceinline__ void gma_cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void gma_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gma_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void gma_cp_issue(uint8_t *st, const uint8_t *pa, const uint8_t *pb, int s, int lane) {
+    uint8_t *d = st + 16 * lane;
+    gma_cp16(d, pa + s * GMA_STEP);
+    gma_cp16(d + 512, pa + s * GMA_STEP + 64);
+    gma_cp16(d + 1024, pb + s * GMA_STEP);
+    gma_cp16(d + 1536, pb + s * GMA_STEP + 64);
+}
+
+/* the bytes of shared memory before the cp.async stages: x's parts, the factors, red[8][16] */
+__host__ __device__ constexpr size_t gma_xbytes(int ns) {
+    return ((size_t)ns * (GMA_SB + sizeof(float)) + sizeof(float) * 8 * 16 + 127) / 128 * 128;
+}
+
+template <int SPW, int D, int CP>
 __global__ void __launch_bounds__(256, 2)
     k_gemv_mma(float *out, const float *__restrict__ x, const uint8_t *__restrict__ wd,
                const uint8_t *__restrict__ ws, int K, int kw_log2, int64_t o0, int64_t no, int64_t gR, int64_t xg,
@@ -120,10 +151,17 @@ __global__ void __launch_bounds__(256, 2)
     const int64_t ra = r0 + g < no ? r0 + g : no - 1, rb = r0 + g + 8 < no ? r0 + g + 8 : no - 1;
     const uint8_t *pa = wd + (o0 + ra) * (int64_t)K + s0 * GMA_STEP + 16 * t;
     const uint8_t *pb = wd + (o0 + rb) * (int64_t)K + s0 * GMA_STEP + 16 * t;
-    uint4 v[D][4];
+    uint4 v[CP ? 1 : D][4];
+    uint8_t *wst = gsm + gma_xbytes(ns) + (size_t)wib * D * 2048; /* CP: the warp's stages */
 #pragma unroll
-    for (int d = 0; d < D; d++)
-        if (d < SPW) gma_load(v[d], pa, pb, d);
+    for (int d = 0; d < D; d++) {
+        if constexpr (CP) {
+            if (d < SPW) gma_cp_issue(wst + d * 2048, pa, pb, d, lane);
+            gma_cp_commit(); /* one group a step, empty past the end: the waits count steps */
+        } else {
+            if (d < SPW) gma_load(v[d], pa, pb, d);
+        }
+    }
     /* lane l < SPW: the e8m0 scale of step s0 + l (the tile's 16 rows lie in one 128-row block) */
     uint32_t sc = 0;
     const int64_t rs = r0 < no ? r0 : no - 1;
@@ -179,7 +217,13 @@ __global__ void __launch_bounds__(256, 2)
     const uint8_t *bp = gsm + (size_t)s0 * GMA_SB + (g < 3 ? g : g & 1) * GMA_PB + t * GMA_TB;
 #pragma unroll
     for (int s = 0; s < SPW; s++) {
-        uint4(&c)[4] = v[s % D];
+        uint4 cs[4];
+        if constexpr (CP) { /* step s's group is the oldest of D pending */
+            gma_cp_wait<D - 1>();
+#pragma unroll
+            for (int i = 0; i < 4; i++) cs[i] = *(const uint4 *)(wst + (s % D) * 2048 + i * 512 + 16 * lane);
+        }
+        uint4(&c)[4] = CP ? cs : v[s % D];
         uint4 bq[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) bq[q] = *(const uint4 *)(bp + (size_t)s * GMA_SB + 16 * q);
@@ -194,7 +238,12 @@ __global__ void __launch_bounds__(256, 2)
             if (j < 2) gma_mma(d[j], a0, a1, a2, a3, b0, b1, zero);
             else gma_mma(d[j & 1], a0, a1, a2, a3, b0, b1, d[j & 1]);
         }
-        if (s + D < SPW) gma_load(v[s % D], pa, pb, s + D);
+        if constexpr (CP) {
+            if (s + D < SPW) gma_cp_issue(wst + (s % D) * 2048, pa, pb, s + D, lane);
+            gma_cp_commit();
+        } else {
+            if (s + D < SPW) gma_load(v[s % D], pa, pb, s + D);
+        }
         const float Ss = __shfl_sync(0xffffffffu, S, s);
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[e] = fmaf(d[1][e], Ss, fmaf(d[0][e], Ss, acc[e]));
@@ -218,16 +267,16 @@ __global__ void __launch_bounds__(256, 2)
     }
 }
 
-template <int SPW, int D>
+template <int SPW, int D, int CP>
 static int gma_go(dsv4_backend *b, float *out, const float *x, const dweight &w, int64_t o0, int64_t no, int64_t gR,
                   int64_t xg, int kw_log2, int x_bf16, int out_bf16, int64_t blocks, size_t smem) {
     static size_t set_smem; /* the attribute, raised once per instance as needed */
     if (smem > set_smem) {
-        if (CK(b, cudaFuncSetAttribute(k_gemv_mma<SPW, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+        if (CK(b, cudaFuncSetAttribute(k_gemv_mma<SPW, D, CP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return 1;
         set_smem = smem;
     }
-    dsv4_launch(k_gemv_mma<SPW, D>, (unsigned)blocks, 256, smem, CI(b)->stream, out, x, w.data, w.scale,
+    dsv4_launch(k_gemv_mma<SPW, D, CP>, (unsigned)blocks, 256, smem, CI(b)->stream, out, x, w.data, w.scale,
                 (int)w.cols, kw_log2, o0, no, gR, xg, x_bf16, out_bf16);
     if (!CKL(b)) gma_calls++;
     return 1;
@@ -252,16 +301,25 @@ int dsv4_cuda_gemv_mma(dsv4_backend *b, float *out_d, const float *x_d, const dw
     if (xg && gR % (16 * tpb)) return 0; /* a block's tiles in one group */
     const int64_t blocks = ((no + 15) / 16 + tpb - 1) / tpb;
     if (blocks < c->nsm) return 0;
-    const size_t smem = (size_t)ns * (GMA_SB + sizeof(float)) + sizeof(float) * 8 * 16;
-    static int ring = -1; /* DSV4_CUDA_GMA_D (read once): steps of loads in flight at SPW 8, 2 or 3 (A/B) */
+    static int ring = -1, cp = -1; /* DSV4_CUDA_GMA_D (2 or 3), DSV4_CUDA_GMA_CP=0 (read once; A/B) */
     if (ring < 0) {
-        const char *e = getenv("DSV4_CUDA_GMA_D");
+        const char *e = getenv("DSV4_CUDA_GMA_D"), *f = getenv("DSV4_CUDA_GMA_CP");
         ring = e && e[0] == '2' ? 2 : 3;
+        cp = !(f && f[0] == '0');
     }
-    if (spw == 8 && ring == 2)
-        return gma_go<8, 2>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, smem);
-    if (spw == 8) return gma_go<8, 3>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, smem);
-    return gma_go<4, 4>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, smem);
+    const size_t xs = gma_xbytes(ns);
+    /* the cp.async ring at SPW 8: as many 2 KB steps a warp as two blocks an SM leave room for
+     * (~113 KB a block): 6 at K <= 2048, 5 at 4096, 3 at 8192 */
+    const int cd = spw == 8 && cp ? (int)((115000 - (xs < 115000 ? xs : 115000)) / (8 * 2048)) : 0;
+    if (cd >= 6)
+        return gma_go<8, 6, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 6 * 2048);
+    if (cd == 5)
+        return gma_go<8, 5, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 5 * 2048);
+    if (cd >= 3)
+        return gma_go<8, 3, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 3 * 2048);
+    if (spw == 8 && ring == 2) return gma_go<8, 2, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
+    if (spw == 8) return gma_go<8, 3, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
+    return gma_go<4, 4, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
 }
 
 extern "C" long dsv4_cuda_gemv_mma_calls(void) { return gma_calls; }
