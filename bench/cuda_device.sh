@@ -44,6 +44,9 @@ for stage in "${stages[@]}"; do
     note "ops test_matmul_multi GM_ROWS=1 rc=$? $(tail -1 "$OUT/ops_gm1.log")"
     DSV4_CUDA_GM_MERGE=0 timeout 120 $bin/test_cuda_ops test_matmul_multi >"$OUT/ops_gm0.log" 2>&1
     note "ops test_matmul_multi GM_MERGE=0 rc=$? $(tail -1 "$OUT/ops_gm0.log")"
+    # linear.dot=mma's register ring (k_gemv_mma CP = 0; the default takes the cp.async ring at K >= 1024)
+    DSV4_CUDA_GMA_CP=0 timeout 120 $bin/test_cuda_linear test_gemv_mma >"$OUT/lin_gma0.log" 2>&1
+    note "linear test_gemv_mma GMA_CP=0 rc=$? $(tail -1 "$OUT/lin_gma0.log")"
     grep -E "FAIL|rel|differ|error|identical" "$OUT/ops.log" | head -60 >>"$summary"
     # the indexer's and top-k's other kernels (IX_TILE=0: k_indexer_v / k_indexer_s everywhere; 4: k_indexer_t from
     # 16 keys a block, also below 16; TOPK_SMEM=1: k_topk_s for every row above k)
