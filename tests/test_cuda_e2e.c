@@ -13,8 +13,8 @@
  * equal argmax (measured 0.43, 72/85); flash 2-layer rel <= 0.1, >= 90% (measured
  * 0.055, 25/26); exact with moe.dot=mma on the GPU only (tensor-core MXFP4 dots at one row)
  * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it);
- * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a, wo_b, the indexer's
- * wq_b on f16 tensor cores; gemv_mma.cu; its launch counter must move).
+ * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a and wo_b on f16 tensor
+ * cores; gemv_mma.cu; its launch counter must move).
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>

@@ -87,7 +87,7 @@ static const switch_row SWITCHES[] = {
         "summation differs); the CPU computes f32 either way",
         "§2.6", "f32", "mma", "e4m3"),
     ROW("linear.dot", lin_dot_mma, "f32|mma",
-        "FP8 linear dots of one-row decode on the GPU (wq_b, wo_a, wo_b, the indexer's wq_b): fp32 fma, or f16 "
+        "FP8 linear dots of one-row decode on the GPU (the large ones: wq_b, wo_a, wo_b on Flash): fp32 fma, or f16 "
         "tensor-core MMA (x split in three f16 parts per 128 columns, exact products; the MMA's own summation "
         "differs); the CPU computes f32 either way",
         "§2.0", "f32", "mma"),
