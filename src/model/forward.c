@@ -666,13 +666,13 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
  * weights (weights_proj). */
 static void y_projections(dsv4_model *m, const dsv4_layer_w *L, int rows) {
     const dsv4_backend_ops *op = OPS(m);
-    int a8 = lin_flags(&m->num), bf = m->num.act_bf16, n = 0;
+    int lf = lin_flags(&m->num), bf = m->num.act_bf16, n = 0;
     float *outs[7];
     const dsv4_weight *ws[7];
     int af[7], ob[7];
 #define YP(o, w, a, b) (outs[n] = (o), ws[n] = (w), af[n] = (a), ob[n] = (b), n++)
-    YP(m->qa, &L->wq_a, a8, bf);
-    YP(m->kvc, &L->wkv, a8, bf);
+    YP(m->qa, &L->wq_a, lf, bf);
+    YP(m->kvc, &L->wkv, lf, bf);
     if (L->has_comp) YP(m->ck, &L->comp.wkv, 0, 0), YP(m->cg, &L->comp.wgate, 0, 0);
     if (L->has_indexer)
         YP(m->ick, &L->idx.comp.wkv, 0, 0), YP(m->icg, &L->idx.comp.wgate, 0, 0),
@@ -1375,7 +1375,7 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     const dsv4_layer_w *L = &m->w->layers[layer];
     const dsv4_backend_ops *op = OPS(m);
     dsv4_backend *b = B_(m);
-    int bf = m->num.act_bf16, a8 = lin_flags(&m->num), D = c->dim, hc = c->hc_mult;
+    int bf = m->num.act_bf16, lf = lin_flags(&m->num), D = c->dim, hc = c->hc_mult;
     float eps = (float)c->norm_eps;
     /* one row at position len-1: e = enorm(embed[token]); X'_k = e_proj e + h_proj hnorm(X_k) */
     m->tok[0] = token;
@@ -1384,10 +1384,10 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     m->seg_of[0] = 0;
     op->embed(b, m->y, m->tok, 1, &m->w->embed);
     op->rmsnorm(b, m->y, m->y, 1, D, &L->enorm, eps, bf);
-    op->matmul(b, m->a, m->y, 1, &L->e_proj, a8, bf);
+    op->matmul(b, m->a, m->y, 1, &L->e_proj, lf, bf);
     op->copy(b, m->Xb, st->last_x, sizeof(float) * (size_t)hc * D); /* state memory is backend memory */
     op->rmsnorm(b, m->Xb, m->Xb, hc, D, &L->hnorm, eps, bf);
-    op->matmul(b, m->X, m->Xb, hc, &L->h_proj, a8, bf); /* the hc streams are rows here */
+    op->matmul(b, m->X, m->Xb, hc, &L->h_proj, lf, bf); /* the hc streams are rows here */
     op->download(b, m->mtp_x, m->X, sizeof(float) * (size_t)hc * D);
     op->download(b, m->mtp_a, m->a, sizeof(float) * (size_t)D);
     for (int k = 0; k < hc; k++)

@@ -191,12 +191,6 @@ __device__ __forceinline__ const float *attn_key(const attn_args &a, int r, int 
     return a.comp_base[r] + (int64_t)i * a.head_dim;
 }
 
-/* 16 bytes global -> shared without registers (both addresses 16-byte aligned) */
-__device__ __forceinline__ void attn_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)),
-                 "l"(__cvta_generic_to_global(src))
-                 : "memory");
-}
 __device__ __forceinline__ void attn_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* one step of a transposed butterfly over 2*O values: the lane keeps the O whose index has
@@ -241,7 +235,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, cons
     int h0 = g * AS_HEADS, nh = min(AS_HEADS, a.n_heads - h0);
     const float *qg = a.q + ((int64_t)r * a.n_heads + h0) * hd;
     if (VEC == 4)
-        for (int i = t; i < nh * hd / 4; i += blockDim.x) attn_cp16(qs + 4 * i, qg + 4 * i);
+        for (int i = t; i < nh * hd / 4; i += blockDim.x) d_cp_async16(qs + 4 * i, qg + 4 * i);
     else
         for (int i = t; i < nh * hd; i += blockDim.x) qs[i] = qg[i];
     if (t < AS_KEYS) {
@@ -257,7 +251,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, cons
         const float *k = kptr[kk];
         float *dst = ks + kk * hd + o;
         if (VEC == 4) {
-            if (k) attn_cp16(dst, k + o);
+            if (k) d_cp_async16(dst, k + o);
             else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         } else {
             *dst = k ? k[o] : 0.0f;
@@ -966,7 +960,7 @@ __global__ void __launch_bounds__(IX_THREADS)
     int kk = (t / IX_LANES) & (kb - 1), hg = t / (IX_LANES * kb), hg_n = IX_THREADS / (IX_LANES * kb);
     int j = blockIdx.x * kb + kk;
     const float4 *qg = (const float4 *)(q + (int64_t)r * n_heads * hd);
-    for (int i = t; i < n_heads * (hd / 4); i += IX_THREADS) attn_cp16(qs + i, qg + i);
+    for (int i = t; i < n_heads * (hd / 4); i += IX_THREADS) d_cp_async16(qs + i, qg + i);
     for (int i = t; i < n_heads; i += IX_THREADS) ws[i] = ix_w<RS>(w, (int64_t)r * n_heads + i, fr);
     if (RS) ix_rope_angles(fr, r, cs, sn);
     const float *kbase = key_base ? key_base[r] : rp.base[r];
@@ -1057,13 +1051,13 @@ __global__ void __launch_bounds__(IX_THREADS)
     const float *qg = q + (int64_t)r * IXT_HEADS * hd;
     for (int i = t; i < IXT_HEADS * nv4; i += IX_THREADS) {
         int h = i / nv4, c = i - h * nv4;
-        attn_cp16(qs + h * ld + 4 * c, qg + (int64_t)h * hd + 4 * c);
+        d_cp_async16(qs + h * ld + 4 * c, qg + (int64_t)h * hd + 4 * c);
     }
     const float *kb = (key_base ? key_base[r] : rp.base[r]) + (int64_t)j0 * hd;
     int nkb = min(KT, nk - j0); /* keys of this block; rows past them are zero */
     for (int i = t; i < KT * nv4; i += IX_THREADS) {
         int jj = i / nv4, c = i - jj * nv4;
-        if (jj < nkb) attn_cp16(ks + jj * ld + 4 * c, kb + (int64_t)jj * hd + 4 * c);
+        if (jj < nkb) d_cp_async16(ks + jj * ld + 4 * c, kb + (int64_t)jj * hd + 4 * c);
         else *(float4 *)(ks + jj * ld + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     for (int i = t; i < IXT_HEADS; i += IX_THREADS) ws[i] = ix_w<RS>(w, (int64_t)r * IXT_HEADS + i, fr);

@@ -497,6 +497,23 @@ __device__ __forceinline__ void d_mbar_wait(uint64_t *bar, uint32_t phase) {
                      : "memory");
 }
 
+/* 16 bytes global -> shared without registers (cp.async, L1 bypassed; both addresses 16-byte
+ * aligned); complete after cp.async.wait_group / wait_all for the issuing thread only */
+__device__ __forceinline__ void d_cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)),
+                 "l"(__cvta_generic_to_global(src))
+                 : "memory");
+}
+
+/* d = A B + c (16 x 8, f32) of one m16n8k16 f16 MMA (moe.cu's MXFP4 path, gemv_mma.cu) */
+__device__ __forceinline__ void d_mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1, const float (&c)[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
 /* launch helpers used by several files */
 void dsv4_cuda_linear(dsv4_backend *b, float *out_d, int64_t ldo, const float *x_d, int64_t ldx, int rows,
                       const dweight &w, int64_t o0, int64_t no, int w_bf16, int out_bf16);

@@ -6,7 +6,7 @@
  * are in flight.  Here a weight costs 1/2 cvt and 1/256 of an MMA: ~57 warp instructions per
  * 2048 weights, a fifth of the fp32 kernels'.
  *
- * k_gemv_mma<SPW, D>: out[o] = sum_k W[o0+o][k] x[g(o) xg + k] for o < no (one row), W FP8
+ * k_gemv_mma<SPW, D, CP>: out[o] = sum_k W[o][k] x[g(o) xg + k] for o < no (one row), W FP8
  * (e4m3) with e8m0 128 x 128 block scales, K = kw SPW 128 (kw = 1, 2, 4, 8), g(o) = o / gR.
  * Geometry: a warp takes a tile of 16 weight rows and SPW steps of 128 columns (one scale
  * block each); kw warps of a block share a tile and split its K (their sums added in warp
@@ -18,7 +18,7 @@
  * loads are in flight, the first D issued before the PDL wait (weights only), the loop unrolled
  * so the ring's slots are constants: by default (CP = 1, below) a ring of D = 6 / 5 / 3 steps in
  * shared memory filled by cp.async at K <= 2048 / 4096 / 8192; DSV4_CUDA_GMA_CP=0 a ring of 3
- * (DSV4_CUDA_GMA_D=2: 2) in registers, as at K 512 (ncu, 2026-12-04: wo_a 12.1 against 13.5 us,
+ * in registers, as at K 512 (ncu, 2026-12-04: wo_a 12.1 against 13.5 us,
  * wo_b 13.0 against 13.9, wq_b 12.1 either way).
  * One m16n8k16 MMA takes k = 16 of the tile: for MMA j of a step, lane (g, t) gives its
  * positions 4 j .. + 3 of rows g and g + 8.  The MMA's sum does not depend on where each column
@@ -69,15 +69,6 @@ __device__ __forceinline__ void gma_cvt(uint32_t w, uint32_t &lo, uint32_t &hi) 
         : "r"(w));
 }
 
-/* d = A B + c (16 x 8, f32) of one m16n8k16 f16 MMA */
-__device__ __forceinline__ void gma_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1, const float (&c)[4]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
-
 __device__ __forceinline__ uint32_t gma_word(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -114,9 +105,6 @@ __device__ __forceinline__ void gma_load(uint4 (&v)[4], const uint8_t *pa, const
  * as 2 blocks an SM leave room for).  Each lane reads back only what it copied, so its own
  * cp.async.wait_group suffices (no barrier), and it refills a stage only after its reads of it
  * have been used. */
-__device__ __forceinline__ void gma_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
-}
 __device__ __forceinline__ void gma_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void gma_cp_wait() {
@@ -124,10 +112,10 @@ __device__ __forceinline__ void gma_cp_wait() {
 }
 __device__ __forceinline__ void gma_cp_issue(uint8_t *st, const uint8_t *pa, const uint8_t *pb, int s, int lane) {
     uint8_t *d = st + 16 * lane;
-    gma_cp16(d, pa + s * GMA_STEP);
-    gma_cp16(d + 512, pa + s * GMA_STEP + 64);
-    gma_cp16(d + 1024, pb + s * GMA_STEP);
-    gma_cp16(d + 1536, pb + s * GMA_STEP + 64);
+    d_cp_async16(d, pa + s * GMA_STEP);
+    d_cp_async16(d + 512, pa + s * GMA_STEP + 64);
+    d_cp_async16(d + 1024, pb + s * GMA_STEP);
+    d_cp_async16(d + 1536, pb + s * GMA_STEP + 64);
 }
 
 /* the bytes of shared memory before the cp.async stages: x's parts, the factors, red[8][16] */
@@ -138,8 +126,8 @@ __host__ __device__ constexpr size_t gma_xbytes(int ns) {
 template <int SPW, int D, int CP>
 __global__ void __launch_bounds__(256, 2)
     k_gemv_mma(float *out, const float *__restrict__ x, const uint8_t *__restrict__ wd,
-               const uint8_t *__restrict__ ws, int K, int kw_log2, int64_t o0, int64_t no, int64_t gR, int64_t xg,
-               int x_bf16, int out_bf16) {
+               const uint8_t *__restrict__ ws, int K, int kw_log2, int64_t no, int64_t gR, int64_t xg, int x_bf16,
+               int out_bf16) {
     extern __shared__ __align__(16) uint8_t gsm[]; /* ns steps' parts, ns factors 2^E, red[8][16] */
     const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int kw = 1 << kw_log2, tpb = 8 >> kw_log2, sub = wib & (kw - 1), ns = K / GMA_STEP;
@@ -149,8 +137,8 @@ __global__ void __launch_bounds__(256, 2)
     const int s0 = sub * SPW; /* the warp's first step */
     /* rows past the end re-read the last row (never written) */
     const int64_t ra = r0 + g < no ? r0 + g : no - 1, rb = r0 + g + 8 < no ? r0 + g + 8 : no - 1;
-    const uint8_t *pa = wd + (o0 + ra) * (int64_t)K + s0 * GMA_STEP + 16 * t;
-    const uint8_t *pb = wd + (o0 + rb) * (int64_t)K + s0 * GMA_STEP + 16 * t;
+    const uint8_t *pa = wd + ra * (int64_t)K + s0 * GMA_STEP + 16 * t;
+    const uint8_t *pb = wd + rb * (int64_t)K + s0 * GMA_STEP + 16 * t;
     uint4 v[CP ? 1 : D][4];
     uint8_t *wst = gsm + gma_xbytes(ns) + (size_t)wib * D * 2048; /* CP: the warp's stages */
 #pragma unroll
@@ -165,7 +153,7 @@ __global__ void __launch_bounds__(256, 2)
     /* lane l < SPW: the e8m0 scale of step s0 + l (the tile's 16 rows lie in one 128-row block) */
     uint32_t sc = 0;
     const int64_t rs = r0 < no ? r0 : no - 1;
-    if (lane < SPW) sc = __ldg(ws + ((o0 + rs) >> 7) * (int64_t)ns + s0 + lane);
+    if (lane < SPW) sc = __ldg(ws + (rs >> 7) * (int64_t)ns + s0 + lane);
     pdl_enter();
 
     /* stage x's parts: warp w splits steps w, w + 8, ... (ns <= 64: at most 8 a warp, loaded 4 at a
@@ -235,8 +223,8 @@ __global__ void __launch_bounds__(256, 2)
             gma_cvt(gma_word(c[2 + (j >> 2)], j & 3), a1, a3); /* row g + 8 */
             const uint4 &b = bq[j >> 1];
             const uint32_t b0 = (j & 1) ? b.z : b.x, b1 = (j & 1) ? b.w : b.y;
-            if (j < 2) gma_mma(d[j], a0, a1, a2, a3, b0, b1, zero);
-            else gma_mma(d[j & 1], a0, a1, a2, a3, b0, b1, d[j & 1]);
+            if (j < 2) d_mma_f16(d[j], a0, a1, a2, a3, b0, b1, zero);
+            else d_mma_f16(d[j & 1], a0, a1, a2, a3, b0, b1, d[j & 1]);
         }
         if constexpr (CP) {
             if (s + D < SPW) gma_cp_issue(wst + (s % D) * 2048, pa, pb, s + D, lane);
@@ -268,8 +256,8 @@ __global__ void __launch_bounds__(256, 2)
 }
 
 template <int SPW, int D, int CP>
-static int gma_go(dsv4_backend *b, float *out, const float *x, const dweight &w, int64_t o0, int64_t no, int64_t gR,
-                  int64_t xg, int kw_log2, int x_bf16, int out_bf16, int64_t blocks, size_t smem) {
+static int gma_go(dsv4_backend *b, float *out, const float *x, const dweight &w, int64_t gR, int64_t xg, int kw_log2,
+                  int x_bf16, int out_bf16, int64_t blocks, size_t smem) {
     static size_t set_smem; /* the attribute, raised once per instance as needed */
     if (smem > set_smem) {
         if (CK(b, cudaFuncSetAttribute(k_gemv_mma<SPW, D, CP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
@@ -277,7 +265,7 @@ static int gma_go(dsv4_backend *b, float *out, const float *x, const dweight &w,
         set_smem = smem;
     }
     dsv4_launch(k_gemv_mma<SPW, D, CP>, (unsigned)blocks, 256, smem, CI(b)->stream, out, x, w.data, w.scale,
-                (int)w.cols, kw_log2, o0, no, gR, xg, x_bf16, out_bf16);
+                (int)w.cols, kw_log2, w.rows, gR, xg, x_bf16, out_bf16);
     if (!CKL(b)) gma_calls++;
     return 1;
 }
@@ -301,25 +289,23 @@ int dsv4_cuda_gemv_mma(dsv4_backend *b, float *out_d, const float *x_d, const dw
     if (xg && gR % (16 * tpb)) return 0; /* a block's tiles in one group */
     const int64_t blocks = ((no + 15) / 16 + tpb - 1) / tpb;
     if (blocks < c->nsm) return 0;
-    static int ring = -1, cp = -1; /* DSV4_CUDA_GMA_D (2 or 3), DSV4_CUDA_GMA_CP=0 (read once; A/B) */
-    if (ring < 0) {
-        const char *e = getenv("DSV4_CUDA_GMA_D"), *f = getenv("DSV4_CUDA_GMA_CP");
-        ring = e && e[0] == '2' ? 2 : 3;
+    static int cp = -1; /* DSV4_CUDA_GMA_CP=0 (read once; A/B): the register ring */
+    if (cp < 0) {
+        const char *f = getenv("DSV4_CUDA_GMA_CP");
         cp = !(f && f[0] == '0');
     }
     const size_t xs = gma_xbytes(ns);
     /* the cp.async ring at SPW 8: as many 2 KB steps a warp as two blocks an SM leave room for
      * (~113 KB a block): 6 at K <= 2048, 5 at 4096, 3 at 8192 */
     const int cd = spw == 8 && cp ? (int)((115000 - (xs < 115000 ? xs : 115000)) / (8 * 2048)) : 0;
-    if (cd >= 6)
-        return gma_go<8, 6, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 6 * 2048);
-    if (cd == 5)
-        return gma_go<8, 5, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 5 * 2048);
-    if (cd >= 3)
-        return gma_go<8, 3, 1>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + 8 * 3 * 2048);
-    if (spw == 8 && ring == 2) return gma_go<8, 2, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
-    if (spw == 8) return gma_go<8, 3, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
-    return gma_go<4, 4, 0>(b, out_d, x_d, w, 0, no, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs);
+#define GMA_GO(SPW, D, CP) \
+    gma_go<SPW, D, CP>(b, out_d, x_d, w, gR, xg, kw_log2, x_bf16, out_bf16, blocks, xs + (CP ? 8 * D * 2048 : 0))
+    if (cd >= 6) return GMA_GO(8, 6, 1);
+    if (cd == 5) return GMA_GO(8, 5, 1);
+    if (cd >= 3) return GMA_GO(8, 3, 1);
+    if (spw == 8) return GMA_GO(8, 3, 0);
+    return GMA_GO(4, 4, 0);
+#undef GMA_GO
 }
 
 extern "C" long dsv4_cuda_gemv_mma_calls(void) { return gma_calls; }

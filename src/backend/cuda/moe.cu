@@ -1547,15 +1547,6 @@ __device__ __forceinline__ void bm_e4m3(uint32_t w, uint32_t &lo, uint32_t &hi) 
     hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
-/* d = A B + c (16 x 8, f32) of one m16n8k16 f16 MMA */
-__device__ __forceinline__ void bm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1, const float (&c)[4]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-}
-
 /* cp.async.wait_group min(n, BM_NST - 1) (the count must be an immediate; n is one in the
  * unrolled loop of bm_run) */
 __device__ __forceinline__ void bm_wait(int n) {
@@ -1703,8 +1694,8 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
                     uint32_t la, ha, lb, hb;
                     bm_e4m3(wa, la, ha);
                     bm_e4m3(wb, lb, hb);
-                    bm_mma(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
-                    bm_mma(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
+                    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
+                    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
                     float f0s = __uint_as_float(j ? sc0 & 0xffff0000u : sc0 << 16),
                           f1s = __uint_as_float(j ? sc1 & 0xffff0000u : sc1 << 16);
                     acc0 = fmaf(d1[0] + d1[1], f0s * pk, acc0);
