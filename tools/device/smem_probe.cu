@@ -23,6 +23,19 @@
  *                   on one mbarrier (no per-thread issue before the chain)
  * and, for every MODE but 1, the chain's own duration inside the kernel (block 0's clock64 from the
  * kernel's start to the chain's end, in us at the SM clock).
+ * The MMA modes (k_probe_mma, added at stop 35) ask the same question with the GEMV's arithmetic on
+ * f16 tensor cores, as linear.dot=mma's k_gemv_mma forms it: ~0.02 warp instructions a weight
+ * instead of ~0.15, so a GEMV whose weights sit in shared memory is no longer held by its decode
+ * and sums (mode 3's 8.8 us).  A warp takes a tile of 16 rows over all 8 steps of 128 columns (one
+ * tile a warp: a block's ~248 rows are 16 tiles), 8 m16n8k16 MMAs a step, weights through a
+ * register ring of 4 steps; x is scaled by 2^14 and split into three f16 parts (B's columns 0..2)
+ * once per block, so every product is exact and the outputs differ from the fp32 modes only by
+ * the tensor core's summation (checked against the host's fp64 dot; the MMA modes must agree with
+ * each other bit for bit):
+ *   mma gemv:       the MMA GEMV alone, weights from global memory
+ *   mma chain+gemv: the chain then the MMA GEMV, weights from global memory
+ *   mma staged:     S KB of the block's rows (S = 200, 128, 64) by cp.async during the chain, then
+ *                   the MMA GEMV reading those rows from shared memory
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/smem_probe.cu -o smem_probe && ./smem_probe [NPH] */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -160,6 +173,123 @@ __device__ __forceinline__ void probe_gemv(float *out, const uint8_t *__restrict
     }
 }
 
+/* ----- the MMA modes ----- */
+enum { PM_STEPS = K / 128, PM_TB = 80, PM_PB = 4 * PM_TB, PM_SB = 3 * PM_PB, PM_D = 4 };
+
+/* a word of e4m3 codes as two f16x2 (bytes 0, 1 -> lo; 2, 3 -> hi), exact */
+__device__ __forceinline__ void pm_cvt(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+
+__device__ __forceinline__ void pm_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pm_word(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* a lane's 16 bytes of row r at byte offset o: from shared memory when the row is among the block's
+ * first ns (staged), else a stream load */
+__device__ __forceinline__ uint4 pm_ld(const uint8_t *__restrict__ W, const uint8_t *ws, int r, int r0, int ns, int o) {
+    if (r - r0 < ns) return *(const uint4 *)(ws + (size_t)(r - r0) * K + o);
+    return probe_ld_stream(W + (size_t)r * K + o);
+}
+
+/* step s's 4 x 16 bytes of lane (g, t): rows ra (g) and rb (g + 8), columns 128 s + 16 t .. + 15 and
+ * 128 s + 64 + 16 t .. + 15 */
+__device__ __forceinline__ void pm_load(uint4 (&v)[4], const uint8_t *__restrict__ W, const uint8_t *ws, int ra,
+                                        int rb, int r0, int ns, int s, int t) {
+    v[0] = pm_ld(W, ws, ra, r0, ns, 128 * s + 16 * t);
+    v[1] = pm_ld(W, ws, ra, r0, ns, 128 * s + 64 + 16 * t);
+    v[2] = pm_ld(W, ws, rb, r0, ns, 128 * s + 16 * t);
+    v[3] = pm_ld(W, ws, rb, r0, ns, 128 * s + 64 + 16 * t);
+}
+
+/* the block's rows r0..r1 by MMA: x's parts staged in xp (step s, part p, lane-column t: 32 f16 at
+ * s PM_SB + p PM_PB + t PM_TB; position q < 16 is column 16 t + q, q >= 16 column 64 + 16 t + q - 16) */
+__device__ __forceinline__ void probe_gemv_mma(float *out, const uint8_t *__restrict__ W, const float *x,
+                                               uint8_t *xp, const uint8_t *ws, int r0, int r1, int ns, int staged) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    for (int c = tid; c < K; c += THREADS) {
+        const int s = c >> 7, cc = c & 63, tc = cc >> 4, q = (cc & 15) + ((c & 64) ? 16 : 0);
+        const float v = x[c] * 16384.0f; /* |x| < 1: the parts below carry every bit (x is k 2^-22) */
+        const __half h = __float2half_rn(v);
+        const float r1v = v - __half2float(h);
+        const __half m = __float2half_rn(r1v);
+        const __half l = __float2half_rn(r1v - __half2float(m));
+        __half *base = (__half *)(xp + s * PM_SB + tc * PM_TB) + q;
+        base[0] = h;
+        base[PM_PB / 2] = m;
+        base[PM_PB] = l;
+    }
+    if (staged) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    constexpr int NW = THREADS / 32;
+    const uint8_t *bp = xp + (g < 3 ? g : g & 1) * PM_PB + t * PM_TB; /* lanes g >= 3: any finite part */
+    for (int tr = r0 + 16 * warp; tr < r1; tr += 16 * NW) {
+        const int ra = tr + g < r1 ? tr + g : r1 - 1, rb = tr + g + 8 < r1 ? tr + g + 8 : r1 - 1;
+        uint4 v[PM_D][4];
+#pragma unroll
+        for (int s = 0; s < PM_D; s++) pm_load(v[s], W, ws, ra, rb, r0, ns, s, t);
+        float d[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int s = 0; s < PM_STEPS; s++) {
+            uint4(&c)[4] = v[s % PM_D];
+            uint4 bq[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) bq[q] = *(const uint4 *)(bp + s * PM_SB + 16 * q);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t a0, a1, a2, a3;
+                pm_cvt(pm_word(c[j >> 2], j & 3), a0, a2);
+                pm_cvt(pm_word(c[2 + (j >> 2)], j & 3), a1, a3);
+                const uint4 &b = bq[j >> 1];
+                pm_mma(d[j & 1], a0, a1, a2, a3, (j & 1) ? b.z : b.x, (j & 1) ? b.w : b.y);
+            }
+            if (s + PM_D < PM_STEPS) pm_load(v[s % PM_D], W, ws, ra, rb, r0, ns, s + PM_D, t);
+        }
+        /* lane t = 0: hi, mid of rows g, g + 8 (d[.][0, 1] / [2, 3]); lane t = 1: lo (d[.][0] / [2]) */
+        const float e0 = d[0][0] + d[1][0], e1 = d[0][1] + d[1][1], e2 = d[0][2] + d[1][2], e3 = d[0][3] + d[1][3];
+        const float loa = __shfl_down_sync(0xffffffffu, e0, 1), lob = __shfl_down_sync(0xffffffffu, e2, 1);
+        if (t == 0) {
+            const float f = 1.0f / (16384.0f * 256.0f);
+            if (tr + g < r1) out[tr + g] = ((e0 + e1) + loa) * f;
+            if (tr + g + 8 < r1) out[tr + g + 8] = ((e2 + e3) + lob) * f;
+        }
+    }
+}
+
+/* MODE 0 the MMA GEMV alone (global), 1 the chain then it, 2 stage_rows staged by cp.async during the
+ * chain, then it */
+template <int MODE>
+__global__ void __launch_bounds__(THREADS, 1) k_probe_mma(float *out, const uint8_t *__restrict__ W, const float *x,
+                                                          unsigned *words, unsigned *count, unsigned base, int nph,
+                                                          int stage_rows, long long *chain_cycles) {
+    extern __shared__ __align__(128) uint8_t ws[];
+    __shared__ __align__(16) uint8_t xp[PM_STEPS * PM_SB];
+    const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x;
+    const int r0 = (int)((long long)R * b / nb), r1 = (int)((long long)R * (b + 1) / nb);
+    long long c0 = clock64();
+    int ns = 0;
+    if (MODE == 2) {
+        ns = min(stage_rows, r1 - r0);
+        const uint8_t *gsrc = W + (size_t)r0 * K;
+        for (int i = t; i < ns * (K / 16); i += THREADS) cp_async16(ws + 16 * i, gsrc + 16 * (size_t)i);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    if (MODE != 0)
+        for (int i = 0; i < nph; i++) chain_phase(words, count, base + (unsigned)(i + 1) * (unsigned)nb, i, nb);
+    if (b == 0 && t == 0 && MODE != 0) chain_cycles[0] += clock64() - c0;
+    probe_gemv_mma(out, W, x, xp, ws, r0, r1, ns, MODE == 2);
+}
+
 struct probe_bufs {
     float *out, *x;
     uint8_t *W;
@@ -173,7 +303,7 @@ static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, floa
                        double *chain_us) {
     cudaStream_t st;
     CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    size_t smem = m >= 3 ? (size_t)sr * K : 0;
+    size_t smem = m == 3 || m == 4 || m == 12 ? (size_t)sr * K : 0; /* 10, 11, 12: the MMA modes 0, 1, 2 */
     CKP(cudaMemset(p.count, 0, sizeof(unsigned))); /* for the warm-up launch in probe_graph_ready */
     CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     for (int i = 0; i < REPS; i++) {
@@ -182,7 +312,12 @@ static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, floa
         else if (m == 1) k_probe<1><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
         else if (m == 2) k_probe<2><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
         else if (m == 3) k_probe<3><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
-        else k_probe<4><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
+        else if (m == 4) k_probe<4><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
+        else if (m == 10)
+            k_probe_mma<0><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
+        else if (m == 11)
+            k_probe_mma<1><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
+        else k_probe_mma<2><<<nb, THREADS, smem, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, sr, p.cyc);
     }
     cudaGraphExec_t ge = probe_graph_ready(st); /* its warm-up launch too */
     float best = 1e30f;
@@ -197,7 +332,7 @@ static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, floa
         if (ms < best) best = ms, cyc_best = cyc;
     }
     if (m != 0) CKP(cudaMemcpy(h_out, p.out, sizeof(float) * R, cudaMemcpyDeviceToHost));
-    *chain_us = m == 1 ? 0.0 : (double)cyc_best / REPS / clk_mhz;
+    *chain_us = m == 1 || m == 10 ? 0.0 : (double)cyc_best / REPS / clk_mhz;
     CKP(cudaGraphExecDestroy(ge));
     CKP(cudaStreamDestroy(st));
     return 1000.0 * best / REPS;
@@ -265,6 +400,7 @@ int main(int argc, char **argv) {
     CKP(cudaMemcpy(p.x, hx, sizeof hx, cudaMemcpyHostToDevice));
     CKP(cudaFuncSetAttribute(k_probe<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
     CKP(cudaFuncSetAttribute(k_probe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
+    CKP(cudaFuncSetAttribute(k_probe_mma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
     printf("smem_probe: %s, %d SMs at %.0f MHz, %d blocks x %d threads; GEMV [%d x %d] e4m3 = %.1f MB; chain of %d "
            "grid barriers\n",
            pr.name, nb, clk_mhz, nb, THREADS, R, K, (double)R * K / 1e6, nph);
@@ -278,23 +414,30 @@ int main(int argc, char **argv) {
                  {3, 128, "staged 128 KB a block during the chain"},
                  {3, 64, "staged 64 KB a block during the chain"},
                  {4, 200, "bulk-staged 200 KB a block during the chain"},
-                 {4, 64, "bulk-staged 64 KB a block during the chain"}};
+                 {4, 64, "bulk-staged 64 KB a block during the chain"},
+                 {10, 0, "mma gemv alone (global)"},
+                 {11, 0, "mma: chain, then gemv (global)"},
+                 {12, 200, "mma: staged 200 KB a block during the chain"},
+                 {12, 128, "mma: staged 128 KB a block during the chain"},
+                 {12, 64, "mma: staged 64 KB a block during the chain"}};
+    float *mref = (float *)malloc(sizeof(float) * R);
+    if (!mref) return 1;
     int bad = 0;
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
         double cus;
         int sr = modes[i].stage_kb * 1024 / K;
         double us = run_mode(modes[i].mode, sr, nph, nb, p, got, clk_mhz, &cus);
-        if (modes[i].mode == 1) {
-            memcpy(ref, got, sizeof(float) * R);
+        const int mm = modes[i].mode;
+        if (mm == 1 || mm == 10) { /* the first of each family: against the host, then the reference */
+            memcpy(mm == 1 ? ref : mref, got, sizeof(float) * R);
             bad += host_check(got, hw, hx);
-        }
-        else if (modes[i].mode != 0 && memcmp(ref, got, sizeof(float) * R)) bad++, printf("  outputs DIFFER\n");
+        } else if (mm != 0 && memcmp(mm >= 10 ? mref : ref, got, sizeof(float) * R)) bad++, printf("  outputs DIFFER\n");
         printf("  %-42s %8.2f us a launch", modes[i].what, us);
-        if (modes[i].mode != 1) printf(" (block 0's chain %.2f us)", cus);
-        if (modes[i].mode == 1) printf(" = %.0f GB/s", (double)R * K / (us * 1e3));
+        if (mm != 1 && mm != 10) printf(" (block 0's chain %.2f us)", cus);
+        if (mm == 1 || mm == 10) printf(" = %.0f GB/s", (double)R * K / (us * 1e3));
         printf("\n");
     }
     printf(bad ? "smem_probe: outputs wrong or differing between modes\n"
-               : "smem_probe: mode 1's rows match the host's, every mode's outputs equal mode 1's\n");
+               : "smem_probe: both GEMVs' rows match the host's, every mode's outputs equal its family's first\n");
     return bad ? 1 : 0;
 }
