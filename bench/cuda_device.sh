@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the device machine (see docs/CUDA.md): the CUDA op tests, the end-to-end
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
-# from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin.
+# from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
+# unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
@@ -10,9 +11,10 @@
 set -u
 OUT=${OUT:-/tmp/cuda-out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/carry/lib:${LD_LIBRARY_PATH:-}"
-export DSV4_BIN="$PWD/carry/bin/dsv4"
-bin=carry/bin
+carry=${CARRY:-carry}
+export LD_LIBRARY_PATH="$PWD/$carry/lib:${LD_LIBRARY_PATH:-}"
+export DSV4_BIN="$PWD/$carry/bin/dsv4"
+bin=$carry/bin
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -159,25 +161,25 @@ for stage in "${stages[@]}"; do
     # KT_GREEDY=1 (ktrace, ktab): bench's greedy pass too, whose device-picks steps are then the trace's last
     # (the report's --steps reads the last passes; default 0: the step API's timed steps are the last)
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
-    if [ -f carry/lib/ktrace.so ]; then
-      CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktrace.csv timeout 300 $bin/dsv4 bench --model $m --backend cuda \
+    if [ -f $carry/lib/ktrace.so ]; then
+      CUDA_INJECTION64_PATH=$PWD/$carry/lib/ktrace.so KTRACE_OUT=/tmp/ktrace.csv timeout 300 $bin/dsv4 bench --model $m --backend cuda \
         --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 --op-profile 0 --greedy ${KT_GREEDY:-0} ${KT_ARGS:-} \
         >"$OUT/ktrace_run.log" 2>&1
       note "ktrace on $m rc=$? $(wc -l </tmp/ktrace.csv) records"; grep -E "decode|ktrace" "$OUT/ktrace_run.log" >>"$summary"
       xz -T4 -c /tmp/ktrace.csv >"$OUT/ktrace_$(basename $m)_b${KT_BATCH:-1}${KT_TAG:-}.csv.xz"
-    else note "ktrace: carry/lib/ktrace.so missing"; fi ;;
+    else note "ktrace: $carry/lib/ktrace.so missing"; fi ;;
   ktab)
     # per-kernel A/B: a ktrace of each setting of AB_ENVS (ab's syntax: "-" none, a comma joins variables,
     # "set:NAME=VALUE" a numerics switch; AB_ARGS more bench arguments for each), then
     # tools/device/ktrace_report.py --vs of each against the first (ktab_vs<i>.txt; its top 24 rows in the
     # summary).  Needs /dev/shm/flash20 (f20) or /dev/shm/flash2
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
-    [ -f carry/lib/ktrace.so ] || { note "ktab: carry/lib/ktrace.so missing"; continue; }
+    [ -f $carry/lib/ktrace.so ] || { note "ktab: $carry/lib/ktrace.so missing"; continue; }
     i=0; first=
     for setting in ${AB_ENVS:--}; do
       parse_setting "$setting"
       csv="$OUT/ktab$i.csv"
-      env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/carry/lib/ktrace.so KTRACE_OUT=/tmp/ktab.csv timeout 300 \
+      env "${envs[@]}" CUDA_INJECTION64_PATH=$PWD/$carry/lib/ktrace.so KTRACE_OUT=/tmp/ktab.csv timeout 300 \
         $bin/dsv4 bench --model $m --backend cuda --prompt ${KT_PROMPT:-2048} --batch ${KT_BATCH:-1} --gen 16 \
         --op-profile 0 --greedy ${KT_GREEDY:-0} ${AB_ARGS:-} "${sets[@]}" >"$OUT/ktab_run$i.log" 2>&1
       note "ktab $i [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ktab_run$i.log" | sed 's/.*: 16 steps/16 steps/')"
