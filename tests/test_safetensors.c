@@ -576,5 +576,47 @@ static void test_malformed_sharded(void) {
     scratch_free();
 }
 
+/* every message is one line (util/err.h): a control byte quoted from the input, here a newline
+ * inside the JSON parser's excerpt of a header (the fuzzer's find, 2026-12-04), comes out
+ * escaped; dsv4_errf and dsv4_err_prefix escape \n, \r, \t and the rest as \xHH, and a message
+ * cut at the buffer's end never ends inside an escape */
+static int one_line(const char *m) {
+    for (const unsigned char *p = (const unsigned char *)m; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) return 0;
+    return 1;
+}
+
+static void test_error_one_line(void) {
+    const char header[] = "{\"__metadata__\":{},\"x\":{\"\\\n\":1}}";
+    size_t hl = sizeof header - 1;
+    uint8_t img[8 + sizeof header];
+    for (int k = 0; k < 8; k++) img[k] = (uint8_t)((uint64_t)hl >> (8 * k));
+    memcpy(img + 8, header, hl);
+    dsv4_tensor *t = NULL;
+    int n = -1;
+    dsv4_err err = {{0}};
+    CHECK(dsv4_st_parse_buffer(img, 8 + hl, "nl.safetensors", &t, &n, &err) < 0);
+    CHECKF(one_line(err.msg), "a control byte in: %s", err.msg);
+    CHECKF(strncmp(err.msg, "nl.safetensors: header is not valid JSON", 40) == 0, "%s", err.msg);
+    CHECKF(strstr(err.msg, "\\n") != NULL, "the newline is not shown escaped: %s", err.msg);
+
+    dsv4_errf(&err, "a%sb%sc%sd%se", "\n", "\t", "\x01", "\x7f");
+    CHECKF(!strcmp(err.msg, "a\\nb\\tc\\x01d\\x7fe"), "%s", err.msg);
+    dsv4_errf(&err, "inner\r");
+    dsv4_err_prefix(&err, "outer %s", "x\ny");
+    CHECKF(!strcmp(err.msg, "outer x\\ny: inner\\r"), "%s", err.msg);
+    char many[DSV4_ERR_MAX];
+    memset(many, '\n', sizeof many - 1);
+    many[sizeof many - 1] = 0;
+    dsv4_errf(&err, "%s", many);
+    size_t len = strlen(err.msg);
+    CHECKF(one_line(err.msg) && len >= DSV4_ERR_MAX - 3 && len <= DSV4_ERR_MAX - 1 && len % 2 == 0 &&
+               err.msg[len - 1] == 'n' && err.msg[len - 2] == '\\',
+           "cut inside an escape or too short: %zu bytes", len);
+    dsv4_errf(&err, "plain %d", 7);
+    CHECK(!strcmp(err.msg, "plain 7"));
+}
+
 TEST_MAIN(test_dtype_table, test_roundtrip_every_dtype, test_sharded_directory, test_many_tensors,
-          test_writer_errors, test_malformed_headers, test_malformed_lengths, test_malformed_sharded)
+          test_writer_errors, test_malformed_headers, test_malformed_lengths, test_malformed_sharded,
+          test_error_one_line)
