@@ -124,6 +124,8 @@ err_case err_tool_schema 400 /v1/chat/completions "{\"messages\":[$U],\"tools\":
 err_case err_no_api_key 401 /v1/chat/completions "{\"messages\":[$U]}" "API key" -H 'Content-Type: application/json'
 err_case err_bad_api_key 401 /v1/models "" "API key" -H "Authorization: Bearer wrong" -G
 err_case err_unknown_route 404 /v1/nothing "" "no route" -H "$H" -G
+# a path that URL-decodes to a newline must not forge a line in the server's log (checked below)
+curl -s -o /dev/null -H "$H" "http://127.0.0.1:$PORT/v1/%0aFORGED%20status=200%20line"
 err_case err_wrong_method 405 /v1/chat/completions "" "not allowed" -H "$H" -G
 check err_n_2_ignored_unknown_fields [ "$(post /v1/chat/completions "{\"messages\":[$U],\"max_tokens\":1,\"some_future_field\":{\"a\":[1]}}" "$TMP/unk.json")" = 200 ]
 
@@ -261,6 +263,7 @@ check sigterm_within_seconds [ $(((t1 - t0) / 1000000)) -lt 10000 ]
 check sigterm_stream_ended_cleanly grep -q 'data: \[DONE\]' "$TMP/inflight.sse"
 [ "$rc" = 0 ] && SRV_PID=""
 check log_line_per_request grep -q 'POST /v1/chat/completions status=200 in=[0-9]* out=[0-9]* cached=[0-9]* ttft=' "$TMP/server.log"
+check log_no_forged_line [ -z "$(grep '^FORGED' "$TMP/server.log")" -a -n "$(grep -F 'GET /v1/\nFORGED status=200 line status=404' "$TMP/server.log")" ]
 grep -E 'ERROR|AddressSanitizer|runtime error' "$TMP/server.log" && fail server_log_clean || pass server_log_clean
 
 # ----- bounded load leaves nothing behind -----
