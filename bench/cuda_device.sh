@@ -142,12 +142,12 @@ for stage in "${stages[@]}"; do
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
-    # same protocol as ab (decode batch 1 at 2K, --gen 32, alternating, two rounds)
+    # same protocol as ab (decode batch 1 at 2K, --gen 32, alternating, two rounds; AB_ARGS and AB_BATCH as for ab)
     [ -d /dev/shm/flash20 ] || { note "abbin skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
     for round in 1 2; do
       for b in ${AB_BINS:-$bin/dsv4}; do
         timeout 100 "$b" bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
-          --batch ${AB_BATCH:-1} --op-profile 0 >"$OUT/abbin.log" 2>&1
+          --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} >"$OUT/abbin.log" 2>&1
         note "abbin round $round [$b] rc=$? $(grep -E 'prefill|decode batch' "$OUT/abbin.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
       done
     done ;;
