@@ -153,7 +153,7 @@ static void check_mma(int G, int64_t O, int64_t K, int rows, int sf32, int in_bf
     }
     const int fl = (act_fp8 ? DSV4_LIN_ACT_FP8 : 0) | DSV4_LIN_DOT_MMA;
     if (G) cpu.ops->matmul_grouped(&cpu, a, x, rows, &t.w, G, in_bf16, out_bf16, 0);
-    else cpu.ops->matmul(&cpu, a, x, rows, &t.w, act_fp8, out_bf16);
+    else cpu.ops->matmul(&cpu, a, x, rows, &t.w, fl, out_bf16); /* the CPU ignores DOT_MMA: its fp32 op */
     for (size_t i = 0; i < no; i++) g[i] = NAN;
     long n0 = dsv4_cuda_gemv_mma_calls();
     if (G) gpu.ops->matmul_grouped(&gpu, g, x, rows, &t.w, G, in_bf16, out_bf16, fl);

@@ -505,6 +505,13 @@ __device__ __forceinline__ void d_cp_async16(void *dst, const void *src) {
                  : "memory");
 }
 
+/* cp.async groups: close the thread's current group; wait until at most N of its groups are pending */
+__device__ __forceinline__ void d_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void d_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* d = A B + c (16 x 8, f32) of one m16n8k16 f16 MMA (moe.cu's MXFP4 path, gemv_mma.cu) */
 __device__ __forceinline__ void d_mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1, const float (&c)[4]) {

@@ -105,11 +105,6 @@ __device__ __forceinline__ void gma_load(uint4 (&v)[4], const uint8_t *pa, const
  * as 2 blocks an SM leave room for).  Each lane reads back only what it copied, so its own
  * cp.async.wait_group suffices (no barrier), and it refills a stage only after its reads of it
  * have been used. */
-__device__ __forceinline__ void gma_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void gma_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void gma_cp_issue(uint8_t *st, const uint8_t *pa, const uint8_t *pb, int s, int lane) {
     uint8_t *d = st + 16 * lane;
     d_cp_async16(d, pa + s * GMA_STEP);
@@ -145,7 +140,7 @@ __global__ void __launch_bounds__(256, 2)
     for (int d = 0; d < D; d++) {
         if constexpr (CP) {
             if (d < SPW) gma_cp_issue(wst + d * 2048, pa, pb, d, lane);
-            gma_cp_commit(); /* one group a step, empty past the end: the waits count steps */
+            d_cp_commit(); /* one group a step, empty past the end: the waits count steps */
         } else {
             if (d < SPW) gma_load(v[d], pa, pb, d);
         }
@@ -207,7 +202,7 @@ __global__ void __launch_bounds__(256, 2)
     for (int s = 0; s < SPW; s++) {
         uint4 cs[4];
         if constexpr (CP) { /* step s's group is the oldest of D pending */
-            gma_cp_wait<D - 1>();
+            d_cp_wait<D - 1>();
 #pragma unroll
             for (int i = 0; i < 4; i++) cs[i] = *(const uint4 *)(wst + (s % D) * 2048 + i * 512 + 16 * lane);
         }
@@ -228,7 +223,7 @@ __global__ void __launch_bounds__(256, 2)
         }
         if constexpr (CP) {
             if (s + D < SPW) gma_cp_issue(wst + (s % D) * 2048, pa, pb, s + D, lane);
-            gma_cp_commit();
+            d_cp_commit();
         } else {
             if (s + D < SPW) gma_load(v[s % D], pa, pb, s + D);
         }

@@ -973,10 +973,6 @@ __device__ __forceinline__ void b1_cp16(void *dst, const void *src) {
 __device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void b1_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void b1_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* After the block's barrier: feature fl's sum is its kw warp partials in part (up: w1's and
  * w3's, NH = 2 per feature) added in warp order (deterministic); up writes SwiGLU of the pair,
@@ -1090,14 +1086,14 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
                 b1_cp4(&ssc[(st * B1_V + j) * 256 + tid], (const void *)((uintptr_t)sp & ~(uintptr_t)3));
             }
         }
-        b1_commit();
+        d_cp_commit();
     };
 #pragma unroll
     for (int it = 0; it < B1_S - 1; it++) issue(it);
     for (int it = 0; it < NIT; it++) {
         if (it + B1_S - 1 < NIT) issue(it + B1_S - 1);
-        else b1_commit(); /* an empty group keeps the count of pending groups at B1_S - 1 */
-        b1_wait<B1_S - 1>();
+        else d_cp_commit(); /* an empty group keeps the count of pending groups at B1_S - 1 */
+        d_cp_wait<B1_S - 1>();
         int st = it % B1_S;
         float a2[B1_V][1];
 #pragma unroll
@@ -1313,8 +1309,8 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
         int u = j / NH, ib = (st + S - 1) * U + u;
         if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
     }
-    b1_commit();
-    b1_wait<S - 1>();
+    d_cp_commit();
+    d_cp_wait<S - 1>();
 }
 
 /* The start of b1f_run and bn_run (weights only: it runs before the PDL wait): the block's
@@ -1341,7 +1337,7 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
             int u = j / NH;
             if (ib + u < nv) b1_cp16(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
         }
-        b1_commit();
+        d_cp_commit();
     };
 #pragma unroll
     for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
@@ -1551,9 +1547,9 @@ __device__ __forceinline__ void bm_e4m3(uint32_t w, uint32_t &lo, uint32_t &hi) 
  * unrolled loop of bm_run) */
 __device__ __forceinline__ void bm_wait(int n) {
     static_assert(BM_NST == 4, "bm_wait covers n = 1, 2 and BM_NST - 1 = 3");
-    if (n >= BM_NST - 1) b1_wait<BM_NST - 1>();
-    else if (n == 2) b1_wait<2>();
-    else b1_wait<1>();
+    if (n >= BM_NST - 1) d_cp_wait<BM_NST - 1>();
+    else if (n == 2) d_cp_wait<2>();
+    else d_cp_wait<1>();
 }
 
 /* f16 bits of v, rounded to nearest even, and back */
@@ -1645,7 +1641,7 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
 #pragma unroll
         for (int s = 0; s < BM_NST - 1; s++) {
             copy_a(s, s);
-            b1_commit();
+            d_cp_commit();
         }
         for (int i = tid; i * 16 < RP * cv; i += 256) {
             int r = i * 16 / cv, kb = i * 16 % cv, hh = r / FP, fl = pass * FP + r % FP;
@@ -1662,7 +1658,7 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
         if (pass == 0) pdl_wait(); /* the records are the previous kernel's */
 #pragma unroll
         for (int s = 0; s < BM_NST - 1; s++) copy_b(s, s);
-        b1_commit();
+        d_cp_commit();
         __syncthreads();
         const uint16_t *sg = sct + (16 * rg + g) * sst + kb0, *sg8 = sg + 8 * sst;
         float acc0 = 0.0f, acc1 = 0.0f;
@@ -1678,9 +1674,9 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
                 __syncwarp(); /* the warp is done with the stage the next copies overwrite */
                 copy_a(s + BM_NST - 1, (q + BM_NST - 1) % BM_NST);
                 copy_b(s + BM_NST - 1, (q + BM_NST - 1) % BM_NST);
-                b1_commit();
+                d_cp_commit();
                 if (s0 == 0) bm_wait(q + 1);
-                else b1_wait<BM_NST - 1>();
+                else d_cp_wait<BM_NST - 1>();
                 __syncwarp();
                 const uint8_t *st = stg + q * BM_STAGE;
                 uint32_t sc0 = *(const uint32_t *)(sg + 2 * s), sc1 = *(const uint32_t *)(sg8 + 2 * s);
