@@ -3,7 +3,7 @@
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -84,6 +84,20 @@ for stage in "${stages[@]}"; do
     grep -vE "^PASS" "$OUT/e2e_flash2.log" | head -20 >>"$summary"
     timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2.log" 2>&1
     note "bench flash2 rc=$?"; cat "$OUT/bench_flash2.log" >>"$summary" ;;
+  pro3)
+    # V4-Pro's shapes: 3 layers (42 GiB; layers 0-1 ratio 128, layer 2 the indexer), test_pro3 against the
+    # CPU backend, then decode figures at 2K (the weights of a Pro layer are ~14 GB: not what one GPU serves,
+    # but the kernels' bandwidth at hidden 7168 / 128 heads / inter 3072 is what 8 GPUs would see per layer)
+    rm -rf /dev/shm/flash2 /dev/shm/flash4 /dev/shm/flash20
+    mount -o remount,size=110G /dev/shm 2>>"$summary"
+    t0=$(date +%s)
+    [ -d /dev/shm/pro3 ] || timeout 400 $bin/dsv4 synth --config pro --layers 3 --mtp 0 --seed 1 --out /dev/shm/pro3 >"$OUT/synth_pro3.log" 2>&1
+    note "synth pro3 rc=$? in $(( $(date +%s) - t0 )) s"
+    DSV4_CUDA_PRO3=/dev/shm/pro3 timeout 500 $bin/test_cuda_e2e test_pro3 >"$OUT/e2e_pro3.log" 2>&1
+    note "e2e pro3 rc=$? $(tail -1 "$OUT/e2e_pro3.log")"
+    grep -vE "^PASS" "$OUT/e2e_pro3.log" | head -20 >>"$summary"
+    timeout 300 $bin/dsv4 bench --model /dev/shm/pro3 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_pro3.log" 2>&1
+    note "bench pro3 rc=$?"; grep -v uploading "$OUT/bench_pro3.log" >>"$summary" ;;
   moeoff)
     # A/B of the batch-1 MoE kernels: the bulk-copy path switched off
     DSV4_CUDA_MOE_BULK=0 timeout 300 $bin/dsv4 bench --model /dev/shm/flash2 --backend cuda --prompt 2048 --gen 16 >"$OUT/bench_flash2_moeoff.log" 2>&1

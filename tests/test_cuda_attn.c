@@ -3,7 +3,8 @@
  *
  * sparse_attn cases: V4-Flash's decode shape (64 heads x 512, window 128, up to 512 picks of
  * 600 compressed rows; rows 1 and 4, picks read from device memory), rows walking every
- * compressed row (no picks), rows without compressed rows (n_comp 0, base NULL), empty
+ * compressed row (no picks), V4-Pro's (128 heads x 512, window 128 + 1024 picks of 1100, rows 1
+ * and 4; every row of 1100 and 700), rows without compressed rows (n_comp 0, base NULL), empty
  * windows, small odd shapes (5 heads, head_dim 36 and 67, head_dim 384 and 1024), keys in host
  * memory (the staging slow path), device keys at addresses that are not 16-byte aligned
  * (the scalar kernels), rows 12 (host arrays staged instead of passed as a kernel
@@ -22,7 +23,8 @@
  * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0,
  * 40 rows, 516 and 2052 entries (random and 3 values), 9000, 8198 and 40000 entries (above
  * the register kernel's 8192: the shared-memory one, random and 5 values, k 512 and 2000) and
- * 60000 (above its 49152: the general one); host and device outputs.  Indexer shapes of the tile
+ * 60000 (above its 49152: the general one); V4-Pro's k 1024 over 1100, 4100 and 8192 entries
+ * (random and 4 values), 1025 and 1024; host and device outputs.  Indexer shapes of the tile
  * kernel (k_indexer_t, 32 or 64 keys a block by default): 8192 keys at head_dim 128 and 256, 4100
  * keys at rows 1 and 2, 8 rows of <= 600 keys; at 16 keys a block (2052 keys, and every shape with
  * DSV4_CUDA_IX_TILE=4) when run with DSV4_CUDA_IX_TILE=16 or 4 (bench/cuda_device.sh ops does).
@@ -30,8 +32,8 @@
  * the output; rope of q and scale of w folded into the indexer's scores): memcmp against the
  * separate ops on the CUDA backend (bit-identical: every path, including the fallbacks of odd
  * head_dim), and against the CPU's separate ops within the tolerances above; q and w must come
- * back unwritten.  Shapes: Flash decode (64 x 512, rope 64, 640 keys) at rows 1, 4 and 8, the
- * Flash indexer (64 x 128, rope 64) over 516, 2052 and 8192 keys at rows 1, 3 and 8, odd shapes
+ * back unwritten.  Shapes: Flash decode (64 x 512, rope 64, 640 keys) at rows 1, 4 and 8, Pro's
+ * (128 x 512, 1152 keys) at rows 1 and 4, the Flash indexer (64 x 128, rope 64) over 516, 2052 and 8192 keys at rows 1, 3 and 8, odd shapes
  * (rope 12 of 36, rope 13, the whole head rotated, head_dim 67, host and unaligned keys, rows 40:
  * positions staged); positions from 0 to 2^31 - 1000 (the sine and cosine's slow argument
  * reduction).  DSV4_CUDA_ATTN_FUSE=0 must leave both ops NULL.
@@ -225,6 +227,23 @@ static void test_flash_no_picks(void) {
     k.name = "flash rows 4, no compressed rows (base NULL)";
     k.mode = MODE_NONE;
     check_case(&k);
+}
+
+/* ----- V4-Pro shapes: 128 heads x 512, window 128 + up to 1024 picks (1152 keys: more than one
+ * p.V tile of AP_TILE keys), rows 1 and 4 ----- */
+static void test_pro_picks(void) {
+    NEED_GPU();
+    static const int w[4] = {128, 128, 37, 1}, nc[4] = {1100, 1099, 300, 1100}, np[4] = {1024, 1024, 300, 0};
+    acase k = {"pro rows 1, window 128 + 1024 picks", 1, 128, 512, 128, 128, 1100, 1024, MODE_PICKS, 1, 0,
+               w, nc, np, 0};
+    check_case(&k);
+    k.name = "pro rows 4, picks 1024/1024/300/0";
+    k.rows = 4;
+    check_case(&k);
+    static const int w2[2] = {128, 64}, nc2[2] = {1100, 700}, np2[2] = {0, 0};
+    acase a = {"pro rows 2, every compressed row (1100, 700)", 2, 128, 512, 128, 128, 1100, 0, MODE_ALL, 1, 0,
+               w2, nc2, np2, 0};
+    check_case(&a);
 }
 
 /* two identical calls give identical bits (fixed summation order, no atomics in the sums) */
@@ -469,6 +488,14 @@ static void test_topk(void) {
     fill(sc, (size_t)R * S, 1);
     for (size_t i = 0; i < 2 * 2100; i++) sc[i] = (float)(urand() % 3) - 1.0f; /* ties across the cut */
     check_topk("3 values, 516 and 2052 keys, k 512", sc, 2, 2100, n516, ITK, 1);
+    /* V4-Pro: k 1024 on the decode kernels (4100 keys = 16K context, 8192 = 32K), 1025 and 1024
+     * keys (one dropped, none), ties across the cut */
+    fill(sc, (size_t)R * S, 4);
+    int np1[3] = {1100, 4100, 8192}, np2[2] = {1025, 1024};
+    check_topk("pro: random, 1100 / 4100 / 8192 keys, k 1024", sc, 3, S, np1, 1024, 1);
+    check_topk("pro: random, 1025 and 1024 keys, k 1024", sc, 2, S, np2, 1024, 0);
+    for (size_t i = 0; i < (size_t)3 * S; i++) sc[i] = (float)(urand() % 4) - 1.5f;
+    check_topk("pro: 4 values, 1100 / 4100 / 8192 keys, k 1024", sc, 3, S, np1, 1024, 1);
     free(sc);
 }
 
@@ -553,6 +580,13 @@ static void test_attn_rope(void) {
     kn.name = "flash rows 8, no compressed rows";
     kn.mode = MODE_NONE;
     check_rope_case(&kn, 64, pos8);
+    /* V4-Pro: 128 heads, 128 + 1024 picks (two p.V tiles), rows 1 and 4 */
+    static const int wp[4] = {128, 128, 37, 1}, cp[4] = {1100, 1099, 300, 1100}, pp[4] = {1024, 1024, 300, 0};
+    acase kp = {"pro rows 1, 128 + 1024 picks", 1, 128, 512, 128, 128, 1100, 1024, MODE_PICKS, 1, 0, wp, cp, pp, 0};
+    check_rope_case(&kp, 64, pos1);
+    kp.name = "pro rows 4";
+    kp.rows = 4;
+    check_rope_case(&kp, 64, pos8 + 3);
     /* odd shapes: a rope part that starts inside a 32-dim block, head_dim 67 (the two ops), the
      * whole head rotated, host keys, unaligned keys, a device sink, rows 12 and 40 */
     static const int w3[3] = {0, 7, 20}, c3[3] = {13, 0, 300}, p3[3] = {5, 0, 17};
@@ -872,6 +906,6 @@ static void test_zz_bench(void) {
     bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
-TEST_MAIN(test_flash_picks, test_flash_no_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
+TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
           test_bad_picks, test_indexer, test_topk, test_attn_rope, test_indexer_rs, test_attn_fuse_switch,
           test_zz_bench)

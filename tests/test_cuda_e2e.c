@@ -2,7 +2,11 @@
  *
  * Models: `synth --config tiny` (made here with $DSV4_BIN) and, when
  * $DSV4_CUDA_FLASH2 names a directory holding `synth --config flash --layers 2
- * --mtp 0`, the 2-layer full-size Flash.  Both numerics profiles.  For each: a
+ * --mtp 0`, the 2-layer full-size Flash, and when $DSV4_CUDA_PRO3 names one holding
+ * `synth --config pro --layers 3 --mtp 0` (42 GiB), V4-Pro's shapes: hidden 7168, 128 heads,
+ * q_lora 1536, 16 output groups, 384 experts of inter 3072, mHC over 4 x 7168, ratio-128
+ * compressors in layers 0 and 1, the indexer (top-k 1024) in layer 2, a hash-routed layer
+ * each.  Both numerics profiles.  For each: a
  * prefill (all rows' logits), decode steps, and a batched step of three sequences;
  * every logits row compared by rel L2 and argmax.
  * Tolerances: exact profile rel <= 1e-4 and >= 90% equal argmax (fp32 everywhere,
@@ -367,6 +371,25 @@ static void greedy_case(const char *dir, const char *profile, int T, int N) {
     free(tok), free(out), free(host), free(cpu), free(la), free(lb);
 }
 
+/* V4-Pro's shapes end to end (nothing else runs the decode kernels' dispatch at hidden 7168,
+ * 128 heads, 16 groups, inter 3072, 384 experts); held to flash-2's bounds.  T = 20 keeps the
+ * CPU's side cheap: the indexer of layer 2 then picks every compressed row (fewer than 1024),
+ * so top-k's cut at 1024 is test_cuda_attn's (test_pro_shapes). */
+static void test_pro3(void) {
+    if (!have_device()) return;
+    const char *dir = getenv("DSV4_CUDA_PRO3");
+    if (!dir) {
+        SKIP_TEST("pro3: set DSV4_CUDA_PRO3 to a `synth --config pro --layers 3 --mtp 0` directory");
+    }
+    run_case(dir, "exact", NULL, 20, 3, 1e-4, 90);
+    run_case(dir, "reference", NULL, 20, 3, 0.1, 90);
+    run_case(dir, "exact", "moe.dot=mma", 20, 3, 1e-4, 90);
+    long n0 = dsv4_cuda_gemv_mma_calls();
+    run_case(dir, "exact", "linear.dot=mma", 20, 3, 1e-4, 90);
+    printf("  linear.dot=mma: %ld k_gemv_mma launches\n", dsv4_cuda_gemv_mma_calls() - n0);
+    greedy_case(dir, "exact", 20, 8);
+}
+
 static void test_greedy(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
@@ -392,5 +415,6 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2, test_backend_errors,
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2, test_pro3,
+          test_backend_errors,
           test_zz_cleanup)

@@ -4,7 +4,8 @@
  * (part + fin), hc 4 at dim 4096 (V4-Flash) and at dim 50 (element-wise tails: dim % 4 != 0),
  * hc 2 at dim 64 (eight Sinkhorn matrices per warp, y for any hc) and hc 6 at dim 49 (the
  * shared-memory Sinkhorn; K = 294 is not a multiple of 4: every element-wise path) and hc 4
- * at dim 64 (k_hc_dec in one block), each with the numerics flags off (exact) and on
+ * at dim 64 (k_hc_dec in one block), hc 4 at V4-Pro's dim 7168 (test_pro_hc4: k_hc_dec on 112
+ * blocks, hc_pre_norm, hc_post_pre_norm, the norms of 7168 and 1536), each with the numerics flags off (exact) and on
  * (reference: gemm_bf16, out_bf16, state_bf16).  Tolerances, rel = ||gpu - cpu|| / ||cpu||:
  *   hc_pre y, post, comb and hc_head y: 1e-5 in fp32 (the mix dot products and the sum of
  *     squares are summed in another order, and expf differs by an ulp; Sinkhorn itself is the
@@ -559,6 +560,24 @@ static void test_post_pre_fused(void) {
     }
 }
 
+/* V4-Pro's shapes: hc 4 at dim 7168 (K 28672: k_hc_dec on 112 blocks where Flash uses 64; y's
+ * norm, dim > 4096, then runs as norm.cu's own kernel), and the norms of dim 7168 and q_lora's 1536 */
+static void test_pro_hc4(void) {
+    NEED_GPU();
+    int rows[] = {1, 3, 4, 8};
+    for (int bf = 0; bf < 2; bf++) {
+        for (int i = 0; i < 4; i++) check_case(rows[i], 4, 7168, bf);
+        check_pre_norm(1, 4, 7168, DSV4_WF_BF16, bf);
+        check_pre_norm(4, 4, 7168, DSV4_WF_BF16, bf);
+        check_post_pre(1, 4, 7168, DSV4_WF_BF16, bf, 1);
+        check_post_pre(4, 4, 7168, DSV4_WF_BF16, bf, 1);
+        for (int r = 1; r <= 3; r += 2) {
+            check_rmsnorm(r, 7168, DSV4_WF_BF16, bf);
+            check_rmsnorm(r, 1536, DSV4_WF_BF16, bf);
+        }
+    }
+}
+
 /* A chain as the forward pass runs it (two post/comb pairs, X and Xb in turn): hc_pre_norm of
  * X, then post -> pre into Xb, X, Xb, X, with another o each time; fused against the two ops,
  * eager, in a new graph and in an updated one: the same bits for every output of the chain. */
@@ -713,6 +732,6 @@ static void test_zz_release(void) {
     n_parked = 0;
 }
 
-TEST_MAIN(test_flash_hc4, test_small_dims, test_device_and_graph, test_alternating, test_rmsnorm_flash,
+TEST_MAIN(test_flash_hc4, test_pro_hc4, test_small_dims, test_device_and_graph, test_alternating, test_rmsnorm_flash,
           test_pre_norm_fused, test_post_pre_fused, test_post_pre_chain, test_zy_bench, test_zy_phases,
           test_zz_release)

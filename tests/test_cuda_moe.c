@@ -33,7 +33,10 @@
  * NaN, as the CPU's: this case found the SwiGLU clamp's fminf, which turned a NaN gate into the
  * limit on every GPU path).
  * moe.dot=e4m3 (DSV4_MOE_DOT_E4M3, one row, under act_fp8): test_one_row_e4m3, below.
- route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
+ * V4-Pro's expert shapes (test_pro_moe: hidden 7168, inter 3072, MXFP4 routed, FP8 shared): one row
+ * by default, with moe.dot=mma, with the reference profile's flags (with and without moe.dot=e4m3),
+ * and 2, 8 (act_fp8) and 32 rows, against the CPU op with the tolerances above.
+ * route_moe (test_route_moe): the router and the plan in one launch (k_route_plan_w) against route
  * then moe on the GPU, memcmp of out, experts and weights, at 1..5 rows of Flash's router (256
  * experts, k 6, hidden 4096, MXFP4 experts, FP8 shared), with and without bias, before w2,
  * act_fp8, host outputs; hash ids at one row (k_route_plan_h, counted as DSV4_RP_HASH; also
@@ -422,6 +425,57 @@ static void test_one_row(void) {
         for (int k = 0; k < NAB; k++) dsv4_backend_cuda_free(&g_ab[k]);
 }
 
+/* ----- V4-Pro's expert shapes: hidden 7168, inter 3072 (MXFP4 routed, FP8 shared) ----- */
+
+/* one row on the default path, with moe.dot=mma, and the reference profile's flags with and
+ * without moe.dot=e4m3; then 2, 8 and 32 rows (k_moe_bnr): nothing else runs the MoE kernels'
+ * dispatch at K 7168 (56 scale blocks of FP8, 224 of MXFP4) and inter 3072 */
+static void test_pro_moe(void) {
+    NEED_GPU();
+    enum { DP = 7168, IP = 3072, NEP = 8, RP = 32 };
+    tw parts[3 * NEP + 3];
+    dsv4_ffn_w ex[NEP], sh;
+    make_ffns(parts, ex, &sh, NEP, DP, DSV4_WF_MXFP4, IP, DSV4_WF_FP8, IP, 0);
+    float *x = malloc(sizeof(float) * RP * DP), *a = malloc(sizeof(float) * RP * DP),
+          *g = malloc(sizeof(float) * RP * DP), *w = malloc(sizeof(float) * RP * K1);
+    int32_t *e = malloc(sizeof(int32_t) * RP * K1);
+    REQUIRE(x && a && g && w && e);
+    fill(x, (size_t)RP * DP, 21);
+    for (int r = 0; r < RP; r++)
+        for (int j = 0; j < K1; j++) {
+            e[r * K1 + j] = (r * 3 + j * 5) % NEP; /* 6 distinct experts a row (5 and 8 coprime) */
+            w[r * K1 + j] = 0.1f + 0.06f * (float)((r + j) % 5);
+        }
+    static const struct {
+        int rows, flags, before_w2, act_fp8, act_bf16;
+        const char *what;
+    } cs[] = {
+        {1, 0, 0, 0, 0, "default"},
+        {1, DSV4_MOE_DOT_MMA, 0, 0, 0, "moe.dot=mma"},
+        {1, 0, 1, 1, 1, "reference flags"},
+        {1, DSV4_MOE_DOT_E4M3, 1, 1, 1, "reference flags, moe.dot=e4m3"},
+        {2, 0, 0, 0, 0, "default"},
+        {8, 0, 0, 1, 0, "act_fp8"},
+        {32, 0, 0, 0, 0, "default"},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        int R = cs[c].rows;
+        cpu.ops->moe(&cpu, a, x, R, ex, NEP, e, w, K1, &sh, 10.0f, cs[c].before_w2, cs[c].act_fp8, cs[c].act_bf16,
+                     2.5f);
+        for (size_t i = 0; i < (size_t)R * DP; i++) g[i] = NAN;
+        dsv4_err err;
+        gpu.ops->moe(&gpu, g, x, R, ex, NEP, e, w, K1, &sh, 10.0f, cs[c].before_w2, cs[c].act_fp8 | cs[c].flags,
+                     cs[c].act_bf16, 2.5f);
+        int rc = gpu.ops->check(&gpu, &err);
+        double r = rel(g, a, (size_t)R * DP), tol = cs[c].act_bf16 ? 4e-3 : cs[c].act_fp8 ? 2e-3 : 1e-5;
+        printf("  pro experts [%d x %d], rows %d, %s: rel %.2e (tol %.0e)\n", IP, DP, R, cs[c].what, r, tol);
+        CHECKF(rc == 0, "pro moe: %s", rc ? err.msg : "");
+        CHECKF(r <= tol, "pro moe rows %d %s rel %g", R, cs[c].what, r);
+    }
+    for (int i = 0; i < 3 * NEP + 3; i++) free_w(&parts[i]);
+    free(x), free(a), free(g), free(w), free(e);
+}
+
 /* ----- 2..32 rows: k_moe_bnr and the kernels it is A/B'd against ----- */
 
 enum { NE2 = 16 };
@@ -787,5 +841,6 @@ static void test_route_moe(void) {
     rm_made = 0;
 }
 
-TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash, test_one_row_e4m3, test_batch,
+TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash,
+          test_one_row_e4m3, test_pro_moe, test_batch,
           test_route_moe)
