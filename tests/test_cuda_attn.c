@@ -23,7 +23,8 @@
  * ties (few distinct values, -0 and +0, -inf), all-equal rows, n <= k, n = k + 1, n = 0,
  * 40 rows, 516 and 2052 entries (random and 3 values), 9000, 8198 and 40000 entries (above
  * the register kernel's 8192: the shared-memory one, random and 5 values, k 512 and 2000) and
- * 60000 (above its 49152: the general one); V4-Pro's k 1024 over 1100, 4100 and 8192 entries
+ * 60000 (above its 49152: the general one), all equal at 49152 and 40000 (more than 2^15 entries
+ * tied at the cut); V4-Pro's k 1024 over 1100, 4100 and 8192 entries
  * (random and 4 values), 1025 and 1024; host and device outputs.  Indexer shapes of the tile
  * kernel (k_indexer_t, 32 or 64 keys a block by default): 8192 keys at head_dim 128 and 256, 4100
  * keys at rows 1 and 2, 8 rows of <= 600 keys; at 16 keys a block (2052 keys, and every shape with
@@ -420,15 +421,26 @@ static void check_topk(const char *name, const float *score, int rows, int strid
     memset(ia, 0xff, sizeof(int32_t) * rows * k);
     memset(ig, 0xff, sizeof(int32_t) * rows * k);
     cpu.ops->topk(&cpu, ia, na, score, rows, stride, n, k);
+    int guard_ok = 1;
     if (dev) {
+        /* the ids land after a guard of TG ints (all bits set) that must come back untouched: a
+         * kernel that writes before a row's output (a negative offset) shows */
+        enum { TG = 65536 };
+        int32_t *guard = malloc(sizeof(int32_t) * TG);
+        REQUIRE(guard);
+        memset(guard, 0xff, sizeof(int32_t) * TG);
         float *s_d = dev_copy(score, sizeof(float) * rows * stride);
-        int32_t *i_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * rows * k);
+        int32_t *g_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * ((size_t)TG + (size_t)rows * k)), *i_d = g_d + TG;
         int *n_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
-        REQUIRE(s_d && i_d && n_d);
+        REQUIRE(s_d && g_d && n_d);
+        gpu.ops->upload(&gpu, g_d, guard, sizeof(int32_t) * TG);
         gpu.ops->topk(&gpu, i_d, n_d, s_d, rows, stride, n, k);
         gpu.ops->download(&gpu, ig, i_d, sizeof(int32_t) * rows * k);
         gpu.ops->download(&gpu, ng, n_d, sizeof(int) * rows);
-        gpu.ops->free(&gpu, s_d), gpu.ops->free(&gpu, i_d), gpu.ops->free(&gpu, n_d);
+        gpu.ops->download(&gpu, guard, g_d, sizeof(int32_t) * TG);
+        for (int i = 0; i < TG; i++) guard_ok &= guard[i] == -1;
+        gpu.ops->free(&gpu, s_d), gpu.ops->free(&gpu, g_d), gpu.ops->free(&gpu, n_d);
+        free(guard);
     } else {
         gpu.ops->topk(&gpu, ig, ng, score, rows, stride, n, k);
     }
@@ -438,8 +450,9 @@ static void check_topk(const char *name, const float *score, int rows, int strid
         same = na[r] == ng[r];
         for (int j = 0; j < na[r] && same; j++) same = ia[(size_t)r * k + j] == ig[(size_t)r * k + j];
     }
-    printf("  topk %-44s %s: %s\n", name, dev ? "device out" : "host out", same ? "identical" : "DIFFERENT");
-    CHECKF(same, "topk %s", name);
+    printf("  topk %-44s %s: %s%s\n", name, dev ? "device out" : "host out", same ? "identical" : "DIFFERENT",
+           guard_ok ? "" : ", WROTE BEFORE THE OUTPUT");
+    CHECKF(same && guard_ok, "topk %s", name);
     free(ia), free(ig), free(na), free(ng);
 }
 
@@ -482,6 +495,12 @@ static void test_topk(void) {
     for (size_t i = 0; i < (size_t)2 * BIG; i++) sc[i] = (float)(urand() % 5) - 2.0f; /* ties across the cut */
     check_topk("5 values, 40000 and 8198 keys, k 512", sc, 2, BIG, nb, ITK, 1);
     check_topk("5 values, 40000 and 8198 keys, k 2000", sc, 2, BIG, nb, 2000, 0);
+    /* all equal past 32768 entries: k_topk_s's packed count of the entries equal to the cut passes
+     * 2^15 (an int scan turned it negative: writes before the row's output) */
+    for (size_t i = 0; i < (size_t)2 * BIG; i++) sc[i] = 0.25f;
+    int ne[2] = {49152, 40000};
+    check_topk("all equal, 49152 and 40000 keys, k 512", sc, 2, BIG, ne, ITK, 1);
+    check_topk("all equal, 49152 and 40000 keys, k 1024", sc, 2, BIG, ne, 1024, 0);
     free(sc);
     sc = malloc(sizeof(float) * R * S);
     REQUIRE(sc);

@@ -1342,28 +1342,31 @@ __device__ __forceinline__ uint32_t tk_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* exclusive block scan of x (blockDim.x = TK_THREADS); *total = the block's sum */
-__device__ __forceinline__ int tk_scan(int x, int *wsum, int *total) {
+/* exclusive block scan of x (blockDim.x = TK_THREADS); *total = the block's sum.  Unsigned: the
+ * callers pack two counts as lo | hi << 16, and k_topk_s's hi field (entries equal to the cut,
+ * up to TK_SMAX) passes 32767, which made the int sum negative and the field read back by an
+ * arithmetic shift negative (an index before the row's output). */
+__device__ __forceinline__ unsigned tk_scan(unsigned x, unsigned *wsum, unsigned *total) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int inc = x;
+    unsigned inc = x;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(0xffffffffu, inc, o);
+        unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
         if (lane >= o) inc += y;
     }
     if (lane == 31) wsum[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        int v = wsum[lane];
+        unsigned v = wsum[lane];
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, v, o);
+            unsigned y = __shfl_up_sync(0xffffffffu, v, o);
             if (lane >= o) v += y;
         }
         wsum[lane] = v;
     }
     __syncthreads();
-    int off = warp ? wsum[warp - 1] : 0;
+    unsigned off = warp ? wsum[warp - 1] : 0u;
     *total = wsum[31];
     __syncthreads(); /* wsum is reused by the next call */
     return off + inc - x;
@@ -1429,7 +1432,9 @@ __device__ __forceinline__ int tk_whole(int32_t *ir, int *n_out, int r, int nr, 
 __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
                                                      const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
-    __shared__ int hist[256], wsum[32], s_need;
+    __shared__ int hist[256];
+    __shared__ unsigned wsum[32];
+    __shared__ int s_need;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int nr = n ? n[r] : rp.n[r];
@@ -1455,12 +1460,12 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
     for (int base = 0; base < nr; base += blockDim.x) {
         int i = base + t;
         uint32_t key = i < nr ? tk_key(s[i]) : 0u;
-        int gt = i < nr && key > prefix, eq = i < nr && key == prefix, tot;
-        int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* <= 1024 per field: 16 bits each */
-        int eb = eq_base + (ex >> 16);
-        if (gt || (eq && eb < need)) ir[gt_base + (ex & 0xffff) + min(eb, need)] = i;
-        gt_base += tot & 0xffff;
-        eq_base += tot >> 16;
+        int gt = i < nr && key > prefix, eq = i < nr && key == prefix;
+        unsigned tot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &tot); /* <= 1024 a field */
+        int eb = eq_base + (int)(ex >> 16);
+        if (gt || (eq && eb < need)) ir[gt_base + (int)(ex & 0xffffu) + min(eb, need)] = i;
+        gt_base += (int)(tot & 0xffffu);
+        eq_base += (int)(tot >> 16);
     }
     if (t == 0) n_out[r] = k;
 }
@@ -1475,7 +1480,9 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
 __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out, const float *score, int stride,
                                                        const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
-    __shared__ int hist[256], wsum[32], s_need, s_done;
+    __shared__ int hist[256];
+    __shared__ unsigned wsum[32];
+    __shared__ int s_need, s_done;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int nr = n ? n[r] : rp.n[r];
@@ -1514,12 +1521,12 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
         if (u >= nu) break;
         int i = u * TK_THREADS + t;
         uint32_t km = key[u] & mask;
-        int gt = i < nr && km > prefix, eq = i < nr && km == prefix, tot;
-        int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* <= 1024 per field: 16 bits each */
-        int eb = eq_base + (ex >> 16);
-        if (gt || (eq && eb < need)) ir[gt_base + (ex & 0xffff) + min(eb, need)] = i;
-        gt_base += tot & 0xffff;
-        eq_base += tot >> 16;
+        int gt = i < nr && km > prefix, eq = i < nr && km == prefix;
+        unsigned tot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &tot); /* <= 1024 a field */
+        int eb = eq_base + (int)(ex >> 16);
+        if (gt || (eq && eb < need)) ir[gt_base + (int)(ex & 0xffffu) + min(eb, need)] = i;
+        gt_base += (int)(tot & 0xffffu);
+        eq_base += (int)(tot >> 16);
     }
     if (t == 0) n_out[r] = k;
 }
@@ -1536,11 +1543,14 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
  * (8192 keys in a graph: 13.5 us a call either way; the 20-layer step at 32K: 3.27 ms either way,
  * picks on the device), so the passes are not where this kernel's time goes. */
 #define TK_SMAX 49152
+static_assert(TK_SMAX < 65536, "k_topk_s packs two counts of up to TK_SMAX into 16 bits each");
 __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out, const float *score, int stride,
                                                        const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
     extern __shared__ uint32_t tk_keys[];
-    __shared__ int hist[256], wsum[32], s_need, s_done;
+    __shared__ int hist[256];
+    __shared__ unsigned wsum[32];
+    __shared__ int s_need, s_done;
     __shared__ uint32_t s_prefix;
     int r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     int nr = n ? n[r] : rp.n[r];
@@ -1565,14 +1575,15 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
         if (s_done) break; /* uniform */
     }
     /* contiguous runs: counts, one scan, then each run writes its entries in index order */
-    int per = nu, i0 = t * per, i1 = min(nr, i0 + per), gt = 0, eq = 0, tot;
+    int per = nu, i0 = t * per, i1 = min(nr, i0 + per), gt = 0, eq = 0;
     for (int i = i0; i < i1; i++) {
         uint32_t km = tk_keys[i] & mask;
         gt += km > prefix;
         eq += km == prefix;
     }
-    int ex = tk_scan(gt | (eq << 16), wsum, &tot); /* gt <= k, eq <= nr <= TK_SMAX: 16 bits each */
-    int g = ex & 0xffff, e = ex >> 16;
+    /* the sums of gt and of eq over the block are <= nr <= TK_SMAX < 2^16: 16 bits each, unsigned */
+    unsigned utot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &utot);
+    int g = (int)(ex & 0xffffu), e = (int)(ex >> 16);
     for (int i = i0; i < i1; i++) {
         uint32_t km = tk_keys[i] & mask;
         if (km > prefix) ir[g++ + min(e, need)] = i;
