@@ -428,8 +428,12 @@ static void test_one_row(void) {
 /* ----- V4-Pro's expert shapes: hidden 7168, inter 3072 (MXFP4 routed, FP8 shared) ----- */
 
 /* one row on the default path, with moe.dot=mma, and the reference profile's flags with and
- * without moe.dot=e4m3; then 2, 8 and 32 rows (k_moe_bnr): nothing else runs the MoE kernels'
- * dispatch at K 7168 (56 scale blocks of FP8, 224 of MXFP4) and inter 3072 */
+ * without moe.dot=e4m3; then 2, 8 and 32 rows: nothing else runs the MoE kernels' dispatch at
+ * K 7168 (56 scale blocks of FP8, 224 of MXFP4) and inter 3072.  The one-row and 2..32-row
+ * kernels (k_moe_b1r, k_moe_bnr, the MMA and e4m3 forms) take rows of 32..256 16-byte vectors, a
+ * power of two (mb_ok); Pro's are 224 / 96 / 448, so every call here runs the slot-group kernels
+ * and the dot switches change nothing: the counters of the fast paths are printed, not required,
+ * so that a kernel that learns Pro's rows shows up here */
 static void test_pro_moe(void) {
     NEED_GPU();
     enum { DP = 7168, IP = 3072, NEP = 8, RP = 32 };
@@ -464,11 +468,17 @@ static void test_pro_moe(void) {
                      2.5f);
         for (size_t i = 0; i < (size_t)R * DP; i++) g[i] = NAN;
         dsv4_err err;
+        long c0[4] = {dsv4_cuda_moe_bulk_calls(&gpu), dsv4_cuda_moe_bn_calls(&gpu), dsv4_cuda_moe_mma_calls(&gpu),
+                      dsv4_cuda_moe_q8_calls(&gpu)};
         gpu.ops->moe(&gpu, g, x, R, ex, NEP, e, w, K1, &sh, 10.0f, cs[c].before_w2, cs[c].act_fp8 | cs[c].flags,
                      cs[c].act_bf16, 2.5f);
         int rc = gpu.ops->check(&gpu, &err);
         double r = rel(g, a, (size_t)R * DP), tol = cs[c].act_bf16 ? 4e-3 : cs[c].act_fp8 ? 2e-3 : 1e-5;
-        printf("  pro experts [%d x %d], rows %d, %s: rel %.2e (tol %.0e)\n", IP, DP, R, cs[c].what, r, tol);
+        printf("  pro experts [%d x %d], rows %d, %s: rel %.2e (tol %.0e); fast kernels: one-row %ld, k_moe_bnr "
+               "%ld, mma %ld, e4m3 %ld\n",
+               IP, DP, R, cs[c].what, r, tol, dsv4_cuda_moe_bulk_calls(&gpu) - c0[0],
+               dsv4_cuda_moe_bn_calls(&gpu) - c0[1], dsv4_cuda_moe_mma_calls(&gpu) - c0[2],
+               dsv4_cuda_moe_q8_calls(&gpu) - c0[3]);
         CHECKF(rc == 0, "pro moe: %s", rc ? err.msg : "");
         CHECKF(r <= tol, "pro moe rows %d %s rel %g", R, cs[c].what, r);
     }
