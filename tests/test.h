@@ -90,8 +90,9 @@ static const char *test_name_;
 typedef void (*test_fn_)(void);
 
 /* Runs the tests; with arguments, only those whose name contains one of them (each argument a
- * filter; several run the union, in the file's order).  An argument that matches no test fails
- * the run: a mistyped name must not pass as "0 failed". */
+ * filter; several run the union, in the file's order), less those whose name contains an
+ * argument given as -NAME (with only such arguments: every other test).  An argument that
+ * matches no test fails the run: a mistyped name must not pass as "0 failed". */
 static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char **argv) {
     int passed = 0, failed = 0, skipped = 0;
     char buf[8192];
@@ -100,10 +101,18 @@ static int test_run_all_(const char *names, test_fn_ *fns, int n, int argc, char
     char *save = NULL;
     char *tok = strtok_r(buf, ", \t\n", &save);
     for (int i = 0; i < n && tok; i++, tok = strtok_r(NULL, ", \t\n", &save)) {
-        int want = argc <= 1;
+        int want = 1, drop = 0;
         for (int j = 1; j < argc; j++)
-            if (strstr(tok, argv[j])) want = 1, hit[j < 64 ? j : 63] = 1;
-        if (!want) continue;
+            if (argv[j][0] != '-') want = 0;
+        for (int j = 1; j < argc; j++) {
+            int neg = argv[j][0] == '-';
+            if (strstr(tok, argv[j] + neg)) {
+                hit[j < 64 ? j : 63] = 1;
+                if (neg) drop = 1;
+                else want = 1;
+            }
+        }
+        if (!want || drop) continue;
         test_name_ = tok;
         test_failures_ = 0;
         test_skipped_ = 0;
