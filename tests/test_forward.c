@@ -701,6 +701,74 @@ static void test_segments_and_checks(void) {
     low_close(&lm);
 }
 
+/* A step whose second sub-batch fails (its check, after the first sub-batch committed): both
+ * sequences must be back at their lengths, as the scheduler's per-item retry assumes, and the
+ * retried step must give the logits of a run that never failed.  Sequence a's chunk crosses a
+ * checkpoint (the cut into sub-batches), b decodes one token in the first sub-batch.  Before
+ * the fix, a kept the part before the checkpoint and b its token, so the retry appended them
+ * twice. */
+static void test_failed_later_subbatch(void) {
+    dsv4_err err = {{0}};
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    dsv4_config cfg = lm.cfg;
+    dsv4_backend *be = &lm.be;
+    dsv4_backend_ops ops = *be->ops;
+    const dsv4_backend_ops *cpu_ops = be->ops;
+    ops.check = rec_check;
+    be->ops = &ops;
+    dsv4_model *m = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm.w, be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+    dsv4_state *st[4] = {NULL, NULL, NULL, NULL}; /* a, b, and their references */
+    for (int i = 0; i < 4; i++) REQUIRE(dsv4_state_new(&st[i], &cfg, 1, &err) == 0);
+    int64_t P = st[0]->snapshot_every;
+    REQUIRE(P >= 4 && P <= 200);
+    int32_t tok[512];
+    make_tokens(tok, 512, 77, cfg.vocab_size);
+    size_t V = (size_t)cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * 4 * V);
+    REQUIRE(lg);
+    memset(&g_rec, 0, sizeof g_rec);
+    for (int i = 0; i < 4; i++) { /* a: P - 2 tokens, b: 5 */
+        dsv4_fwd_item it = {.st = st[i], .tokens = tok, .n = i % 2 ? 5 : (int)P - 2, .logits = lg};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    const int32_t *ta = tok + 300, *tb = tok + 400;
+    dsv4_fwd_item step[2] = {{.st = st[0], .tokens = ta, .n = 5, .logits = lg}, {.st = st[1], .tokens = tb, .n = 1,
+                                                                                  .logits = lg + V}};
+    memset(&g_rec, 0, sizeof g_rec);
+    g_rec.fail_at = 2; /* the second sub-batch's check */
+    int rc = dsv4_forward(m, step, 2, &err);
+    printf("  step of a (%lld + 5 tokens, checkpoint every %lld) and b (5 + 1), the second sub-batch failing: rc %d "
+           "(%s), checks %d, lengths after: a %lld, b %lld\n",
+           (long long)(P - 2), (long long)P, rc, rc ? err.msg : "", g_rec.checks, (long long)st[0]->len,
+           (long long)st[1]->len);
+    CHECK(rc != 0 && strstr(err.msg, "injected device failure") != NULL);
+    CHECKF(st[0]->len == P - 2, "a's length %lld after the failed step, was %lld", (long long)st[0]->len,
+           (long long)(P - 2));
+    CHECKF(st[1]->len == 5, "b's length %lld after the failed step, was 5", (long long)st[1]->len);
+    g_rec.fail_at = 0;
+    err.msg[0] = 0;
+    REQUIRE(dsv4_forward(m, step, 2, &err) == 0);
+    dsv4_fwd_item refs[2] = {{.st = st[2], .tokens = ta, .n = 5, .logits = lg + 2 * V},
+                             {.st = st[3], .tokens = tb, .n = 1, .logits = lg + 3 * V}};
+    REQUIRE(dsv4_forward(m, refs, 2, &err) == 0);
+    CHECK(st[0]->len == st[2]->len && st[1]->len == st[3]->len);
+    CHECKF(memcmp(lg, lg + 2 * V, sizeof(float) * V) == 0, "a's logits after the retry differ from the reference");
+    CHECKF(memcmp(lg + V, lg + 3 * V, sizeof(float) * V) == 0, "b's logits after the retry differ from the reference");
+    for (int i = 0; i < 4; i++) { /* the next token of each: the states match too */
+        dsv4_fwd_item it = {.st = st[i], .tokens = tok + 450 + i % 2, .n = 1, .logits = lg + (size_t)i * V};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    CHECK(memcmp(lg, lg + 2 * V, sizeof(float) * V) == 0);
+    CHECK(memcmp(lg + V, lg + 3 * V, sizeof(float) * V) == 0);
+    free(lg);
+    for (int i = 0; i < 4; i++) dsv4_state_free(st[i]);
+    dsv4_model_free(m);
+    be->ops = cpu_ops;
+    low_close(&lm);
+}
+
 /* ----- hc_post_pre_norm in the forward pass ----- */
 static struct {
     long fused, pre, pre_norm, post, traced[4];
@@ -1244,7 +1312,7 @@ static void test_greedy(void) {
     low_close(&lm);
 }
 
-TEST_MAIN(test_segments_and_checks, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
+TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
           test_greedy, test_side_chain, test_zz_cleanup)

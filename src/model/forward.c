@@ -1238,26 +1238,41 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             break;
         }
         FWD_LAP(3);
+        /* every segment is committed before a failed checkpoint ends the call: its compressors
+         * have emitted their rows already, and the undo below takes each sequence back whole */
         for (int s = 0; s < nseg; s++) {
             segment *sg = &m->segs[s];
             sg->st->len += sg->n;
             done[sg->item] += sg->n;
             if (sg->st->len % sg->st->snapshot_every == 0) {
                 unchecked = 1; /* the snapshot may issue backend copies */
-                if ((rc = dsv4_state_checkpoint(sg->st, err))) break;
+                if (!rc) rc = dsv4_state_checkpoint(sg->st, err);
             }
         }
         if (rc) break;
     }
     m->trace = saved;
     m->trace_user = saved_user;
-    if (n_undo) { /* the failed sub-batch's states (copied: the re-runs reuse m->segs) */
-        segment *u = malloc(sizeof *u * (size_t)n_undo);
+    if (rc) { /* on error every sequence goes back to its length before the call */
         dsv4_err e2 = {{0}};
-        if (!u) dsv4_errf(&e2, "out of memory");
-        else memcpy(u, m->segs, sizeof *u * (size_t)n_undo);
+        /* the lengths first: the undos below re-run tokens through dsv4_forward, which reuses
+         * m->done and m->segs (a failed sub-batch's lengths have not moved: len - done is the
+         * length before the call for every item) */
+        struct back {
+            dsv4_state *st;
+            int64_t len;
+        } *bk = malloc(sizeof *bk * (size_t)n_items);
+        segment *u = n_undo ? malloc(sizeof *u * (size_t)n_undo) : NULL;
+        if (!bk || (n_undo && !u)) dsv4_errf(&e2, "out of memory");
+        for (int i = 0; bk && i < n_items; i++) bk[i] = (struct back){items[i].st, items[i].st->len - done[i]};
+        if (u) memcpy(u, m->segs, sizeof *u * (size_t)n_undo);
+        /* the failed sub-batch's states, then the sub-batches committed before it (a chunk cut
+         * at a checkpoint, rows past max_rows) */
         for (int s = 0; u && s < n_undo && !e2.msg[0]; s++) state_undo(m, u[s].st, u[s].pos0, u[s].n, &e2);
+        for (int i = 0; bk && i < n_items && !e2.msg[0]; i++)
+            if (bk[i].st->len > bk[i].len) dsv4_forward_truncate(m, bk[i].st, bk[i].len, &e2);
         free(u);
+        free(bk);
         if (e2.msg[0]) err_also(err, "restoring the sequences to their lengths", &e2);
     }
     if (!rc && unchecked && OPS(m)->check) rc = OPS(m)->check(B_(m), err);

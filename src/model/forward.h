@@ -15,7 +15,10 @@
  * Threading: one caller at a time (the engine thread); ops use OpenMP inside.
  * Errors: init validates what the hot path relies on (shapes the ops assume,
  * tid2eid entries in range, power-of-two Hadamard widths); forward validates
- * token ids before touching any state, so on error no sequence has changed.
+ * token ids before touching any state, and a failure after that (a backend error,
+ * a checkpoint out of memory) takes every sequence of the call back to its length
+ * before it, the sub-batches already committed included (by truncation: a restore
+ * that fails too is added to the error), so a caller can re-run the same items.
  */
 #ifndef DSV4_MODEL_FORWARD_H
 #define DSV4_MODEL_FORWARD_H
