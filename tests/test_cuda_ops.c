@@ -1341,6 +1341,69 @@ static void test_zz_release(void) {
     n_parked = 0;
 }
 
+/* An op whose scratch does not fit the free device memory (the rest taken by allocations of the
+ * test's own) fails with check's error; with that memory back the same op on the same backend
+ * runs and matches the CPU (an out-of-memory is not sticky: backend.cu cu_recover).  sparse_attn
+ * of 64 rows x 64 heads over 4 window keys + 8000 compressed rows: 131 MB of scores scratch. */
+static void test_oom_recovers(void) {
+    NEED_GPU();
+    enum { R = 64, H = 64, HD = 512, NW = 4, NC = 8000 };
+    dsv4_backend g2;
+    dsv4_err err = {{0}};
+    REQUIRE(dsv4_backend_cuda_init(&g2, 0, &err) == 0);
+    size_t nq = (size_t)R * H * HD;
+    float *q = malloc(sizeof(float) * nq), *ring = malloc(sizeof(float) * NW * HD),
+          *comp = malloc(sizeof(float) * (size_t)NC * HD), *sink = malloc(sizeof(float) * H),
+          *a = malloc(sizeof(float) * nq), *g = malloc(sizeof(float) * nq);
+    REQUIRE(q && ring && comp && sink && a && g);
+    fill(q, nq, 1), fill(ring, NW * HD, 1), fill(comp, (size_t)NC * HD, 1), fill(sink, H, 2);
+    float *q_d = g2.ops->alloc(&g2, sizeof(float) * nq), *ring_d = g2.ops->alloc(&g2, sizeof(float) * NW * HD),
+          *comp_d = g2.ops->alloc(&g2, sizeof(float) * (size_t)NC * HD), *o_d = g2.ops->alloc(&g2, sizeof(float) * nq);
+    REQUIRE(q_d && ring_d && comp_d && o_d);
+    g2.ops->upload(&g2, q_d, q, sizeof(float) * nq);
+    g2.ops->upload(&g2, ring_d, ring, sizeof(float) * NW * HD);
+    g2.ops->upload(&g2, comp_d, comp, sizeof(float) * (size_t)NC * HD);
+    const float *win[R * NW], *wind[R * NW], *base[R], *based[R];
+    int n_win[R], n_comp[R];
+    for (int r = 0; r < R; r++) {
+        for (int j = 0; j < NW; j++) win[r * NW + j] = ring + j * HD, wind[r * NW + j] = ring_d + j * HD;
+        base[r] = comp, based[r] = comp_d, n_win[r] = NW, n_comp[r] = NC - r;
+    }
+    const float scale = 0.0441941738f;
+    cpu.ops->sparse_attn(&cpu, a, q, R, H, HD, win, n_win, NW, base, n_comp, NULL, NULL, 0, sink, scale, 0, 0);
+    REQUIRE(g2.ops->check(&g2, &err) == 0);
+    /* take the free memory: 256 MB pieces, then 8 MB ones */
+    enum { NH = 4096 };
+    void **hog = malloc(sizeof(void *) * NH);
+    REQUIRE(hog);
+    int nh = 0;
+    for (size_t piece = (size_t)256 << 20; piece >= ((size_t)8 << 20); piece /= 32)
+        while (nh < NH && (hog[nh] = g2.ops->alloc(&g2, piece))) nh++;
+    g2.ops->sparse_attn(&g2, o_d, q_d, R, H, HD, wind, n_win, NW, based, n_comp, NULL, NULL, 0, sink, scale, 0, 0);
+    int rc1 = g2.ops->check(&g2, &err);
+    printf("  %d device allocations hold the free memory; sparse_attn needing ~131 MB of scratch: check %d (%s)\n",
+           nh, rc1, rc1 ? err.msg : "no error");
+    CHECK(rc1 != 0 && strstr(err.msg, "memory") != NULL);
+    while (nh > 0) g2.ops->free(&g2, hog[--nh]);
+    free(hog);
+    for (size_t i = 0; i < nq; i++) g[i] = NAN;
+    g2.ops->upload(&g2, o_d, g, sizeof(float) * nq);
+    g2.ops->sparse_attn(&g2, o_d, q_d, R, H, HD, wind, n_win, NW, based, n_comp, NULL, NULL, 0, sink, scale, 0, 0);
+    g2.ops->download(&g2, g, o_d, sizeof(float) * nq);
+    err.msg[0] = 0;
+    int rc2 = g2.ops->check(&g2, &err);
+    double r = rel(g, a, nq);
+    printf("  the memory freed, the same op again: check %d (%s), rel %.2e to the CPU (tol 2e-06), recovered %ld\n",
+           rc2, rc2 ? err.msg : "no error", r, dsv4_cuda_recovered(&g2));
+    CHECK(rc2 == 0);
+    CHECK(r <= 2e-6);
+    CHECK(dsv4_cuda_recovered(&g2) == 1);
+    void *dv[] = {q_d, ring_d, comp_d, o_d};
+    for (int i = 0; i < 4; i++) g2.ops->free(&g2, dv[i]);
+    dsv4_backend_cuda_free(&g2);
+    free(q), free(ring), free(comp), free(sink), free(a), free(g);
+}
+
 static void test_errors_are_reported(void) {
     NEED_GPU();
     /* a bad device index is an error, not a crash */
@@ -1472,6 +1535,6 @@ static void test_argmax_gather(void) {
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale, test_norm_rope_fused, test_sim_exact,
           test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain, test_bad_pick_reported, test_pool, test_pool_device, test_route,
-          test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
+          test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported, test_oom_recovers,
           test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped, test_kern_hc,
           test_moe_wide, test_zz_release)

@@ -85,9 +85,46 @@ int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line
         snprintf(c->errmsg, sizeof c->errmsg, "cuda: %s failed at %s:%d: %s", expr, file, line,
                  e == cudaSuccess ? "error" : cudaGetErrorString(e));
         c->failed = 1;
+        c->recoverable = e == cudaErrorMemoryAllocation;
+    } else if (e != cudaErrorMemoryAllocation) {
+        c->recoverable = 0;
     }
     return 1;
 }
+
+/* After an allocation that ran out of memory (and nothing worse): the context is intact, so the
+ * backend need not stay failed (every later op a no-op, every request an error until a restart).
+ * The ops since the failure did nothing; what they left open is closed here: a capture (its graph
+ * discarded), a side chain; both streams are drained, the spills freed, and the scratch arenas
+ * forget the high-water mark that failed (the next op grows them to what it needs, not to that).
+ * The caller of check has the error and undoes the step (forward.c), so nothing half-done is
+ * used.  An error while draining (a kernel fault) leaves the backend failed. */
+static void cu_recover(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_seg_end(b);
+    if (!c->recoverable) return; /* ending a capture found a worse error */
+    (void)cudaGetLastError();
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess && c->side_ok) e = cudaStreamSynchronize(c->side_stream);
+    if (e != cudaSuccess) {
+        c->recoverable = 0;
+        size_t n = strlen(c->errmsg);
+        snprintf(c->errmsg + n, sizeof c->errmsg - n, "; then draining the streams: %s", cudaGetErrorString(e));
+        return;
+    }
+    while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
+    c->scratch_top = 0;
+    c->scratch_want = c->scratch_cap;
+    c->side_top = 0;
+    c->side_want = c->side_cap;
+    c->n_gev = 0;
+    c->failed = 0;
+    c->recoverable = 0;
+    c->errmsg[0] = 0;
+    c->recovered++;
+}
+
+long dsv4_cuda_recovered(dsv4_backend *b) { return CI(b)->recovered; }
 
 /* a runtime error left by a call nobody checked is reported where it is noticed, named */
 static int last_error(dsv4_backend *b, const char *where) {
@@ -113,8 +150,10 @@ static int cu_check(dsv4_backend *b, dsv4_err *err) {
     if (!c->failed && ops) dsv4_cuda_devside_fetch(b);
     if (!c->failed) dsv4_cuda_sync(b);
     if (!c->failed && (ops || fetched)) dsv4_cuda_devside_check(b);
-    if (c->failed) return dsv4_errf(err, "%s", c->errmsg);
-    return 0;
+    if (!c->failed) return 0;
+    int rc = dsv4_errf(err, "%s", c->errmsg);
+    if (c->recoverable) cu_recover(b);
+    return rc;
 }
 
 /* ----- CUDA graphs for segments -----

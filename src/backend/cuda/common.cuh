@@ -49,6 +49,9 @@ struct cuda_impl {
     cudaStream_t stream;
     char errmsg[512];      /* sticky first error, "" = none */
     int failed;
+    int recoverable;       /* every failure so far was an allocation out of device or pinned memory: the
+                            * context is fine, so ops->check reports it and then brings the backend back */
+    long recovered;        /* failures reported and recovered from (dsv4_cuda_recovered) */
     /* weight map: open addressing on the host data pointer */
     wentry *map;
     size_t map_cap, map_n;

@@ -17,6 +17,9 @@ struct dsv4_backend;
 /* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
+/* failures of an allocation out of device or pinned memory that ops->check reported and the
+ * backend recovered from (backend.cu cu_recover); other failures stay until the backend is freed */
+long dsv4_cuda_recovered(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_q8 (moe.dot=e4m3: e4m3 tensor-core dots of the act-quantized input) */
