@@ -192,23 +192,25 @@ static void test_batch_equals_separate(void) {
     dsv4_engine_close(e);
 }
 
-static void check_truncate(int snapshot_every) {
+/* T tokens, truncated to each of cut[0..n_cut) and extended by 30 others, against a fresh run of
+ * the same tokens; T = 800 at snapshot_every 16 leaves 50 checkpoints, thinned to 28
+ * (state.h DSV4_CKPT_DENSE), so the far cuts rewind past gaps and re-run more tokens */
+static void check_truncate_n(int snapshot_every, int T, const int *cut, int n_cut) {
     dsv4_engine *e = open_engine("reference", NULL, 0, snapshot_every);
     REQUIRE(e);
     dsv4_engine_info info;
     dsv4_engine_get_info(e, &info);
     int V = info.vocab_size;
-    enum { T = 150 };
-    int32_t a[T], b[T];
+    int32_t *a = malloc(sizeof(int32_t) * T), *b = malloc(sizeof(int32_t) * 30),
+            *mix = malloc(sizeof(int32_t) * (T + 30));
+    REQUIRE(a && b && mix);
     make_tokens(a, T, 5, V);
-    make_tokens(b, T, 6, V);
+    make_tokens(b, 30, 6, V);
     float *x = malloc(sizeof(float) * V), *y = malloc(sizeof(float) * V);
     dsv4_err err = {{0}};
-    static const int cut[] = {77, 64, 16, 0, 149};
-    for (size_t c = 0; c < sizeof cut / sizeof cut[0]; c++) {
+    for (int c = 0; c < n_cut; c++) {
         int L = cut[c];
         /* fresh: a[0..L) then b[0..30) */
-        int32_t mix[T + 30];
         memcpy(mix, a, sizeof(int32_t) * L);
         memcpy(mix + L, b, sizeof(int32_t) * 30);
         dsv4_seq *f = NULL, *s = NULL;
@@ -235,11 +237,21 @@ static void check_truncate(int snapshot_every) {
     dsv4_seq_free(s);
     free(x);
     free(y);
+    free(a), free(b), free(mix);
     dsv4_engine_close(e);
+}
+
+static void check_truncate(int snapshot_every) {
+    static const int cut[] = {77, 64, 16, 0, 149};
+    check_truncate_n(snapshot_every, 150, cut, 5);
 }
 
 static void test_truncate_checkpoints(void) { check_truncate(16); }
 static void test_truncate_recompute(void) { check_truncate(0); }
+static void test_truncate_thinned(void) {
+    static const int cut[] = {795, 610, 403, 250, 37};
+    check_truncate_n(16, 800, cut, 5);
+}
 
 /* clone at a length, snapshot/restore, corrupt blobs */
 static void test_clone_snapshot(void) {
@@ -1313,6 +1325,6 @@ static void test_greedy(void) {
 }
 
 TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
-          test_truncate_checkpoints, test_truncate_recompute, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
+          test_truncate_checkpoints, test_truncate_recompute, test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
           test_greedy, test_side_chain, test_zz_cleanup)

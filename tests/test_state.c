@@ -87,6 +87,66 @@ static void test_checkpoint_rewind(void) {
     dsv4_state_free(s);
 }
 
+/* Checkpoints are thinned as a sequence grows: after each of 1000 intervals the set is exactly
+ * the newest DSV4_CKPT_DENSE plus, further back, the multiples of 2^j at distances in
+ * [D 2^(j-1), D 2^j) intervals (checked against that rule written out here, not the code's
+ * loop); the count stays logarithmic; a rewind restores the newest kept checkpoint at or below
+ * the target (its ring values show which), and the gap it leaves to re-run is <= 2 d / D + 1. */
+static int want_kept(int64_t k, int64_t K) {
+    int64_t d = K - k, D = DSV4_CKPT_DENSE;
+    if (d < D) return 1;
+    for (int j = 1; j < 40; j++)
+        if (d >= D << (j - 1) && d < D << j) return k % ((int64_t)1 << j) == 0;
+    return 0;
+}
+
+static void test_checkpoint_thinning(void) {
+    dsv4_config c;
+    dsv4_err err;
+    REQUIRE(dsv4_config_builtin(&c, "tiny", &err) == 0);
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_state_new(&s, &c, 16, &err) == 0);
+    int64_t E = s->snapshot_every;
+    enum { N = 1000 };
+    REQUIRE(dsv4_state_reserve(s, N * E, &err) == 0);
+    int bad = 0, most = 0;
+    for (int64_t K = 1; K <= N; K++) {
+        s->len = K * E;
+        fill_state(s, (float)K);
+        REQUIRE(dsv4_state_checkpoint(s, &err) == 0);
+        int i = 0;
+        for (int64_t k = 1; k <= K; k++) {
+            if (!want_kept(k, K)) continue;
+            if (i >= s->n_ckpt || s->ckpt[i].pos != k * E) bad++;
+            i++;
+        }
+        if (i != s->n_ckpt) bad++;
+        if (s->n_ckpt > most) most = s->n_ckpt;
+    }
+    printf("  1000 intervals of %lld tokens: %d checkpoints kept (most %d), %d mismatches with the rule\n",
+           (long long)E, s->n_ckpt, most, bad);
+    CHECK(bad == 0);
+    CHECK(s->n_ckpt <= DSV4_CKPT_DENSE * 7); /* D + D/2 log2(1000 / 16) = 64 */
+    CHECK(s->ckpt[s->n_ckpt - 1].pos == N * E);
+    /* rewinds: the newest kept checkpoint at or below the target */
+    static const int64_t targets[] = {N * 16 - 3, 700 * 16 + 5, 333 * 16, 100 * 16 + 1, 17};
+    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+        int64_t L = targets[t] * E / 16, from = -1, want = 0;
+        for (int i = 0; i < s->n_ckpt; i++)
+            if (s->ckpt[i].pos <= L) want = s->ckpt[i].pos;
+        int64_t d = (N * E - L) / E; /* from the newest checkpoint when the set was thinned */
+        REQUIRE(dsv4_state_rewind(s, L, &from, &err) == 0);
+        CHECKF(from == want, "rewind to %lld: from %lld, expected %lld", (long long)L, (long long)from,
+               (long long)want);
+        CHECKF((L - from) / E <= 2 * d / DSV4_CKPT_DENSE + 1, "rewind to %lld leaves %lld tokens to re-run",
+               (long long)L, (long long)(L - from));
+        if (from > 0) CHECK(s->layers[0].ring[0] == (float)(from / E)); /* that checkpoint's contents */
+        printf("  rewind to %lld: from checkpoint %lld (%lld tokens to re-run)\n", (long long)L, (long long)from,
+               (long long)(L - from));
+    }
+    dsv4_state_free(s);
+}
+
 static void test_clone_serialize(void) {
     dsv4_config c;
     dsv4_err err;
@@ -123,4 +183,4 @@ static void test_clone_serialize(void) {
     dsv4_state_free(t);
 }
 
-TEST_MAIN(test_layout_and_period, test_checkpoint_rewind, test_clone_serialize)
+TEST_MAIN(test_layout_and_period, test_checkpoint_rewind, test_checkpoint_thinning, test_clone_serialize)

@@ -271,7 +271,8 @@ static void ckpt_io(dsv4_state *s, dsv4_checkpoint *c, int save) {
 #undef MOVE
 }
 
-int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err) {
+/* Appends a checkpoint at len (no thinning: clone and restore copy a thinned set as it is). */
+static int ckpt_add(dsv4_state *s, dsv4_err *err) {
     if (s->len == 0) return 0; /* position 0 is the reset state */
     if (s->n_ckpt > 0 && s->ckpt[s->n_ckpt - 1].pos >= s->len) return 0;
     if (s->n_ckpt == s->ckpt_cap) {
@@ -294,6 +295,44 @@ int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err) {
     }
     ckpt_io(s, c, 1);
     s->n_ckpt++;
+    return 0;
+}
+
+/* 1 if the checkpoint k intervals of snapshot_every from position 0 stays while the newest is
+ * at K: the DSV4_CKPT_DENSE newest all stay; from there each doubling of the distance keeps half
+ * as many (at d in [D 2^(j-1), D 2^j) the multiples of 2^j).  The rule only gets stricter as K
+ * grows, so a dropped checkpoint is never wanted back. */
+static int ckpt_keep(int64_t k, int64_t K) {
+    int64_t d = K - k;
+    if (d < DSV4_CKPT_DENSE) return 1;
+    int64_t step = 2;
+    for (int64_t q = d / DSV4_CKPT_DENSE; q > 1; q >>= 1) step <<= 1;
+    return k % step == 0;
+}
+
+/* Drops the checkpoints ckpt_keep no longer keeps: a sequence of N intervals holds about
+ * DSV4_CKPT_DENSE (1 + log2(N / DSV4_CKPT_DENSE) / 2) of them instead of N (V4-Flash at 1M tokens:
+ * ~72 of 12.5 MB instead of 2048), and a rewind d intervals back re-runs at most about
+ * 2 d / DSV4_CKPT_DENSE of them. */
+static void ckpt_thin(dsv4_state *s) {
+    if (s->n_ckpt < 2) return;
+    int64_t every = s->snapshot_every, K = s->ckpt[s->n_ckpt - 1].pos / every;
+    int w = 0;
+    for (int i = 0; i < s->n_ckpt; i++) {
+        dsv4_checkpoint *c = &s->ckpt[i];
+        if (c->pos % every || ckpt_keep(c->pos / every, K)) {
+            s->ckpt[w++] = *c;
+        } else {
+            free(c->f);
+            free(c->ipos);
+        }
+    }
+    s->n_ckpt = w;
+}
+
+int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err) {
+    if (ckpt_add(s, err)) return -1;
+    ckpt_thin(s);
     return 0;
 }
 
@@ -492,8 +531,8 @@ int dsv4_state_deserialize(dsv4_state *s, uint64_t tag, const void *blob, size_t
                 r.bad = 1;
                 break;
             }
-            tmp->len = pos; /* checkpoint() records at len */
-            if (dsv4_state_checkpoint(tmp, err)) {
+            tmp->len = pos; /* ckpt_add records at len */
+            if (ckpt_add(tmp, err)) {
                 ok = 0;
                 break;
             }
@@ -560,8 +599,8 @@ int dsv4_state_clone(const dsv4_state *src, dsv4_state **out, dsv4_err *err) {
     for (int i = 0; i < src->n_ckpt; i++) {
         int64_t keep = s->len;
         s->len = src->ckpt[i].pos;
-        /* allocate via checkpoint() then overwrite with the source's contents */
-        if (dsv4_state_checkpoint(s, err)) {
+        /* allocate via ckpt_add then overwrite with the source's contents */
+        if (ckpt_add(s, err)) {
             s->len = keep;
             dsv4_state_free(s);
             return -1;

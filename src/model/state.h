@@ -87,7 +87,13 @@ void dsv4_state_reset(dsv4_state *s);
 /* Ensures room for n more compressed rows / tokens (amortised doubling). */
 int dsv4_state_reserve(dsv4_state *s, int64_t more_tokens, dsv4_err *err);
 
-/* Records a checkpoint at the current length (call when len % snapshot_every == 0). */
+/* Records a checkpoint at the current length (call when len % snapshot_every == 0), then thins
+ * the older ones: the DSV4_CKPT_DENSE newest stay, and further back each doubling of the
+ * distance keeps half as many (state.c ckpt_keep), so a long sequence holds O(log) checkpoints
+ * (each is the rings, the ratio-4 buffers' kept rows and the HC state: 12.5 MB at V4-Flash's
+ * shapes, one every 512 tokens, had made 25 GB of host memory at 1M tokens) and a rewind far
+ * back re-runs at most ~2/DSV4_CKPT_DENSE of the distance. */
+#define DSV4_CKPT_DENSE 16
 int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err);
 
 /* Rewinds to the nearest checkpoint C <= len and returns C in *resume_from; the
