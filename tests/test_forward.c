@@ -713,6 +713,35 @@ static void test_segments_and_checks(void) {
     low_close(&lm);
 }
 
+/* max_position_embeddings bounds every sequence (the scheduler's ctx did; the engine API did
+ * not): a step that would pass it fails and changes nothing, up to it runs */
+static void test_max_position(void) {
+    dsv4_err err = {{0}};
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    lm.w.cfg.max_position = 40; /* the model reads the bound weights' copy of the config */
+    dsv4_model *m = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm.w, &lm.be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_state_new(&s, &lm.cfg, 0, &err) == 0);
+    int32_t tok[41], out[4];
+    make_tokens(tok, 41, 5, lm.cfg.vocab_size);
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 38};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 38, .n = 3};
+    CHECK(dsv4_forward(m, &it, 1, &err) != 0);
+    printf("  38 + 3 tokens at max_position 40: %s\n", err.msg);
+    CHECK(strstr(err.msg, "max_position_embeddings") != NULL && strstr(err.msg, "41") != NULL);
+    CHECK(s->len == 38);
+    CHECK(dsv4_forward_greedy(m, s, tok[38], 3, out, &err) != 0);
+    CHECK(strstr(err.msg, "max_position_embeddings") != NULL && s->len == 38);
+    it = (dsv4_fwd_item){.st = s, .tokens = tok + 38, .n = 2};
+    CHECK(dsv4_forward(m, &it, 1, &err) == 0 && s->len == 40);
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    low_close(&lm);
+}
+
 /* A step whose second sub-batch fails (its check, after the first sub-batch committed): both
  * sequences must be back at their lengths, as the scheduler's per-item retry assumes, and the
  * retried step must give the logits of a run that never failed.  Sequence a's chunk crosses a
@@ -1324,7 +1353,7 @@ static void test_greedy(void) {
     low_close(&lm);
 }
 
-TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
+TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_max_position, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
           test_truncate_checkpoints, test_truncate_recompute, test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
           test_greedy, test_side_chain, test_zz_cleanup)

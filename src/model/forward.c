@@ -1124,6 +1124,11 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
                                  items[i].tokens[j], j, i, c->vocab_size);
         if (items[i].st->len + items[i].n > (int64_t)INT32_MAX)
             return dsv4_errf(err, "forward: sequence would exceed 2^31 tokens");
+        if (items[i].st->len + items[i].n > c->max_position)
+            return dsv4_errf(err,
+                             "forward: item %d would reach %lld tokens, past the model's max_position_embeddings "
+                             "(%lld)",
+                             i, (long long)(items[i].st->len + items[i].n), (long long)c->max_position);
     }
     for (int i = 0; i < n_items; i++)
         if (dsv4_state_reserve(items[i].st, items[i].n, err)) return -1;
@@ -1370,6 +1375,10 @@ int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_step
     if (first < 0 || first >= c->vocab_size)
         return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
     if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
+    if (st->len + n_steps > c->max_position)
+        return dsv4_errf(err,
+                         "greedy: %d steps would reach %lld tokens, past the model's max_position_embeddings (%lld)",
+                         n_steps, (long long)(st->len + n_steps), (long long)c->max_position);
     /* traces want host copies of each step's tokens and routing: the host loop */
     if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
     int keep = m->seg_layers; /* segments change only where graphs begin, never an op */
