@@ -102,7 +102,8 @@ struct dsv4_model {
     const float **comp_base;/* [R] compressed rows of the row's sequence (NULL: none) */
     int *n_comp;            /* [R] visible compressed rows */
     const float **key_base; /* [R] indexer compressed rows of the row's sequence */
-    float *scores;          /* [R][max_keys] (backend memory) */
+    float *scores;          /* [score_rows][max_keys] (backend memory) */
+    int score_rows;         /* rows the score buffer holds (<= max_rows) */
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
@@ -387,21 +388,26 @@ oom:
     return dsv4_errf(err, "model: out of memory for run-state buffers (max_rows %d)", max_rows);
 }
 
-/* Grows the indexer score buffer to `need_keys` columns (amortised doubling: no
- * allocation once the context stops growing).  The attention and indexer key lists
- * are per-row (pointer, count) pairs of fixed size, allocated at init. */
-static int ensure_scores(dsv4_model *m, int need_keys, dsv4_err *err) {
-    size_t R = (size_t)m->max_rows;
-    if (need_keys > m->max_keys) {
-        int cap = m->max_keys ? m->max_keys : 64;
-        while (cap < need_keys) cap *= 2;
-        /* scores are written before they are read in each layer: no contents to keep */
-        float *s = OPS(m)->alloc(B_(m), sizeof *s * R * (size_t)cap);
-        if (!s) return dsv4_errf(err, "forward: out of memory for indexer scores (%d keys)", cap);
-        if (m->scores) OPS(m)->free(B_(m), m->scores);
-        m->scores = s;
-        m->max_keys = cap;
-    }
+/* Grows the indexer score buffer to `need_keys` columns and `rows` rows (amortised doubling of
+ * both: no allocation once the context and the batch stop growing).  A growth of the columns
+ * sizes the rows for this call only (a power of two): decode at long context, where the columns
+ * grow, keeps rows x columns instead of max_rows x columns (1 GiB at 1M tokens and 1024 rows).
+ * The attention and indexer key lists are per-row (pointer, count) pairs of fixed size,
+ * allocated at init. */
+static int ensure_scores(dsv4_model *m, int rows, int need_keys, dsv4_err *err) {
+    if (need_keys <= m->max_keys && rows <= m->score_rows) return 0;
+    int cap = m->max_keys ? m->max_keys : 64;
+    while (cap < need_keys) cap *= 2;
+    int r = need_keys > m->max_keys ? 1 : m->score_rows;
+    while (r < rows) r *= 2;
+    if (r > m->max_rows) r = m->max_rows;
+    /* scores are written before they are read in each layer: no contents to keep */
+    float *s = OPS(m)->alloc(B_(m), sizeof *s * (size_t)r * (size_t)cap);
+    if (!s) return dsv4_errf(err, "forward: out of memory for indexer scores (%d rows x %d keys)", r, cap);
+    if (m->scores) OPS(m)->free(B_(m), m->scores);
+    m->scores = s;
+    m->max_keys = cap;
+    m->score_rows = r;
     return 0;
 }
 
@@ -735,7 +741,7 @@ static int indexer_picks(dsv4_model *m, int layer, const dsv4_layer_w *L, int ro
         int64_t vis = (m->pos[i] + 1) / ratio;
         if (vis > need) need = (int)vis;
     }
-    if (ensure_scores(m, need, err)) return -1;
+    if (ensure_scores(m, rows, need, err)) return -1;
     for (int i = 0; i < rows; i++) { /* row i's keys: its sequence's indexer rows, contiguous */
         segment *sg = &m->segs[m->seg_of[i]];
         m->key_base[i] = sg->st->layers[layer].icomp.rows;
