@@ -53,6 +53,7 @@
 
 #define CUDA_TEST_SEED 4242
 #define CUDA_TEST_NAME "test_cuda_attn"
+#include "backend/cuda/cuda.h"
 /* the shared helpers include weight builders this file does not use */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "cuda_test_util.h"
@@ -574,6 +575,58 @@ static void check_rope_case(const acase *k, int rd, const int64_t *pos) {
     free(sep);
 }
 
+/* A call cut into row chunks (the scratch budget at 1 MB: Flash's 640 keys x 64 heads make 6 rows a
+ * launch, Pro's 1152 x 128 one) gives the bits of the whole call, plain and with the rope, and the
+ * launch counter shows the cut (attn.cu attn_rows_per_call) */
+static void check_chunks(const acase *k, int rope) {
+    static const int64_t pos[8] = {5, 1, 7, 2047, 65537, 1000003, 123456789, 2147482647};
+    double freq[512];
+    rope_freqs(freq, 64, 10000.0);
+    aset s;
+    float *whole = malloc(sizeof(float) * (size_t)k->rows * k->nh * k->hd);
+    REQUIRE(whole && aset_make(&s, k) == 0);
+    for (int bf = 0; bf < 2; bf++) {
+        long parts[2];
+        for (int cut = 0; cut < 2; cut++) {
+            size_t old = cut ? dsv4_cuda_set_attn_scratch(&gpu, (size_t)1 << 20) : 0;
+            long p0 = dsv4_cuda_attn_parts(&gpu);
+            if (rope) {
+                run_gpu_rope(&s, bf, 1, 64, pos, freq, cut ? s.g : whole);
+            } else {
+                memset(s.g, 0xff, sizeof(float) * s.nq);
+                if (k->dev) gpu.ops->upload(&gpu, s.o_d, s.g, sizeof(float) * s.nq);
+                run_gpu(&s, bf);
+                if (!cut) memcpy(whole, s.g, sizeof(float) * s.nq);
+            }
+            parts[cut] = dsv4_cuda_attn_parts(&gpu) - p0;
+            if (cut) dsv4_cuda_set_attn_scratch(&gpu, old);
+        }
+        CHECK(gpu_ok());
+        int same = memcmp(whole, s.g, sizeof(float) * s.nq) == 0;
+        printf("  %s%-40s bf16 %d: %ld launch(es) whole, %ld cut at 1 MB: %s\n", rope ? "attn+rope " : "attn ",
+               k->name, bf, parts[0], parts[1], same ? "bit-identical" : "DIFFERENT");
+        CHECKF(same && parts[0] == 1 && parts[1] > 1, "%s bf16 %d: cut into %ld, same %d", k->name, bf, parts[1],
+               same);
+    }
+    aset_free(&s);
+    free(whole);
+}
+
+static void test_row_chunks(void) {
+    NEED_GPU();
+    static const int w8[8] = {128, 128, 37, 1, 128, 64, 128, 2}, c8[8] = {600, 599, 100, 600, 600, 300, 512, 1},
+                     p8[8] = {512, 512, 100, 0, 512, 300, 512, 1};
+    acase k = {"flash rows 8, 128 + 512 picks", 8, FH, FD, FW, FW, FNC, FTK, MODE_PICKS, 1, 0, w8, c8, p8, 0};
+    check_chunks(&k, 0);
+    check_chunks(&k, 1);
+    acase kn = {"flash rows 8, every compressed row", 8, FH, FD, FW, FW, FNC, 0, MODE_ALL, 1, 0, w8, c8, p8, 0};
+    check_chunks(&kn, 0);
+    static const int wp[4] = {128, 128, 37, 1}, cp[4] = {1100, 1099, 300, 1100}, pp[4] = {1024, 1024, 300, 0};
+    acase kp = {"pro rows 4, 128 + 1024 picks", 4, 128, 512, 128, 128, 1100, 1024, MODE_PICKS, 1, 0, wp, cp, pp, 0};
+    check_chunks(&kp, 0);
+    check_chunks(&kp, 1);
+}
+
 static void test_attn_rope(void) {
     NEED_GPU();
     if (!gpu.ops->sparse_attn_rope) {
@@ -926,5 +979,5 @@ static void test_zz_bench(void) {
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
-          test_bad_picks, test_indexer, test_topk, test_attn_rope, test_indexer_rs, test_attn_fuse_switch,
+          test_bad_picks, test_indexer, test_topk, test_attn_rope, test_row_chunks, test_indexer_rs, test_attn_fuse_switch,
           test_zz_bench)

@@ -684,12 +684,51 @@ static int attn_launch(dsv4_backend *b, const attn_plan *P, int what, const fuse
     return 0;
 }
 
+/* The rows one launch takes so that its scratch (the scores, rows x heads x the longest row's keys
+ * floats, and the key pointers) stays within the backend's attn_sc_max: a long prefill at long
+ * context needs GBs at once (512 rows x 64 heads x 8320 keys at 1M tokens: 1.1 GB), which a
+ * device holding most of its memory in weights may not have.  Rows are independent and each row's
+ * sums run in the same order whatever the launch (the scratch stride aside), so a cut call gives
+ * the same bits (test_cuda_attn test_row_chunks). */
+static int attn_rows_per_call(dsv4_backend *b, int rows, int n_heads, const int *n_win, int max_win,
+                              const float *const *comp_base, const int *n_comp, const int32_t *picks, int topk) {
+    int max_n = 1;
+    for (int r = 0; r < rows; r++) { /* attn_setup's count */
+        int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r], nc = 0;
+        if (comp_base && comp_base[r]) nc = picks ? (topk < n_comp[r] ? topk : n_comp[r]) : n_comp[r];
+        if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
+    }
+    size_t per_row = (size_t)max_n * (sizeof(float) * (size_t)n_heads + sizeof(float *));
+    size_t per = CI(b)->attn_sc_max / per_row;
+    return per < 1 ? 1 : per > (size_t)rows ? rows : (int)per;
+}
+
+extern "C" size_t dsv4_cuda_set_attn_scratch(dsv4_backend *b, size_t bytes) {
+    size_t old = CI(b)->attn_sc_max;
+    CI(b)->attn_sc_max = bytes;
+    return old;
+}
+extern "C" long dsv4_cuda_attn_parts(dsv4_backend *b) { return CI(b)->attn_parts; }
+
 void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
                     const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
                     const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
                     float scale, int prob_bf16, int out_bf16) {
+    int per = rows > 1 ? attn_rows_per_call(b, rows, n_heads, n_win, max_win, comp_base, n_comp, picks, topk) : rows;
+    if (per < rows) {
+        for (int r0 = 0; r0 < rows; r0 += per) {
+            int n = rows - r0 < per ? rows - r0 : per;
+            size_t o = (size_t)r0 * n_heads * head_dim;
+            cu_sparse_attn(b, out + o, q + o, n, n_heads, head_dim, win ? win + (size_t)r0 * max_win : NULL,
+                           n_win + r0, max_win, comp_base ? comp_base + r0 : NULL, n_comp ? n_comp + r0 : NULL,
+                           picks ? picks + (size_t)r0 * topk : NULL, n_picks ? n_picks + r0 : NULL, topk, sink, scale,
+                           prob_bf16, out_bf16);
+        }
+        return;
+    }
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || n_heads <= 0) return;
+    CI(b)->attn_parts++;
     attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
     attn_plan *P = &plan;
     if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
@@ -717,8 +756,21 @@ void cu_sparse_attn_rope(dsv4_backend *b, float *out, const float *q, int rows, 
         cu_rope(b, out, rows, n_heads, head_dim, rope_dim, pos, freq, 1, out_bf16);
         return;
     }
+    int per = rows > 1 ? attn_rows_per_call(b, rows, n_heads, n_win, max_win, comp_base, n_comp, picks, topk) : rows;
+    if (per < rows) { /* cu_sparse_attn's cut, each part with its rows' positions */
+        for (int r0 = 0; r0 < rows; r0 += per) {
+            int n = rows - r0 < per ? rows - r0 : per;
+            size_t o = (size_t)r0 * n_heads * head_dim;
+            cu_sparse_attn_rope(b, out + o, q + o, n, n_heads, head_dim, win ? win + (size_t)r0 * max_win : NULL,
+                                n_win + r0, max_win, comp_base ? comp_base + r0 : NULL, n_comp ? n_comp + r0 : NULL,
+                                picks ? picks + (size_t)r0 * topk : NULL, n_picks ? n_picks + r0 : NULL, topk, sink,
+                                scale, prob_bf16, out_bf16, rope_dim, pos + r0, freq);
+        }
+        return;
+    }
     dsv4_cuda_op_begin(b);
     if (rows <= 0 || n_heads <= 0) return;
+    CI(b)->attn_parts++;
     attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
     attn_plan *P = &plan;
     fused_rope fr;

@@ -1116,6 +1116,11 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
+    /* DSV4_CUDA_ATTN_SC_MB: sparse attention's scratch per launch in MB (default 256; tests set 1
+     * to cut small calls into row chunks) */
+    const char *am = getenv("DSV4_CUDA_ATTN_SC_MB");
+    long amb = am ? strtol(am, NULL, 10) : 256;
+    c->attn_sc_max = (size_t)(amb > 0 && amb <= (1L << 20) ? amb : 256) << 20;
     b->impl = c;
     ops_select(&c->ops);
     b->ops = &c->ops;

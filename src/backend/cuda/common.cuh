@@ -52,6 +52,8 @@ struct cuda_impl {
     int recoverable;       /* every failure so far was an allocation out of device or pinned memory: the
                             * context is fine, so ops->check reports it and then brings the backend back */
     long recovered;        /* failures reported and recovered from (dsv4_cuda_recovered) */
+    size_t attn_sc_max;    /* sparse attention's scratch per launch (attn.cu attn_rows_per_call; bytes) */
+    long attn_parts;       /* sparse attention launches (a call cut into row chunks counts each) */
     /* weight map: open addressing on the host data pointer */
     wentry *map;
     size_t map_cap, map_n;

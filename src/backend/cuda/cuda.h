@@ -20,6 +20,11 @@ long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
 /* failures of an allocation out of device or pinned memory that ops->check reported and the
  * backend recovered from (backend.cu cu_recover); other failures stay until the backend is freed */
 long dsv4_cuda_recovered(struct dsv4_backend *b);
+/* sparse attention's scratch budget per launch in bytes (DSV4_CUDA_ATTN_SC_MB, default 256 MB): a
+ * call whose rows need more is cut into row chunks (attn.cu attn_rows_per_call); the setter returns
+ * the old value; dsv4_cuda_attn_parts counts the launches (chunks) of sparse_attn and its rope form */
+size_t dsv4_cuda_set_attn_scratch(struct dsv4_backend *b, size_t bytes);
+long dsv4_cuda_attn_parts(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_q8 (moe.dot=e4m3: e4m3 tensor-core dots of the act-quantized input) */
