@@ -1424,6 +1424,19 @@ __device__ __forceinline__ unsigned tk_scan(unsigned x, unsigned *wsum, unsigned
     return off + inc - x;
 }
 
+/* The last step of a top-k block over one run of blockDim.x entries, entry i this thread's: gt, it
+ * lies above the cut; eq, at it.  It goes after every earlier entry above the cut and, at the cut,
+ * only the first `need` of them are taken (the lower indices, the CPU's choice); the bases carry
+ * the counts of earlier runs. */
+__device__ __forceinline__ void tk_place(int32_t *ir, int i, int gt, int eq, int need, unsigned *wsum, int *gt_base,
+                                         int *eq_base) {
+    unsigned tot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &tot); /* <= 1024 a field */
+    int eb = *eq_base + (int)(ex >> 16);
+    if (gt || (eq && eb < need)) ir[*gt_base + (int)(ex & 0xffffu) + min(eb, need)] = i;
+    *gt_base += (int)(tot & 0xffffu);
+    *eq_base += (int)(tot >> 16);
+}
+
 /* Warp 0 of a top-k block, after a radix pass's histogram: the digit (255 down) that holds the
  * need-th largest remaining entry.  Lane l holds digits 8l .. 8l+7 and the count above them by a
  * suffix scan; the lane whose digits contain it writes *s_prefix = prefix | digit << shift,
@@ -1512,12 +1525,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
     for (int base = 0; base < nr; base += blockDim.x) {
         int i = base + t;
         uint32_t key = i < nr ? tk_key(s[i]) : 0u;
-        int gt = i < nr && key > prefix, eq = i < nr && key == prefix;
-        unsigned tot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &tot); /* <= 1024 a field */
-        int eb = eq_base + (int)(ex >> 16);
-        if (gt || (eq && eb < need)) ir[gt_base + (int)(ex & 0xffffu) + min(eb, need)] = i;
-        gt_base += (int)(tot & 0xffffu);
-        eq_base += (int)(tot >> 16);
+        tk_place(ir, i, i < nr && key > prefix, i < nr && key == prefix, need, wsum, &gt_base, &eq_base);
     }
     if (t == 0) n_out[r] = k;
 }
@@ -1573,12 +1581,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
         if (u >= nu) break;
         int i = u * TK_THREADS + t;
         uint32_t km = key[u] & mask;
-        int gt = i < nr && km > prefix, eq = i < nr && km == prefix;
-        unsigned tot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &tot); /* <= 1024 a field */
-        int eb = eq_base + (int)(ex >> 16);
-        if (gt || (eq && eb < need)) ir[gt_base + (int)(ex & 0xffffu) + min(eb, need)] = i;
-        gt_base += (int)(tot & 0xffffu);
-        eq_base += (int)(tot >> 16);
+        tk_place(ir, i, i < nr && km > prefix, i < nr && km == prefix, need, wsum, &gt_base, &eq_base);
     }
     if (t == 0) n_out[r] = k;
 }
