@@ -603,7 +603,7 @@ static void test_no_scratch_growth_in_decode(void) {
  * - a failing check fails the call and commits nothing: the sequence keeps its length and the
  *   same step run again gives the logits of a run that never failed. */
 static struct {
-    int keys[64], n_keys, checks, fail_at;
+    int keys[64], n_keys, checks, fail_at, fail_from; /* fail_from: every check from that one on */
 } g_rec;
 
 static void rec_segment(dsv4_backend *b, int key) {
@@ -615,7 +615,8 @@ static void rec_segment(dsv4_backend *b, int key) {
 static int rec_check(dsv4_backend *b, dsv4_err *err) {
     (void)b;
     g_rec.checks++;
-    if (g_rec.checks == g_rec.fail_at) return dsv4_errf(err, "injected device failure");
+    if (g_rec.checks == g_rec.fail_at || (g_rec.fail_from && g_rec.checks >= g_rec.fail_from))
+        return dsv4_errf(err, "injected device failure");
     return 0;
 }
 
@@ -803,6 +804,37 @@ static void test_failed_later_subbatch(void) {
     }
     CHECK(memcmp(lg, lg + 2 * V, sizeof(float) * V) == 0);
     CHECK(memcmp(lg + V, lg + 3 * V, sizeof(float) * V) == 0);
+    /* a device that keeps failing: the restores' re-runs fail too, so both sequences are marked
+     * unusable; every later use says so, until a truncate to 0 resets them */
+    int64_t la = st[0]->len;
+    step[0].tokens = tok + 460, step[1].tokens = tok + 470;
+    step[0].n = (int)(P - la % P) + 2; /* across the next checkpoint again */
+    memset(&g_rec, 0, sizeof g_rec);
+    g_rec.fail_from = 2;
+    err.msg[0] = 0;
+    CHECK(dsv4_forward(m, step, 2, &err) != 0);
+    printf("  the same with every later check failing: %s; broken a %d b %d\n", err.msg, st[0]->broken,
+           st[1]->broken);
+    CHECK(strstr(err.msg, "restoring the sequences") != NULL);
+    CHECK(st[0]->broken && st[1]->broken);
+    g_rec.fail_from = 0;
+    dsv4_fwd_item one = {.st = st[0], .tokens = tok, .n = 1, .logits = lg};
+    CHECK(dsv4_forward(m, &one, 1, &err) != 0 && strstr(err.msg, "unusable") != NULL);
+    int32_t gout[2];
+    CHECK(dsv4_forward_greedy(m, st[1], tok[0], 2, gout, &err) != 0 && strstr(err.msg, "unusable") != NULL);
+    dsv4_state *cl = NULL;
+    CHECK(dsv4_state_clone(st[0], &cl, &err) != 0 && cl == NULL);
+    CHECK(dsv4_forward_truncate(m, st[0], la > 0 ? 1 : 0, &err) != 0);
+    CHECK(dsv4_forward_truncate(m, st[0], 0, &err) == 0 && !st[0]->broken && st[0]->len == 0);
+    /* reset, a sequence runs as a fresh one */
+    dsv4_state *fresh = NULL;
+    REQUIRE(dsv4_state_new(&fresh, &cfg, 1, &err) == 0);
+    one = (dsv4_fwd_item){.st = st[0], .tokens = tok, .n = 9, .logits = lg};
+    REQUIRE(dsv4_forward(m, &one, 1, &err) == 0);
+    one = (dsv4_fwd_item){.st = fresh, .tokens = tok, .n = 9, .logits = lg + V};
+    REQUIRE(dsv4_forward(m, &one, 1, &err) == 0);
+    CHECK(memcmp(lg, lg + V, sizeof(float) * V) == 0);
+    dsv4_state_free(fresh);
     free(lg);
     for (int i = 0; i < 4; i++) dsv4_state_free(st[i]);
     dsv4_model_free(m);

@@ -1101,7 +1101,7 @@ int dsv4_forward_truncate(dsv4_model *m, dsv4_state *st, int64_t len, dsv4_err *
     int64_t from = 0;
     if (len < 0 || len > st->len)
         return dsv4_errf(err, "truncate: length %lld is outside [0, %lld]", (long long)len, (long long)st->len);
-    if (len == st->len) return 0;
+    if (len == st->len && !st->broken) return 0;
     if (dsv4_state_rewind(st, len, &from, err)) return -1;
     /* the history's tokens in place: a chunk's reserve needs no more than len <= the history's
      * capacity (no realloc under the pointer), and the pass writes back the values it reads */
@@ -1122,6 +1122,9 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
     for (int i = 0; i < n_items; i++) {
         if (!items[i].st || items[i].n < 1 || !items[i].tokens)
             return dsv4_errf(err, "forward: item %d has no tokens", i);
+        if (items[i].st->broken)
+            return dsv4_errf(err, "forward: item %d's sequence is unusable (a failed step could not be undone); "
+                                  "truncate it to 0 or free it", i);
         for (int j = 0; j < i; j++)
             if (items[j].st == items[i].st) return dsv4_errf(err, "forward: a sequence appears twice in one step");
         for (int j = 0; j < items[i].n; j++)
@@ -1278,10 +1281,24 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         for (int i = 0; bk && i < n_items; i++) bk[i] = (struct back){items[i].st, items[i].st->len - done[i]};
         if (u) memcpy(u, m->segs, sizeof *u * (size_t)n_undo);
         /* the failed sub-batch's states, then the sub-batches committed before it (a chunk cut
-         * at a checkpoint, rows past max_rows) */
-        for (int s = 0; u && s < n_undo && !e2.msg[0]; s++) state_undo(m, u[s].st, u[s].pos0, u[s].n, &e2);
-        for (int i = 0; bk && i < n_items && !e2.msg[0]; i++)
-            if (bk[i].st->len > bk[i].len) dsv4_forward_truncate(m, bk[i].st, bk[i].len, &e2);
+         * at a checkpoint, rows past max_rows); each state on its own: one that cannot be
+         * restored is marked broken, so no later call uses it as if it were whole (the first
+         * such error joins the call's) */
+        if (!bk || (n_undo && !u)) /* which states to take back to where is not known */
+            for (int i = 0; i < n_items; i++) items[i].st->broken = 1;
+        for (int s = 0; u && s < n_undo; s++) {
+            dsv4_err e3 = {{0}};
+            if (u[s].st->broken || !state_undo(m, u[s].st, u[s].pos0, u[s].n, &e3)) continue;
+            u[s].st->broken = 1;
+            if (!e2.msg[0]) e2 = e3;
+        }
+        for (int i = 0; bk && i < n_items; i++) {
+            dsv4_err e3 = {{0}};
+            dsv4_state *st = bk[i].st;
+            if (st->broken || st->len <= bk[i].len || !dsv4_forward_truncate(m, st, bk[i].len, &e3)) continue;
+            st->broken = 1;
+            if (!e2.msg[0]) e2 = e3;
+        }
         free(u);
         free(bk);
         if (e2.msg[0]) err_also(err, "restoring the sequences to their lengths", &e2);
@@ -1378,6 +1395,7 @@ int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_step
     const dsv4_config *c = m->cfg;
     const dsv4_backend_ops *op = OPS(m);
     if (!st || !out || n_steps < 1) return dsv4_errf(err, "greedy: no sequence, output or steps");
+    if (st->broken) return dsv4_errf(err, "greedy: the sequence is unusable (a failed step could not be undone)");
     if (first < 0 || first >= c->vocab_size)
         return dsv4_errf(err, "greedy: token %d is outside the vocabulary [0, %d)", first, c->vocab_size);
     if (st->len + n_steps > (int64_t)INT32_MAX) return dsv4_errf(err, "greedy: sequence would exceed 2^31 tokens");
@@ -1399,6 +1417,7 @@ int dsv4_forward_mtp(dsv4_model *m, dsv4_state *st, int mtp_index, int32_t token
     const dsv4_config *c = m->cfg;
     if (mtp_index < 0 || mtp_index >= c->n_mtp) return dsv4_errf(err, "mtp: the model has %d MTP blocks", c->n_mtp);
     if (st->len < 1) return dsv4_errf(err, "mtp: the sequence is empty (nothing to draft from)");
+    if (st->broken) return dsv4_errf(err, "mtp: the sequence is unusable (a failed step could not be undone)");
     if (token < 0 || token >= c->vocab_size)
         return dsv4_errf(err, "mtp: token %d is outside the vocabulary [0, %d)", token, c->vocab_size);
     int layer = c->n_layers + mtp_index;

@@ -134,6 +134,7 @@ void dsv4_state_reset(dsv4_state *s) {
     }
     s->n_ckpt = 0;
     s->len = 0;
+    s->broken = 0;
 }
 
 int dsv4_state_new(dsv4_state **out, const dsv4_config *cfg, int64_t snapshot_every, dsv4_err *err) {
@@ -339,8 +340,11 @@ int dsv4_state_checkpoint(dsv4_state *s, dsv4_err *err) {
 int dsv4_state_rewind(dsv4_state *s, int64_t len, int64_t *resume_from, dsv4_err *err) {
     if (len < 0 || len > s->len)
         return dsv4_errf(err, "truncate: length %lld is outside [0, %lld]", (long long)len, (long long)s->len);
+    if (s->broken && len > 0)
+        return dsv4_errf(err, "truncate: the sequence is unusable (a failed step could not be undone); only a "
+                              "truncate to 0 resets it");
     *resume_from = len;
-    if (len == s->len) return 0;
+    if (len == s->len && !s->broken) return 0;
     while (s->n_ckpt > 0 && s->ckpt[s->n_ckpt - 1].pos > len) {
         s->n_ckpt--;
         free(s->ckpt[s->n_ckpt].f);
@@ -460,6 +464,7 @@ static void write_all(const dsv4_state *s, uint64_t tag, io *w) {
 }
 
 int dsv4_state_serialize(const dsv4_state *s, uint64_t tag, void **blob, size_t *n, dsv4_err *err) {
+    if (s->broken) return dsv4_errf(err, "snapshot: the sequence is unusable (a failed step could not be undone)");
     io w = {0};
     write_all(s, tag, &w);
     w.buf = malloc(w.at ? w.at : 1);
@@ -557,6 +562,7 @@ int dsv4_state_deserialize(dsv4_state *s, uint64_t tag, const void *blob, size_t
 
 int dsv4_state_clone(const dsv4_state *src, dsv4_state **out, dsv4_err *err) {
     *out = NULL;
+    if (src->broken) return dsv4_errf(err, "clone: the sequence is unusable (a failed step could not be undone)");
     dsv4_state *s = calloc(1, sizeof *s);
     if (!s) return dsv4_errf(err, "clone: out of memory");
     *s = *src;

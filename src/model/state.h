@@ -70,6 +70,9 @@ typedef struct dsv4_state {
     int64_t snapshot_every;
     dsv4_checkpoint *ckpt;
     int n_ckpt, ckpt_cap;
+    int broken;                /* a failed step could not be undone (forward.c): the buffers do not
+                                * match the length; forward, clone, serialize and rewinds to a length
+                                * > 0 refuse it, a reset (a rewind to 0) clears it */
 } dsv4_state;
 
 /* lcm(window, every ratio != 0): checkpoints are valid at multiples of it. */
