@@ -162,6 +162,11 @@ static void test_tiny_reference(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
     run_case(tiny_dir, "reference", NULL, 70, 12, 0.6, 80);
+    /* the prefill's FP8 linears on e4m3 tensor cores (linear.gemm=e4m3; 70 rows >= the GEMM's 32) */
+    long n0 = dsv4_cuda_gemm_e4m3_calls();
+    run_case(tiny_dir, "reference", "linear.gemm=e4m3", 70, 12, 0.6, 80);
+    printf("  linear.gemm=e4m3: %ld e4m3 GEMM calls\n", dsv4_cuda_gemm_e4m3_calls() - n0);
+    CHECK(dsv4_cuda_gemm_e4m3_calls() > n0);
 }
 
 static void test_flash2(void) {

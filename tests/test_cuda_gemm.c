@@ -10,7 +10,8 @@
  *     the CPU's 8 interleaved partial sums; a host simulation of the two orders on these
  *     value ranges gives rms rel 1.3e-6 at K = 4096 and 1.8e-6 at K = 8192;
  *   outputs rounded to bf16: rel <= 4e-3 (an order difference can flip one bf16 ulp);
- *   FP8 tensor-core path (act_fp8 with FP8 weights): rel <= 2e-6.  Measured on the H200
+ *   FP8 tensor-core path (act_fp8 with FP8 weights and linear.gemm=e4m3, DSV4_LIN_GEMM_E4M3: without
+ *     it the same calls take the exact path, test_fp8_needs_switch): rel <= 2e-6.  Measured on the H200
  *     (2026-11-29, these deterministic inputs): 1.1e-7 .. 3.0e-7 over every case, K up to
  *     8192; the first run used a bound of 1e-3, tightened to 2e-6 after it.  The e4m3 products
  *     are exact; the difference is the order of the sums and the reduced internal precision
@@ -33,12 +34,15 @@
 #include "backend/cuda/cuda.h"
 #include "cuda_test_util.h"
 
+/* the GPU's extra matmul flags (test_fp8_path: DSV4_LIN_GEMM_E4M3; the CPU ignores the bit) */
+static int g_extra;
+
 /* CPU vs CUDA matmul on one random case; returns rel (prints it) */
 static double run_case(const tw *t, int rows, int act_fp8, int out_bf16, const float *x, float *a, float *g) {
     size_t no = (size_t)rows * (size_t)t->w.rows;
     cpu.ops->matmul(&cpu, a, x, rows, &t->w, act_fp8, out_bf16);
     for (size_t i = 0; i < no; i++) g[i] = NAN;
-    gpu.ops->matmul(&gpu, g, x, rows, &t->w, act_fp8, out_bf16);
+    gpu.ops->matmul(&gpu, g, x, rows, &t->w, act_fp8 | g_extra, out_bf16);
     if (!gpu_ok()) return INFINITY;
     return rel(g, a, no);
 }
@@ -97,9 +101,11 @@ static void test_exact_path_act_fp8(void) {
     check(DSV4_WF_F32, 300, 1024, 64, 1, 0, 0, 3e-6);
 }
 
-/* (b) FP8 tensor-core path */
+/* (b) FP8 tensor-core path (linear.gemm=e4m3) */
 static void test_fp8_path(void) {
     NEED_GPU();
+    g_extra = DSV4_LIN_GEMM_E4M3;
+    long n0 = dsv4_cuda_gemm_e4m3_calls();
     for (int ri = 0; ri < 4; ri++) {
         check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 0, F8_TOL);
         check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 1, F8_TOL); /* f32 block scales (Flash-Base) */
@@ -107,12 +113,29 @@ static void test_fp8_path(void) {
     check(DSV4_WF_FP8, 512, 4096, 100, 1, 0, 0, F8_TOL);
     check(DSV4_WF_FP8, 1024, 8192, 64, 1, 0, 0, F8_TOL);
     check(DSV4_WF_FP8, 256, 1024, 100, 1, 1, 0, 4e-3); /* outputs rounded to bf16 */
+    long n = dsv4_cuda_gemm_e4m3_calls() - n0;
+    printf("  e4m3 tensor-core GEMM calls: %ld of 11\n", n);
+    CHECK(n == 11);
+    g_extra = 0;
+}
+
+/* without linear.gemm=e4m3 the same act_fp8 FP8 calls sum in fp32 as the CPU (the exact path's
+ * tolerance), and the tensor-core GEMM does not run */
+static void test_fp8_needs_switch(void) {
+    NEED_GPU();
+    long n0 = dsv4_cuda_gemm_e4m3_calls();
+    for (int ri = 0; ri < 4; ri++) check(DSV4_WF_FP8, 300, 1024, ROWS[ri], 1, 0, 0, 3e-6);
+    check(DSV4_WF_FP8, 512, 4096, 100, 1, 0, 1, 3e-6);
+    long n = dsv4_cuda_gemm_e4m3_calls() - n0;
+    printf("  e4m3 tensor-core GEMM calls without the switch: %ld\n", n);
+    CHECK(n == 0);
 }
 
 /* NaN in x: the CPU's row of outputs is all NaN, the GPU's must be the same pattern */
 static void test_nan_rows(void) {
     NEED_GPU();
-    for (int act = 0; act < 2; act++) {
+    for (int act = 0; act < 3; act++) { /* 2: act_fp8 on the e4m3 tensor cores */
+        g_extra = act == 2 ? DSV4_LIN_GEMM_E4M3 : 0;
         int rows = 70;
         int64_t O = 256, K = 1024;
         tw t = make_w(DSV4_WF_FP8, O, K, 0);
@@ -121,17 +144,18 @@ static void test_nan_rows(void) {
         fill(x, (size_t)rows * K, 1);
         x[5 * K + 700] = NAN;
         x[40 * K + 3] = INFINITY;
-        double r = run_case(&t, rows, act, 0, x, a, g);
+        double r = run_case(&t, rows, act > 0, 0, x, a, g);
         int nan_rows = 0;
         for (int i = 0; i < rows; i++) nan_rows += isnan(g[(size_t)i * O]) && isnan(g[(size_t)i * O + O - 1]);
-        printf("  NaN/Inf in x, act_fp8 %d: rel %.2e over the finite outputs, NaN rows %d (CPU pattern equal: %s)\n",
-               act, r, nan_rows, isinf(r) ? "no" : "yes");
-        CHECK(!isinf(r) && r <= (act ? F8_TOL : 3e-6));
+        printf("  NaN/Inf in x, act_fp8 %d%s: rel %.2e over the finite outputs, NaN rows %d (CPU pattern equal: %s)\n",
+               act > 0, act == 2 ? ", e4m3 GEMM" : "", r, nan_rows, isinf(r) ? "no" : "yes");
+        CHECK(!isinf(r) && r <= (act == 2 ? F8_TOL : 3e-6));
         CHECK(isnan(g[5 * O]) && isnan(a[5 * O]));
         CHECK(!isnan(g[6 * O]));
         free(x), free(a), free(g);
         free_w(&t);
     }
+    g_extra = 0;
 }
 
 /* shapes the GEMMs do not take go to the GEMV (and still agree) */
@@ -214,9 +238,11 @@ static void test_timing(void) {
         printf("  %-9s %-5s [%6lld x %5lld] rows %d: exact GEMM %.3f ms = %.1f TFLOP/s; GEMV %.3f ms = %.1f TFLOP/s",
                sh[s].name, dsv4_wfmt_name(sh[s].fmt), (long long)sh[s].O, (long long)sh[s].K, R, te * 1e3,
                flop / te / 1e12, tv * 1e3, flop / tv / 1e12);
-        if (sh[s].fmt == DSV4_WF_FP8) {
-            double tf = time_mm(&t, od, xd, R, 1, 5);
-            printf("; FP8 MMA %.3f ms = %.1f TFLOP/s", tf * 1e3, flop / tf / 1e12);
+        if (sh[s].fmt == DSV4_WF_FP8) { /* act_fp8: fp32 sums (the default), e4m3 tensor cores (linear.gemm=e4m3) */
+            double ta = time_mm(&t, od, xd, R, DSV4_LIN_ACT_FP8, 5);
+            double tf = time_mm(&t, od, xd, R, DSV4_LIN_ACT_FP8 | DSV4_LIN_GEMM_E4M3, 5);
+            printf("; act_fp8 fp32 %.3f ms = %.1f TFLOP/s; FP8 MMA %.3f ms = %.1f TFLOP/s", ta * 1e3, flop / ta / 1e12,
+                   tf * 1e3, flop / tf / 1e12);
         }
         printf("\n");
         CHECK(gpu_ok());
@@ -255,7 +281,7 @@ static void test_zy_timing(void) {
 }
 
 #define main test_main_
-TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_nan_rows, test_fallbacks, test_grouped_sgemm,
+TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_fp8_needs_switch, test_nan_rows, test_fallbacks, test_grouped_sgemm,
           test_zy_timing,
           test_zz_release)
 #undef main

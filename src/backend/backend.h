@@ -48,7 +48,7 @@ enum {
 };
 
 /* flags of the matmul ops (matmul, matmul_multi, matmul_grouped) */
-enum { DSV4_LIN_ACT_FP8 = 1, DSV4_LIN_DOT_MMA = 2 };
+enum { DSV4_LIN_ACT_FP8 = 1, DSV4_LIN_DOT_MMA = 2, DSV4_LIN_GEMM_E4M3 = 4 };
 
 /* flags of the moe and route_moe ops */
 enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4 };
@@ -69,7 +69,10 @@ typedef struct dsv4_backend_ops {
     /* out[r][o] = sum_k W[o][k] x[r][k]; x [rows, W.cols], out [rows, W.rows].  flags:
      * DSV4_LIN_ACT_FP8 (linear.act=fp8): x is act-quantized (1x128 ue8m0 e4m3) first;
      * DSV4_LIN_DOT_MMA (linear.dot=mma): a device backend may form one-row FP8 dots on tensor
-     * cores (the CPU op, the reference, ignores it).  out_bf16: outputs rounded to bf16. */
+     * cores (the CPU op, the reference, ignores it); DSV4_LIN_GEMM_E4M3 (linear.gemm=e4m3), with
+     * DSV4_LIN_ACT_FP8: it may multiply many rows by an FP8 weight on e4m3 tensor cores (the
+     * codes as they are; the MMA's reduced-precision sums within each 128-wide block), where
+     * otherwise it sums the same products in fp32 as the CPU.  out_bf16: outputs rounded to bf16. */
     void (*matmul)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                    int out_bf16);
     /* Grouped low-rank projection (wo_a): W [groups*R, C], x [rows, groups*C];

@@ -34,7 +34,8 @@
 
 /* the matmul ops' flags for the quantized linears (DSV4_LIN_*) */
 static int lin_flags(const dsv4_numerics *nm) {
-    return (nm->linear_act_fp8 ? DSV4_LIN_ACT_FP8 : 0) | (nm->lin_dot_mma ? DSV4_LIN_DOT_MMA : 0);
+    return (nm->linear_act_fp8 ? DSV4_LIN_ACT_FP8 : 0) | (nm->lin_dot_mma ? DSV4_LIN_DOT_MMA : 0) |
+           (nm->lin_gemm_e4m3 ? DSV4_LIN_GEMM_E4M3 : 0);
 }
 
 typedef struct segment {

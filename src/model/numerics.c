@@ -19,6 +19,7 @@ const dsv4_numerics DSV4_NUMERICS_EXACT = {
     .route_scale = DSV4_RSCALE_ROUTER,
     .moe_dot_mma = 0,
     .lin_dot_mma = 0,
+    .lin_gemm_e4m3 = 0,
 };
 
 const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
@@ -35,6 +36,7 @@ const dsv4_numerics DSV4_NUMERICS_REFERENCE = {
     .route_scale = DSV4_RSCALE_ROUTER,
     .moe_dot_mma = 0, /* a GPU arithmetic of ours, not the reference's */
     .lin_dot_mma = 0, /* likewise */
+    .lin_gemm_e4m3 = 0, /* DeepSeek's kernels' arithmetic, but not the CPU's: named, off (NUMERICS.md) */
 };
 
 /* ----- the switch table: one row per field, values in field order (0, 1, ...) ----- */
@@ -91,6 +93,11 @@ static const switch_row SWITCHES[] = {
         "tensor-core MMA (x split in three f16 parts per 128 columns, exact products; the MMA's own summation "
         "differs); the CPU computes f32 either way",
         "§2.0", "f32", "mma"),
+    ROW("linear.gemm", lin_gemm_e4m3, "f32|e4m3",
+        "FP8 linears of many rows (prefill, >= 32) under linear.act=fp8 on the GPU: fp32 sums of the e4m3 "
+        "products (the CPU's arithmetic), or e4m3 tensor-core MMA (DeepSeek's kernels' arithmetic: the MMA's "
+        "reduced-precision sums within each 128-wide block, promoted to fp32 per block)",
+        "§2.0", "f32", "e4m3"),
 };
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))
 

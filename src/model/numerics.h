@@ -29,6 +29,8 @@ typedef struct dsv4_numerics {
     int route_scale;        /* moe.route_scale: DSV4_RSCALE_* */
     int moe_dot_mma;        /* moe.dot: 0 f32, 1 mma (MXFP4 expert dots on f16 tensor cores), 2 e4m3 (GPU one-row path) */
     int lin_dot_mma;        /* linear.dot: 0 f32, 1 mma (one-row FP8 linear dots on f16 tensor cores, GPU) */
+    int lin_gemm_e4m3;      /* linear.gemm: 0 f32, 1 e4m3 (many-row FP8 linears under linear.act=fp8 on e4m3
+                             * tensor cores, GPU) */
 } dsv4_numerics;
 
 enum { DSV4_IKEYS_F32 = 0, DSV4_IKEYS_BF16, DSV4_IKEYS_FP8, DSV4_IKEYS_FP4 };

@@ -38,6 +38,8 @@ enum { DSV4_RP_ALL, DSV4_RP_ONE, DSV4_RP_HASH, DSV4_RP_KINDS };
 long dsv4_cuda_route_plan_calls(struct dsv4_backend *b, int kind);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);
+/* matmuls that took the e4m3 tensor-core GEMM (gemm.cu, linear.gemm=e4m3), all backends of the process */
+long dsv4_cuda_gemm_e4m3_calls(void);
 /* launches of k_gemv_multi (gemv_multi.cu: matmul_multi's entries in one launch) on this backend */
 long dsv4_cuda_gemv_multi_launches(struct dsv4_backend *b);
 /* the reference profile's inputs fused into the kernels that read them (the same bits as the

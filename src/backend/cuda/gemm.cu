@@ -437,14 +437,19 @@ __global__ void __launch_bounds__(256) k_gemm_fp8(float *__restrict__ out, const
         }
 }
 
-/* 1 if the FP8 tensor-core path takes this call */
-static int fp8_ok(const dsv4_weight *w, int act_fp8) {
-    return act_fp8 && w->fmt == DSV4_WF_FP8 && w->block == F8_BK && w->cols > 0 && w->cols % F8_BK == 0 &&
+/* 1 if the FP8 tensor-core path takes this call: only when asked for (linear.gemm=e4m3), as its
+ * sums are not the CPU's (the MMA's reduced internal precision within each 128-wide block) */
+static int fp8_ok(const dsv4_weight *w, int flags) {
+    return (flags & DSV4_LIN_ACT_FP8) && (flags & DSV4_LIN_GEMM_E4M3) && w->fmt == DSV4_WF_FP8 && w->block == F8_BK && w->cols > 0 && w->cols % F8_BK == 0 &&
            w->rows > 0;
 }
 
+static long gemm_e4m3_calls;
+extern "C" long dsv4_cuda_gemm_e4m3_calls(void) { return gemm_e4m3_calls; }
+
 static void launch_fp8(dsv4_backend *b, float *od, const float *xd, int rows, const dweight &w, int out_bf16) {
     cuda_impl *c = CI(b);
+    gemm_e4m3_calls++;
     int64_t K = w.cols, nkb = K / F8_BK;
     uint8_t *q = (uint8_t *)dsv4_cuda_scratch(b, (size_t)rows * (size_t)K);
     float *sc = (float *)dsv4_cuda_scratch(b, sizeof(float) * (size_t)rows * (size_t)nkb);
@@ -465,7 +470,7 @@ static void launch_fp8(dsv4_backend *b, float *od, const float *xd, int rows, co
 void cu_matmul_any(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                    int out_bf16) {
     const int act_fp8 = flags & DSV4_LIN_ACT_FP8;
-    int fp8 = rows >= GEMM_MIN_ROWS && fp8_ok(w, act_fp8);
+    int fp8 = rows >= GEMM_MIN_ROWS && fp8_ok(w, flags);
     /* the exact path reads x by float4: a device x must be 16-byte aligned (staged copies
      * and act_quant scratch are) */
     int x_al = !dsv4_cuda_is_dev(b, x) || ((uintptr_t)x & 15) == 0 || (act_fp8 && quantized_fmt(w->fmt));
