@@ -305,6 +305,40 @@ static void test_indexer_topk_pool(void) {
             }
             CHECK_NEAR(score[r * N + j], s, 1e-5);
         }
+    /* bf16 scores (indexer.score=bf16), the reference's rounding points: each dot and each weighted
+     * product rounded to bf16, the sum over heads in fp32 (head order) rounded once.  64 heads as
+     * V4's indexer, so that a running sum rounded after every head (the form before stop 36) gives
+     * other bits for many keys; the op's dots may differ from this loop's by an fp32 ulp, so nearly
+     * all, not all, keys must match the one-rounding form, and more of them than the other */
+    {
+        enum { BH = 64, BD = 32, BN = 200 };
+        static float bq[BH * BD], bw[BH], bk[BN * BD], bs[BN];
+        fill(bq, BH * BD, 3);
+        fill(bw, BH, 4);
+        fill(bk, BN * BD, 5);
+        for (int i = 0; i < BH; i++) bw[i] = fabsf(bw[i]) * 0.1f;
+        const float *bkp[1] = {bk};
+        int bnk[1] = {BN};
+        B()->ops->indexer_scores(B(), bs, bq, bw, 1, BH, BD, bkp, bnk, BN, 1);
+        int once = 0, every = 0;
+        for (int j = 0; j < BN; j++) {
+            float acc = 0, run = 0;
+            for (int h = 0; h < BH; h++) {
+                float d = 0;
+                for (int i = 0; i < BD; i++) d += bq[h * BD + i] * bk[j * BD + i];
+                if (d < 0) d = 0;
+                float t = dsv4_round_bf16(dsv4_round_bf16(d) * bw[h]);
+                acc += t;
+                run = dsv4_round_bf16(run + t);
+            }
+            once += bs[j] == dsv4_round_bf16(acc);
+            every += bs[j] == run;
+            CHECK(bs[j] == dsv4_round_bf16(bs[j]));
+        }
+        printf("  bf16 scores, 64 heads: %d of %d keys equal one rounding of the fp32 head sum, %d the running "
+               "bf16 sum\n", once, BN, every);
+        CHECK(once >= BN * 95 / 100 && once > every);
+    }
     int32_t idx[R * K];
     int nout[R];
     B()->ops->topk(B(), idx, nout, score, R, N, nk, K);
@@ -448,6 +482,7 @@ static void test_sim_modes(void) {
     for (int r = 0; r < 2; r++) {
         memcpy(ref, x + r * 64, sizeof(float) * 32);
         dsv4_hadamard(ref, 32);
+        dsv4_round_bf16_n(ref, 32); /* rotate_activation's bf16 output */
         dsv4_fp4_quant_dequant(ref, ref, 32, 32);
         for (int i = 0; i < 32; i++) CHECK(y[r * 64 + i] == ref[i]);
         for (int i = 32; i < 64; i++) CHECK(y[r * 64 + i] == x[r * 64 + i]); /* outside the width */

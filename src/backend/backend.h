@@ -42,7 +42,7 @@ struct dsv4_op_task;
 enum {
     DSV4_SIM_BF16 = 1,        /* round to bf16 */
     DSV4_SIM_FP8_B64 = 2,     /* fp8_sim, blocks of 64 (KV nope dims) */
-    DSV4_SIM_HAD_FP4_B32 = 3, /* Hadamard over width, then fp4_sim in blocks of 32 (indexer) */
+    DSV4_SIM_HAD_FP4_B32 = 3, /* Hadamard over width rounded to bf16, then fp4_sim in blocks of 32 (indexer) */
     DSV4_SIM_FP8_ROW = 4,     /* e4m3 with one pow2 scale per row (indexer.keys=fp8) */
     DSV4_SIM_FP4_B32 = 5,     /* e2m1 blocks of 32 without Hadamard (indexer.keys=fp4) */
 };

@@ -240,8 +240,9 @@ static void cpu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, i
         switch (mode) {
         case DSV4_SIM_BF16: dsv4_round_bf16_n(p, width); break;
         case DSV4_SIM_FP8_B64: dsv4_fp8_quant_dequant(p, p, width, 64, NULL); break;
-        case DSV4_SIM_HAD_FP4_B32:
+        case DSV4_SIM_HAD_FP4_B32: /* rotate_activation is bf16 in and out, then fp4_act_quant */
             dsv4_hadamard(p, width);
+            dsv4_round_bf16_n(p, width);
             dsv4_fp4_quant_dequant(p, p, width, 32);
             break;
         case DSV4_SIM_FP8_ROW: dsv4_fp8_quant_dequant(p, p, width, width, NULL); break;
@@ -441,10 +442,12 @@ static void cpu_indexer_scores(dsv4_backend *b, float *score, const float *q, co
         for (int h = 0; h < n_heads; h++) {
             float d = dot(q + ((size_t)r * n_heads + h) * head_dim, k, head_dim);
             if (d < 0) d = 0;
-            if (score_bf16) s = bf(s + bf(bf(d) * w[r * n_heads + h]));
+            /* bf16: the reference's einsum rounds each dot, the weight multiply each product, and
+             * its .sum over heads accumulates in fp32 and rounds once (spec §2.5) */
+            if (score_bf16) s += bf(bf(d) * w[r * n_heads + h]);
             else s += d * w[r * n_heads + h];
         }
-        score[(size_t)r * max_keys + j] = s;
+        score[(size_t)r * max_keys + j] = score_bf16 ? bf(s) : s;
     }
 }
 

@@ -917,10 +917,10 @@ __global__ void k_indexer(float *score, const float *q, const float *w, int n_he
         a = warp_sum(a);
         if (a < 0) a = 0;
         float wh = ix_w<RS>(w, (int64_t)r * n_heads + h, fr);
-        if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+        if (score_bf16) s += d_round_bf16(d_round_bf16(a) * wh); /* the sum rounded once, at the store */
         else s += a * wh;
     }
-    if (lane == 0) score[(int64_t)r * max_keys + j] = s;
+    if (lane == 0) score[(int64_t)r * max_keys + j] = score_bf16 ? d_round_bf16(s) : s;
 }
 
 /* Decode kernel (head_dim = 16 NV, q and key rows 16-byte aligned): IX_LANES lanes per key,
@@ -976,10 +976,10 @@ __global__ void __launch_bounds__(IX_THREADS)
         a += __shfl_xor_sync(0xffffffffu, a, 2);
         if (a < 0) a = 0;
         float wh = ws[h];
-        if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+        if (score_bf16) s += d_round_bf16(d_round_bf16(a) * wh); /* the sum rounded once, at the store */
         else s += a * wh;
     }
-    if (qt == 0 && j < nk) score[(int64_t)r * max_keys + j] = s;
+    if (qt == 0 && j < nk) score[(int64_t)r * max_keys + j] = score_bf16 ? d_round_bf16(s) : s;
 }
 static_assert(IX_LANES == 4, "k_indexer_v: two butterfly steps");
 
@@ -1045,7 +1045,7 @@ __global__ void __launch_bounds__(IX_THREADS)
             if (qt == 0) dots[kk * (n_heads + 1) + h] = a;
         } else {
             float wh = ws[h];
-            if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+            if (score_bf16) s += d_round_bf16(d_round_bf16(a) * wh); /* the sum rounded once, at the store */
             else s += a * wh;
         }
     }
@@ -1057,12 +1057,12 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll 8
         for (int h = 0; h < n_heads; h++) {
             float a = dk[h], wh = ws[h];
-            if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+            if (score_bf16) s += d_round_bf16(d_round_bf16(a) * wh); /* the sum rounded once, at the store */
             else s += a * wh;
         }
-        if (j < nk) score[(int64_t)r * max_keys + j] = s;
+        if (j < nk) score[(int64_t)r * max_keys + j] = score_bf16 ? d_round_bf16(s) : s;
     } else if (qt == 0 && j < nk) {
-        score[(int64_t)r * max_keys + j] = s;
+        score[(int64_t)r * max_keys + j] = score_bf16 ? d_round_bf16(s) : s;
     }
 }
 
@@ -1161,10 +1161,10 @@ __global__ void __launch_bounds__(IX_THREADS)
 #pragma unroll 8
     for (int h = 0; h < IXT_HEADS; h++) {
         float a = dk[h], wh = ws[h];
-        if (score_bf16) s = d_round_bf16(s + d_round_bf16(d_round_bf16(a) * wh));
+        if (score_bf16) s += d_round_bf16(d_round_bf16(a) * wh); /* the sum rounded once, at the store */
         else s += a * wh;
     }
-    score[(int64_t)r * max_keys + j0 + t] = s;
+    score[(int64_t)r * max_keys + j0 + t] = score_bf16 ? d_round_bf16(s) : s;
 }
 
 /* an integer switch (the caller reads it once): the variable's value when it is one of

@@ -361,7 +361,7 @@ __global__ void k_sim(float *x, int stride, int col0, int width, int mode, float
             }
             __syncthreads();
         }
-        for (int i = threadIdx.x; i < width; i += blockDim.x) p[i] = row[i] * had_scale;
+        for (int i = threadIdx.x; i < width; i += blockDim.x) p[i] = d_round_bf16(row[i] * had_scale); /* bf16 out */
         __syncthreads();
     }
     int block = mode == DSV4_SIM_FP8_B64 ? 64 : mode == DSV4_SIM_FP8_ROW ? width : 32;
