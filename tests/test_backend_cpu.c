@@ -467,6 +467,33 @@ static void test_route_and_moe(void) {
     }
 }
 
+/* rmsnorm with DSV4_NORM_BF16_STEPS: torch's arithmetic on a bf16 tensor (each square rounded to
+ * bf16 and summed in fp32, the mean, + eps and rsqrt each rounded, the product rounded), written
+ * out here; unweighted heads of 512 as q's per-head RMS.  The one-rounding form (fp32 throughout)
+ * gives other bits for a good part of the elements, so the check can see which ran. */
+static void test_rmsnorm_bf16_steps(void) {
+    enum { R = 16, D = 512 };
+    static float x[R * D], y[R * D], z[R * D];
+    fill(x, R * D, 9);
+    for (int i = 0; i < R * D; i++) x[i] = dsv4_round_bf16(x[i] * (float)(1 + i % 7));
+    B()->ops->rmsnorm(B(), y, x, R, D, NULL, 1e-6f, 1 | DSV4_NORM_BF16_STEPS);
+    B()->ops->rmsnorm(B(), z, x, R, D, NULL, 1e-6f, 1);
+    int same = 0, other = 0;
+    for (int r = 0; r < R; r++) {
+        float ss = 0;
+        for (int i = 0; i < D; i++) ss += dsv4_round_bf16(x[r * D + i] * x[r * D + i]);
+        float s = dsv4_round_bf16(1.0f / sqrtf(dsv4_round_bf16(dsv4_round_bf16(ss / (float)D) + 1e-6f)));
+        for (int i = 0; i < D; i++) {
+            same += y[r * D + i] == dsv4_round_bf16(x[r * D + i] * s);
+            other += z[r * D + i] != y[r * D + i];
+        }
+    }
+    printf("  rmsnorm bf16 steps: %d of %d elements as written out; %d differ from one rounding\n", same, R * D,
+           other);
+    CHECK(same == R * D);
+    CHECK(other > R * D / 20);
+}
+
 static void test_sim_modes(void) {
     float x[2 * 64], y[2 * 64];
     fill(x, 128, 5);
@@ -553,4 +580,4 @@ static void test_zz_free(void) {
 }
 
 TEST_MAIN(test_matmul_f32_bf16_fp8, test_matmul_grouped, test_rmsnorm_rope, test_hc_pre_post_head,
-          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_sim_modes, test_cyclic_and_copy_list, test_argmax_gather, test_zz_free)
+          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_rmsnorm_bf16_steps, test_sim_modes, test_cyclic_and_copy_list, test_argmax_gather, test_zz_free)

@@ -109,7 +109,8 @@ static void test_norm_rope_scale(void) {
     enum { R = 5, D = 512 };
     float x[R * D], a[R * D], g[R * D];
     tw w = make_w(DSV4_WF_BF16, 1, D, 0);
-    for (int bf = 0; bf < 2; bf++) {
+    for (int bf = 0; bf < 3; bf++) { /* 2: bf16 with DSV4_NORM_BF16_STEPS (q's per-head RMS, reference) */
+        if (bf == 2) bf = 1 | DSV4_NORM_BF16_STEPS;
         fill(x, R * D, 3);
         cpu.ops->rmsnorm(&cpu, a, x, R, D, &w.w, 1e-6f, bf);
         gpu.ops->rmsnorm(&gpu, g, x, R, D, &w.w, 1e-6f, bf);
@@ -187,7 +188,8 @@ static void check_norm_rope(int rows, int nh, int hd, int rd, int wfmt, int bf) 
 
 static void test_norm_rope_fused(void) {
     NEED_GPU();
-    for (int bf = 0; bf < 2; bf++) {
+    for (int bf = 0; bf < 3; bf++) { /* 2: bf16 with DSV4_NORM_BF16_STEPS (scalar, vector and fused kernels) */
+        if (bf == 2) bf = 1 | DSV4_NORM_BF16_STEPS;
         check_norm_rope(1, 64, 512, 64, -1, bf);          /* q at decode: per-head, unweighted */
         check_norm_rope(3, 64, 512, 64, -1, bf);
         check_norm_rope(1, 1, 512, 64, DSV4_WF_BF16, bf); /* kv, compressor rows */
@@ -1098,7 +1100,8 @@ static void ol_flash(ol_case *c, int R, int bf, const dsv4_weight *w1024, const 
     ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = kv, .rows = R, .n_heads = 1, .dim = 512,
                               .rope_dim = 64, .w = w512, .eps = eps, .pos = pos, .freq = fc, .out_bf16 = bf}, 0);
     ol_push(c, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = q, .rows = R, .n_heads = 64, .dim = 512,
-                              .rope_dim = 64, .eps = eps, .pos = pos, .freq = fc, .out_bf16 = bf}, 0);
+                              .rope_dim = 64, .eps = eps, .pos = pos, .freq = fc,
+                              .out_bf16 = bf ? 1 | DSV4_NORM_BF16_STEPS : 0}, 0); /* q as forward.c forms it */
     float *ape = ol_take(c, 4 * 1024), *iape = ol_take(c, 4 * 256);
     for (int r = 0; r < R; r++) {
         int ph = (int)(pos[r] % 4);

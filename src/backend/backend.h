@@ -49,6 +49,10 @@ enum {
 
 /* flags of the matmul ops (matmul, matmul_multi, matmul_grouped) */
 enum { DSV4_LIN_ACT_FP8 = 1, DSV4_LIN_DOT_MMA = 2, DSV4_LIN_GEMM_E4M3 = 4 };
+/* out_bf16 of rmsnorm / norm_rope (and their op_list tasks) with this bit as well: the norm as torch
+ * computes it on a bf16 tensor (x.square().mean(-1) + eps, rsqrt, the product: each step rounded to
+ * bf16, the sum of squares in fp32), q's per-head RMS in the reference (spec §2.5 Q.3) */
+enum { DSV4_NORM_BF16_STEPS = 2 };
 
 /* flags of the moe and route_moe ops */
 enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4 };

@@ -797,7 +797,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     dsv4_op_task qa_norm = {.kind = DSV4_TASK_RMSNORM, .out = m->qa, .in = m->qa, .rows = rows,
                             .dim = c->q_lora_rank, .w = &L->q_norm, .eps = eps, .out_bf16 = bf};
     dsv4_op_task q_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->q, .rows = rows, .n_heads = nh, .dim = hd,
-                           .rope_dim = rd, .eps = eps, .pos = m->pos, .freq = freq, .out_bf16 = bf}; /* unweighted */
+                           .rope_dim = rd, .eps = eps, .pos = m->pos, .freq = freq,
+                           .out_bf16 = bf ? 1 | DSV4_NORM_BF16_STEPS : 0}; /* unweighted; on bf16, torch's steps */
     dsv4_op_task kv_rope = {.kind = DSV4_TASK_NORM_ROPE, .out = m->kvc, .rows = rows, .n_heads = 1, .dim = hd,
                             .rope_dim = rd, .w = &L->kv_norm, .eps = eps, .pos = m->pos, .freq = freq,
                             .out_bf16 = bf};

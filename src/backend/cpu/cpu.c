@@ -186,9 +186,14 @@ static void cpu_rmsnorm(dsv4_backend *b, float *out, const float *x, int rows, i
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * dim;
         float *o = out + (size_t)r * dim;
-        float ss = 0;
-        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
-        float s = 1.0f / sqrtf(ss / (float)dim + eps);
+        float ss = 0, s;
+        if (out_bf16 & DSV4_NORM_BF16_STEPS) { /* torch on a bf16 tensor: every step rounded (q's per-head RMS) */
+            for (int i = 0; i < dim; i++) ss += bf(xr[i] * xr[i]);
+            s = bf(1.0f / sqrtf(bf(bf(ss / (float)dim) + eps)));
+        } else {
+            for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+            s = 1.0f / sqrtf(ss / (float)dim + eps);
+        }
         for (int i = 0; i < dim; i++) {
             float v = xr[i] * s;
             if (wv) v *= wv[i];

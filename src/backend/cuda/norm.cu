@@ -33,15 +33,23 @@
  */
 #include "backend/cuda/rope.cuh"
 
+/* the norm's factor from the sum of bf16-rounded squares, each step rounded to bf16 as torch on a
+ * bf16 tensor: mean, + eps, rsqrt (DSV4_NORM_BF16_STEPS; the CPU's expression) */
+__device__ __forceinline__ float d_norm_steps(float ss, int dim, float eps) {
+    return d_round_bf16(1.0f / sqrtf(d_round_bf16(__fadd_rn(d_round_bf16(ss / (float)dim), eps))));
+}
+
 __global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int has_w, float eps, int out_bf16) {
     pdl_enter();
     __shared__ float sh[32];
     int64_t r = blockIdx.x;
     const float *xr = x + r * dim;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    const int steps = out_bf16 & DSV4_NORM_BF16_STEPS;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        ss += steps ? d_round_bf16(__fmul_rn(xr[i], xr[i])) : xr[i] * xr[i];
     ss = block_sum(ss, sh);
-    float s = 1.0f / sqrtf(ss / (float)dim + eps);
+    float s = steps ? d_norm_steps(ss, dim, eps) : 1.0f / sqrtf(ss / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * s;
         if (has_w) v *= d_weight_at(w, 0, i);
@@ -71,6 +79,13 @@ __device__ __forceinline__ float d_sq4(float4 v) {
                      __fmul_rn(v.w, v.w));
 }
 
+/* d_sq4 with each square rounded to bf16 first (DSV4_NORM_BF16_STEPS) */
+__device__ __forceinline__ float d_sq4_bf16(float4 v) {
+    return __fadd_rn(__fadd_rn(__fadd_rn(d_round_bf16(__fmul_rn(v.x, v.x)), d_round_bf16(__fmul_rn(v.y, v.y))),
+                               d_round_bf16(__fmul_rn(v.z, v.z))),
+                     d_round_bf16(__fmul_rn(v.w, v.w)));
+}
+
 /* float4 lt of the vector at xr (dim = 4 * nt: nt threads, lt this one among them, sh their
  * nt/32 slots), normed: its weights loaded with it (one memory round trip before the block sum
  * instead of three), then x * s * w rounded to bf16 if asked.  k_rmsnorm_vec, k_norm_rope and
@@ -80,8 +95,9 @@ __device__ __forceinline__ float4 d_rmsnorm4(const float4 *xr, int dim, const dw
     int t = lt;
     float4 v = __ldg(xr + t), wv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     if (has_w) wv = d_weight4(w, t, vw);
-    float ss = d_part_sum(d_sq4(v), sh, lt, nt);
-    float s = 1.0f / sqrtf(ss / (float)dim + eps);
+    const int steps = out_bf16 & DSV4_NORM_BF16_STEPS;
+    float ss = d_part_sum(steps ? d_sq4_bf16(v) : d_sq4(v), sh, lt, nt);
+    float s = steps ? d_norm_steps(ss, dim, eps) : 1.0f / sqrtf(ss / (float)dim + eps);
     float4 o = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
     if (has_w) o.x *= wv.x, o.y *= wv.y, o.z *= wv.z, o.w *= wv.w;
     if (out_bf16) o.x = d_round_bf16(o.x), o.y = d_round_bf16(o.y), o.z = d_round_bf16(o.z), o.w = d_round_bf16(o.w);
@@ -418,6 +434,7 @@ __global__ void k_op_list(const __grid_constant__ ol_params p) {
     }
     const ol_task &t = p.t[lo];
     int tb = bi - p.first[lo], nb = p.first[lo + 1] - p.first[lo], T = blockDim.x, bf = t.flags & 1;
+    int nbf = bf | ((t.flags & 16) ? DSV4_NORM_BF16_STEPS : 0); /* the norm's out_bf16 */
     if (t.kind == OL_RMSNORM || t.kind == OL_NORM_ROPE) {
         int dim = t.n2, nt = dim / 4, sub = threadIdx.x / nt, lt = threadIdx.x - sub * nt, vw = (t.flags >> 2) & 3;
         int64_t nvec = t.kind == OL_RMSNORM ? (int64_t)t.n0 : (int64_t)t.n0 * t.n1;
@@ -427,7 +444,7 @@ __global__ void k_op_list(const __grid_constant__ ol_params p) {
         dweight w = {};
         w.fmt = vw == 1 ? DSV4_WF_F32 : DSV4_WF_BF16;
         w.data = (const uint8_t *)t.w;
-        float4 o = d_rmsnorm4((const float4 *)((const float *)t.y + v * dim), dim, w, t.w != NULL, vw, t.f, bf,
+        float4 o = d_rmsnorm4((const float4 *)((const float *)t.y + v * dim), dim, w, t.w != NULL, vw, t.f, nbf,
                               sh + sub * (nt >> 5), lt, nt);
         if (t.kind == OL_NORM_ROPE) {
             int c0 = 4 * lt - (dim - t.n3); /* as k_norm_rope */

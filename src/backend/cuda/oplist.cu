@@ -68,7 +68,7 @@ static int ol_classify(dsv4_backend *b, const dsv4_op_task *t, ol_entry *e) {
     ol_task &d = e->t;
     d.x = t->out;
     d.y = t->in;
-    d.flags = t->out_bf16 ? 1 : 0;
+    d.flags = (t->out_bf16 ? 1 : 0) | ((t->out_bf16 & DSV4_NORM_BF16_STEPS) ? 16 : 0);
     int dev = dsv4_cuda_is_dev(b, t->out);
     switch (t->kind) {
     case DSV4_TASK_RMSNORM:

@@ -14,7 +14,7 @@
  *   OL_ADD_CYCLIC n0 rows of n1 floats in place (x), += y row ((n3 + row) mod n2)
  *   OL_COPY16     n0 16-byte words y -> x;  OL_COPY1: n0 bytes
  *   OL_SCALE      n0 floats in place (x) times f
- * flags: bit 0 out_bf16, bit 1 inverse (rope), bits 2-3 vw. */
+ * flags: bit 0 out_bf16, bit 1 inverse (rope), bits 2-3 vw, bit 4 the norm's DSV4_NORM_BF16_STEPS. */
 #ifndef DSV4_BACKEND_CUDA_OPLIST_CUH
 #define DSV4_BACKEND_CUDA_OPLIST_CUH
 
