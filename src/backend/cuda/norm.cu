@@ -46,8 +46,10 @@ __global__ void k_rmsnorm(float *out, const float *x, int dim, dweight w, int ha
     const float *xr = x + r * dim;
     float ss = 0.0f;
     const int steps = out_bf16 & DSV4_NORM_BF16_STEPS;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        ss += steps ? d_round_bf16(__fmul_rn(xr[i], xr[i])) : xr[i] * xr[i];
+    if (steps) /* its own loop: the default one is the expression it always was (its fma contraction) */
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += d_round_bf16(__fmul_rn(xr[i], xr[i]));
+    else
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, sh);
     float s = steps ? d_norm_steps(ss, dim, eps) : 1.0f / sqrtf(ss / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
