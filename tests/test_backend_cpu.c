@@ -580,4 +580,5 @@ static void test_zz_free(void) {
 }
 
 TEST_MAIN(test_matmul_f32_bf16_fp8, test_matmul_grouped, test_rmsnorm_rope, test_hc_pre_post_head,
-          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_rmsnorm_bf16_steps, test_sim_modes, test_cyclic_and_copy_list, test_argmax_gather, test_zz_free)
+          test_sparse_attn_sink, test_indexer_topk_pool, test_route_and_moe, test_rmsnorm_bf16_steps, test_sim_modes,
+          test_cyclic_and_copy_list, test_argmax_gather, test_zz_free)

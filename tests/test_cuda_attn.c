@@ -34,7 +34,8 @@
  * separate ops on the CUDA backend (bit-identical: every path, including the fallbacks of odd
  * head_dim), and against the CPU's separate ops within the tolerances above; q and w must come
  * back unwritten.  Shapes: Flash decode (64 x 512, rope 64, 640 keys) at rows 1, 4 and 8, Pro's
- * (128 x 512, 1152 keys) at rows 1 and 4, the Flash indexer (64 x 128, rope 64) over 516, 2052 and 8192 keys at rows 1, 3 and 8, odd shapes
+ * (128 x 512, 1152 keys) at rows 1 and 4, the Flash indexer (64 x 128, rope 64) over 516, 2052
+ * and 8192 keys at rows 1, 3 and 8, odd shapes
  * (rope 12 of 36, rope 13, the whole head rotated, head_dim 67, host and unaligned keys, rows 40:
  * positions staged); positions from 0 to 2^31 - 1000 (the sine and cosine's slow argument
  * reduction).  DSV4_CUDA_ATTN_FUSE=0 must leave both ops NULL.
@@ -978,6 +979,6 @@ static void test_zz_bench(void) {
     bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
-TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes, test_staged_arrays,
-          test_bad_picks, test_indexer, test_topk, test_attn_rope, test_row_chunks, test_indexer_rs, test_attn_fuse_switch,
-          test_zz_bench)
+TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes,
+          test_staged_arrays, test_bad_picks, test_indexer, test_topk, test_attn_rope, test_row_chunks,
+          test_indexer_rs, test_attn_fuse_switch, test_zz_bench)

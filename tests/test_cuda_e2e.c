@@ -422,6 +422,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2, test_pro3,
-          test_backend_errors,
-          test_zz_cleanup)
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2,
+          test_pro3, test_backend_errors, test_zz_cleanup)

@@ -281,9 +281,8 @@ static void test_zy_timing(void) {
 }
 
 #define main test_main_
-TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_fp8_needs_switch, test_nan_rows, test_fallbacks, test_grouped_sgemm,
-          test_zy_timing,
-          test_zz_release)
+TEST_MAIN(test_exact_path, test_exact_path_act_fp8, test_fp8_path, test_fp8_needs_switch, test_nan_rows,
+          test_fallbacks, test_grouped_sgemm, test_zy_timing, test_zz_release)
 #undef main
 
 int main(int argc, char **argv) {

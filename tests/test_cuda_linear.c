@@ -170,8 +170,8 @@ static void check_mma(int G, int64_t O, int64_t K, int rows, int sf32, int in_bf
     printf("  mma %-14s %d x [%6lld x %5lld] rows %d%s in/out_bf16 %d/%d act_fp8 %d x %d: %s, rel %.2e (tol %.0e)\n",
            what, G, (long long)O, (long long)K, rows, sf32 ? " f32s" : "", in_bf16, out_bf16, act_fp8, mode,
            ran ? "k_gemv_mma" : "declined", r, tol);
-    CHECKF(ok && (taken < 0 || ran == taken) && zero_ok && (mode == 3 || r <= tol), "mma %s ran %d (want %d) rel %g zeros %d", what,
-           ran, taken, r, zero_ok);
+    CHECKF(ok && (taken < 0 || ran == taken) && zero_ok && (mode == 3 || r <= tol),
+           "mma %s ran %d (want %d) rel %g zeros %d", what, ran, taken, r, zero_ok);
     free(x), free(a), free(g);
     free_w(&t);
 }
@@ -451,5 +451,5 @@ static void test_pro_shapes(void) {
     check_mma(16, 1024, 4096, 1, 0, 1, 1, 0, 0, -1, "pro wo_a bf16");
 }
 
-TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_gemv_mma, test_fused_input, test_batched, test_other_shapes,
-          test_fresh_weights, test_timing)
+TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_gemv_mma, test_fused_input, test_batched,
+          test_other_shapes, test_fresh_weights, test_timing)

@@ -1385,7 +1385,8 @@ static void test_greedy(void) {
     low_close(&lm);
 }
 
-TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_max_position, test_consistency_exact, test_consistency_reference, test_batch_equals_separate,
-          test_truncate_checkpoints, test_truncate_recompute, test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
-          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair, test_segment_starts,
-          test_greedy, test_side_chain, test_zz_cleanup)
+TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_max_position, test_consistency_exact,
+          test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints, test_truncate_recompute,
+          test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
+          test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair,
+          test_segment_starts, test_greedy, test_side_chain, test_zz_cleanup)

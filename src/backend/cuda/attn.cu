@@ -533,6 +533,18 @@ struct attn_plan {
     attn_blob<AB_LARGE> blob;
 };
 
+/* keys of the longest row (window rows, then the picked or all compressed rows), from host counts */
+static int attn_max_keys(int rows, const int *n_win, int max_win, const float *const *comp_base, const int *n_comp,
+                         const int32_t *picks, int topk) {
+    int max_n = 1;
+    for (int r = 0; r < rows; r++) {
+        int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r], nc = 0;
+        if (comp_base && comp_base[r]) nc = picks ? (topk < n_comp[r] ? topk : n_comp[r]) : n_comp[r];
+        if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
+    }
+    return max_n;
+}
+
 /* Everything of the op before its launches: key lists (slow path for host keys), the host
  * arrays as a parameter blob or staged, scratch.  0 or -1 (sticky error set). */
 static int attn_setup(dsv4_backend *b, attn_plan *P, float *out, const float *q, int rows, int n_heads, int head_dim,
@@ -563,12 +575,7 @@ static int attn_setup(dsv4_backend *b, attn_plan *P, float *out, const float *q,
         win = hl, n_win = hnl, max_win = ml;
         comp_base = NULL, n_comp = NULL, picks = NULL, n_picks = NULL, topk = 0;
     }
-    int max_n = 1; /* keys of the longest row, from host counts */
-    for (int r = 0; r < rows; r++) {
-        int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r], nc = 0;
-        if (comp_base && comp_base[r]) nc = picks ? (topk < n_comp[r] ? topk : n_comp[r]) : n_comp[r];
-        if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
-    }
+    int max_n = attn_max_keys(rows, n_win, max_win, comp_base, n_comp, picks, topk);
     int rh = rows * n_heads;
     attn_args *a = &P->a;
     memset(a, 0, sizeof *a);
@@ -689,15 +696,12 @@ static int attn_launch(dsv4_backend *b, const attn_plan *P, int what, const fuse
  * context needs GBs at once (512 rows x 64 heads x 8320 keys at 1M tokens: 1.1 GB), which a
  * device holding most of its memory in weights may not have.  Rows are independent and each row's
  * sums run in the same order whatever the launch (the scratch stride aside), so a cut call gives
- * the same bits (test_cuda_attn test_row_chunks). */
+ * the same bits (test_cuda_attn test_row_chunks) where every part takes the kernels the whole call
+ * took: a part whose keys are all 16-byte aligned, of a call with an unaligned one elsewhere, takes
+ * the float4 kernels instead (the forward pass's keys are all aligned). */
 static int attn_rows_per_call(dsv4_backend *b, int rows, int n_heads, const int *n_win, int max_win,
                               const float *const *comp_base, const int *n_comp, const int32_t *picks, int topk) {
-    int max_n = 1;
-    for (int r = 0; r < rows; r++) { /* attn_setup's count */
-        int nw = n_win[r] < 0 ? 0 : n_win[r] > max_win ? max_win : n_win[r], nc = 0;
-        if (comp_base && comp_base[r]) nc = picks ? (topk < n_comp[r] ? topk : n_comp[r]) : n_comp[r];
-        if (nw + (nc > 0 ? nc : 0) > max_n) max_n = nw + (nc > 0 ? nc : 0);
-    }
+    int max_n = attn_max_keys(rows, n_win, max_win, comp_base, n_comp, picks, topk);
     size_t per_row = (size_t)max_n * (sizeof(float) * (size_t)n_heads + sizeof(float *));
     size_t per = CI(b)->attn_sc_max / per_row;
     return per < 1 ? 1 : per > (size_t)rows ? rows : (int)per;
@@ -710,19 +714,21 @@ extern "C" size_t dsv4_cuda_set_attn_scratch(dsv4_backend *b, size_t bytes) {
 }
 extern "C" long dsv4_cuda_attn_parts(dsv4_backend *b) { return CI(b)->attn_parts; }
 
-void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+/* sparse_attn, and with rope_dim > 0 the inverse RoPE of its output in k_attn_pv's epilogue: one
+ * launch pair per part of at most attn_rows_per_call rows (each part with its rows' positions) */
+static void attn_op(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
                     const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
                     const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
-                    float scale, int prob_bf16, int out_bf16) {
+                    float scale, int prob_bf16, int out_bf16, int rope_dim, const int64_t *pos, const double *freq) {
     int per = rows > 1 ? attn_rows_per_call(b, rows, n_heads, n_win, max_win, comp_base, n_comp, picks, topk) : rows;
     if (per < rows) {
         for (int r0 = 0; r0 < rows; r0 += per) {
             int n = rows - r0 < per ? rows - r0 : per;
             size_t o = (size_t)r0 * n_heads * head_dim;
-            cu_sparse_attn(b, out + o, q + o, n, n_heads, head_dim, win ? win + (size_t)r0 * max_win : NULL,
-                           n_win + r0, max_win, comp_base ? comp_base + r0 : NULL, n_comp ? n_comp + r0 : NULL,
-                           picks ? picks + (size_t)r0 * topk : NULL, n_picks ? n_picks + r0 : NULL, topk, sink, scale,
-                           prob_bf16, out_bf16);
+            attn_op(b, out + o, q + o, n, n_heads, head_dim, win ? win + (size_t)r0 * max_win : NULL, n_win + r0,
+                    max_win, comp_base ? comp_base + r0 : NULL, n_comp ? n_comp + r0 : NULL,
+                    picks ? picks + (size_t)r0 * topk : NULL, n_picks ? n_picks + r0 : NULL, topk, sink, scale,
+                    prob_bf16, out_bf16, rope_dim, pos ? pos + r0 : NULL, freq);
         }
         return;
     }
@@ -731,12 +737,25 @@ void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n
     CI(b)->attn_parts++;
     attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
     attn_plan *P = &plan;
+    fused_rope fr;
+    memset(&fr, 0, sizeof fr);
+    fr.rope_dim = rope_dim;
+    fr.out_bf16 = out_bf16;
     if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
                     topk, sink, scale, prob_bf16, out_bf16) &&
-        !attn_launch(b, P, 3)) {
+        (!rope_dim || !rope_inputs(b, rows, rope_dim / 2, pos, freq, &fr.ra, &fr.pd, &fr.fd)) &&
+        !attn_launch(b, P, 3, rope_dim ? &fr : NULL)) {
         dsv4_cuda_commit(b, out, P->a.out, sizeof(float) * (size_t)rows * n_heads * head_dim);
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
     }
+}
+
+void cu_sparse_attn(dsv4_backend *b, float *out, const float *q, int rows, int n_heads, int head_dim,
+                    const float *const *win, const int *n_win, int max_win, const float *const *comp_base,
+                    const int *n_comp, const int32_t *picks, const int *n_picks, int topk, const float *sink,
+                    float scale, int prob_bf16, int out_bf16) {
+    attn_op(b, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks, topk, sink,
+            scale, prob_bf16, out_bf16, 0, NULL, NULL);
 }
 
 void cu_rope(dsv4_backend *, float *, int, int, int, int, const int64_t *, const double *, int, int); /* norm.cu */
@@ -756,33 +775,8 @@ void cu_sparse_attn_rope(dsv4_backend *b, float *out, const float *q, int rows, 
         cu_rope(b, out, rows, n_heads, head_dim, rope_dim, pos, freq, 1, out_bf16);
         return;
     }
-    int per = rows > 1 ? attn_rows_per_call(b, rows, n_heads, n_win, max_win, comp_base, n_comp, picks, topk) : rows;
-    if (per < rows) { /* cu_sparse_attn's cut, each part with its rows' positions */
-        for (int r0 = 0; r0 < rows; r0 += per) {
-            int n = rows - r0 < per ? rows - r0 : per;
-            size_t o = (size_t)r0 * n_heads * head_dim;
-            cu_sparse_attn_rope(b, out + o, q + o, n, n_heads, head_dim, win ? win + (size_t)r0 * max_win : NULL,
-                                n_win + r0, max_win, comp_base ? comp_base + r0 : NULL, n_comp ? n_comp + r0 : NULL,
-                                picks ? picks + (size_t)r0 * topk : NULL, n_picks ? n_picks + r0 : NULL, topk, sink,
-                                scale, prob_bf16, out_bf16, rope_dim, pos + r0, freq);
-        }
-        return;
-    }
-    dsv4_cuda_op_begin(b);
-    if (rows <= 0 || n_heads <= 0) return;
-    CI(b)->attn_parts++;
-    attn_plan plan; /* 12 KB on the stack: decode allocates nothing */
-    attn_plan *P = &plan;
-    fused_rope fr;
-    memset(&fr, 0, sizeof fr);
-    fr.rope_dim = rope_dim;
-    fr.out_bf16 = out_bf16;
-    if (!attn_setup(b, P, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks,
-                    topk, sink, scale, prob_bf16, out_bf16) &&
-        !rope_inputs(b, rows, rope_dim / 2, pos, freq, &fr.ra, &fr.pd, &fr.fd) && !attn_launch(b, P, 3, &fr)) {
-        dsv4_cuda_commit(b, out, P->a.out, sizeof(float) * (size_t)rows * n_heads * head_dim);
-        dsv4_cuda_op_end(b, DSV4_CUDA_OP_SPARSE_ATTN);
-    }
+    attn_op(b, out, q, rows, n_heads, head_dim, win, n_win, max_win, comp_base, n_comp, picks, n_picks, topk, sink,
+            scale, prob_bf16, out_bf16, rope_dim, pos, freq);
 }
 
 /* Test hook (tests/test_cuda_attn.c, DSV4_ATTN_BENCH, which declares it): sets up one

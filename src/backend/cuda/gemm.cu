@@ -440,8 +440,8 @@ __global__ void __launch_bounds__(256) k_gemm_fp8(float *__restrict__ out, const
 /* 1 if the FP8 tensor-core path takes this call: only when asked for (linear.gemm=e4m3), as its
  * sums are not the CPU's (the MMA's reduced internal precision within each 128-wide block) */
 static int fp8_ok(const dsv4_weight *w, int flags) {
-    return (flags & DSV4_LIN_ACT_FP8) && (flags & DSV4_LIN_GEMM_E4M3) && w->fmt == DSV4_WF_FP8 && w->block == F8_BK && w->cols > 0 && w->cols % F8_BK == 0 &&
-           w->rows > 0;
+    return (flags & DSV4_LIN_ACT_FP8) && (flags & DSV4_LIN_GEMM_E4M3) && w->fmt == DSV4_WF_FP8 && w->block == F8_BK &&
+           w->cols > 0 && w->cols % F8_BK == 0 && w->rows > 0;
 }
 
 static long gemm_e4m3_calls;
