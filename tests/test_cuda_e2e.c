@@ -79,14 +79,36 @@ static int argmax(const float *x, int n) {
 
 typedef struct {
     double worst;
-    int rows, same_argmax;
+    int rows, same_argmax, far; /* far: rows whose argmax differs and is no near-tie (below) */
 } cmp_t;
 
+/* A row whose argmax differs counts as a near-tie when the GPU's pick is within 4 rms of the
+ * row's own difference below the CPU's max (a[cpu] - a[gpu] <= 4 * rel * rms(a)): the logits
+ * then differ by more than the CPU's gap, so which of the two wins is the profile's noise, not a
+ * wrong pick.  Under `exact` that band is ~1e-5 (rel ~1e-6), so every pick must agree; under
+ * `reference` the bf16 and fp8 roundings turn accumulation-order differences into a few percent
+ * of the logits (flash-2 5.4e-2, pro-3 7.7e-2 on the H200, 2026-12-05), and rows with a CPU top-2
+ * gap of 0.0015-0.074 flipped (3 of 26 in both). Any pick further below is `far`, a failure. */
 static void cmp_rows(cmp_t *c, const float *g, const float *a, int rows, int V) {
     for (int r = 0; r < rows; r++) {
         double e = rel(g + (size_t)r * V, a + (size_t)r * V, V);
         if (e > c->worst) c->worst = e;
-        c->same_argmax += argmax(g + (size_t)r * V, V) == argmax(a + (size_t)r * V, V);
+        const float *ar = a + (size_t)r * V, *gr = g + (size_t)r * V;
+        int ta = argmax(ar, V), tg = argmax(gr, V);
+        c->same_argmax += ta == tg;
+        if (ta != tg) {
+            int t2 = ta == 0 ? 1 : 0;
+            for (int i = 0; i < V; i++)
+                if (i != ta && ar[i] > ar[t2]) t2 = i;
+            double ss = 0;
+            for (int i = 0; i < V; i++) ss += (double)ar[i] * ar[i];
+            double rms = sqrt(ss / V), deficit = (double)ar[ta] - ar[tg];
+            int near = deficit <= 4.0 * e * rms;
+            c->far += !near;
+            printf("    row %d: argmax cpu %d gpu %d; cpu top-2 gap %.3e, gpu pick %.3e below the cpu max "
+                   "(cpu logits rms %.3e, row rel %.2e): %s\n", c->rows, ta, tg, (double)(ar[ta] - ar[t2]), deficit,
+                   rms, e, near ? "near-tie" : "FAR");
+        }
         c->rows++;
     }
 }
@@ -144,6 +166,7 @@ static void run_case(const char *dir, const char *profile, const char *gset, int
            dir, profile, gset ? ", cuda " : "", gset ? gset : "", T, prefill, c.rows, c.worst, c.same_argmax, c.rows, tol, argmax_pct);
     CHECK(c.worst <= tol);
     CHECK(c.same_argmax * 100 >= c.rows * argmax_pct);
+    CHECK(c.far == 0);
     for (int i = 0; i < 2; i++) dsv4_seq_free(bc[i]), dsv4_seq_free(bg[i]);
     dsv4_seq_free(sc);
     dsv4_seq_free(sg);
@@ -174,11 +197,11 @@ static void test_tiny_reference(void) {
  * require_mma (Flash's wq_b, wo_a, wo_b take it; Pro's K 1536 / 7168 / 16384 mostly decline) */
 static void full_size_cases(const char *dir, int require_mma) {
     run_case(dir, "exact", NULL, 20, 3, 1e-4, 90);
-    run_case(dir, "reference", NULL, 20, 3, 0.1, 90);
+    run_case(dir, "reference", NULL, 20, 3, 0.1, 80); /* 80 %: see cmp_rows (23/26 measured, all near-ties) */
     /* the MXFP4 experts' one-row dots on tensor cores (decode steps) against the CPU's fp32 */
     run_case(dir, "exact", "moe.dot=mma", 20, 3, 1e-4, 90);
     /* the experts' one-row dots of the act-quantized inputs on e4m3 tensor cores (decode steps) */
-    run_case(dir, "reference", "moe.dot=e4m3", 20, 3, 0.1, 90);
+    run_case(dir, "reference", "moe.dot=e4m3", 20, 3, 0.1, 80);
     /* the one-row FP8 linears on tensor cores (decode steps) against the CPU's fp32 */
     long n0 = dsv4_cuda_gemv_mma_calls();
     run_case(dir, "exact", "linear.dot=mma", 20, 3, 1e-4, 90);
