@@ -76,7 +76,9 @@ def transformers_tables(model_dir):
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     cfg = DeepseekV4Config.from_pretrained(model_dir)
-    for k, v in (("num_hidden_layers", 3), ("n_routed_experts", 8), ("num_experts_per_tok", 2),
+    # the layer count stays the checkpoint's: its per-layer lists (compress ratios) have that many entries
+    # (2026-12-05 on the device: num_hidden_layers 3 over flash-2's config raised IndexError)
+    for k, v in (("n_routed_experts", 8), ("num_experts_per_tok", 2),
                  ("vocab_size", 256), ("moe_intermediate_size", 64)):
         if hasattr(cfg, k):
             setattr(cfg, k, v)
