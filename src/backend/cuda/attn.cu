@@ -1590,7 +1590,12 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
  * Tried and removed (2026-12-04): listing the first pass's digit's entries once, so that the
  * later passes histogram only those (DSV4_CUDA_TOPK_CAND=1): the same picks, and no time gained
  * (8192 keys in a graph: 13.5 us a call either way; the 20-layer step at 32K: 3.27 ms either way,
- * picks on the device), so the passes are not where this kernel's time goes. */
+ * picks on the device), so the passes are not where this kernel's time goes.
+ * Tried and removed (2026-12-05): tk_key by selects instead of early returns (the same key for
+ * all 2^32 bit patterns) and the scores loaded 8 a thread before any key is formed, here and in
+ * k_topk_r, since the PTX put each load behind branches on the value before it: test_topk passed
+ * (and with DSV4_CUDA_TOPK_SMEM=1), but the 20-layer step at 32K took 3.23 ms either way (greedy,
+ * two rounds each; main 3.22 / 3.22), so ptxas had already predicated those loads. */
 #define TK_SMAX 49152
 static_assert(TK_SMAX < 65536, "k_topk_s packs two counts of up to TK_SMAX into 16 bits each");
 __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out, const float *score, int stride,
