@@ -36,7 +36,10 @@
  *   mma chain+gemv: the chain then the MMA GEMV, weights from global memory
  *   mma staged:     S KB of the block's rows (S = 200, 128, 64) by cp.async during the chain, then
  *                   the MMA GEMV reading those rows from shared memory
- *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/smem_probe.cu -o smem_probe && ./smem_probe [NPH] */
+ * COPIES (second argument, default 1): the weights held that many times, launch i of a graph reading
+ * copy i % COPIES, so that at 4 (134 MB against the 50 MB L2) each launch reads its weights from
+ * memory; with one copy, the 20 launches of a graph reread the same 33.6 MB, which L2 partly serves.
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/smem_probe.cu -o smem_probe && ./smem_probe [NPH [COPIES]] */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <math.h>
@@ -299,15 +302,17 @@ struct probe_bufs {
 
 /* us per launch of mode m (stage rows sr), the fastest of 5 graphs of REPS launches; *chain_us:
  * block 0's chain per launch at the SM clock (MHz clk) */
-static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, float *h_out, double clk_mhz,
-                       double *chain_us) {
+static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p0, float *h_out, double clk_mhz,
+                       double *chain_us, int copies) {
     cudaStream_t st;
     CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     size_t smem = m == 3 || m == 4 || m == 12 ? (size_t)sr * K : 0; /* 10, 11, 12: the MMA modes 0, 1, 2 */
-    CKP(cudaMemset(p.count, 0, sizeof(unsigned))); /* for the warm-up launch in probe_graph_ready */
+    CKP(cudaMemset(p0.count, 0, sizeof(unsigned))); /* for the warm-up launch in probe_graph_ready */
     CKP(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     for (int i = 0; i < REPS; i++) {
         unsigned base = (unsigned)i * (unsigned)nph * (unsigned)nb;
+        probe_bufs p = p0; /* launch i reads copy i % copies of the weights (all copies hold the same bytes) */
+        p.W = p0.W + (size_t)(i % copies) * R * K;
         if (m == 0) k_probe<0><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
         else if (m == 1) k_probe<1><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
         else if (m == 2) k_probe<2><<<nb, THREADS, 0, st>>>(p.out, p.W, p.x, p.words, p.count, base, nph, 0, p.cyc);
@@ -323,15 +328,15 @@ static double run_mode(int m, int sr, int nph, int nb, const probe_bufs &p, floa
     float best = 1e30f;
     long long cyc_best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        CKP(cudaMemsetAsync(p.count, 0, sizeof(unsigned), st)); /* the barrier's counter from 0 each graph */
-        CKP(cudaMemsetAsync(p.cyc, 0, sizeof(long long), st));
-        CKP(cudaMemsetAsync(p.out, 0, sizeof(float) * R, st));
+        CKP(cudaMemsetAsync(p0.count, 0, sizeof(unsigned), st)); /* the barrier's counter from 0 each graph */
+        CKP(cudaMemsetAsync(p0.cyc, 0, sizeof(long long), st));
+        CKP(cudaMemsetAsync(p0.out, 0, sizeof(float) * R, st));
         float ms = probe_graph_once_ms(ge, st);
         long long cyc;
-        CKP(cudaMemcpy(&cyc, p.cyc, sizeof cyc, cudaMemcpyDeviceToHost));
+        CKP(cudaMemcpy(&cyc, p0.cyc, sizeof cyc, cudaMemcpyDeviceToHost));
         if (ms < best) best = ms, cyc_best = cyc;
     }
-    if (m != 0) CKP(cudaMemcpy(h_out, p.out, sizeof(float) * R, cudaMemcpyDeviceToHost));
+    if (m != 0) CKP(cudaMemcpy(h_out, p0.out, sizeof(float) * R, cudaMemcpyDeviceToHost));
     *chain_us = m == 1 || m == 10 ? 0.0 : (double)cyc_best / REPS / clk_mhz;
     CKP(cudaGraphExecDestroy(ge));
     CKP(cudaStreamDestroy(st));
@@ -365,9 +370,9 @@ static int host_check(const float *got, const uint8_t *hw, const float *hx) {
 }
 
 int main(int argc, char **argv) {
-    int nph = argc > 1 ? atoi(argv[1]) : 16;
-    if (nph < 1 || nph > 1000) {
-        fprintf(stderr, "usage: smem_probe [phases 1..1000]\n");
+    int nph = argc > 1 ? atoi(argv[1]) : 16, copies = argc > 2 ? atoi(argv[2]) : 1;
+    if (nph < 1 || nph > 1000 || copies < 1 || copies > 8) {
+        fprintf(stderr, "usage: smem_probe [phases 1..1000] [weight copies 1..8]\n");
         return 2;
     }
     cudaDeviceProp pr;
@@ -378,7 +383,7 @@ int main(int argc, char **argv) {
     probe_bufs p;
     CKP(cudaMalloc(&p.out, sizeof(float) * R));
     CKP(cudaMalloc(&p.x, sizeof(float) * K));
-    CKP(cudaMalloc(&p.W, (size_t)R * K));
+    CKP(cudaMalloc(&p.W, (size_t)R * K * copies));
     CKP(cudaMalloc(&p.words, sizeof(unsigned) * 2 * nb));
     CKP(cudaMalloc(&p.count, sizeof(unsigned)));
     CKP(cudaMalloc(&p.cyc, sizeof(long long)));
@@ -396,14 +401,14 @@ int main(int argc, char **argv) {
         s = s * 1664525u + 1013904223u;
         hx[i] = (float)((int)(s >> 9) - (1 << 22)) / (float)(1 << 22);
     }
-    CKP(cudaMemcpy(p.W, hw, (size_t)R * K, cudaMemcpyHostToDevice));
+    for (int c = 0; c < copies; c++) CKP(cudaMemcpy(p.W + (size_t)c * R * K, hw, (size_t)R * K, cudaMemcpyHostToDevice));
     CKP(cudaMemcpy(p.x, hx, sizeof hx, cudaMemcpyHostToDevice));
     CKP(cudaFuncSetAttribute(k_probe<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
     CKP(cudaFuncSetAttribute(k_probe<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
     CKP(cudaFuncSetAttribute(k_probe_mma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_MAX));
     printf("smem_probe: %s, %d SMs at %.0f MHz, %d blocks x %d threads; GEMV [%d x %d] e4m3 = %.1f MB; chain of %d "
-           "grid barriers\n",
-           pr.name, nb, clk_mhz, nb, THREADS, R, K, (double)R * K / 1e6, nph);
+           "grid barriers; %d cop%s of the weights in turn\n",
+           pr.name, nb, clk_mhz, nb, THREADS, R, K, (double)R * K / 1e6, nph, copies, copies == 1 ? "y" : "ies");
     const struct {
         int mode, stage_kb;
         const char *what;
@@ -426,7 +431,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
         double cus;
         int sr = modes[i].stage_kb * 1024 / K;
-        double us = run_mode(modes[i].mode, sr, nph, nb, p, got, clk_mhz, &cus);
+        double us = run_mode(modes[i].mode, sr, nph, nb, p, got, clk_mhz, &cus, copies);
         const int mm = modes[i].mode;
         if (mm == 1 || mm == 10) { /* the first of each family: against the host, then the reference */
             memcpy(mm == 1 ? ref : mref, got, sizeof(float) * R);
