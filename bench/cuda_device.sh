@@ -3,7 +3,7 @@
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb
+# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -251,6 +251,17 @@ for stage in "${stages[@]}"; do
     timeout 120 $bin/dsv4 opbench --model $m --backend cuda --layer ${OPB_LAYER:-3} --reps 100 --flush-mb 256 \
       >"$OUT/opb.log" 2>&1
     note "opbench on $m rc=$?"; grep -v uploading "$OUT/opb.log" | head -40 >>"$summary" ;;
+  smemcold)
+    # smem_probe's GEMVs (fp32 and MMA, wq_b's shape) with the weights in 4 copies read in turn, so from memory,
+    # then opbench's cold figures of the product's kernels in the same lease (the open question of stop 37:
+    # the probe's MMA GEMV took 6.57 us against ~10 for the product's when one copy was reread through L2)
+    nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/smem_probe.cu -o /tmp/smem_probe >"$OUT/smem.log" 2>&1
+    for c in 4 1 4; do timeout 60 /tmp/smem_probe 16 $c >>"$OUT/smem.log" 2>&1; note "smem_probe 16 $c rc=$?"; done
+    grep -E "alone|then gemv|copies" "$OUT/smem.log" >>"$summary"
+    m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
+    [ -d $m ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
+    timeout 120 $bin/dsv4 opbench --model $m --backend cuda --flush-mb 512 >"$OUT/opb_cold.log" 2>&1
+    note "opbench --flush-mb 512 on $m rc=$?"; grep -E "wq_b|wo_a|wo_b|moe" "$OUT/opb_cold.log" >>"$summary" ;;
   *) note "unknown stage $stage" ;;
   esac
 done
