@@ -4,6 +4,7 @@
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
+#        hcdefer
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -262,6 +263,22 @@ for stage in "${stages[@]}"; do
     [ -d $m ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
     timeout 120 $bin/dsv4 opbench --model $m --backend cuda --flush-mb 512 >"$OUT/opb_cold.log" 2>&1
     note "opbench --flush-mb 512 on $m rc=$?"; grep -E "wq_b|wo_a|wo_b|moe" "$OUT/opb_cold.log" >>"$summary" ;;
+  hcdefer)
+    # Sinkhorn deferred to the op that reads comb (DSV4_HC_DEFER=1, docs/CUDA.md "Sinkhorn in the reader"): its op
+    # and end-to-end tests, then ab (3 rounds) and ktab against the default on the 20-layer model
+    timeout 200 $bin/test_cuda_mhc test_post_pre_chain >"$OUT/hcd_mhc.log" 2>&1
+    note "test_cuda_mhc test_post_pre_chain rc=$? $(tail -1 "$OUT/hcd_mhc.log")"; grep -E "^FAIL|chain rows" "$OUT/hcd_mhc.log" >>"$summary"
+    DSV4_HC_DEFER=1 timeout 300 $bin/test_cuda_e2e >"$OUT/hcd_e2e.log" 2>&1
+    note "DSV4_HC_DEFER=1 test_cuda_e2e rc=$? $(tail -1 "$OUT/hcd_e2e.log")"; grep -E "^FAIL" "$OUT/hcd_e2e.log" >>"$summary"
+    [ -d /dev/shm/flash2 ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out /dev/shm/flash2 >/dev/null 2>&1
+    DSV4_HC_DEFER=1 DSV4_CUDA_FLASH2=/dev/shm/flash2 timeout 200 $bin/test_cuda_e2e test_flash2 >"$OUT/hcd_f2.log" 2>&1
+    note "DSV4_HC_DEFER=1 test_flash2 rc=$? $(tail -1 "$OUT/hcd_f2.log")"; grep -E "worst|FAIL" "$OUT/hcd_f2.log" | head -6 >>"$summary"
+    [ -d /dev/shm/flash20 ] || timeout 150 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
+    # (each its own OUT: a run of this script empties its summary)
+    AB_ROUNDS=3 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_ab" bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab" "$OUT/hcd_ab/summary.txt" >>"$summary"
+    KT_GREEDY=1 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_kt" bash "$0" ktab >/dev/null 2>&1
+    grep -vE "^==" "$OUT/hcd_kt/summary.txt" | head -30 >>"$summary" ;;
   *) note "unknown stage $stage" ;;
   esac
 done

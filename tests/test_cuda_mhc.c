@@ -37,6 +37,7 @@
 
 #define CUDA_TEST_SEED 4242
 #define CUDA_TEST_NAME "test_cuda_mhc"
+#include "backend/cuda/cuda.h"
 #include "cuda_test_util.h"
 
 static uint32_t fnv(uint32_t h, const float *x, size_t n) {
@@ -580,11 +581,22 @@ static void test_pro_hc4(void) {
 
 /* A chain as the forward pass runs it (two post/comb pairs, X and Xb in turn): hc_pre_norm of
  * X, then post -> pre into Xb, X, Xb, X, with another o each time; fused against the two ops,
- * eager, in a new graph and in an updated one: the same bits for every output of the chain. */
+ * eager, in a new graph and in an updated one: the same bits for every output of the chain.
+ * Then with Sinkhorn deferred (DSV4_HC_COMB_LOGITS / DSV4_HC_COMBIN_LOGITS, as forward.c's
+ * DSV4_HC_DEFER=1: every comb but the last left as logits for the next call to form): with an
+ * unrelated op between the calls (k_hc_dec forms comb_in before its PDL wait), in a new graph
+ * and an updated one, and back to back (after the wait: its writer may still run); rows 5 takes
+ * the two ops with comb_in formed by k_hc_comb_form.  Every output but the one comb left as
+ * logits (cb) must have the bits of the undeferred two ops. */
 static void test_post_pre_chain(void) {
     NEED_GPU();
     const int hc = 4, dim = 4096, steps = 4;
-    for (int rows = 1; rows <= 4; rows += 3) {
+    static const int rows_of[3] = {1, 4, 5};
+    float *tick = gpu.ops->alloc(&gpu, sizeof(float) * 64); /* the unrelated op's buffer */
+    REQUIRE(tick);
+    gpu.ops->upload(&gpu, tick, (float[64]){0}, sizeof(float) * 64);
+    for (int ri = 0; ri < 3; ri++) {
+        int rows = rows_of[ri];
         hc_w w = make_hc(hc, dim);
         tw nw = make_w(DSV4_WF_BF16, 1, dim, 0);
         size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
@@ -600,38 +612,54 @@ static void test_post_pre_chain(void) {
         gpu.ops->upload(&gpu, xin, X, sizeof(float) * nx);
         gpu.ops->upload(&gpu, od, o, sizeof(float) * steps * ny);
         float *Xa = buf, *Xb = Xa + nx, *y = Xb + nx, *pa = y + ny, *pb = pa + np, *ca = pb + np, *cb = ca + nc;
-        int bad = 0;
-        for (int mode = 0; mode < 4; mode++) { /* 0: two ops (reference), 1: fused eager, 2: new graph, 3: updated */
+        int bad = 0, bad_d = 0;
+        long e0, l0, e1, l1;
+        dsv4_cuda_hc_lg_counts(&gpu, &e0, &l0);
+        /* 0: two ops (reference), 1: fused eager, 2: new graph, 3: updated; deferred: 4 eager with an op
+         * between, 5 new graph, 6 updated, 7 eager back to back */
+        for (int mode = 0; mode < 8; mode++) {
+            int defer = mode >= 4, graph = mode == 2 || mode == 3 || mode == 5 || mode == 6, gap = defer && mode != 7;
             gpu.ops->copy(&gpu, Xa, xin, sizeof(float) * nx);
-            if (mode >= 2) gpu.ops->segment(&gpu, 0);
-            gpu.ops->hc_pre_norm(&gpu, y, pa, ca, Xa, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0,
-                                 &nw.w, 1e-6f);
+            if (graph) gpu.ops->segment(&gpu, defer ? 1 : 0);
+            gpu.ops->hc_pre_norm(&gpu, y, pa, ca, Xa, rows, hc, dim, &w.fn.w, &w.wb, &w.ws,
+                                 20 | (defer ? DSV4_HC_COMB_LOGITS : 0), 1e-6f, 1e-6f, 0, 0, &nw.w, 1e-6f);
             for (int s = 0; s < steps; s++) {
                 float *R = s & 1 ? Xb : Xa, *Xo = s & 1 ? Xa : Xb, *pi = s & 1 ? pb : pa, *ci = s & 1 ? cb : ca;
                 float *po = s & 1 ? pa : pb, *co = s & 1 ? ca : cb;
+                if (gap) gpu.ops->scale(&gpu, tick, 64, 1.0f, 0);
                 if (mode == 0) {
                     gpu.ops->hc_post(&gpu, Xo, od + s * ny, R, pi, ci, rows, hc, dim, 0);
                     gpu.ops->hc_pre_norm(&gpu, y, po, co, Xo, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f,
                                          0, 0, &nw.w, 1e-6f);
                 } else {
+                    int it = 20 | (defer ? DSV4_HC_COMBIN_LOGITS : 0) | (defer && s + 1 < steps ? DSV4_HC_COMB_LOGITS : 0);
                     gpu.ops->hc_post_pre_norm(&gpu, Xo, od + s * ny, R, pi, ci, 0, y, po, co, rows, hc, dim, &w.fn.w,
-                                              &w.wb, &w.ws, 20, 1e-6f, 1e-6f, 0, 0, &nw.w, 1e-6f);
+                                              &w.wb, &w.ws, it, 1e-6f, 1e-6f, 0, 0, &nw.w, 1e-6f);
                 }
             }
-            if (mode >= 2) gpu.ops->segment(&gpu, -1);
+            if (graph) gpu.ops->segment(&gpu, -1);
             gpu.ops->download(&gpu, mode ? got : ref, buf, sizeof(float) * nout);
             CHECK(gpu_ok());
-            if (mode) bad += memcmp(got, ref, sizeof(float) * nout) != 0;
+            /* deferred: cb (the last nc floats) keeps step 2's logits, which step 3 formed */
+            if (mode) *(defer ? &bad_d : &bad) += memcmp(got, ref, sizeof(float) * (nout - (defer ? nc : 0))) != 0;
         }
+        dsv4_cuda_hc_lg_counts(&gpu, &e1, &l1);
+        /* k_hc_dec readers (rows <= 4): 3 runs x 4 steps formed comb_in early, 1 x 4 late */
+        long we = rows <= 4 ? 3 * steps : 0, wl = rows <= 4 ? steps : 0;
         printf("  hc_post_pre_norm chain rows %d, %d steps: fused eager / new graph / updated graph %s the two ops' "
-               "bits\n",
-               rows, steps, bad ? "DIFFER from" : "give");
+               "bits; Sinkhorn deferred (gap, new graph, updated, back to back) %s them (%ld formed before the wait, "
+               "%ld after)\n",
+               rows, steps, bad ? "DIFFER from" : "give", bad_d ? "DIFFER from" : "give", e1 - e0, l1 - l0);
         CHECKF(bad == 0, "hc_post_pre_norm chain rows %d: %d of 3 runs differ from the two ops", rows, bad);
+        CHECKF(bad_d == 0, "hc_post_pre_norm chain rows %d: %d of 4 deferred runs differ from the two ops", rows, bad_d);
+        CHECKF(e1 - e0 == we && l1 - l0 == wl, "rows %d: comb_in formed %ld times before the wait, %ld after; expected "
+               "%ld, %ld", rows, e1 - e0, l1 - l0, we, wl);
         gpu.ops->free(&gpu, buf), gpu.ops->free(&gpu, xin), gpu.ops->free(&gpu, od);
         free(X), free(o), free(ref), free(got);
         free_w(&nw);
         park_hc(&w);
     }
+    gpu.ops->free(&gpu, tick);
 }
 
 /* ----- kernel phases for ktrace (DSV4_MHC_BENCH=2) -----

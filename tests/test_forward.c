@@ -845,6 +845,7 @@ static void test_failed_later_subbatch(void) {
 /* ----- hc_post_pre_norm in the forward pass ----- */
 static struct {
     long fused, pre, pre_norm, post, traced[4];
+    long lg_out, lg_in, post_bad; /* calls writing / reading logits (DSV4_HC_COMB*_LOGITS); hc_post given no matrix */
 } g_hc;
 static const dsv4_backend_ops *g_hc_cpu;
 
@@ -854,6 +855,8 @@ static void cnt_fused(dsv4_backend *b, float *Xout, const float *o, const float 
                       float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
                       float y_eps) {
     g_hc.fused++;
+    g_hc.lg_out += (iters & DSV4_HC_COMB_LOGITS) != 0;
+    g_hc.lg_in += (iters & DSV4_HC_COMBIN_LOGITS) != 0;
     g_hc_cpu->hc_post_pre_norm(b, Xout, o, R, post_in, comb_in, state_bf16, y, post, comb, rows, hc, dim, fn, base,
                                scale, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, y_norm, y_eps);
 }
@@ -871,6 +874,7 @@ static void cnt_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, co
                          float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
                          float y_eps) {
     g_hc.pre_norm++;
+    g_hc.lg_out += (iters & DSV4_HC_COMB_LOGITS) != 0;
     g_hc_cpu->hc_pre_norm(b, y, post, comb, X, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
                           out_bf16, y_norm, y_eps);
 }
@@ -878,6 +882,13 @@ static void cnt_pre_norm(dsv4_backend *b, float *y, float *post, float *comb, co
 static void cnt_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
                      const float *comb, int rows, int hc, int dim, int state_bf16) {
     g_hc.post++;
+    /* the plain hc_post must get Sinkhorn's matrix, never deferred logits: every column sums to ~1 */
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < hc; k++) {
+            float cs = 0;
+            for (int j = 0; j < hc; j++) cs += comb[(size_t)r * hc * hc + j * hc + k];
+            g_hc.post_bad += !(fabsf(cs - 1.0f) < 1e-3f);
+        }
     g_hc_cpu->hc_post(b, Xout, o, R, post, comb, rows, hc, dim, state_bf16);
 }
 
@@ -888,11 +899,12 @@ static void hc_trace(void *user, const dsv4_op_info *info) {
         if (!strcmp(info->op, names[i])) g_hc.traced[i]++;
 }
 
-/* mode 0: the op missing (two ops), 1: fused, 2: fused op present with a layer-diff trace set.
+/* mode 0: the op missing (two ops), 1: fused, 2: fused op present with a layer-diff trace set,
+ * 3: fused with Sinkhorn deferred to the fused op that reads comb (DSV4_HC_DEFER=1).
  * Runs a prefill of 19 tokens in sub-batches of 8 rows, two decode steps, a step of two
  * sequences and an MTP draft; logits of each into lg (5 x vocab); op counts of the decode
  * step into cnt (the g_hc of that step). */
-static void hc_fused_run(low_model *lm, const dsv4_numerics *num, int mode, float *lg, long cnt[8]) {
+static void hc_fused_run(low_model *lm, const dsv4_numerics *num, int mode, float *lg, long cnt[11]) {
     dsv4_err err = {{0}};
     dsv4_config *c = &lm->cfg;
     dsv4_backend_ops ops = *g_hc_cpu;
@@ -903,7 +915,10 @@ static void hc_fused_run(low_model *lm, const dsv4_numerics *num, int mode, floa
     lm->be.ops = &ops;
     dsv4_model *m = NULL;
     dsv4_state *s = NULL, *s2 = NULL;
+    if (mode == 3) setenv("DSV4_HC_DEFER", "1", 1);
     REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, num, 8, &err) == 0);
+    unsetenv("DSV4_HC_DEFER");
+    memset(&g_hc, 0, sizeof g_hc);
     if (mode == 2) dsv4_model_set_op_trace(m, hc_trace, NULL);
     REQUIRE(dsv4_state_new(&s, c, 0, &err) == 0);
     REQUIRE(dsv4_state_new(&s2, c, 0, &err) == 0);
@@ -914,15 +929,20 @@ static void hc_fused_run(low_model *lm, const dsv4_numerics *num, int mode, floa
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     it = (dsv4_fwd_item){.st = s2, .tokens = tok + 19, .n = 5, .logits = lg + V};
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    long bad = g_hc.post_bad;
     memset(&g_hc, 0, sizeof g_hc);
     it = (dsv4_fwd_item){.st = s, .tokens = tok + 24, .n = 1, .logits = lg + 2 * V};
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     cnt[0] = g_hc.fused, cnt[1] = g_hc.pre, cnt[2] = g_hc.pre_norm, cnt[3] = g_hc.post;
     for (int i = 0; i < 4; i++) cnt[4 + i] = g_hc.traced[i];
+    cnt[8] = g_hc.lg_out, cnt[9] = g_hc.lg_in;
+    bad += g_hc.post_bad;
+    g_hc.post_bad = 0;
     dsv4_fwd_item two[2] = {{.st = s, .tokens = tok + 25, .n = 1, .logits = lg + 3 * V},
                             {.st = s2, .tokens = tok + 26, .n = 3, .logits = lg + 4 * V}};
     REQUIRE(dsv4_forward(m, two, 2, &err) == 0);
     if (c->n_mtp > 0) REQUIRE(dsv4_forward_mtp(m, s, 0, tok[27], lg + 5 * V, &err) == 0);
+    cnt[10] = bad + g_hc.post_bad;
     dsv4_state_free(s);
     dsv4_state_free(s2);
     dsv4_model_free(m);
@@ -937,15 +957,27 @@ static void test_hc_fused_pair(void) {
     size_t V = (size_t)lm.cfg.vocab_size;
     int L = lm.cfg.n_layers;
     const dsv4_numerics *nums[2] = {&DSV4_NUMERICS_EXACT, &DSV4_NUMERICS_REFERENCE};
-    float *lg[3];
-    for (int i = 0; i < 3; i++) REQUIRE((lg[i] = calloc(6 * V, sizeof(float))) != NULL);
+    float *lg[4];
+    for (int i = 0; i < 4; i++) REQUIRE((lg[i] = calloc(6 * V, sizeof(float))) != NULL);
     for (int p = 0; p < 2; p++) {
-        long cnt[3][8];
-        for (int mode = 0; mode < 3; mode++) hc_fused_run(&lm, nums[p], mode, lg[mode], cnt[mode]);
+        long cnt[4][11];
+        for (int mode = 0; mode < 4; mode++) hc_fused_run(&lm, nums[p], mode, lg[mode], cnt[mode]);
         size_t n = (lm.cfg.n_mtp > 0 ? 6 : 5) * V;
         int same_f = !memcmp(lg[1], lg[0], sizeof(float) * n), same_t = !memcmp(lg[2], lg[0], sizeof(float) * n);
+        int same_d = !memcmp(lg[3], lg[0], sizeof(float) * n);
         CHECKF(same_f, "profile %d: fused logits differ from the two ops", p);
         CHECKF(same_t, "profile %d: logits under a trace differ", p);
+        CHECKF(same_d, "profile %d: logits with Sinkhorn deferred differ", p);
+        /* deferred: every comb but the last layer's MoE half's (read by the plain hc_post) is left
+         * as logits, by layer 0's hc_pre_norm and 2L - 2 of the fused ops, and read by all 2L - 1;
+         * without DSV4_HC_DEFER none; the plain hc_post never got logits (prefill, batches, MTP too) */
+        CHECKF(cnt[3][8] == 2 * L - 1 && cnt[3][9] == 2 * L - 1 && cnt[3][0] == 2 * L - 1,
+               "deferred: %ld ops wrote logits, %ld read them, %ld fused (L = %d)", cnt[3][8], cnt[3][9], cnt[3][0],
+               L);
+        for (int mode = 0; mode < 3; mode++)
+            CHECKF(cnt[mode][8] == 0 && cnt[mode][9] == 0, "mode %d: logits without DSV4_HC_DEFER", mode);
+        for (int mode = 0; mode < 4; mode++)
+            CHECKF(cnt[mode][10] == 0, "mode %d: hc_post got %ld columns not summing to 1", mode, cnt[mode][10]);
         /* one decode step: unfused 2L hc_pre_norm + 2L hc_post; fused: 2L - 1 fused ops, layer
          * 0's hc_pre_norm and the last layer's hc_post; traced: hc_pre and hc_post apart */
         CHECKF(cnt[0][0] == 0 && cnt[0][2] == 2 * L && cnt[0][3] == 2 * L, "unfused counts %ld %ld %ld", cnt[0][0],
@@ -960,8 +992,10 @@ static void test_hc_fused_pair(void) {
         printf("  profile %d: logits (%zu floats) fused %s, traced %s the two ops'; decode step: %ld fused ops, %ld "
                "hc_pre_norm, %ld hc_post\n",
                p, n, same_f ? "=" : "!=", same_t ? "=" : "!=", cnt[1][0], cnt[1][2], cnt[1][3]);
+        printf("  profile %d: Sinkhorn deferred: logits %s; decode step: %ld ops wrote logits, %ld read them\n", p,
+               same_d ? "=" : "!=", cnt[3][8], cnt[3][9]);
     }
-    for (int i = 0; i < 3; i++) free(lg[i]);
+    for (int i = 0; i < 4; i++) free(lg[i]);
     low_close(&lm);
 }
 

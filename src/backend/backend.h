@@ -49,6 +49,8 @@ enum {
 
 /* flags of the matmul ops (matmul, matmul_multi, matmul_grouped) */
 enum { DSV4_LIN_ACT_FP8 = 1, DSV4_LIN_DOT_MMA = 2, DSV4_LIN_GEMM_E4M3 = 4 };
+/* bits of the hc ops' iters argument above the iteration count (hc_pre, hc_post_pre_norm) */
+enum { DSV4_HC_ITERS = 0xffff, DSV4_HC_COMB_LOGITS = 0x10000, DSV4_HC_COMBIN_LOGITS = 0x20000 };
 /* out_bf16 of rmsnorm / norm_rope (and their op_list tasks) with this bit as well: the norm as torch
  * computes it on a bf16 tensor (x.square().mean(-1) + eps, rsqrt, the product: each step rounded to
  * bf16, the sum of squares in fp32), q's per-head RMS in the reference (spec §2.5 Q.3) */
@@ -97,7 +99,10 @@ typedef struct dsv4_backend_ops {
     void (*scale)(dsv4_backend *b, float *x, size_t n, float s, int out_bf16);
     /* In-place simulation (DSV4_SIM_*) on columns [col0, col0+width) of each row of stride. */
     void (*sim)(dsv4_backend *b, float *x, int rows, int stride, int col0, int width, int mode);
-    /* mHC pre (spec §2.3): X [rows, hc*dim] -> y [rows, dim], post [rows, hc], comb [rows, hc*hc]. */
+    /* mHC pre (spec §2.3): X [rows, hc*dim] -> y [rows, dim], post [rows, hc], comb [rows, hc*hc].
+     * iters: the Sinkhorn iterations (iters & DSV4_HC_ITERS), with DSV4_HC_COMB_LOGITS: comb
+     * receives the row softmax's inputs (the scaled, biased mixes), not the doubly stochastic
+     * matrix; the op that reads them forms it (hc_post_pre_norm with DSV4_HC_COMBIN_LOGITS). */
     void (*hc_pre)(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc, int dim,
                    const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                    float norm_eps, float hc_eps, int gemm_bf16, int out_bf16);
@@ -192,7 +197,12 @@ typedef struct dsv4_backend_ops {
      * hc_pre_norm(y, post, comb, Xout, rows, hc, dim, fn, ..., y_norm, y_eps): the next half's
      * mHC pre on the state the last half's post wrote.  Xout aliases neither o nor R (as for
      * hc_post); y, post and comb alias none of o, R, post_in, comb_in (a device backend may
-     * still read those while it writes these: the forward pass keeps two post/comb pairs). */
+     * still read those while it writes these: the forward pass keeps two post/comb pairs).
+     * iters may carry DSV4_HC_COMB_LOGITS (comb, as for hc_pre) and DSV4_HC_COMBIN_LOGITS:
+     * comb_in holds an earlier hc_pre's logits, and the op forms the matrix from them (row
+     * softmax, + hc_eps, iters & DSV4_HC_ITERS iterations: hc_pre's arithmetic, so the pair
+     * gives the bits of the undeferred pair) before its hc_post.  The deferral takes Sinkhorn's
+     * dependent iterations out of one launch's critical path into the next's (docs/CUDA.md). */
     void (*hc_post_pre_norm)(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
                              const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows,
                              int hc, int dim, const dsv4_weight *fn, const dsv4_weight *base,

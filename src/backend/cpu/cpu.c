@@ -280,6 +280,31 @@ static void hc_mix(dsv4_backend *b, float *mix, const float *X, int rows, int64_
     POP(b, m);
 }
 
+/* comb from hc_pre's logits in place: row softmax + eps, then Sinkhorn (spec §2.3) */
+static void hc_comb_form(float *C, int hc, int iters, float hc_eps) {
+    for (int j = 0; j < hc; j++) { /* row softmax, + eps */
+        float mx = -INFINITY;
+        for (int k = 0; k < hc; k++)
+            if (C[j * hc + k] > mx) mx = C[j * hc + k];
+        float s = 0;
+        for (int k = 0; k < hc; k++) s += (C[j * hc + k] = expf(C[j * hc + k] - mx));
+        for (int k = 0; k < hc; k++) C[j * hc + k] = C[j * hc + k] / s + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < hc; j++) { /* rows */
+                float s = 0;
+                for (int k = 0; k < hc; k++) s += C[j * hc + k];
+                for (int k = 0; k < hc; k++) C[j * hc + k] /= s + hc_eps;
+            }
+        for (int k = 0; k < hc; k++) { /* columns */
+            float s = 0;
+            for (int j = 0; j < hc; j++) s += C[j * hc + k];
+            for (int j = 0; j < hc; j++) C[j * hc + k] /= s + hc_eps;
+        }
+    }
+}
+
 static void cpu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, const float *X, int rows, int hc,
                        int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                        float norm_eps, float hc_eps, int gemm_bf16, int out_bf16) {
@@ -298,29 +323,8 @@ static void cpu_hc_pre(dsv4_backend *b, float *y, float *post, float *comb, cons
             post[r * hc + j] = 2.0f * sigmoidf_(mr[hc + j] * sc[1] + bs[hc + j]);
         }
         float *C = comb + (size_t)r * hc * hc;
-        for (int j = 0; j < hc; j++) { /* row softmax, + eps */
-            float mx = -INFINITY;
-            for (int k = 0; k < hc; k++) {
-                C[j * hc + k] = mr[2 * hc + j * hc + k] * sc[2] + bs[2 * hc + j * hc + k];
-                if (C[j * hc + k] > mx) mx = C[j * hc + k];
-            }
-            float s = 0;
-            for (int k = 0; k < hc; k++) s += (C[j * hc + k] = expf(C[j * hc + k] - mx));
-            for (int k = 0; k < hc; k++) C[j * hc + k] = C[j * hc + k] / s + hc_eps;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int j = 0; j < hc; j++) { /* rows */
-                    float s = 0;
-                    for (int k = 0; k < hc; k++) s += C[j * hc + k];
-                    for (int k = 0; k < hc; k++) C[j * hc + k] /= s + hc_eps;
-                }
-            for (int k = 0; k < hc; k++) { /* columns */
-                float s = 0;
-                for (int j = 0; j < hc; j++) s += C[j * hc + k];
-                for (int j = 0; j < hc; j++) C[j * hc + k] /= s + hc_eps;
-            }
-        }
+        for (int e = 0; e < hc * hc; e++) C[e] = mr[2 * hc + e] * sc[2] + bs[2 * hc + e];
+        if (!(iters & DSV4_HC_COMB_LOGITS)) hc_comb_form(C, hc, iters & DSV4_HC_ITERS, hc_eps);
         const float *xr = X + (size_t)r * hc * dim;
         float *yr = y + (size_t)r * dim;
         for (int d = 0; d < dim; d++) {
@@ -642,9 +646,17 @@ static void cpu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, c
                                  int hc, int dim, const dsv4_weight *fn, const dsv4_weight *base,
                                  const dsv4_weight *scale, int iters, float norm_eps, float hc_eps, int gemm_bf16,
                                  int out_bf16, const dsv4_weight *y_norm, float y_eps) {
+    size_t m = MARK(b);
+    if (iters & DSV4_HC_COMBIN_LOGITS) { /* comb_in holds logits (backend.h): form the matrix first */
+        float *C = PUSH(b, (size_t)rows * hc * hc, float);
+        memcpy(C, comb_in, sizeof(float) * rows * hc * hc);
+        for (int r = 0; r < rows; r++) hc_comb_form(C + (size_t)r * hc * hc, hc, iters & DSV4_HC_ITERS, hc_eps);
+        comb_in = C;
+    }
     cpu_hc_post(b, Xout, o, R, post_in, comb_in, rows, hc, dim, state_bf16);
-    cpu_hc_pre_norm(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
-                    out_bf16, y_norm, y_eps);
+    POP(b, m);
+    cpu_hc_pre_norm(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters & ~DSV4_HC_COMBIN_LOGITS, norm_eps,
+                    hc_eps, gemm_bf16, out_bf16, y_norm, y_eps);
 }
 
 static void cpu_upload(dsv4_backend *b, void *dst, const void *src, size_t n) { cpu_copy(b, dst, src, n); }

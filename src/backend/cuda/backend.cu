@@ -496,6 +496,7 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     c->op_t0 = host_ms();
     c->ops_since_check++; /* at the start: an op that returns early may still have launched */
+    c->op_seq++;
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);

@@ -134,6 +134,13 @@ struct cuda_impl {
     uint8_t *side_scratch;      /* the other arena (the side's while the main one is in use, and back) */
     size_t side_cap, side_top, side_want;
     long side_forks, side_forced; /* counters (stats, tests): chains opened, chains joined early */
+    /* deferred Sinkhorn (mhc.cu, DSV4_HC_COMB_LOGITS): ops begun so far, and the comb the last
+     * hc op left as logits with the op count it was written at; its reader forms the matrix
+     * before its PDL wait unless it is the very next op */
+    unsigned long op_seq;
+    const void *hc_lg_ptr;
+    unsigned long hc_lg_op;
+    long hc_lg_early, hc_lg_late; /* counters (tests): readers that formed it before / after the wait */
 };
 #define DSV4_CUDA_GVARIANTS 6
 

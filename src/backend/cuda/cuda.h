@@ -61,6 +61,9 @@ long dsv4_cuda_sgemm_grouped_calls(void);
 /* op_list (oplist.cu), all backends of the process: k_op_list launches, and tasks that ran alone
  * as their op because the list kernel does not take them */
 long dsv4_cuda_op_list_launches(void);
+/* hc_post_pre_norm calls whose comb_in held logits (DSV4_HC_COMBIN_LOGITS, mhc.cu): formed before
+ * k_hc_dec's PDL wait (*early) or after it (*late, the writer being the op just before) */
+void dsv4_cuda_hc_lg_counts(struct dsv4_backend *b, long *early, long *late);
 long dsv4_cuda_op_list_alone(void);
 
 #endif

@@ -391,6 +391,8 @@ __device__ void hc_fin_rows(float *y, float *post, float *comb, const float *par
                             hc_fin_smem *sm) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int nm = head ? hc : (2 + hc) * hc;
+    const int comb_lg = iters & DSV4_HC_COMB_LOGITS; /* comb gets the logits (backend.h) */
+    iters &= DSV4_HC_ITERS;
     for (int q = warp; q < nr * (nm + 1); q += nw) {
         int rr = q / (nm + 1), m = q - rr * (nm + 1);
         const float *p = part + ((r0 + rr) * (nm + 1) + m) * splits;
@@ -419,13 +421,18 @@ __device__ void hc_fin_rows(float *y, float *post, float *comb, const float *par
                 cr[k] = (mix[2 * hc + j * hc + k] * sn) * sc2 + sm->bs[2 * hc + j * hc + k];
                 mx = fmaxf(mx, cr[k]);
             }
-            for (int k = 0; k < hc; k++) sum += (cr[k] = expf(cr[k] - mx));
-            for (int k = 0; k < hc; k++) cr[k] = cr[k] / sum + hc_eps;
+            if (comb_lg) { /* the logits and post, no Sinkhorn warps */
+                for (int k = 0; k < hc; k++) comb[(r0 + rr) * hc * hc + j * hc + k] = cr[k];
+                post[(r0 + rr) * hc + j] = sm->pst[rr][j];
+            } else {
+                for (int k = 0; k < hc; k++) sum += (cr[k] = expf(cr[k] - mx));
+                for (int k = 0; k < hc; k++) cr[k] = cr[k] / sum + hc_eps;
+            }
         }
     }
     __syncthreads();
     int nsw = 0; /* warps running Sinkhorn */
-    if (!head) nsw = hc * hc <= 32 ? (nr + 32 / (hc * hc) - 1) / (32 / (hc * hc)) : nr;
+    if (!head && !comb_lg) nsw = hc * hc <= 32 ? (nr + 32 / (hc * hc) - 1) / (32 / (hc * hc)) : nr;
     if (warp < nsw) {
         switch (hc) {
         case 1: hc_sinkhorn_lanes<1>(comb, post, sm, r0, nr, warp, iters, hc_eps); break;
@@ -516,6 +523,8 @@ struct hc_postin {
     float *Xout;
     const float *o, *R, *post, *comb;
     int state_bf16;
+    int comb_lg; /* comb holds an earlier hc_pre's logits (DSV4_HC_COMBIN_LOGITS): every block forms the
+                  * matrix, before its PDL wait (2) or after it (1: comb's writer may be the kernel before) */
 };
 
 /* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
@@ -648,6 +657,37 @@ __device__ __forceinline__ float hc_lane_sum1(float cv, int base, int i0, int st
     return sum;
 }
 
+/* comb from lane e = i * 4 + k's logit cv (group base16 of 16 lanes, row i, column k): the row
+ * softmax in lanes, + hc_eps, then Sinkhorn's iterations, the sums from the first term on
+ * (hc_lane_sum1) and the first iteration peeled; every lane of the warp calls it (shuffles) */
+__device__ __forceinline__ float hd_comb_form(float cv, int base16, int i, int k, int iters, float hc_eps) {
+    float mx = -INFINITY, rv[HD_HC];
+#pragma unroll
+    for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
+#pragma unroll
+    for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
+    cv = expf(cv - mx);
+    cv = cv / hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
+    if (iters > 0) cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;
+    for (int it = 1; it < iters; it++) {
+        cv /= hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
+        cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;     /* column k: i ascending */
+    }
+    return cv;
+}
+
+/* comb_in's logits (rows < nr, [row][16]) into the matrix cmb: warp w < ceil(nr / 2) takes rows 2w,
+ * 2w + 1, 16 lanes each (hd_comb_form: the bits the producer would have written) */
+__device__ __forceinline__ void hd_comb_in(float (*cmb)[HD_HC * HD_HC], const float *comb, int nr, int warp, int lane,
+                                           int iters, float hc_eps) {
+    constexpr int E = HD_HC * HD_HC;
+    if (warp >= (nr + 1) / 2) return;
+    int g = lane / E, e = lane % E, rr = warp * 2 + g;
+    bool act = rr < nr;
+    float cv = hd_comb_form(__ldcg(comb + (act ? rr : 0) * E + e), g * E, e / HD_HC, e % HD_HC, iters, hc_eps);
+    if (act) cmb[rr][e] = cv;
+}
+
 template <int T, int POLL, int POST>
 __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
                                                        unsigned *done, unsigned long long *tg, unsigned *epoch,
@@ -659,8 +699,11 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     __shared__ float mix[HD_ROWS][HD_NM + 1], pre[HD_ROWS][HD_HC], bs[HD_NM], sc[3], nss[HD_ROWS][32];
     __shared__ float4 xs[POST ? HD_ROWS : 1][POST ? T : 1][32]; /* POST: this block's slice of Xout */
     __shared__ float spin[POST ? HD_ROWS : 1][HD_PIN];          /* POST: post_in, comb_in (the finisher) */
+    __shared__ float cmb[POST ? HD_ROWS : 1][HD_HC * HD_HC];    /* POST, pin.comb_lg: comb_in's matrix */
     __shared__ int last;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int comb_lg = iters & DSV4_HC_COMB_LOGITS; /* write comb's logits (backend.h) */
+    iters &= DSV4_HC_ITERS;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
     /* weights only before pdl_enter (common.cuh): base / scale, the norm's weights into L2 now
      * (block 0, a 128-byte line per thread, so the finisher's loads of them do not wait for
@@ -678,14 +721,22 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             for (int t = 0; t < T; t++)
                 wv[u][t] = m < nm ? __ldg((const float4 *)(fn + m * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
         }
+        /* comb_in's logits into the matrix in every block (the producer's arithmetic: hd_comb_form),
+         * 16 lanes a row; before the wait where the host saw another op between comb_in's writer
+         * and this one (comb_lg 2: that writer has completed when this kernel starts, common.cuh) */
+        if (POST && pin.comb_lg == 2) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
         pdl_enter();
+        if (POST && pin.comb_lg == 1) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
+        if (POST && pin.comb_lg) __syncthreads();
         /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
          * partial, i.e. after every block has read the epoch */
         tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
         if (POST) { /* hc_post of this block's slice (banner), then X from shared memory */
             if ((!POLL || blockIdx.x == 0) && (int)threadIdx.x < nr * HD_PIN) {
                 int r = threadIdx.x / HD_PIN, i = threadIdx.x - r * HD_PIN;
-                spin[r][i] = i < HD_HC ? __ldg(pin.post + r * HD_HC + i) : __ldg(pin.comb + r * HD_HC * HD_HC + i - HD_HC);
+                spin[r][i] = i < HD_HC                ? __ldg(pin.post + r * HD_HC + i)
+                             : pin.comb_lg ? cmb[POST ? r : 0][i - HD_HC]
+                                           : __ldg(pin.comb + r * HD_HC * HD_HC + i - HD_HC);
             }
             if (warp < nr * T) {
                 int r = warp / T, t = warp - r * T, k = (int)((k0 + t * HC_KT) / dim);
@@ -696,7 +747,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 float4 v = hc_post_begin(__ldg(pin.post + r * HD_HC + k),
                                          __ldg((const float4 *)(pin.o + (int64_t)r * dim + d)));
 #pragma unroll
-                for (int j = 0; j < HD_HC; j++) v = hc_post_step(v, __ldg(pin.comb + r * HD_HC * HD_HC + j * HD_HC + k), rv[j]);
+                for (int j = 0; j < HD_HC; j++)
+                    v = hc_post_step(v, pin.comb_lg ? cmb[POST ? r : 0][j * HD_HC + k]
+                                                    : __ldg(pin.comb + r * HD_HC * HD_HC + j * HD_HC + k),
+                                     rv[j]);
                 v = hc_post_round(v, pin.state_bf16);
                 *(float4 *)(pin.Xout + r * K + k0 + t * HC_KT) = v;
                 xs[POST ? r : 0][POST ? t : 0][lane] = v;
@@ -836,20 +890,19 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             post[rr * HD_HC + e] =
                 2.0f * d_sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(mr[HD_HC + e], sn), sc[1]), bs[HD_HC + e]));
         float cv = (mr[2 * HD_HC + e] * sn) * sc[2] + bs[2 * HD_HC + e];
-        float mx = -INFINITY, rv[HD_HC];
-#pragma unroll
-        for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
-#pragma unroll
-        for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
-        cv = expf(cv - mx);
+        if (comb_lg) { /* the logits: the op that reads comb forms the matrix (backend.h) */
+            if (act) comb[rr * E + e] = cv;
+            return;
+        }
         if (POLL) { /* the same sums from the first term on (hc_lane_sum1), the first iteration peeled */
-            cv = cv / hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
-            if (iters > 0) cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;
-            for (int it = 1; it < iters; it++) {
-                cv /= hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
-                cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;     /* column k: i ascending */
-            }
+            cv = hd_comb_form(cv, base16, i, k, iters, hc_eps);
         } else {
+            float mx = -INFINITY, rv[HD_HC];
+#pragma unroll
+            for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
+#pragma unroll
+            for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
+            cv = expf(cv - mx);
             cv = cv / hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
             for (int it = 0; it < iters; it++) {
                 if (it > 0) cv /= hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
@@ -1085,6 +1138,10 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
     if (!head) {
         dsv4_cuda_commit(b, post, pd, sizeof(float) * rows * hc);
         dsv4_cuda_commit(b, comb, cd, sizeof(float) * rows * hc * hc);
+        if (iters & DSV4_HC_COMB_LOGITS) { /* comb's reader forms the matrix (cu_hc_post_pre_norm) */
+            CI(b)->hc_lg_ptr = comb;
+            CI(b)->hc_lg_op = CI(b)->op_seq;
+        }
     }
     dsv4_cuda_commit(b, y, yd, sizeof(float) * rows * dim);
     return yn.on || !ynorm;
@@ -1154,13 +1211,14 @@ __global__ void k_hc_post(float *Xout, const float *o, const float *R, const flo
     Xout[t] = state_bf16 ? d_round_bf16(v) : v;
 }
 
+/* comb_dev: comb is this op's device scratch (hc_comb_scratch), not a caller's buffer */
 static void hc_post_launch(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post,
-                           const float *comb, int rows, int hc, int dim, int state_bf16) {
+                           const float *comb, int comb_dev, int rows, int hc, int dim, int state_bf16) {
     size_t n = (size_t)rows * hc * dim;
     float *od = (float *)dsv4_cuda_in(b, o, sizeof(float) * rows * dim);
     float *rd = (float *)dsv4_cuda_in(b, R, sizeof(float) * n);
     float *pd = (float *)dsv4_cuda_in(b, post, sizeof(float) * rows * hc);
-    float *cd = (float *)dsv4_cuda_in(b, comb, sizeof(float) * rows * hc * hc);
+    float *cd = comb_dev ? (float *)comb : (float *)dsv4_cuda_in(b, comb, sizeof(float) * rows * hc * hc);
     float *xd = (float *)dsv4_cuda_out(b, Xout, sizeof(float) * n);
     if (!od || !rd || !pd || !cd || !xd) return;
     if (dim % 4 == 0 && (((uintptr_t)od | (uintptr_t)rd | (uintptr_t)xd) & 15) == 0) {
@@ -1178,7 +1236,7 @@ static void hc_post_launch(dsv4_backend *b, float *Xout, const float *o, const f
 void cu_hc_post(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post, const float *comb,
                 int rows, int hc, int dim, int state_bf16) {
     dsv4_cuda_op_begin(b);
-    if (rows > 0 && hc > 0 && dim > 0) hc_post_launch(b, Xout, o, R, post, comb, rows, hc, dim, state_bf16);
+    if (rows > 0 && hc > 0 && dim > 0) hc_post_launch(b, Xout, o, R, post, comb, 0, rows, hc, dim, state_bf16);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_POST);
 }
 
@@ -1203,19 +1261,78 @@ static int hc_post_fits(dsv4_backend *b, float *Xout, const float *o, const floa
     return hc_dec_takes(rows, hc, dim, wf, al, hc_done_counters(b, &epoch, &tagged));
 }
 
+/* comb_in's Sinkhorn inputs (hc_pre's logits, DSV4_HC_COMB_LOGITS) -> the matrix, one thread a
+ * row in the CPU's order (hc_pre's arithmetic: the same bits as hd_comb_form's lanes, whose sums
+ * add the same terms in the same order) */
+__global__ void k_hc_comb_form(float *out, const float *in, int rows, int hc, int iters, float hc_eps) {
+    pdl_enter();
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float *C = out + (int64_t)r * hc * hc;
+    for (int e = 0; e < hc * hc; e++) C[e] = in[(int64_t)r * hc * hc + e];
+    for (int j = 0; j < hc; j++) { /* row softmax, + eps */
+        float mx = -INFINITY, s = 0.0f;
+        for (int k = 0; k < hc; k++) mx = fmaxf(mx, C[j * hc + k]);
+        for (int k = 0; k < hc; k++) s += (C[j * hc + k] = expf(C[j * hc + k] - mx));
+        for (int k = 0; k < hc; k++) C[j * hc + k] = C[j * hc + k] / s + hc_eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < hc; j++) { /* rows: k ascending */
+                float s = 0.0f;
+                for (int k = 0; k < hc; k++) s += C[j * hc + k];
+                for (int k = 0; k < hc; k++) C[j * hc + k] /= s + hc_eps;
+            }
+        for (int k = 0; k < hc; k++) { /* columns: j ascending */
+            float s = 0.0f;
+            for (int j = 0; j < hc; j++) s += C[j * hc + k];
+            for (int j = 0; j < hc; j++) C[j * hc + k] /= s + hc_eps;
+        }
+    }
+}
+
+/* the matrix of comb_in's logits in this op's scratch (NULL on failure) */
+static const float *hc_comb_scratch(dsv4_backend *b, const float *comb_in, int rows, int hc, int iters, float hc_eps) {
+    size_t n = (size_t)rows * hc * hc;
+    const float *in = (const float *)dsv4_cuda_in(b, comb_in, sizeof(float) * n);
+    float *out = (float *)dsv4_cuda_scratch(b, sizeof(float) * n);
+    if (!in || !out) return NULL;
+    dsv4_launch(k_hc_comb_form, (unsigned)((rows + 127) / 128), 128, 0, CI(b)->stream, out, in, rows, hc, iters,
+                hc_eps);
+    return CKL(b) ? NULL : out;
+}
+
+void dsv4_cuda_hc_lg_counts(dsv4_backend *b, long *early, long *late) {
+    *early = CI(b)->hc_lg_early;
+    *late = CI(b)->hc_lg_late;
+}
+
 void cu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const float *R, const float *post_in,
                          const float *comb_in, int state_bf16, float *y, float *post, float *comb, int rows, int hc,
                          int dim, const dsv4_weight *fn, const dsv4_weight *base, const dsv4_weight *scale, int iters,
                          float norm_eps, float hc_eps, int gemm_bf16, int out_bf16, const dsv4_weight *y_norm,
                          float y_eps) {
+    int lg_in = (iters & DSV4_HC_COMBIN_LOGITS) != 0;
+    iters &= ~DSV4_HC_COMBIN_LOGITS;
     if (!hc_post_fits(b, Xout, o, R, post_in, comb_in, y, rows, hc, dim, fn)) {
-        cu_hc_post(b, Xout, o, R, post_in, comb_in, rows, hc, dim, state_bf16);
+        /* the two ops; comb_in's logits formed into scratch first (k_hc_comb_form) */
+        dsv4_cuda_op_begin(b);
+        const float *cm = comb_in;
+        if (lg_in && rows > 0 && hc > 0) cm = hc_comb_scratch(b, comb_in, rows, hc, iters & DSV4_HC_ITERS, hc_eps);
+        if (cm && rows > 0 && hc > 0 && dim > 0)
+            hc_post_launch(b, Xout, o, R, post_in, cm, cm != comb_in, rows, hc, dim, state_bf16);
+        dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_POST);
         cu_hc_pre_norm(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
                        out_bf16, y_norm, y_eps);
         return;
     }
     dsv4_cuda_op_begin(b);
-    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16};
+    cuda_impl *c = CI(b);
+    /* comb_in's logits: formed in k_hc_dec, before its PDL wait unless their writer was the op
+     * just before this one (it may then still be running: common.cuh's pre-wait rule) */
+    int lg = !lg_in ? 0 : comb_in == c->hc_lg_ptr && c->op_seq - c->hc_lg_op <= 1 ? 1 : 2;
+    c->hc_lg_early += lg == 2, c->hc_lg_late += lg == 1;
+    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16, lg};
     int normed = hc_common(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
                            out_bf16, 0, 1, y_norm, y_eps, &pin);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
