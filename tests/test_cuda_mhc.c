@@ -632,7 +632,8 @@ static void test_post_pre_chain(void) {
                     gpu.ops->hc_pre_norm(&gpu, y, po, co, Xo, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f,
                                          0, 0, &nw.w, 1e-6f);
                 } else {
-                    int it = 20 | (defer ? DSV4_HC_COMBIN_LOGITS : 0) | (defer && s + 1 < steps ? DSV4_HC_COMB_LOGITS : 0);
+                    int it = 20 | (defer ? DSV4_HC_COMBIN_LOGITS : 0) |
+                             (defer && s + 1 < steps ? DSV4_HC_COMB_LOGITS : 0);
                     gpu.ops->hc_post_pre_norm(&gpu, Xo, od + s * ny, R, pi, ci, 0, y, po, co, rows, hc, dim, &w.fn.w,
                                               &w.wb, &w.ws, it, 1e-6f, 1e-6f, 0, 0, &nw.w, 1e-6f);
                 }
@@ -651,7 +652,8 @@ static void test_post_pre_chain(void) {
                "%ld after)\n",
                rows, steps, bad ? "DIFFER from" : "give", bad_d ? "DIFFER from" : "give", e1 - e0, l1 - l0);
         CHECKF(bad == 0, "hc_post_pre_norm chain rows %d: %d of 3 runs differ from the two ops", rows, bad);
-        CHECKF(bad_d == 0, "hc_post_pre_norm chain rows %d: %d of 4 deferred runs differ from the two ops", rows, bad_d);
+        CHECKF(bad_d == 0, "hc_post_pre_norm chain rows %d: %d of 4 deferred runs differ from the two ops", rows,
+               bad_d);
         CHECKF(e1 - e0 == we && l1 - l0 == wl, "rows %d: comb_in formed %ld times before the wait, %ld after; expected "
                "%ld, %ld", rows, e1 - e0, l1 - l0, we, wl);
         gpu.ops->free(&gpu, buf), gpu.ops->free(&gpu, xin), gpu.ops->free(&gpu, od);
