@@ -660,13 +660,17 @@ __device__ __forceinline__ float hc_lane_sum1(float cv, int base, int i0, int st
 /* comb from lane e = i * 4 + k's logit cv (group base16 of 16 lanes, row i, column k): the row
  * softmax in lanes, + hc_eps, then Sinkhorn's iterations, the sums from the first term on
  * (hc_lane_sum1) and the first iteration peeled; every lane of the warp calls it (shuffles) */
-__device__ __forceinline__ float hd_comb_form(float cv, int base16, int i, int k, int iters, float hc_eps) {
+__device__ __forceinline__ float hd_row_exp(float cv, int base16, int i) { /* exp(cv - the max of row i) */
     float mx = -INFINITY, rv[HD_HC];
 #pragma unroll
     for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
 #pragma unroll
     for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
-    cv = expf(cv - mx);
+    return expf(cv - mx);
+}
+
+__device__ __forceinline__ float hd_comb_form(float cv, int base16, int i, int k, int iters, float hc_eps) {
+    cv = hd_row_exp(cv, base16, i);
     cv = cv / hc_lane_sum1<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
     if (iters > 0) cv /= hc_lane_sum1<HD_HC>(cv, base16, k, HD_HC) + hc_eps;
     for (int it = 1; it < iters; it++) {
@@ -897,12 +901,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         if (POLL) { /* the same sums from the first term on (hc_lane_sum1), the first iteration peeled */
             cv = hd_comb_form(cv, base16, i, k, iters, hc_eps);
         } else {
-            float mx = -INFINITY, rv[HD_HC];
-#pragma unroll
-            for (int t = 0; t < HD_HC; t++) rv[t] = __shfl_sync(0xffffffffu, cv, base16 + i * HD_HC + t);
-#pragma unroll
-            for (int t = 0; t < HD_HC; t++) mx = fmaxf(mx, rv[t]);
-            cv = expf(cv - mx);
+            cv = hd_row_exp(cv, base16, i);
             cv = cv / hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps;
             for (int it = 0; it < iters; it++) {
                 if (it > 0) cv /= hc_lane_sum<HD_HC>(cv, base16, i * HD_HC, 1) + hc_eps; /* row i: k ascending */
