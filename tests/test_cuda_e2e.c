@@ -19,6 +19,8 @@
  * against the CPU's exact, held to exact's bound (measured 1.44e-6, 26/26, as without it);
  * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a and wo_b on f16 tensor
  * cores; gemv_mma.cu; its launch counter must move).
+ * Bit for bit between two CUDA engines: graphs on / off, side chains on / off, Sinkhorn deferred or not
+ * (DSV4_HC_DEFER), greedy's device picks against host picks.
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
@@ -346,6 +348,33 @@ static void test_side_chain(void) {
     side_case("reference");
 }
 
+/* Sinkhorn deferred to the op that reads comb (DSV4_HC_DEFER=1, forward.c / mhc.cu) must not change a bit:
+ * the same steps with it and without it give identical logits (prefill: the two ops with k_hc_comb_form;
+ * decode and the batched steps: k_hc_dec forming comb_in before its wait). */
+static void hc_defer_case(const char *profile) {
+    dsv4_engine *e0, *e1;
+    dsv4_engine_info info;
+    REQUIRE(open_ab(profile, "DSV4_HC_DEFER", "1", &e0, &e1, &info) == 0);
+    int V = info.vocab_size, D = 20;
+    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
+    REQUIRE(a && g);
+    dsv4_engine_perf_info p0, p1;
+    int same = ab_steps(e0, e1, 23, D, 13, a, g, &p0, &p1);
+    printf("  Sinkhorn deferred %s: logits identical to the undeferred ops over a prefill, %d decode and 3 batched "
+           "steps: %s\n", profile, D, same ? "yes" : "NO");
+    CHECK(same);
+    dsv4_engine_close(e0);
+    dsv4_engine_close(e1);
+    free(a), free(g);
+}
+
+static void test_hc_defer(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    hc_defer_case("exact");
+    hc_defer_case("reference");
+}
+
 /* Greedy decoding with the picks on the device (dsv4_seq_greedy: k_argmax, k_gather_ids for the
  * hash layers, the token read in place by the embedding, no logits row back between steps)
  * against the host-picking loop on the same CUDA engine: the same tokens, and after them the same
@@ -445,5 +474,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_greedy, test_flash2,
-          test_pro3, test_backend_errors, test_zz_cleanup)
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_greedy,
+          test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
