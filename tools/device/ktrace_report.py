@@ -2,7 +2,7 @@
 """Per-kernel device time per decode step from a ktrace CSV (tools/device/ktrace.c).
 
 usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--gaps US] [--all]
-                          [--vs OTHER.csv[.xz]]
+                          [--vs OTHER.csv[.xz]] [--split GB_PER_STEP COPY_GBPS]
 
 The trace is cut into forward passes at each launch of the marker kernel (the embedding
 lookup starts every forward pass); the last N passes are the decode steps of a
@@ -16,7 +16,10 @@ step, summed by the record that ends them (where the device waits: a graph's fir
 the host issues between steps).  --vs OTHER compares two traces (an A/B of two settings or two
 builds, cut the same way): per kernel the exposed time per step of each, the difference
 (OTHER minus TRACE) and the calls per step of each, largest differences first, then the two
-steps' busy and span times.
+steps' busy and span times.  --split GB COPY splits the exposed time into the kernels that stream
+weights (the GEMVs, the MoE's expert kernels, the head) and the rest (hc, norms, attention, routing,
+copies: the latency-bound chain), and with the step's weight bytes (GB, from `dsv4 bench`) and the copy
+rate (GB/s) prints the weight kernels' rate and what the bar of 70 % of the copy rate leaves the rest.
 """
 import lzma, subprocess, sys, collections
 
@@ -86,10 +89,28 @@ def compare(a, b, pa, pb, steps, top):
         print("%-62s %11.1f %11.1f %+10.1f %7.1f %7.1f" % (k[:62], xa, xb, xb - xa, get(ta, k, 0) / steps,
                                                          get(tb, k, 0) / steps))
 
+# kernels whose time is a weight stream (split): the GEMVs, the MoE's expert kernels, the head's GEMV
+WEIGHT_KERNELS = ("k_gemv", "k_moe_b1", "k_moe_bn", "k_moe_bulk", "k_moe_q8<", "k_moe_up", "k_moe_down", "k_linear")
+
+def split(tot, steps, busy, gb, copy):
+    w = sum(v[2] for k, v in tot.items() if k.startswith(("void ",)) and any(x in k for x in WEIGHT_KERNELS)
+            or any(k.startswith(x) for x in WEIGHT_KERNELS))
+    rest = busy - w
+    print("split: weight-stream kernels %.1f us/step exposed, the rest (the latency-bound chain, copies) %.1f us/step"
+          % (w / steps / 1e3, rest / steps / 1e3))
+    if gb > 0 and copy > 0:
+        rate = gb / (w / steps / 1e9) if w else 0.0
+        bar = gb / (0.7 * copy) * 1e6  # us a step at 70 % of the copy rate
+        print("  at %.3f GB a step the weight kernels stream at %.0f GB/s = %.1f %% of %.0f GB/s; the whole step at %.1f %%;"
+              % (gb, rate, 100.0 * rate / copy, copy, 100.0 * gb / (busy / steps / 1e9) / copy))
+        print("  70 %% of the copy rate is %.1f us a step: at this weight rate the rest would have to fit in %.1f us (it takes %.1f)"
+              % (bar, bar - w / steps / 1e3, rest / steps / 1e3))
+
 def main():
     a = sys.argv[1:]
     if not a or a[0].startswith("--"): sys.exit(__doc__.strip().split("\n")[2])
     path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None; vs = None
+    split_args = None
     i = 1
     while i < len(a):
         if a[i] == "--steps": steps = int(a[i + 1]); i += 2
@@ -99,6 +120,7 @@ def main():
         elif a[i] == "--all": whole = True; steps = 1; i += 1
         elif a[i] == "--gaps": gap_us = float(a[i + 1]); i += 2
         elif a[i] == "--vs": vs = a[i + 1]; i += 2
+        elif a[i] == "--split": split_args = (float(a[i + 1]), float(a[i + 2])); i += 3
         else: sys.exit("unknown argument " + a[i])
     if vs is not None:
         compare(load(path, steps, marker, whole), load(vs, steps, marker, whole), path, vs, steps, top)
@@ -111,6 +133,8 @@ def main():
     for k, (n, t, x) in sorted(tot.items(), key=lambda kv: -kv[1][2])[:top]:
         print("%-70s %8.1f %10.1f %9.2f %12.1f %6.1f" % (k[:70], n / steps, t / steps / 1e3, t / n / 1e3, x / steps / 1e3,
                                                        100.0 * x / busy if busy else 0.0))
+    if split_args is not None:
+        split(tot, steps, busy, split_args[0], split_args[1])
     if gap_us is not None:
         gaps = collections.defaultdict(lambda: [0, 0])
         last_end = sel[0][1]
