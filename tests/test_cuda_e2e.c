@@ -315,20 +315,39 @@ static void test_graphs_identical(void) {
     graphs_case("reference");
 }
 
+/* ab_steps on two engines opened by open_ab (var=val for the first), T prompt tokens, D decode steps,
+ * tokens seeded by seed; *p0 / *p1 the second engine's counters around the steps, *q the first's after
+ * them; 1 if every logits row was the same bits (0, with a failed check, if an engine did not open) */
+static int ab_logits(const char *profile, const char *var, const char *val, int T, int D, uint32_t seed,
+                     dsv4_engine_perf_info *p0, dsv4_engine_perf_info *p1, dsv4_engine_perf_info *q) {
+    dsv4_engine *e0, *e1;
+    dsv4_engine_info info;
+    memset(p0, 0, sizeof *p0), memset(p1, 0, sizeof *p1), memset(q, 0, sizeof *q);
+    int opened = open_ab(profile, var, val, &e0, &e1, &info) == 0;
+    CHECK(opened);
+    if (!opened) {
+        if (e0) dsv4_engine_close(e0);
+        return 0;
+    }
+    int V = info.vocab_size;
+    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
+    int same = a && g && ab_steps(e0, e1, T, D, seed, a, g, p0, p1);
+    CHECK(a && g);
+    dsv4_engine_perf(e0, q);
+    dsv4_engine_close(e0);
+    dsv4_engine_close(e1);
+    free(a), free(g);
+    return same;
+}
+
 /* The side chain (forward.c: the compressors and the indexer on a second stream beside wq_b at
  * a decode step) must not change a bit either: the same steps with DSV4_SIDE_CHAIN=0 (everything
  * on one stream) and with it on, both with graphs, give identical logits, and the chains ran
  * beside the main one (forked, mostly not closed early by a wait inside them). */
 static void side_case(const char *profile) {
-    dsv4_engine *e0, *e1;
-    dsv4_engine_info info;
-    REQUIRE(open_ab(profile, "DSV4_SIDE_CHAIN", "0", &e0, &e1, &info) == 0);
-    int V = info.vocab_size, D = 40;
-    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
-    REQUIRE(a && g);
+    int D = 40;
     dsv4_engine_perf_info p0, p1, q;
-    int same = ab_steps(e0, e1, 29, D, 11, a, g, &p0, &p1);
-    dsv4_engine_perf(e0, &q);
+    int same = ab_logits(profile, "DSV4_SIDE_CHAIN", "0", 29, D, 11, &p0, &p1, &q);
     long forks = p1.side_forks - p0.side_forks, forced = p1.side_forced - p0.side_forced;
     printf("  side chains %s: logits identical to one stream: %s; %d decode + 3 batched steps: %ld chains, %ld "
            "closed early (one stream: %ld chains)\n", profile, same ? "yes" : "NO", D, forks, forced, q.side_forks);
@@ -336,9 +355,6 @@ static void side_case(const char *profile) {
     CHECK(forks >= D);           /* at least one layer a step forks */
     CHECK(forced * 4 <= forks);  /* waits inside a chain are rare (buffer growth) */
     CHECK(q.side_forks == 0);
-    dsv4_engine_close(e0);
-    dsv4_engine_close(e1);
-    free(a), free(g);
 }
 
 static void test_side_chain(void) {
@@ -352,20 +368,12 @@ static void test_side_chain(void) {
  * the same steps with it and without it give identical logits (prefill: the two ops with k_hc_comb_form;
  * decode and the batched steps: k_hc_dec forming comb_in before its wait). */
 static void hc_defer_case(const char *profile) {
-    dsv4_engine *e0, *e1;
-    dsv4_engine_info info;
-    REQUIRE(open_ab(profile, "DSV4_HC_DEFER", "1", &e0, &e1, &info) == 0);
-    int V = info.vocab_size, D = 20;
-    float *a = malloc(sizeof(float) * (size_t)2 * V), *g = malloc(sizeof(float) * (size_t)2 * V);
-    REQUIRE(a && g);
-    dsv4_engine_perf_info p0, p1;
-    int same = ab_steps(e0, e1, 23, D, 13, a, g, &p0, &p1);
+    int D = 20;
+    dsv4_engine_perf_info p0, p1, q;
+    int same = ab_logits(profile, "DSV4_HC_DEFER", "1", 23, D, 13, &p0, &p1, &q);
     printf("  Sinkhorn deferred %s: logits identical to the undeferred ops over a prefill, %d decode and 3 batched "
            "steps: %s\n", profile, D, same ? "yes" : "NO");
     CHECK(same);
-    dsv4_engine_close(e0);
-    dsv4_engine_close(e1);
-    free(a), free(g);
 }
 
 static void test_hc_defer(void) {
