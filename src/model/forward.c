@@ -127,7 +127,6 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
-    int comb_lg, fcomb_lg;  /* comb / fcomb hold logits (DSV4_HC_COMB_LOGITS), not the matrix */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -480,23 +479,24 @@ static void norm_rope(dsv4_model *m, float *x, int rows, int n_heads, int head_d
 
 /* hc_pre into m->y, post, comb, the trace of y as hc_pre left it (`tag`), then y normed
  * by y_norm; with a layer-diff trace the two ops run apart, so the trace sees y unnormed */
-/* 1 when the comb of an hc_pre may be left as logits (DSV4_HC_COMB_LOGITS): its reader will be
- * the fused hc_post_pre_norm, which forms the matrix (the same condition holds there: a
- * layer-diff trace or a backend without the fused op takes the plain hc_post instead) */
-static int hc_defers(const dsv4_model *m) { return m->hc_defer && OPS(m)->hc_post_pre_norm && !m->op_trace; }
+/* 1 when every comb an hc op writes for a fused hc_post_pre_norm to read is left as logits
+ * (DSV4_HC_COMB_LOGITS) and that reader forms the matrix: DSV4_HC_DEFER, both fused hc ops, no
+ * layer-diff trace (which takes the plain ops).  Constant over a pass, so whether comb or fcomb
+ * holds logits follows from it and from whether a next layer reads fcomb. */
+static int hc_defers(const dsv4_model *m) {
+    return m->hc_defer && OPS(m)->hc_pre_norm && OPS(m)->hc_post_pre_norm && !m->op_trace;
+}
 
 static void hc_pre_norm(dsv4_model *m, const float *X, int rows, const dsv4_weight *fn, const dsv4_weight *base,
                         const dsv4_weight *scale, const dsv4_weight *y_norm, float *post, float *comb, const char *tag,
-                        int layer, int may_defer, int *comb_lg) {
+                        int layer, int defer) {
     const dsv4_config *c = m->cfg;
     const dsv4_backend_ops *op = OPS(m);
     int hc = c->hc_mult, D = c->dim, bf = m->num.act_bf16;
     float eps = (float)c->norm_eps, heps = (float)c->hc_eps;
-    *comb_lg = 0;
-    if (op->hc_pre_norm && !m->op_trace) {
-        *comb_lg = may_defer && hc_defers(m);
+    if (op->hc_pre_norm && !m->op_trace) { /* the path hc_defers requires */
         op->hc_pre_norm(B_(m), m->y, post, comb, X, rows, hc, D, fn, base, scale,
-                        c->hc_sinkhorn_iters | (*comb_lg ? DSV4_HC_COMB_LOGITS : 0), eps, heps, m->num.mhc_gemm_bf16,
+                        c->hc_sinkhorn_iters | (defer ? DSV4_HC_COMB_LOGITS : 0), eps, heps, m->num.mhc_gemm_bf16,
                         bf, y_norm, eps);
         return;
     }
@@ -799,7 +799,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     /* ----- attention ----- */
     if (m->hc_ready != layer)
         hc_pre_norm(m, m->X, rows, &L->hc_attn_fn, &L->hc_attn_base, &L->hc_attn_scale, &L->attn_norm, m->post,
-                    m->comb, "attn.hc_pre", layer, 1, &m->comb_lg); /* its reader: this layer's MoE half */
+                    m->comb, "attn.hc_pre", layer, hc_defers(m)); /* its reader: this layer's MoE half */
     m->hc_ready = -1;
     y_projections(m, L, rows);
     /* A decode step (every segment one row) issues the small ops around wq_b as two op lists
@@ -958,15 +958,14 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * start of a step until the first segment is built); it starts with the attention half's
      * hc_post, which the MoE half's hc_pre may be fused into */
     if (layer == 0) mark_segment(m, m->n_all + 2);
-    /* fcomb's reader: the next layer's fused hc_post_pre_norm (deferrable), or the last hc_post */
-    m->fcomb_lg = next >= 0 && hc_defers(m);
-    if (!hc_post_pre_norm(m, m->Xb, m->X, m->post, m->comb, m->comb_lg, rows, &L->hc_ffn_fn, &L->hc_ffn_base,
-                          &L->hc_ffn_scale, &L->ffn_norm, m->fpost, m->fcomb, m->fcomb_lg)) {
-        /* not fused: hc_defers was 0 where comb was formed, so comb holds the matrix */
+    /* comb holds logits iff hc_defers; fcomb's reader is the next layer's fused op, or the last hc_post */
+    if (!hc_post_pre_norm(m, m->Xb, m->X, m->post, m->comb, hc_defers(m), rows, &L->hc_ffn_fn, &L->hc_ffn_base,
+                          &L->hc_ffn_scale, &L->ffn_norm, m->fpost, m->fcomb, next >= 0 && hc_defers(m))) {
+        /* not fused, so hc_defers is 0: comb holds the matrix, and fcomb will */
         op->hc_post(b, m->Xb, m->a, m->X, m->post, m->comb, rows, hc, D, nm->hc_state_bf16);
         op_trace(m, "attn.hc_post", layer, rows, hc * D, m->Xb, NULL, NULL, m->pos);
         hc_pre_norm(m, m->Xb, rows, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale, &L->ffn_norm, m->fpost,
-                    m->fcomb, "ffn.hc_pre", layer, next >= 0, &m->fcomb_lg);
+                    m->fcomb, "ffn.hc_pre", layer, 0);
     }
 
     LAY_LAP(4);
@@ -1039,12 +1038,11 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     if (seg_at(m, next) == 1 && seg_first(m, next)) mark_segment(m, next);
     /* the next layer's attention hc_pre, fused into this hc_post where the backend can */
     const dsv4_layer_w *N = next >= 0 ? &m->w->layers[next] : NULL;
-    if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, m->fcomb_lg, rows, &N->hc_attn_fn,
+    if (N && hc_post_pre_norm(m, m->X, m->Xb, m->fpost, m->fcomb, hc_defers(m), rows, &N->hc_attn_fn,
                               &N->hc_attn_base, &N->hc_attn_scale, &N->attn_norm, m->post, m->comb, hc_defers(m))) {
-        m->hc_ready = next;
-        m->comb_lg = hc_defers(m); /* its reader: layer next's MoE half */
+        m->hc_ready = next; /* comb's reader: layer next's MoE half */
     } else {
-        /* fcomb holds the matrix here: fcomb_lg is set only with a next layer and the fused op */
+        /* fcomb holds the matrix here: logits only with a next layer and hc_defers */
         op->hc_post(b, m->X, m->a, m->Xb, m->fpost, m->fcomb, rows, hc, D, nm->hc_state_bf16);
         op_trace(m, "ffn.hc_post", layer, rows, hc * D, m->X, NULL, NULL, m->pos);
     }
