@@ -383,6 +383,28 @@ static void test_hc_defer(void) {
     hc_defer_case("reference");
 }
 
+/* The MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, moe.cu "the combine into hc")
+ * must not change a bit: the same steps with it and without it give identical logits, and with it
+ * the decode steps' combines were formed in k_hc_dec (the batched steps' too: 2 rows), none without */
+static void hc_comb_case(const char *profile) {
+    int D = 20;
+    dsv4_engine_perf_info p0, p1, q;
+    int same = ab_logits(profile, "DSV4_CUDA_HC_COMB", "1", 21, D, 17, &p0, &p1, &q);
+    printf("  combine into hc %s: logits identical to the separate combine over a prefill, %d decode and 3 batched "
+           "steps: %s; %ld combines fused, %ld left pending and run alone (switch off: %ld, %ld)\n",
+           profile, D, same ? "yes" : "NO", q.comb_fused, q.comb_alone, p1.comb_fused, p1.comb_alone);
+    CHECK(same);
+    CHECK(q.comb_fused >= D); /* every decode step has a layer whose MoE half ends in the fused hc op */
+    CHECK(p1.comb_fused == 0 && p1.comb_alone == 0);
+}
+
+static void test_hc_comb(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    hc_comb_case("exact");
+    hc_comb_case("reference");
+}
+
 /* Greedy decoding with the picks on the device (dsv4_seq_greedy: k_argmax, k_gather_ids for the
  * hash layers, the token read in place by the embedding, no logits row back between steps)
  * against the host-picking loop on the same CUDA engine: the same tokens, and after them the same
@@ -482,5 +504,5 @@ static void test_zz_cleanup(void) {
     }
 }
 
-TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_greedy,
-          test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
+TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
+          test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)

@@ -827,6 +827,113 @@ static void check_route_moe_rp1_off(void) {
     free(lg), free(x);
 }
 
+/* ----- the combine into hc (DSV4_CUDA_HC_COMB=1, moe.cu): the MoE's combine formed inside the next
+ * hc_post_pre_norm's k_hc_dec ----- */
+static tw hcw_fn, hcw_base, hcw_sc, hcw_norm;
+static int hcw_made;
+
+static void make_hcw(void) { /* Flash's attention hc_pre: hc 4, fn f32 [24][16384], its norm bf16 [4096] */
+    if (hcw_made) return;
+    hcw_made = 1;
+    hcw_fn = make_w(DSV4_WF_F32, 24, 4 * DR, 0);
+    float s = 4.0f / sqrtf(4.0f * DR);
+    for (int64_t i = 0; i < 24 * 4 * DR; i++) ((float *)hcw_fn.data)[i] *= s;
+    hcw_base = make_w(DSV4_WF_F32, 1, 24, 0);
+    hcw_sc = make_w(DSV4_WF_F32, 1, 3, 0);
+    hcw_norm = make_w(DSV4_WF_BF16, 1, DR, 0);
+}
+
+/* One pass: route_moe into o, then (how: 0 nothing between, 1 an unrelated op between, 2 o
+ * downloaded between into mid, 3 both inside one graph segment) hc_post_pre_norm of o with the
+ * state R; out: o, Xout, y, post, comb back to back (6 R DR + 20 R floats) */
+static void hcc_pass(rm_dev *d, float *Rd, float *pind, float *cind, float *buf, float *tick, int R, int bf, int how,
+                     float *out, float *mid) {
+    size_t nx = (size_t)R * 4 * DR, ny = (size_t)R * DR;
+    float *X = buf, *y = X + nx, *po = y + ny, *co = po + 4 * R;
+    if (how == 3) gpu.ops->segment(&gpu, 7);
+    gpu.ops->route_moe(&gpu, d->e, d->w, d->lg, R, NER, KR, NULL, NULL, 1.5f, d->o, d->x, rm_ex, &rm_sh, 6.0f, 0, 0,
+                       bf, 2.5f);
+    if (how == 1) gpu.ops->scale(&gpu, tick, 64, 1.0f, 0);
+    if (how == 2) gpu.ops->download(&gpu, mid, d->o, sizeof(float) * ny);
+    gpu.ops->hc_post_pre_norm(&gpu, X, d->o, Rd, pind, cind, bf, y, po, co, R, 4, DR, &hcw_fn.w, &hcw_base.w,
+                              &hcw_sc.w, 20, 1e-6f, 1e-6f, bf, bf, &hcw_norm.w, 1e-6f);
+    if (how == 3) gpu.ops->segment(&gpu, -1);
+    gpu.ops->download(&gpu, out, d->o, sizeof(float) * ny);
+    gpu.ops->download(&gpu, out + ny, buf, sizeof(float) * (nx + ny + 20 * R));
+}
+
+/* Every output (o, Xout, y, post, comb) with the switch on must have the bits of the separate
+ * combine, for each way of calling; the combine is taken only where nothing comes between
+ * (and R <= 4), else launched on its own */
+static void check_hc_comb(int R, int bf) {
+    size_t nx = (size_t)R * 4 * DR, ny = (size_t)R * DR, nout = ny + nx + ny + 20 * (size_t)R;
+    float *lg = malloc(sizeof(float) * R * NER), *x = malloc(sizeof(float) * R * DR),
+          *st = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * ny), *pin = malloc(sizeof(float) * 4 * R),
+          *cin = malloc(sizeof(float) * 16 * R), *ref = malloc(sizeof(float) * nout),
+          *got = malloc(sizeof(float) * nout);
+    float *mid = malloc(sizeof(float) * ny);
+    REQUIRE(lg && x && st && y0 && pin && cin && ref && got && mid);
+    fill(lg, (size_t)R * NER, 4);
+    fill(x, (size_t)R * DR, 1);
+    fill(st, nx, 2);
+    cpu.ops->hc_pre(&cpu, y0, pin, cin, st, R, 4, DR, &hcw_fn.w, &hcw_base.w, &hcw_sc.w, 20, 1e-6f, 1e-6f, 0, 0);
+    rm_dev d;
+    REQUIRE(!rm_alloc(&gpu, &d, lg, x, R, NER));
+    float *Rd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *pind = gpu.ops->alloc(&gpu, sizeof(float) * 4 * R),
+          *cind = gpu.ops->alloc(&gpu, sizeof(float) * 16 * R), *buf = gpu.ops->alloc(&gpu, sizeof(float) * nout),
+          *tick = gpu.ops->alloc(&gpu, sizeof(float) * 64);
+    REQUIRE(Rd && pind && cind && buf && tick);
+    gpu.ops->upload(&gpu, Rd, st, sizeof(float) * nx);
+    gpu.ops->upload(&gpu, pind, pin, sizeof(float) * 4 * R);
+    gpu.ops->upload(&gpu, cind, cin, sizeof(float) * 16 * R);
+    gpu.ops->upload(&gpu, tick, (float[64]){0}, sizeof(float) * 64);
+    dsv4_cuda_set_hc_comb(&gpu, 0);
+    hcc_pass(&d, Rd, pind, cind, buf, tick, R, bf, 0, ref, NULL);
+    CHECK(gpu_ok());
+    dsv4_cuda_set_hc_comb(&gpu, 1);
+    static const char *hows[4] = {"back to back", "an op between", "o downloaded between", "in a graph"};
+    for (int how = 0; how < 4; how++) {
+        long t0, f0, t1, f1;
+        dsv4_cuda_hc_comb_counts(&gpu, &t0, &f0);
+        /* a graph's first capture instantiates; the second replays an updated executable */
+        for (int rep = 0; rep < (how == 3 ? 2 : 1); rep++) {
+            memset(got, 0xff, sizeof(float) * nout);
+            if (how == 2) memset(mid, 0xff, sizeof(float) * ny);
+            gpu.ops->upload(&gpu, d.o, (float[1]){NAN}, sizeof(float)); /* o's first value stale: must be rewritten */
+            hcc_pass(&d, Rd, pind, cind, buf, tick, R, bf, how, got, how == 2 ? mid : NULL);
+            CHECK(gpu_ok());
+            int same = !memcmp(got, ref, sizeof(float) * nout) && (how != 2 || !memcmp(mid, ref, sizeof(float) * ny));
+            dsv4_cuda_hc_comb_counts(&gpu, &t1, &f1);
+            long want_t = R <= 4 && (how == 0 || how == 3) ? rep + 1 : 0;
+            printf("  combine into hc, rows %d bf16 %d, %s%s: %s the separate combine's bits; taken %ld, launched "
+                   "alone %ld\n", R, bf, hows[how], rep ? " (replay)" : "", same ? "give" : "DIFFER from",
+                   t1 - t0, f1 - f0);
+            CHECKF(same, "combine into hc rows %d bf16 %d (%s): bits differ", R, bf, hows[how]);
+            CHECKF(t1 - t0 == want_t, "combine into hc rows %d (%s): taken %ld times, expected %ld", R, hows[how],
+                   t1 - t0, want_t);
+            CHECKF(t1 - t0 + f1 - f0 == (R <= 4 ? rep + 1 : 0), "rows %d (%s): %ld combines left pending", R,
+                   hows[how], t1 - t0 + f1 - f0);
+            if (!same)
+                for (size_t i = 0, shown = 0; i < nout && shown < 4; i++)
+                    if (memcmp(got + i, ref + i, sizeof(float)))
+                        printf("    [%zu] separate %.9g fused %.9g\n", i, ref[i], got[i]), shown++;
+        }
+    }
+    dsv4_cuda_set_hc_comb(&gpu, 0);
+    rm_free(&gpu, &d);
+    gpu.ops->free(&gpu, Rd), gpu.ops->free(&gpu, pind), gpu.ops->free(&gpu, cind), gpu.ops->free(&gpu, buf);
+    gpu.ops->free(&gpu, tick);
+    free(lg), free(x), free(st), free(y0), free(pin), free(cin), free(ref), free(got), free(mid);
+}
+
+static void test_hc_comb(void) {
+    NEED_GPU();
+    make_rm();
+    make_hcw();
+    for (int bf = 0; bf < 2; bf++)
+        for (int R = 1; R <= 5; R++) check_hc_comb(R, bf);
+}
+
 static void test_route_moe(void) {
     NEED_GPU();
     make_rm();
@@ -852,5 +959,5 @@ static void test_route_moe(void) {
 }
 
 TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash,
-          test_one_row_e4m3, test_pro_moe, test_batch,
+          test_one_row_e4m3, test_pro_moe, test_batch, test_hc_comb,
           test_route_moe)

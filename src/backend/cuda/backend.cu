@@ -114,6 +114,8 @@ static void cu_recover(dsv4_backend *b) {
     }
     while (c->n_spill > 0) cudaFree(c->spill[--c->n_spill]);
     c->scratch_top = 0;
+    c->scratch_floor = 0;
+    c->comb_pend.on = 0;
     c->scratch_want = c->scratch_cap;
     c->side_top = 0;
     c->side_want = c->side_cap;
@@ -144,6 +146,7 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line) {
  * else is queued, then checked; with no op since the last check they cannot have changed. */
 static int cu_check(dsv4_backend *b, dsv4_err *err) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b);
     int ops = c->ops_since_check > 0, fetched = c->flags_fetched;
     c->ops_since_check = 0;
     c->flags_fetched = 0;
@@ -194,6 +197,7 @@ static int seg_cache(cuda_impl *c, int key) {
 static void seg_end_timed(dsv4_backend *b);
 void dsv4_cuda_seg_end(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b); /* into the capture it belongs to (and before every wait: sync comes here) */
     dsv4_cuda_side_close(b); /* a capture must end joined */
     if (!c->capturing) return;
     double t0 = host_ms();
@@ -329,7 +333,10 @@ static void graphs_free(cuda_impl *c) {
  * warm-up no op allocates. */
 void dsv4_cuda_scratch_reset(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    c->scratch_top = 0;
+    /* a taken combine's inputs stay (dsv4_cuda_comb_take: only when nothing below makes the arena
+     * move), for this one reset */
+    c->scratch_top = c->scratch_floor;
+    c->scratch_floor = 0;
     /* the side's arena grows only at a fork (cu_side: side_grow), where waiting is allowed; here
      * a spill or the main arena's growth waits, which closes the side chain and brings the main
      * arena back */
@@ -494,6 +501,7 @@ void dsv4_cuda_flush(dsv4_backend *b) {
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b); /* a pending combine runs before any op but the one that takes it */
     c->op_t0 = host_ms();
     c->ops_since_check++; /* at the start: an op that returns early may still have launched */
     c->op_seq++;
@@ -564,6 +572,8 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->graph_inst = c->g_inst;
     out->side_forks = c->side_forks;
     out->side_forced = c->side_forced;
+    out->comb_fused = c->hc_comb_taken;
+    out->comb_alone = c->hc_comb_flushed;
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
     out->issue_s = c->issue_s;
@@ -839,6 +849,7 @@ static void *cu_alloc(dsv4_backend *b, size_t bytes) {
 }
 static void cu_free(dsv4_backend *b, void *p) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b);
     for (int i = 0; i < c->n_dev; i++)
         if (c->dev[i].base == (uintptr_t)p) {
             dsv4_cuda_sync(b);
@@ -853,6 +864,7 @@ static void cu_free(dsv4_backend *b, void *p) {
  * a copy that lands in host memory waits for it */
 static void cu_copy(dsv4_backend *b, void *dst, const void *src, size_t bytes) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b); /* the copy may read the pending combine's out */
     if (!bytes || c->failed) return;
     int dd = dsv4_cuda_is_dev(b, dst), sd = dsv4_cuda_is_dev(b, src);
     if (!dd && !sd) {
@@ -903,6 +915,7 @@ static void cl_launch(dsv4_backend *b, const cl_table &t, int k, size_t most) {
 }
 static void cu_copy_list(dsv4_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b);
     cl_table t;
     int k = 0;
     size_t most = 0;
@@ -989,6 +1002,7 @@ static int side_grow(dsv4_backend *b) {
 
 static void cu_side(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
+    dsv4_cuda_comb_flush(b); /* on the main stream, before the chains part */
     if (!on) {
         side_to_main(c);
         return;
@@ -1016,7 +1030,10 @@ static void cu_side(dsv4_backend *b, int on) {
     dsv4_cuda_seg_note(b, DSV4_SEG_SIDE_FORK);
 }
 
-static void cu_join(dsv4_backend *b) { dsv4_cuda_side_close(b); }
+static void cu_join(dsv4_backend *b) {
+    dsv4_cuda_comb_flush(b);
+    dsv4_cuda_side_close(b);
+}
 
 static const dsv4_backend_ops CUDA_OPS = {
     "cuda",
@@ -1117,6 +1134,9 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
+    /* DSV4_CUDA_HC_COMB=1: the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc") */
+    const char *hcc = getenv("DSV4_CUDA_HC_COMB");
+    c->hc_comb = hcc && !strcmp(hcc, "1");
     /* DSV4_CUDA_ATTN_SC_MB: sparse attention's scratch per launch in MB (default 256; tests set 1
      * to cut small calls into row chunks) */
     const char *am = getenv("DSV4_CUDA_ATTN_SC_MB");

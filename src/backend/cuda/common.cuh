@@ -141,6 +141,25 @@ struct cuda_impl {
     const void *hc_lg_ptr;
     unsigned long hc_lg_op;
     long hc_lg_early, hc_lg_late; /* counters (tests): readers that formed it before / after the wait */
+    /* the MoE's combine handed to the next op (DSV4_CUDA_HC_COMB=1, moe.cu "combine into hc"): the
+     * moe op leaves its combine pending when it may be fused into the hc_post_pre_norm that reads
+     * out; that op takes it (k_hc_dec forms o itself), anything else launches it first
+     * (dsv4_cuda_comb_flush).  scratch_floor: bytes of the arena the next reset keeps (the
+     * pending combine's inputs), 0 after it */
+    int hc_comb;                /* the switch (read at init; dsv4_cuda_set_hc_comb for the tests) */
+    struct comb_pending {
+        int on;
+        float *out;
+        const float *y;
+        const int32_t *order;
+        const float *cw;
+        int64_t dim;
+        int rows, k, nrs, has_shared, act_bf16;
+        float out_scale;
+        size_t keep;            /* the arena's top when it was left pending */
+    } comb_pend;
+    size_t scratch_floor;
+    long hc_comb_taken, hc_comb_flushed; /* counters (tests) */
 };
 #define DSV4_CUDA_GVARIANTS 6
 
@@ -203,6 +222,26 @@ static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, 
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelExC(&cfg, k, args);
 }
+
+/* The MoE's combine of one row r at 4 adjacent columns d (k_moe_combine_u's arithmetic, shared
+ * with k_hc_dec's fused form so that both give the same bits): out[r][d] = (sum over the row's
+ * first k <= 8 combine-order slots s >= 0 of cw[s] y[s][d]) * out_scale + y[nrs + r][d] (the
+ * shared expert's row, if any), rounded to bf16 if act_bf16.  y, order and cw are written by
+ * earlier kernels: read after the PDL wait, through L2. */
+struct moe_comb {
+    float *out;                 /* where the combine writes (the moe op's out) */
+    const float *y;             /* [nrs + rows][dim] expert outputs, routed slots then shared rows */
+    const int32_t *order;       /* [rows][k] slots in combine order, -1 skipped */
+    const float *cw;            /* [rows][k] their weights */
+    int k, nrs, has_shared, act_bf16;
+    float out_scale;
+};
+
+/* moe.cu: the moe op leaves its combine pending (1) or not (0: the caller launches it); a pending
+ * combine is launched by flush, or taken (1) by the hc_post_pre_norm whose o is its out */
+int dsv4_cuda_comb_defer(dsv4_backend *b, const moe_comb *m, int64_t dim, int rows, int unrolled);
+void dsv4_cuda_comb_flush(dsv4_backend *b);
+int dsv4_cuda_comb_take(dsv4_backend *b, const float *o, int rows, int64_t dim, moe_comb *m);
 
 /* closes an open side chain (ops->join's work): every later op starts after both chains */
 void dsv4_cuda_side_close(dsv4_backend *b);
@@ -549,5 +588,60 @@ int dsv4_cuda_gemv_mma(dsv4_backend *b, float *out_d, const float *x_d, const dw
 int dsv4_cuda_gemm_grouped(dsv4_backend *b, float *od, const float *xd, int rows, const dsv4_weight *w, int groups,
                            int in_bf16, int out_bf16);
 void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n);
+
+/* the MoE's combine at 4 columns (struct moe_comb above) */
+__device__ __forceinline__ float moe_comb_fin(float acc, float ys, float out_scale, int act_bf16) {
+    float o = __fmaf_rn(acc, out_scale, ys);
+    return act_bf16 ? d_round_bf16(o) : o;
+}
+
+__device__ __forceinline__ float4 moe_comb4(const moe_comb &m, int64_t dim, int64_t r, int64_t d) {
+    int sl[8];
+    float c[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        sl[i] = i < m.k ? __ldcg(m.order + r * m.k + i) : -1;
+        c[i] = i < m.k ? __ldcg(m.cw + r * m.k + i) : 0.0f;
+    }
+    float4 ys = m.has_shared ? __ldcg((const float4 *)(m.y + (int64_t)(m.nrs + r) * dim + d))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = __ldcg((const float4 *)(m.y + (int64_t)(sl[i] > 0 ? sl[i] : 0) * dim + d));
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (sl[i] >= 0)
+            a = make_float4(__fmaf_rn(c[i], v[i].x, a.x), __fmaf_rn(c[i], v[i].y, a.y), __fmaf_rn(c[i], v[i].z, a.z),
+                            __fmaf_rn(c[i], v[i].w, a.w));
+    float os = m.out_scale;
+    int rb = m.act_bf16;
+    return make_float4(moe_comb_fin(a.x, ys.x, os, rb), moe_comb_fin(a.y, ys.y, os, rb),
+                       moe_comb_fin(a.z, ys.z, os, rb), moe_comb_fin(a.w, ys.w, os, rb));
+}
+
+/* one column (k_moe_combine_u): the same expression per element as moe_comb4, and for k > 8 the
+ * later slots added in order after the first 8 */
+__device__ __forceinline__ float moe_comb1(const moe_comb &m, int64_t dim, int64_t r, int64_t d) {
+    int sl[8];
+    float c[8], v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        sl[i] = i < m.k ? m.order[r * m.k + i] : -1;
+        c[i] = i < m.k ? m.cw[r * m.k + i] : 0.0f;
+    }
+    float ys = m.has_shared ? m.y[(int64_t)(m.nrs + r) * dim + d] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = m.y[(int64_t)(sl[i] > 0 ? sl[i] : 0) * dim + d];
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (sl[i] >= 0) acc = __fmaf_rn(c[i], v[i], acc);
+    for (int i = 8; i < m.k; i++) {
+        int s2 = m.order[r * m.k + i];
+        if (s2 >= 0) acc = __fmaf_rn(m.cw[r * m.k + i], m.y[(int64_t)s2 * dim + d], acc);
+    }
+    return moe_comb_fin(acc, ys, m.out_scale, m.act_bf16);
+}
 
 #endif

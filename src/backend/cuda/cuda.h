@@ -64,6 +64,11 @@ long dsv4_cuda_op_list_launches(void);
 /* hc_post_pre_norm calls whose comb_in held logits (DSV4_HC_COMBIN_LOGITS, mhc.cu): formed before
  * k_hc_dec's PDL wait (*early) or after it (*late, the writer being the op just before) */
 void dsv4_cuda_hc_lg_counts(struct dsv4_backend *b, long *early, long *late);
+/* the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc"): on or off for this
+ * backend (read from DSV4_CUDA_HC_COMB=1 at init; the same bits either way), and how many combines
+ * k_hc_dec took (*taken) or were launched on their own after being left pending (*flushed) */
+void dsv4_cuda_set_hc_comb(struct dsv4_backend *b, int on);
+void dsv4_cuda_hc_comb_counts(struct dsv4_backend *b, long *taken, long *flushed);
 long dsv4_cuda_op_list_alone(void);
 
 #endif

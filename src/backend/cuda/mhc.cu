@@ -525,6 +525,8 @@ struct hc_postin {
     int state_bf16;
     int comb_lg; /* comb holds an earlier hc_pre's logits (DSV4_HC_COMBIN_LOGITS): every block forms the
                   * matrix, before its PDL wait (2) or after it (1: comb's writer may be the kernel before) */
+    moe_comb mc; /* POST 2 (DSV4_CUDA_HC_COMB, moe.cu): o is the MoE's combine of mc, formed here (moe_comb4)
+                  * wherever o is read, and written to mc.out (= o) by the warps of stream 0's columns */
 };
 
 /* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
@@ -557,6 +559,13 @@ enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM
        HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */,
        HD_PIN = HD_HC + HD_HC * HD_HC /* post_in and comb_in of one row */ };
 
+/* o at row rr, columns d..d+3: read (POST 1) or the MoE's combine formed (POST 2) */
+template <int POST>
+__device__ __forceinline__ float4 hd_o4(const hc_postin &pin, int rr, int64_t d, int dim) {
+    if (POST == 2) return moe_comb4(pin.mc, dim, rr, d);
+    return __ldcg((const float4 *)(pin.o + (int64_t)rr * dim + d));
+}
+
 /* y's inputs at position d of row rr: X's hc vectors there, or (POST) R's and o's (in [HD_HC]) */
 template <int POST>
 __device__ __forceinline__ void hd_y_load(float4 (&xy)[HD_HC + 1], const float *X, const hc_postin &pin, int rr,
@@ -564,7 +573,7 @@ __device__ __forceinline__ void hd_y_load(float4 (&xy)[HD_HC + 1], const float *
     const float *xr = (POST ? pin.R : X) + rr * K + d;
 #pragma unroll
     for (int j = 0; j < HD_HC; j++) xy[j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
-    if (POST) xy[HD_HC] = __ldcg((const float4 *)(pin.o + (int64_t)rr * dim + d));
+    if (POST) xy[HD_HC] = hd_o4<POST>(pin, rr, d, dim);
 }
 
 /* X's vector of stream j from hd_y_load's (POST: hc_post of o and R with the row's staged
@@ -748,8 +757,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 float4 rv[HD_HC];
 #pragma unroll
                 for (int j = 0; j < HD_HC; j++) rv[j] = __ldg((const float4 *)(pin.R + r * K + (int64_t)j * dim + d));
-                float4 v = hc_post_begin(__ldg(pin.post + r * HD_HC + k),
-                                         __ldg((const float4 *)(pin.o + (int64_t)r * dim + d)));
+                float4 ov = POST == 2 ? moe_comb4(pin.mc, dim, r, d)
+                                      : __ldg((const float4 *)(pin.o + (int64_t)r * dim + d));
+                if (POST == 2 && k == 0) *(float4 *)(pin.mc.out + (int64_t)r * dim + d) = ov; /* the combine's out */
+                float4 v = hc_post_begin(__ldg(pin.post + r * HD_HC + k), ov);
 #pragma unroll
                 for (int j = 0; j < HD_HC; j++)
                     v = hc_post_step(v, pin.comb_lg ? cmb[POST ? r : 0][j * HD_HC + k]
@@ -1099,7 +1110,7 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
                 : yn.w.fmt == DSV4_WF_BF16 && ((uintptr_t)yn.w.data & 7) == 0 ? 2
                                                                                 : 0;
     uintptr_t al = (uintptr_t)xd | (uintptr_t)yd;
-    if (pin) al |= (uintptr_t)pin->o | (uintptr_t)pin->R;
+    if (pin) al |= (uintptr_t)pin->o | (uintptr_t)pin->R | (uintptr_t)pin->mc.y;
     int fast = hc_dec_takes(rows, hc, dim, wf, al, done);
     if (pin && !fast) {
         dsv4_cuda_fail(b, "hc_post_pre_norm: k_hc_dec does not take this call (internal)", __FILE__, __LINE__,
@@ -1112,14 +1123,15 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
         memset(&pi, 0, sizeof pi);
         if (pin) pi = *pin, xd = NULL; /* k_hc_dec<.., 1> reads no X: it forms it */
         const float *wd = (const float *)wf.data;
+        int post = !pin ? 0 : pin->mc.y ? 2 : 1; /* 2: the MoE's combine taken (cu_hc_post_pre_norm) */
         if (epoch && g <= HD_PSPLITS && !hc_dec_old())
-            dsv4_launch(pin ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd,
-                        part, done, tagged, epoch, xd, rows, dim, wd, nm, g, wb, ws, iters, norm_eps, hc_eps,
-                        gemm_bf16, out_bf16, head, yn, pi);
+            dsv4_launch(post == 2 ? k_hc_dec<HD_T, 1, 2> : post ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g,
+                        HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd, rows, dim, wd, nm, g,
+                        wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
         else
-            dsv4_launch(pin ? k_hc_dec<HD_T, 0, 1> : k_hc_dec<HD_T, 0, 0>, g, HD_THREADS, 0, CI(b)->stream, yd, pd, cd,
-                        part, done, nullptr, nullptr, xd, rows, dim, wd, nm, g, wb, ws, iters, norm_eps, hc_eps,
-                        gemm_bf16, out_bf16, head, yn, pi);
+            dsv4_launch(post == 2 ? k_hc_dec<HD_T, 0, 2> : post ? k_hc_dec<HD_T, 0, 1> : k_hc_dec<HD_T, 0, 0>, g,
+                        HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, nullptr, nullptr, xd, rows, dim, wd, nm,
+                        g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
         if (CKL(b)) return 1;
     } else if (done) {
         dsv4_launch(k_hc_fused, dim3((unsigned)splits, (unsigned)groups), HC_THREADS, 0, CI(b)->stream, yd, pd, cd,
@@ -1325,13 +1337,17 @@ void cu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const flo
                        out_bf16, y_norm, y_eps);
         return;
     }
+    /* the moe op's combine of o, if it left it pending (moe.cu "the combine into hc"): taken before
+     * op_begin, which would launch it */
+    moe_comb mc;
+    if (!dsv4_cuda_comb_take(b, o, rows, dim, &mc)) memset(&mc, 0, sizeof mc);
     dsv4_cuda_op_begin(b);
     cuda_impl *c = CI(b);
     /* comb_in's logits: formed in k_hc_dec, before its PDL wait unless their writer was the op
      * just before this one (it may then still be running: common.cuh's pre-wait rule) */
     int lg = !lg_in ? 0 : comb_in == c->hc_lg_ptr && c->op_seq - c->hc_lg_op <= 1 ? 1 : 2;
     c->hc_lg_early += lg == 2, c->hc_lg_late += lg == 1;
-    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16, lg};
+    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16, lg, mc};
     int normed = hc_common(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
                            out_bf16, 0, 1, y_norm, y_eps, &pin);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);

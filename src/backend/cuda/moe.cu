@@ -2504,33 +2504,15 @@ __global__ void __launch_bounds__(1024) k_moe_plan(group *groups, int *n_groups,
 
 /* k_moe_combine for k <= 8 picks per row (the first 8 of a larger k): every order / cw entry
  * loaded first, then every y value, then the same sum in the same order (a chain of 2k
- * dependent loads in k_moe_combine; an invalid slot reads slot 0 and adds nothing) */
+ * dependent loads in k_moe_combine; an invalid slot reads slot 0 and adds nothing).  The
+ * arithmetic is common.cuh's moe_comb1, which k_hc_dec's fused combine (moe_comb4) repeats. */
 __global__ void k_moe_combine_u(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
                                 const float *cw, int n_routed_slots, int has_shared, float out_scale, int act_bf16) {
     pdl_enter();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (int64_t)rows * dim) return;
-    int64_t r = t / dim, d = t % dim;
-    int sl[8];
-    float c[8], v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        sl[i] = i < k ? order[r * k + i] : -1;
-        c[i] = i < k ? cw[r * k + i] : 0.0f;
-    }
-    float ys = has_shared ? y[(int64_t)(n_routed_slots + r) * dim + d] : 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = y[(int64_t)(sl[i] > 0 ? sl[i] : 0) * dim + d];
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (sl[i] >= 0) acc += c[i] * v[i];
-    for (int i = 8; i < k; i++) {
-        int s2 = order[r * k + i];
-        if (s2 >= 0) acc += cw[r * k + i] * y[(int64_t)s2 * dim + d];
-    }
-    float o = acc * out_scale + ys;
-    out[t] = act_bf16 ? d_round_bf16(o) : o;
+    moe_comb m = {out, y, order, cw, k, n_routed_slots, has_shared, act_bf16, out_scale};
+    out[t] = moe_comb1(m, dim, t / dim, t % dim);
 }
 
 /* k_moe_plan for rows * k <= 32 slots: one warp, lane i = slot i, no barrier and no shared
@@ -3133,6 +3115,68 @@ void dsv4_cuda_moe_combine(dsv4_backend *b, float *out, const float *y, int64_t 
                     out_scale, act_bf16);
 }
 
+/* ----- the combine into hc (DSV4_CUDA_HC_COMB=1) -----
+ * At a decode step the MoE's combine (k_moe_combine_u: 16 blocks, one launch a layer) is the
+ * kernel right before the fused hc_post_pre_norm that reads its out as o.  With the switch on,
+ * the moe op leaves the combine pending instead of launching it; if the very next backend call
+ * is that hc_post_pre_norm on k_hc_dec, it takes the combine's arguments and k_hc_dec forms o
+ * itself with the same arithmetic (moe_comb4: the bits of k_moe_combine_u), writing out as
+ * well.  Any other call launches the combine first (dsv4_cuda_comb_flush: every op's begin,
+ * copies, frees, segment ends, waits, side chains, checks), so what any op or the host reads
+ * is what the combine would have written.  The combine's inputs (y, order, cw) live in the moe
+ * op's scratch: the arena's reset at the taker's begin keeps them (scratch_floor).  Left to
+ * launch as before: timed (profiled) runs, an open side chain, out in host memory, k > 8,
+ * rows > 4, an arena about to grow or spill. */
+int dsv4_cuda_comb_defer(dsv4_backend *b, const moe_comb *m, int64_t dim, int rows, int unrolled) {
+    cuda_impl *c = CI(b);
+    if (!c->hc_comb || c->failed || c->timing || c->side_state || !unrolled || m->k > 8 || rows < 1 || rows > 4 ||
+        dim % 4 || !dsv4_cuda_is_dev(b, m->out) || c->n_spill || c->scratch_want > c->scratch_cap ||
+        c->scratch_top > c->scratch_cap)
+        return 0;
+    auto &p = c->comb_pend;
+    p.on = 1;
+    p.out = m->out, p.y = m->y, p.order = m->order, p.cw = m->cw;
+    p.dim = dim, p.rows = rows, p.k = m->k, p.nrs = m->nrs, p.has_shared = m->has_shared, p.act_bf16 = m->act_bf16;
+    p.out_scale = m->out_scale;
+    p.keep = c->scratch_top;
+    return 1;
+}
+
+void dsv4_cuda_comb_flush(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    auto &p = c->comb_pend;
+    if (!p.on) return;
+    p.on = 0;
+    if (c->failed) return;
+    c->hc_comb_flushed++;
+    dsv4_cuda_moe_combine(b, p.out, p.y, p.dim, p.rows, p.k, p.order, p.cw, p.nrs, p.has_shared, p.out_scale,
+                          p.act_bf16, 1);
+    CKL(b);
+}
+
+int dsv4_cuda_comb_take(dsv4_backend *b, const float *o, int rows, int64_t dim, moe_comb *m) {
+    cuda_impl *c = CI(b);
+    auto &p = c->comb_pend;
+    if (!p.on || c->failed || p.out != o || p.rows != rows || p.dim != dim || c->side_state || c->n_spill ||
+        c->scratch_want > c->scratch_cap)
+        return 0; /* the caller's op_begin launches it */
+    *m = (moe_comb){p.out, p.y, p.order, p.cw, p.k, p.nrs, p.has_shared, p.act_bf16, p.out_scale};
+    p.on = 0;
+    c->scratch_floor = p.keep; /* the next reset (the taker's op_begin) keeps y, order and cw */
+    c->hc_comb_taken++;
+    return 1;
+}
+
+void dsv4_cuda_set_hc_comb(dsv4_backend *b, int on) {
+    dsv4_cuda_comb_flush(b);
+    CI(b)->hc_comb = on != 0;
+}
+
+void dsv4_cuda_hc_comb_counts(dsv4_backend *b, long *taken, long *flushed) {
+    *taken = CI(b)->hc_comb_taken;
+    *flushed = CI(b)->hc_comb_flushed;
+}
+
 /* The moe op on the slot kernels, after its expert table t (cu_moe, cu_route_moe): stages, plans,
  * runs the experts and the combine, and commits out; the caller ends the op (0) or not (1: a
  * failure, sticky error set).  ra NULL: the plan reads the ids and weights e / wgt (k_moe_plan_w
@@ -3443,8 +3487,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             break;
     }
     if (CKL(b)) return 1;
-    dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16, ds->small);
-    if (CKL(b)) return 1;
+    moe_comb mc = {od, y, orderd, cwd, k, nrs, shared != NULL, act_bf16, out_scale};
+    if (od != out || !dsv4_cuda_comb_defer(b, &mc, dim, rows, ds->small)) { /* else the next op's (above) */
+        dsv4_cuda_moe_combine(b, od, y, dim, rows, k, orderd, cwd, nrs, shared != NULL, out_scale, act_bf16,
+                              ds->small);
+        if (CKL(b)) return 1;
+    }
     dsv4_cuda_commit(b, out, od, sizeof(float) * rows * dim);
     return 0;
 }
