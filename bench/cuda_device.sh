@@ -273,6 +273,7 @@ for stage in "${stages[@]}"; do
     [ -d /dev/shm/flash2 ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out /dev/shm/flash2 >/dev/null 2>&1
     DSV4_HC_DEFER=1 DSV4_CUDA_FLASH2=/dev/shm/flash2 timeout 200 $bin/test_cuda_e2e test_flash2 >"$OUT/hcd_f2.log" 2>&1
     note "DSV4_HC_DEFER=1 test_flash2 rc=$? $(tail -1 "$OUT/hcd_f2.log")"; grep -E "worst|FAIL" "$OUT/hcd_f2.log" | head -6 >>"$summary"
+    [ -n "${HC_NOAB:-}" ] && continue # HC_NOAB=1: the tests only (hcab then times both hc switches)
     [ -d /dev/shm/flash20 ] || timeout 150 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
     # (each its own OUT: a run of this script empties its summary)
     AB_ROUNDS=3 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_ab" bash "$0" ab >/dev/null 2>&1

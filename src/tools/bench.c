@@ -138,6 +138,9 @@ static int bench_decode(dsv4_engine *e, dsv4_seq *s0, int P, int B, int W, int G
                (double)(p1.graph_launches - p0.graph_launches) / G, (double)(p1.graph_updates - p0.graph_updates) / G,
                (double)(p1.graph_inst - p0.graph_inst) / G, gpu, (p1.wait_s - p0.wait_s) / G * 1e3);
     }
+    if (p1.comb_fused + p1.comb_alone > p0.comb_fused + p0.comb_alone) /* DSV4_CUDA_HC_COMB=1 (docs/CUDA.md) */
+        printf("bench: per decode step: %.1f MoE combines formed inside the next hc kernel, %.1f launched alone\n",
+               (double)(p1.comb_fused - p0.comb_fused) / G, (double)(p1.comb_alone - p0.comb_alone) / G);
     if (p1.issue_s > p0.issue_s)
         printf("bench: host time per decode step: %.3f ms inside ops, %.3f ms ending graph captures (update or "
                "instantiate, launch), %.3f ms elsewhere (forward pass, waits, copies out)\n",
