@@ -4,7 +4,7 @@
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
-#        hcdefer hccomb hcab
+#        hcdefer hccomb hcab hckt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -297,16 +297,20 @@ for stage in "${stages[@]}"; do
       >"$OUT/hcc_f2.log" 2>&1
     note "DSV4_CUDA_HC_COMB=1 test_flash2 rc=$? $(tail -1 "$OUT/hcc_f2.log")"
     grep -E "worst|FAIL" "$OUT/hcc_f2.log" | head -6 >>"$summary" ;;
-  hcab)
-    # both hc switches of stop 38/39 against the default on the 20-layer model: ab (3 rounds of four settings),
-    # then the per-kernel A/B of the three against the default (greedy, the picks on the device)
+  hcab|hckt)
+    # both hc switches of stop 38/39 against the default on the 20-layer model, and k_gemv's wait first
+    # (DSV4_CUDA_GEMV_EARLY=0, the order before stop 39): hcab the ab (3 rounds of five settings, ~6 minutes),
+    # hckt the per-kernel A/B of each against the default (greedy, the picks on the device)
     [ -d /dev/shm/flash20 ] ||
       timeout 150 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
-    hcs="- DSV4_HC_DEFER=1 DSV4_CUDA_HC_COMB=1 DSV4_HC_DEFER=1,DSV4_CUDA_HC_COMB=1"
-    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="$hcs" OUT="$OUT/hc_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/hc_ab/summary.txt" >>"$summary"
-    KT_GREEDY=1 AB_ENVS="$hcs" OUT="$OUT/hc_kt" bash "$0" ktab >/dev/null 2>&1
-    grep -vE "^==" "$OUT/hc_kt/summary.txt" | head -60 >>"$summary" ;;
+    hcs="- DSV4_HC_DEFER=1 DSV4_CUDA_HC_COMB=1 DSV4_HC_DEFER=1,DSV4_CUDA_HC_COMB=1 DSV4_CUDA_GEMV_EARLY=0"
+    if [ $stage = hcab ]; then
+      AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="$hcs" OUT="$OUT/hc_ab" bash "$0" ab >/dev/null 2>&1
+      grep -E "^ab" "$OUT/hc_ab/summary.txt" >>"$summary"
+    else
+      KT_GREEDY=1 AB_ENVS="$hcs" OUT="$OUT/hc_kt" bash "$0" ktab >/dev/null 2>&1
+      grep -vE "^==" "$OUT/hc_kt/summary.txt" | head -80 >>"$summary"
+    fi ;;
   *) note "unknown stage $stage" ;;
   esac
 done

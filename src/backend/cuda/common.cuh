@@ -192,6 +192,8 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_trigger();
 }
 extern int dsv4_cuda_pdl; /* 1: launches carry the PDL attribute (default); DSV4_CUDA_PDL=0: 0 */
+/* 1: k_gemv asks for its first pass's weights before its PDL wait (default); DSV4_CUDA_GEMV_EARLY=0: 0 */
+extern int dsv4_cuda_gemv_early;
 
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
                                             cudaStream_t st) {

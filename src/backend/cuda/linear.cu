@@ -332,8 +332,7 @@ __device__ __forceinline__ void gemv_load(uint4 (&v)[RPP][CPT], float (&s0)[RPP]
 template <int NR, int FMT, int CPT, int RPP>
 __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                               int rows, dweight w, int64_t o0, int64_t no, int64_t gR, int64_t xg,
-                                              int w_bf16, int out_bf16, int tpr_log2, int npass) {
-    pdl_enter();
+                                              int w_bf16, int out_bf16, int tpr_log2, int npass, int early) {
     constexpr int VN = lvec<FMT>::N, N = RPP * NR;
     __shared__ float red[2][8][N];
     const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
@@ -349,12 +348,14 @@ __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const flo
         scol[i] = FMT == LF_FP8 ? (int)(kcol[i] / w.block)
                   : FMT == LF_FP4 ? (int)(kcol[i] / (w.fmt == DSV4_WF_MXFP4 ? 32 : 16)) : 0;
     }
-    int buf = 0;
+    int buf = 0, entered = 0; /* pdl_enter (common.cuh) once the first pass's weights are asked for, as k_gemv8 */
+    if (!early) pdl_enter(), entered = 1; /* DSV4_CUDA_GEMV_EARLY=0: the wait first, as before stop 39 */
     for (int p = blockIdx.x; p < npass; p += gridDim.x) {
         const int64_t rb = ((int64_t)p * slots + slot) * RPP; /* this slot's first row */
         uint4 v[RPP][CPT];
         float s0[RPP][CPT], s1[RPP][CPT];
         gemv_load<FMT, CPT, RPP>(v, s0, s1, w, o0, no, rb, rbytes, kcol, scol, scols);
+        if (!entered) pdl_enter(), entered = 1; /* weights only before it: in flight while the previous kernel ends */
         const float *xw = x + (rb < no ? rb / gR : 0) * xg;
         float acc[N];
 #pragma unroll
@@ -385,6 +386,7 @@ __global__ void __launch_bounds__(256) k_gemv(float *out, int64_t ldo, const flo
         int r = id % NR;
         if (wr && o < no && r < rows) out[(int64_t)r * ldo + o] = out_bf16 ? d_round_bf16(sum) : sum;
     }
+    if (!entered) pdl_enter();
 }
 
 static size_t wbytes_rows(const dweight &w, int64_t no) {
@@ -453,15 +455,15 @@ static void gemv_rpp(const lin_args &a, int rpp, int tpr_log2, int npass, cudaSt
     switch (rpp) {
     case 1:
         dsv4_launch(k_gemv<NR, FMT, CPT, 1>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
-                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass, dsv4_cuda_gemv_early);
         break;
     case 2:
         dsv4_launch(k_gemv<NR, FMT, CPT, 2>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
-                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass, dsv4_cuda_gemv_early);
         break;
     default:
         dsv4_launch(k_gemv<NR, FMT, CPT, 4>, npass, 256, 0, st, a.out, a.ldo, a.x, a.ldx, a.rows, a.w, a.o0, a.no, a.gR,
-                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass);
+                    a.xg, a.w_bf16, a.out_bf16, tpr_log2, npass, dsv4_cuda_gemv_early);
         break;
     }
 }
