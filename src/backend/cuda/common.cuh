@@ -217,6 +217,15 @@ static inline cudaError_t dsv4_launch(void (*k)(P...), dim3 grid, dim3 block, si
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
 }
+/* dsv4_launch with the PDL attribute only if pdl (and dsv4_cuda_pdl) */
+template <typename... P, typename... A>
+static inline cudaError_t dsv4_launch_pdl(int pdl, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                          cudaStream_t st, A &&...args) {
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
+    if (!pdl) cfg.numAttrs = 0;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
 /* the same for a kernel known by address, its arguments packed (cudaLaunchKernel's form) */
 static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, void **args, size_t smem,
                                           cudaStream_t st) {
@@ -597,14 +606,27 @@ __device__ __forceinline__ float moe_comb_fin(float acc, float ys, float out_sca
     return act_bf16 ? d_round_bf16(o) : o;
 }
 
-__device__ __forceinline__ float4 moe_comb4(const moe_comb &m, int64_t dim, int64_t r, int64_t d) {
+/* row r's combine order and weights (the plan's; k_hc_dec loads them before its PDL wait: the
+ * plan ran two kernels or more before it) */
+struct moe_comb_row {
     int sl[8];
     float c[8];
+};
+
+__device__ __forceinline__ moe_comb_row moe_comb_row_load(const moe_comb &m, int64_t r) {
+    moe_comb_row w;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        sl[i] = i < m.k ? __ldcg(m.order + r * m.k + i) : -1;
-        c[i] = i < m.k ? __ldcg(m.cw + r * m.k + i) : 0.0f;
+        w.sl[i] = i < m.k ? __ldcg(m.order + r * m.k + i) : -1;
+        w.c[i] = i < m.k ? __ldcg(m.cw + r * m.k + i) : 0.0f;
     }
+    return w;
+}
+
+__device__ __forceinline__ float4 moe_comb4(const moe_comb &m, const moe_comb_row &w, int64_t dim, int64_t r,
+                                           int64_t d) {
+    const int *sl = w.sl;
+    const float *c = w.c;
     float4 ys = m.has_shared ? __ldcg((const float4 *)(m.y + (int64_t)(m.nrs + r) * dim + d))
                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 v[8];

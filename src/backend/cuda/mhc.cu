@@ -559,21 +559,22 @@ enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM
        HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */,
        HD_PIN = HD_HC + HD_HC * HD_HC /* post_in and comb_in of one row */ };
 
-/* o at row rr, columns d..d+3: read (POST 1) or the MoE's combine formed (POST 2) */
+/* o at row rr, columns d..d+3, in the finisher: o itself (POST 1), or (POST 2) the combine's out
+ * as the hc_post warps of every block wrote it, read once every partial is in (see k_hc_dec) */
 template <int POST>
 __device__ __forceinline__ float4 hd_o4(const hc_postin &pin, int rr, int64_t d, int dim) {
-    if (POST == 2) return moe_comb4(pin.mc, dim, rr, d);
-    return __ldcg((const float4 *)(pin.o + (int64_t)rr * dim + d));
+    return __ldcg((const float4 *)((POST == 2 ? pin.mc.out : pin.o) + (int64_t)rr * dim + d));
 }
 
-/* y's inputs at position d of row rr: X's hc vectors there, or (POST) R's and o's (in [HD_HC]) */
+/* y's inputs at position d of row rr: X's hc vectors there, or (POST) R's and o's (in [HD_HC]; with
+ * no_o, POST 2's first round before the partials are in, o is left for later) */
 template <int POST>
 __device__ __forceinline__ void hd_y_load(float4 (&xy)[HD_HC + 1], const float *X, const hc_postin &pin, int rr,
-                                          int64_t d, int64_t K, int dim) {
+                                          int64_t d, int64_t K, int dim, bool no_o = false) {
     const float *xr = (POST ? pin.R : X) + rr * K + d;
 #pragma unroll
     for (int j = 0; j < HD_HC; j++) xy[j] = __ldcg((const float4 *)(xr + (int64_t)j * dim));
-    if (POST) xy[HD_HC] = hd_o4<POST>(pin, rr, d, dim);
+    if (POST && !no_o) xy[HD_HC] = hd_o4<POST>(pin, rr, d, dim);
 }
 
 /* X's vector of stream j from hd_y_load's (POST: hc_post of o and R with the row's staged
@@ -738,6 +739,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
          * 16 lanes a row; before the wait where the host saw another op between comb_in's writer
          * and this one (comb_lg 2: that writer has completed when this kernel starts, common.cuh) */
         if (POST && pin.comb_lg == 2) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
+        /* POST 2: the row's combine order and weights, also before the wait (the plan that wrote them
+         * ran before the MoE's gate/up, two kernels back: common.cuh's pre-wait rule) */
+        moe_comb_row mrow = {};
+        if (POST == 2 && warp < nr * T) mrow = moe_comb_row_load(pin.mc, warp / T);
         pdl_enter();
         if (POST && pin.comb_lg == 1) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
         if (POST && pin.comb_lg) __syncthreads();
@@ -757,9 +762,12 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 float4 rv[HD_HC];
 #pragma unroll
                 for (int j = 0; j < HD_HC; j++) rv[j] = __ldg((const float4 *)(pin.R + r * K + (int64_t)j * dim + d));
-                float4 ov = POST == 2 ? moe_comb4(pin.mc, dim, r, d)
+                float4 ov = POST == 2 ? moe_comb4(pin.mc, mrow, dim, r, d)
                                       : __ldg((const float4 *)(pin.o + (int64_t)r * dim + d));
-                if (POST == 2 && k == 0) *(float4 *)(pin.mc.out + (int64_t)r * dim + d) = ov; /* the combine's out */
+                if (POST == 2 && k == 0) { /* the combine's out, visible device-wide before this block's partials */
+                    *(float4 *)(pin.mc.out + (int64_t)r * dim + d) = ov;
+                    __threadfence();
+                }
                 float4 v = hc_post_begin(__ldg(pin.post + r * HD_HC + k), ov);
 #pragma unroll
                 for (int j = 0; j < HD_HC; j++)
@@ -860,7 +868,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             int q = tt + p * nt;
             if (q >= n) break;
             int rr = q / dq;
-            hd_y_load<POST>(xy[p], X, pin, rr, (int64_t)(q - rr * dq) * 4, K, dim);
+            hd_y_load<POST>(xy[p], X, pin, rr, (int64_t)(q - rr * dq) * 4, K, dim, POST == 2);
             if (yn.on) wy[p] = hc_norm_wraw(yn, q - rr * dq);
         }
     }
@@ -894,6 +902,16 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     if (threadIdx.x < 3) sc[threadIdx.x] = bsv.y;
     __syncthreads();
     if (POLL && threadIdx.x == 0) hc_st_relaxed(epoch, tag); /* every partial of this launch is read */
+    if (POST == 2 && tt >= 0) { /* every block's partials are in, so its out stores are visible (their fence) */
+        __threadfence();
+#pragma unroll
+        for (int p = 0; p < HD_YP; p++) {
+            int q = tt + p * nt;
+            if (q >= n) break;
+            int rr = q / dq;
+            xy[p][HD_HC] = hd_o4<POST>(pin, rr, (int64_t)(q - rr * dq) * 4, dim);
+        }
+    }
     float width = (float)K;
     if (warp < nsw) { /* softmax + Sinkhorn: lane e = i*4 + k of group g holds C[i][k] of row 2 warp + g */
         constexpr int E = HD_HC * HD_HC;
@@ -1124,12 +1142,15 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
         if (pin) pi = *pin, xd = NULL; /* k_hc_dec<.., 1> reads no X: it forms it */
         const float *wd = (const float *)wf.data;
         int post = !pin ? 0 : pin->mc.y ? 2 : 1; /* 2: the MoE's combine taken (cu_hc_post_pre_norm) */
+        /* DSV4_CUDA_HC_COMB=2: that launch without PDL, so its blocks do not sit resident beside the MoE's
+         * down half (they then start when it has ended) */
+        int pdl = !(post == 2 && CI(b)->hc_comb == 2);
         if (epoch && g <= HD_PSPLITS && !hc_dec_old())
-            dsv4_launch(post == 2 ? k_hc_dec<HD_T, 1, 2> : post ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g,
+            dsv4_launch_pdl(pdl, post == 2 ? k_hc_dec<HD_T, 1, 2> : post ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g,
                         HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd, rows, dim, wd, nm, g,
                         wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
         else
-            dsv4_launch(post == 2 ? k_hc_dec<HD_T, 0, 2> : post ? k_hc_dec<HD_T, 0, 1> : k_hc_dec<HD_T, 0, 0>, g,
+            dsv4_launch_pdl(pdl, post == 2 ? k_hc_dec<HD_T, 0, 2> : post ? k_hc_dec<HD_T, 0, 1> : k_hc_dec<HD_T, 0, 0>, g,
                         HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, nullptr, nullptr, xd, rows, dim, wd, nm,
                         g, wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
         if (CKL(b)) return 1;
