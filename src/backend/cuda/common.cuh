@@ -43,6 +43,20 @@ struct wentry {
     int e8_bf16;           /* dweight.e8_bf16, found at the upload */
 };
 
+/* The MoE's combine of one row r at 4 adjacent columns d (k_moe_combine_u's arithmetic, shared
+ * with k_hc_dec's fused form so that both give the same bits): out[r][d] = (sum over the row's
+ * first k <= 8 combine-order slots s >= 0 of cw[s] y[s][d]) * out_scale + y[nrs + r][d] (the
+ * shared expert's row, if any), rounded to bf16 if act_bf16.  y, order and cw are written by
+ * earlier kernels: read after the PDL wait, through L2. */
+struct moe_comb {
+    float *out;                 /* where the combine writes (the moe op's out) */
+    const float *y;             /* [nrs + rows][dim] expert outputs, routed slots then shared rows */
+    const int32_t *order;       /* [rows][k] slots in combine order, -1 skipped */
+    const float *cw;            /* [rows][k] their weights */
+    int k, nrs, has_shared, act_bf16;
+    float out_scale;
+};
+
 struct cuda_impl {
     int device;
     int nsm;                    /* the device's SMs (read once at init) */
@@ -149,13 +163,9 @@ struct cuda_impl {
     int hc_comb;                /* the switch (read at init; dsv4_cuda_set_hc_comb for the tests) */
     struct comb_pending {
         int on;
-        float *out;
-        const float *y;
-        const int32_t *order;
-        const float *cw;
+        moe_comb m;
         int64_t dim;
-        int rows, k, nrs, has_shared, act_bf16;
-        float out_scale;
+        int rows;
         size_t keep;            /* the arena's top when it was left pending */
     } comb_pend;
     size_t scratch_floor;
@@ -233,20 +243,6 @@ static inline cudaError_t dsv4_launch_ptr(const void *k, dim3 grid, dim3 block, 
     cudaLaunchConfig_t cfg = pdl_config(at, grid, block, smem, st);
     return cudaLaunchKernelExC(&cfg, k, args);
 }
-
-/* The MoE's combine of one row r at 4 adjacent columns d (k_moe_combine_u's arithmetic, shared
- * with k_hc_dec's fused form so that both give the same bits): out[r][d] = (sum over the row's
- * first k <= 8 combine-order slots s >= 0 of cw[s] y[s][d]) * out_scale + y[nrs + r][d] (the
- * shared expert's row, if any), rounded to bf16 if act_bf16.  y, order and cw are written by
- * earlier kernels: read after the PDL wait, through L2. */
-struct moe_comb {
-    float *out;                 /* where the combine writes (the moe op's out) */
-    const float *y;             /* [nrs + rows][dim] expert outputs, routed slots then shared rows */
-    const int32_t *order;       /* [rows][k] slots in combine order, -1 skipped */
-    const float *cw;            /* [rows][k] their weights */
-    int k, nrs, has_shared, act_bf16;
-    float out_scale;
-};
 
 /* moe.cu: the moe op leaves its combine pending (1) or not (0: the caller launches it); a pending
  * combine is launched by flush, or taken (1) by the hc_post_pre_norm whose o is its out */

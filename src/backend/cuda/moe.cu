@@ -3135,9 +3135,8 @@ int dsv4_cuda_comb_defer(dsv4_backend *b, const moe_comb *m, int64_t dim, int ro
         return 0;
     auto &p = c->comb_pend;
     p.on = 1;
-    p.out = m->out, p.y = m->y, p.order = m->order, p.cw = m->cw;
-    p.dim = dim, p.rows = rows, p.k = m->k, p.nrs = m->nrs, p.has_shared = m->has_shared, p.act_bf16 = m->act_bf16;
-    p.out_scale = m->out_scale;
+    p.m = *m;
+    p.dim = dim, p.rows = rows;
     p.keep = c->scratch_top;
     return 1;
 }
@@ -3149,18 +3148,19 @@ void dsv4_cuda_comb_flush(dsv4_backend *b) {
     p.on = 0;
     if (c->failed) return;
     c->hc_comb_flushed++;
-    dsv4_cuda_moe_combine(b, p.out, p.y, p.dim, p.rows, p.k, p.order, p.cw, p.nrs, p.has_shared, p.out_scale,
-                          p.act_bf16, 1);
+    const moe_comb &m = p.m;
+    dsv4_cuda_moe_combine(b, m.out, m.y, p.dim, p.rows, m.k, m.order, m.cw, m.nrs, m.has_shared, m.out_scale,
+                          m.act_bf16, 1);
     CKL(b);
 }
 
 int dsv4_cuda_comb_take(dsv4_backend *b, const float *o, int rows, int64_t dim, moe_comb *m) {
     cuda_impl *c = CI(b);
     auto &p = c->comb_pend;
-    if (!p.on || c->failed || p.out != o || p.rows != rows || p.dim != dim || c->side_state || c->n_spill ||
+    if (!p.on || c->failed || p.m.out != o || p.rows != rows || p.dim != dim || c->side_state || c->n_spill ||
         c->scratch_want > c->scratch_cap)
         return 0; /* the caller's op_begin launches it */
-    *m = (moe_comb){p.out, p.y, p.order, p.cw, p.k, p.nrs, p.has_shared, p.act_bf16, p.out_scale};
+    *m = p.m;
     p.on = 0;
     c->scratch_floor = p.keep; /* the next reset (the taker's op_begin) keeps y, order and cw */
     c->hc_comb_taken++;
