@@ -47,7 +47,8 @@ struct wentry {
  * with k_hc_dec's fused form so that both give the same bits): out[r][d] = (sum over the row's
  * first k <= 8 combine-order slots s >= 0 of cw[s] y[s][d]) * out_scale + y[nrs + r][d] (the
  * shared expert's row, if any), rounded to bf16 if act_bf16.  y, order and cw are written by
- * earlier kernels: read after the PDL wait, through L2. */
+ * earlier kernels and read through L2: y after the PDL wait, order and cw (the plan's, two kernels
+ * or more back) before it in k_hc_dec (moe_comb_row_load). */
 struct moe_comb {
     float *out;                 /* where the combine writes (the moe op's out) */
     const float *y;             /* [nrs + rows][dim] expert outputs, routed slots then shared rows */
