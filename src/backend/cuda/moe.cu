@@ -1717,6 +1717,162 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
         bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
 }
 
+/* ----- one row on tensor cores, second form (moe.dot=mma: k_moe_b1r's MMA = 2 instances) -----
+ * bm_run's arithmetic bit for bit (the same A and B fragments, the same two MMAs and fp32 steps
+ * per 32-wide block, each row's blocks in the same order into the same two partial sums, the two
+ * k halves bm_run's NKP = 2 split), with about half the instructions around the MMAs (bm_run issued
+ * ~75 a 16 x 32 tile a lane, ~40 % of them the decode, the rest copies, waits, addresses and
+ * predicated record loads, per slice of 2 blocks):
+ * - a block is 128 weight rows of one group (M 32 at two blocks per SM: gate/up 64 features of w1
+ *   then the same of w3, K 4096; down 128 rows of w2, K 2048; 256 / 128 KB), one row group of 16
+ *   per warp over the whole K, in one pass; the host takes this form only for those shapes;
+ * - the row's B records of the whole K (K / 32 x 208 bytes) are staged in shared memory once,
+ *   after the PDL wait; lanes 12..31 read a zero vector instead of a predicated load;
+ * - a warp's slice is 16 rows x 4 vectors (1 KB: two cp.async of 16 bytes a lane), BM2_NST stages
+ *   at a stage index counted at run time; vector j of row i sits at slot j ^ ((i >> 1) & 3) of the
+ *   row's 64 bytes, so one ldmatrix.x4 (rows g and g + 8 of vectors j and j + 1, the words bm_run
+ *   read with four loads) touches 32 distinct banks;
+ * - a slice's four scale entries of a row come in one 8-byte load (table rows padded by 4 entries).
+ * The two k halves are two accumulator pairs, stored as bm_run's NKP = 2 parts, so b1_write adds
+ * the same two numbers in the same order. */
+enum { BM2_NST = 6, BM2_ROWS = 128, BM2_SLICE = 1024 };
+/* shared memory of bm2_run at cv 16-byte vectors a row: stages, records, scale table, part, zero */
+#define BM2_SMEM(cv) (8 * BM2_NST * BM2_SLICE + (cv) * 13 * 16 + BM2_ROWS * ((cv) + 4) * 2 + BM2_ROWS * 2 * 4 + 16)
+
+/* four 32-bit words of an 8 x 8 b16 matrix each (ldmatrix.x4): lane 8 m + r gives row r of
+ * matrix m; lane 4 g + t receives word t of row g of each */
+__device__ __forceinline__ void bm2_ldm4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* one 32-wide block of rows g, g + 8: words wa, wb (word t of each row's vector), B fragment bf,
+ * the block's 2^(E + 14) pk and the rows' scales (bf16 bits in the high half), into acc0, acc1 as
+ * bm_run forms them */
+__device__ __forceinline__ void bm2_block(uint32_t wa, uint32_t wb, const uint4 &bf, float pk, uint32_t s0,
+                                          uint32_t s1, float &acc0, float &acc1) {
+    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d0[4], d1[4];
+    uint32_t la, ha, lb, hb;
+    bm_e4m3(wa, la, ha);
+    bm_e4m3(wb, lb, hb);
+    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
+    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
+    acc0 = fmaf(d1[0] + d1[1], __uint_as_float(s0) * pk, acc0);
+    acc1 = fmaf(d1[2] + d1[3], __uint_as_float(s1) * pk, acc1);
+}
+
+template <int UP>
+__device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
+                                        float *out, float pre, float limit, int act_bf16, uint4 *hf) {
+    constexpr int NH = UP ? 2 : 1, FP = BM2_ROWS / NH;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cv = W[0].rowb / 16, NSL = cv / 4, HSL = NSL / 2, sst = cv + 4;
+    const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
+    uint8_t *stg = sm + warp * (BM2_NST * BM2_SLICE);
+    uint4 *rec = (uint4 *)(sm + 8 * BM2_NST * BM2_SLICE);
+    uint16_t *sct = (uint16_t *)((uint8_t *)rec + cv * 13 * 16);
+    float *part = (float *)((uint8_t *)sct + BM2_ROWS * sst * 2);
+    uint4 *zero = (uint4 *)(part + BM2_ROWS * 2);
+    /* the warp's 16 rows: chunk rows 16 warp .. (a half each: FP is a multiple of 16) */
+    const int hh = 16 * warp / FP, fl0 = 16 * warp % FP;
+    /* this lane's copies: row crow, vectors 2 (lane & 1) and + 1, into their swizzled slots */
+    const int crow = lane >> 1, csw = (crow >> 1) & 3, cs0 = (2 * (lane & 1)) ^ csw;
+    const uint32_t cd0 = (uint32_t)(crow * 64 + cs0 * 16), cd1 = (uint32_t)(crow * 64 + (cs0 ^ 1) * 16);
+    const bool cok = fl0 + crow < nfeat;
+    const uint8_t *src = (hh ? W[1].data : W[0].data) + (f0 + fl0 + (cok ? crow : 0)) * W[0].rowb + 32 * (lane & 1);
+    const uint32_t sbase = d_smem_addr(stg);
+    auto copy = [&](int s, int q) { /* slice s into stage q (= s % BM2_NST) */
+        if (s < NSL && cok) {
+            uint32_t d = sbase + (uint32_t)q * BM2_SLICE;
+            const uint8_t *p = src + 64 * s;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd0), "l"(p) : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd1), "l"(p + 16) : "memory");
+        }
+    };
+    /* the first BM2_NST - 1 slices (weights only: before the PDL wait), the scale table */
+#pragma unroll
+    for (int s = 0; s < BM2_NST - 1; s++) {
+        copy(s, s);
+        d_cp_commit();
+    }
+    for (int i = tid; i * 16 < BM2_ROWS * cv; i += 256) {
+        int r = i * 16 / cv, kb = i * 16 % cv, rh = r / FP, fl = r % FP;
+        const uint8_t *sp = (rh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
+        uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
+        const uint32_t *qw = (const uint32_t *)&q;
+        uint32_t *d = (uint32_t *)(sct + r * sst + kb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t two = qw[j / 2] >> (16 * (j % 2));
+            d[j] = b1_e8m0_bf16(two & 255u) | b1_e8m0_bf16((two >> 8) & 255u) << 16;
+        }
+    }
+    if (tid == 0) *zero = make_uint4(0, 0, 0, 0);
+    pdl_wait(); /* the records are the previous kernel's */
+    for (int i = tid; i < cv * 13; i += 256) d_cp_async16(rec + i, xf + i);
+    d_cp_commit();
+    d_cp_wait<0>();
+    __syncthreads();
+    /* ldmatrix rows: lane 8 m + r of matrix m (rows r + 8 (m & 1) of vector 2 p + (m >> 1)) */
+    const int li = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4, lsw = (li >> 1) & 3;
+    const uint32_t la0 = (uint32_t)(li * 64 + ((lj) ^ lsw) * 16), la1 = (uint32_t)(li * 64 + ((2 + lj) ^ lsw) * 16);
+    /* B fragments: lane < 12 entry lane of each record, the others the zero vector */
+    const uint8_t *bp = lane < 12 ? (const uint8_t *)rec + lane * 16 : (const uint8_t *)zero;
+    const int bst = lane < 12 ? 13 * 16 : 0;
+    const float *pkp = (const float *)((const uint8_t *)rec + 12 * 16);
+    const uint2 *sg = (const uint2 *)(sct + (16 * warp + g) * sst), *sg8 = (const uint2 *)(sct + (16 * warp + g + 8) * sst);
+    float acc0 = 0.0f, acc1 = 0.0f, h0 = 0.0f, h1 = 0.0f;
+    for (int s = 0, qc = 0, qn = BM2_NST - 1; s < NSL; s++) { /* qc: slice s's stage, qn: slice s + NST - 1's */
+        __syncwarp(); /* the warp is done with the stage the next copies overwrite */
+        copy(s + BM2_NST - 1, qn);
+        d_cp_commit();
+        d_cp_wait<BM2_NST - 1>();
+        __syncwarp();
+        if (s == HSL) { /* the second k half (bm_run's kp 1) */
+            h0 = acc0, h1 = acc1;
+            acc0 = 0.0f, acc1 = 0.0f;
+        }
+        const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
+        qc = qc == BM2_NST - 1 ? 0 : qc + 1;
+        qn = qn == BM2_NST - 1 ? 0 : qn + 1;
+        uint32_t w[8];
+        bm2_ldm4(st + la0, w[0], w[1], w[2], w[3]);
+        bm2_ldm4(st + la1, w[4], w[5], w[6], w[7]);
+        uint2 sa = sg[s], sb = sg8[s]; /* entries 4 s .. 4 s + 3 of rows g, g + 8 */
+        const uint8_t *bs = bp + 4 * s * bst;
+        const float *pk = pkp + 4 * s * 52; /* 52 floats a record */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
+            uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
+            uint4 bf = *(const uint4 *)(bs + j * bst);
+            bm2_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1); /* (ldmatrix: vector j of rows g, g + 8) */
+        }
+    }
+    /* rows g, g + 8: columns hi + mid (t = 0) + lo (t = 1), per k half as bm_run's parts kp 0, 1 */
+    h0 += __shfl_xor_sync(0xffffffffu, h0, 1);
+    h1 += __shfl_xor_sync(0xffffffffu, h1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    if (t == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int fl = fl0 + g + 8 * i;
+            if (fl < nfeat) {
+                part[(fl * NH + hh) * 2] = (i ? h1 : h0) * 0.00390625f; /* 2^-8 */
+                part[(fl * NH + hh) * 2 + 1] = (i ? acc1 : acc0) * 0.00390625f;
+            }
+        }
+    }
+    __syncthreads();
+    b1_write<UP>(part, 2, nfeat, tid, f0, out, pre, limit, act_bf16);
+    /* thread tid wrote feature tid (nfeat <= FP): warp w holds the block f0 / 32 + w of h */
+    if (UP && hf && warp * 32 < nfeat)
+        bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
+}
+
 /* k_moe_xsplit: bm_run's B records of rows of x (grid (ceil(K / 256), rows), a warp per 32-wide
  * block kb; rows < nr1 have K1 values, the others K2; K % 32 == 0).  E: the block's max |x| times
  * 2^-E lies in [2^14, 2^15) (E = 0 when the block is all zero or holds an infinity; NaN values
@@ -1748,7 +1904,8 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * MMA = 1 (moe.dot=mma): the MXFP4 groups go to bm_run (the others keep b1f_format) with the B
  * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
- * row).  MMA = 0 ignores the four. */
+ * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM; the host checks its shapes).  MMA = 0
+ * ignores the four. */
 template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
@@ -1776,7 +1933,10 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         return;
     }
     const group &G = groups[gi];
-    if (MMA && W[0].fmt == DSV4_WF_MXFP4)
+    if (MMA == 2 && W[0].fmt == DSV4_WF_MXFP4)
+        bm2_run<UP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit, act_bf16,
+                    UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else
@@ -2722,6 +2882,9 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
+    int bm2;                        /* 1: moe.dot=mma takes bm2_run where its shapes fit (DSV4_CUDA_MOE_BM=2;
+                                     * its shared memory granted) */
+    long bm2_calls;                 /* moe calls that took bm2_run (k_moe_b1r's MMA = 2 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -2751,6 +2914,12 @@ extern "C" long dsv4_cuda_moe_q8_calls(dsv4_backend *b) {
 extern "C" long dsv4_cuda_moe_mma_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
     return c->devside ? c->devside->mma_calls : 0;
+}
+
+/* moe calls that took bm2_run (moe.dot=mma's second form; cuda.h), for the tests */
+extern "C" long dsv4_cuda_moe_bm2_calls(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->bm2_calls : 0;
 }
 
 /* moe calls that took k_moe_bnr (2..BN_ROWS rows; cuda.h), for the tests */
@@ -2919,6 +3088,14 @@ static int bm_smem(int up) {
     return g0 > BM_SMEM ? g0 : BM_SMEM;
 }
 
+/* bm2_run's shapes (Flash's: K 4096 for gate/up, 2048 for down) and the dynamic shared memory of
+ * k_moe_b1r with MMA = 2 (bm2_run's or b1f_run's at M 32, the larger) */
+enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
+static int bm2_smem(int up) {
+    int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1), m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
+    return f > m ? f : m;
+}
+
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
 
@@ -2975,6 +3152,20 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     d->bn = bn && bn[0] == '0' ? 0 : bn && bn[0] == '2' ? 2 : 1;
     const char *hr = getenv("DSV4_CUDA_MOE_HREC");
     d->hrec = !(hr && hr[0] == '0');
+    /* bm2_run (DSV4_CUDA_MOE_BM=2): its instances' shared memory, else it stays off (error cleared) */
+    const char *bmv = getenv("DSV4_CUDA_MOE_BM");
+    d->bm2 = 0;
+    if (bmv && bmv[0] == '2') {
+        const void *b2f[2] = {(const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
+                              (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
+        d->bm2 = 1;
+        for (int i = 0; i < 2 && d->bm2; i++)
+            d->bm2 = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bm2_smem(1 - i)) ==
+                         cudaSuccess &&
+                     cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+        if (!d->bm2) (void)cudaGetLastError();
+    }
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
     int gi = geom ? atoi(geom) : 0;
@@ -3321,12 +3512,20 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * there too; DSV4_CUDA_MOE_HREC=0 keeps the launch (A/B runs) */
     int hrec = mma && ds->hrec && !act_fp8 && dim <= 4096 &&
                (!shared || shared->w2.fmt != DSV4_WF_MXFP4 || shared->w1.fmt == DSV4_WF_MXFP4);
+    /* bm2_run (DSV4_CUDA_MOE_BM=2) where its shapes fit: the routed experts (and an MXFP4 shared one)
+     * at K 4096 / 2048 with 128-row blocks, an FP8 shared expert on b1f_run at M 32 */
+    int mma2 = mma && ds->bm2 && dim == BM2_CV_UP * 32 && t->inter == BM2_CV_DN * 32 &&
+               experts[0].w2.rows >= dim &&
+               (!shared || (shared->w1.rows == t->inter && shared->w2.rows >= dim &&
+                            (shared->w1.fmt == DSV4_WF_MXFP4 ||
+                             (b1_fits(&shared->w1, BM2_M) && b1_fits(&shared->w2, BM2_M)))));
     uint4 *xfu = NULL, *xfd = NULL;
     if (mma) {
         xfu = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(rows * ldfu));
         xfd = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(S * ldfd));
         if (!xfu || !xfd) return 1;
         ds->mma_calls++;
+        ds->bm2_calls += mma2;
     }
     unsigned b1_up = 0, b1_dn = 0;
     int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
@@ -3380,7 +3579,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b))
+        if (!CKL(b) && mma2) {
+            int cru = (int)b1_chunks(&experts[0].w1, t->inter, BM2_M),
+                csu = shared ? (int)b1_chunks(&shared->w1, shared->w1.rows, BM2_M) : 0;
+            dsv4_launch(k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>, dim3((unsigned)(nrs * cru + csu)), 256, (size_t)bm2_smem(1),
+                        c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, cru, csu,
+                        b1_hs, (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
+        } else if (!CKL(b))
             dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 1>, b1_gu, 256, (size_t)bm_smem(1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
                         y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu,
                         hrec ? xfd : (uint4 *)NULL, ldfd);
@@ -3456,7 +3661,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if (hrec || !CKL(b))
+        if ((hrec || !CKL(b)) && mma2) {
+            int crd = (int)b1_chunks(&experts[0].w2, dim, BM2_M),
+                csd = shared ? (int)b1_chunks(&shared->w2, dim, BM2_M) : 0;
+            dsv4_launch(k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>, dim3((unsigned)(nrs * crd + csd)), 256, (size_t)bm2_smem(0),
+                        c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, crd, csd,
+                        b1_hs, (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
+        } else if (hrec || !CKL(b))
             dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 1>, b1_gd, 256, (size_t)bm_smem(0), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max,
                         y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd,
                         (uint4 *)NULL, (int64_t)0);
