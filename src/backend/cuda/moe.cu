@@ -61,6 +61,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/bm2_layout.h"
 
 extern "C" {
 #include "model/weights.h"
@@ -1777,9 +1778,10 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
     uint4 *zero = (uint4 *)(part + BM2_ROWS * 2);
     /* the warp's 16 rows: chunk rows 16 warp .. (a half each: FP is a multiple of 16) */
     const int hh = 16 * warp / FP, fl0 = 16 * warp % FP;
-    /* this lane's copies: row crow, vectors 2 (lane & 1) and + 1, into their swizzled slots */
-    const int crow = lane >> 1, csw = (crow >> 1) & 3, cs0 = (2 * (lane & 1)) ^ csw;
-    const uint32_t cd0 = (uint32_t)(crow * 64 + cs0 * 16), cd1 = (uint32_t)(crow * 64 + (cs0 ^ 1) * 16);
+    /* this lane's copies: row crow, vectors 2 (lane & 1) and + 1, into their swizzled slots (bm2_layout.h) */
+    const int crow = bm2_copy_row(lane);
+    const uint32_t cd0 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 0)),
+                   cd1 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 1));
     const bool cok = fl0 + crow < nfeat;
     const uint8_t *src = (hh ? W[1].data : W[0].data) + (f0 + fl0 + (cok ? crow : 0)) * W[0].rowb + 32 * (lane & 1);
     const uint32_t sbase = d_smem_addr(stg);
@@ -1816,8 +1818,8 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
     d_cp_wait<0>();
     __syncthreads();
     /* ldmatrix rows: lane 8 m + r of matrix m (rows r + 8 (m & 1) of vector 2 p + (m >> 1)) */
-    const int li = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4, lsw = (li >> 1) & 3;
-    const uint32_t la0 = (uint32_t)(li * 64 + ((lj) ^ lsw) * 16), la1 = (uint32_t)(li * 64 + ((2 + lj) ^ lsw) * 16);
+    const uint32_t la0 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 0)),
+                   la1 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 1));
     /* B fragments: lane < 12 entry lane of each record, the others the zero vector */
     const uint8_t *bp = lane < 12 ? (const uint8_t *)rec + lane * 16 : (const uint8_t *)zero;
     const int bst = lane < 12 ? 13 * 16 : 0;
