@@ -1567,6 +1567,25 @@ __device__ __forceinline__ float bm_f16_f32(uint32_t h) {
 /* 2^e as f32 for e in [-126, 127] */
 __device__ __forceinline__ float bm_exp2i(int e) { return __uint_as_float((uint32_t)(e + 127) << 23); }
 
+/* The MXFP4 scale table of a pass (bm_run) or block (bm2_run): nr weight rows, row r the half r / FP
+ * at feature fb + r % FP of the block's (rows past nfeat: zero), each row's cv e8m0 codes as bf16
+ * bits (b1_e8m0_bf16: 0 and 255 exact) at sst entries a row; every thread of the block takes part */
+__device__ __forceinline__ void bm_scales(uint16_t *sct, int sst, const mb_half (&W)[2], int64_t f0, int fb, int FP,
+                                          int nfeat, int nr, int cv) {
+    for (int i = threadIdx.x; i * 16 < nr * cv; i += 256) {
+        int r = i * 16 / cv, kb = i * 16 % cv, hh = r / FP, fl = fb + r % FP;
+        const uint8_t *sp = (hh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
+        uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
+        const uint32_t *qw = (const uint32_t *)&q;
+        uint32_t *d = (uint32_t *)(sct + r * sst + kb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint32_t two = qw[j / 2] >> (16 * (j % 2));
+            d[j] = b1_e8m0_bf16(two & 255u) | b1_e8m0_bf16((two >> 8) & 255u) << 16;
+        }
+    }
+}
+
 /* The B record of one 32-wide block (k_moe_xsplit's layout, below) from the warp's 32 values, v
  * on lane l = value l; pw: 3 x 32 words of shared memory for the warp (written, then read) */
 __device__ __forceinline__ void bm_record(float v, uint4 *dst, uint32_t (*pw)[32], int lane) {
@@ -1599,6 +1618,22 @@ __device__ __forceinline__ void bm_record(float v, uint4 *dst, uint32_t (*pw)[32
     }
 }
 
+/* one 32-wide block of rows g, g + 8: words wa, wb (word t of each row's vector), B fragment bf,
+ * the block's 2^(E + 14) pk and the rows' scales (bf16 bits in the high half), into acc0, acc1 (bm_run
+ * and bm2_run: one expression for both, so both give the same bits) */
+__device__ __forceinline__ void bm_block(uint32_t wa, uint32_t wb, const uint4 &bf, float pk, uint32_t s0,
+                                          uint32_t s1, float &acc0, float &acc1) {
+    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d0[4], d1[4];
+    uint32_t la, ha, lb, hb;
+    bm_e4m3(wa, la, ha);
+    bm_e4m3(wb, lb, hb);
+    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
+    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
+    acc0 = fmaf(d1[0] + d1[1], __uint_as_float(s0) * pk, acc0);
+    acc1 = fmaf(d1[2] + d1[3], __uint_as_float(s1) * pk, acc1);
+}
+
 /* The block's features f0 .. f0 + P M of one MXFP4 group (up: w1, w3; down: w2) on tensor
  * cores; xf: the input row's B records (k_moe_xsplit).  hf (gate/up, or NULL): the B records of
  * the output row h, written for the block's 32-wide blocks of features (P M % 32 == 0 and f0 %
@@ -1621,7 +1656,6 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
     const int rj = lane / 13, rdst = BM_A + rj * BM_REC + (lane % 13) * 16;
     const uint4 *rsrc = xf + (int64_t)(kb0 + rj) * 13 + lane % 13; /* slice s: + 26 s */
     const int fsw = (g >> 2) & 1; /* the slot swap of rows g and g + 8 */
-    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int pass = 0; pass * RP < nrc; pass++) {
         if (pass) __syncthreads(); /* every warp is done with the last pass's scale table */
         int cr = 16 * rg + crow, chh = cr / FP, cfl = pass * FP + cr % FP;
@@ -1644,18 +1678,7 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
             copy_a(s, s);
             d_cp_commit();
         }
-        for (int i = tid; i * 16 < RP * cv; i += 256) {
-            int r = i * 16 / cv, kb = i * 16 % cv, hh = r / FP, fl = pass * FP + r % FP;
-            const uint8_t *sp = (hh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
-            uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
-            const uint32_t *qw = (const uint32_t *)&q;
-            uint32_t *d = (uint32_t *)(sct + r * sst + kb);
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                uint32_t two = qw[j / 2] >> (16 * (j % 2));
-                d[j] = b1_e8m0_bf16(two & 255u) | b1_e8m0_bf16((two >> 8) & 255u) << 16;
-            }
-        }
+        bm_scales(sct, sst, W, f0, pass * FP, FP, nfeat, RP, cv);
         if (pass == 0) pdl_wait(); /* the records are the previous kernel's */
 #pragma unroll
         for (int s = 0; s < BM_NST - 1; s++) copy_b(s, s);
@@ -1687,16 +1710,8 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
                     uint32_t wa = *(const uint32_t *)ra, wb = *(const uint32_t *)(ra + 8 * 32);
                     uint4 bf = bl ? *(const uint4 *)(st + ob + j * BM_REC) : make_uint4(0, 0, 0, 0);
                     float pk = *(const float *)(st + op + j * BM_REC); /* 2^(E + 14) of the block */
-                    float d0[4], d1[4];
-                    uint32_t la, ha, lb, hb;
-                    bm_e4m3(wa, la, ha);
-                    bm_e4m3(wb, lb, hb);
-                    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
-                    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
-                    float f0s = __uint_as_float(j ? sc0 & 0xffff0000u : sc0 << 16),
-                          f1s = __uint_as_float(j ? sc1 & 0xffff0000u : sc1 << 16);
-                    acc0 = fmaf(d1[0] + d1[1], f0s * pk, acc0);
-                    acc1 = fmaf(d1[2] + d1[3], f1s * pk, acc1);
+                    bm_block(wa, wb, bf, pk, j ? sc0 & 0xffff0000u : sc0 << 16, j ? sc1 & 0xffff0000u : sc1 << 16,
+                             acc0, acc1);
                 }
             }
         }
@@ -1748,22 +1763,6 @@ __device__ __forceinline__ void bm2_ldm4(uint32_t addr, uint32_t &r0, uint32_t &
                  : "r"(addr));
 }
 
-/* one 32-wide block of rows g, g + 8: words wa, wb (word t of each row's vector), B fragment bf,
- * the block's 2^(E + 14) pk and the rows' scales (bf16 bits in the high half), into acc0, acc1 as
- * bm_run forms them */
-__device__ __forceinline__ void bm2_block(uint32_t wa, uint32_t wb, const uint4 &bf, float pk, uint32_t s0,
-                                          uint32_t s1, float &acc0, float &acc1) {
-    const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float d0[4], d1[4];
-    uint32_t la, ha, lb, hb;
-    bm_e4m3(wa, la, ha);
-    bm_e4m3(wb, lb, hb);
-    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
-    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
-    acc0 = fmaf(d1[0] + d1[1], __uint_as_float(s0) * pk, acc0);
-    acc1 = fmaf(d1[2] + d1[3], __uint_as_float(s1) * pk, acc1);
-}
-
 template <int UP>
 __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16, uint4 *hf) {
@@ -1799,18 +1798,7 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
         copy(s, s);
         d_cp_commit();
     }
-    for (int i = tid; i * 16 < BM2_ROWS * cv; i += 256) {
-        int r = i * 16 / cv, kb = i * 16 % cv, rh = r / FP, fl = r % FP;
-        const uint8_t *sp = (rh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
-        uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
-        const uint32_t *qw = (const uint32_t *)&q;
-        uint32_t *d = (uint32_t *)(sct + r * sst + kb);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            uint32_t two = qw[j / 2] >> (16 * (j % 2));
-            d[j] = b1_e8m0_bf16(two & 255u) | b1_e8m0_bf16((two >> 8) & 255u) << 16;
-        }
-    }
+    bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM2_ROWS, cv);
     if (tid == 0) *zero = make_uint4(0, 0, 0, 0);
     pdl_wait(); /* the records are the previous kernel's */
     for (int i = tid; i < cv * 13; i += 256) d_cp_async16(rec + i, xf + i);
@@ -1850,7 +1838,7 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
             uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
             uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
             uint4 bf = *(const uint4 *)(bs + j * bst);
-            bm2_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1); /* (ldmatrix: vector j of rows g, g + 8) */
+            bm_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1); /* (ldmatrix: vector j of rows g, g + 8) */
         }
     }
     /* rows g, g + 8: columns hi + mid (t = 0) + lo (t = 1), per k half as bm_run's parts kp 0, 1 */
