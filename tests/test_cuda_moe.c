@@ -293,8 +293,9 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
 
 /* the one-row MoE under moe.dot=mma on gb2 (DSV4_CUDA_MOE_BM=2: bm2_run) must give ref, bm_run's
  * output on the default backend, bit for bit, and must have taken bm2_run */
-static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const dsv4_ffn_w *ex, int ne, const int32_t *e,
-                     const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8, int act_bf16, int d) {
+static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const dsv4_ffn_w *ex, int ne,
+                     const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8,
+                     int act_bf16, int d) {
     float *g = malloc(sizeof(float) * (size_t)d);
     REQUIRE(g);
     for (int i = 0; i < d; i++) g[i] = -1.0f;
@@ -311,7 +312,8 @@ static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const 
             if (first < 0) first = i;
             diff++;
         }
-    printf("    bm2_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, bm2 calls %ld\n",
+    printf("    bm2_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
+           "bm2 calls %ld\n",
            before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
     if (first >= 0) printf("    [%d] %.9g against %.9g\n", first, g[first], ref[first]);
     CHECKF(rc == 0, "bm2: %s", rc ? err.msg : "");

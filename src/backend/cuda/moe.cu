@@ -1812,7 +1812,8 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
     const uint8_t *bp = lane < 12 ? (const uint8_t *)rec + lane * 16 : (const uint8_t *)zero;
     const int bst = lane < 12 ? 13 * 16 : 0;
     const float *pkp = (const float *)((const uint8_t *)rec + 12 * 16);
-    const uint2 *sg = (const uint2 *)(sct + (16 * warp + g) * sst), *sg8 = (const uint2 *)(sct + (16 * warp + g + 8) * sst);
+    const uint2 *sg = (const uint2 *)(sct + (16 * warp + g) * sst),
+                *sg8 = (const uint2 *)(sct + (16 * warp + g + 8) * sst);
     float acc0 = 0.0f, acc1 = 0.0f, h0 = 0.0f, h1 = 0.0f;
     for (int s = 0, qc = 0, qn = BM2_NST - 1; s < NSL; s++) { /* qc: slice s's stage, qn: slice s + NST - 1's */
         __syncwarp(); /* the warp is done with the stage the next copies overwrite */
@@ -1838,7 +1839,8 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
             uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
             uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
             uint4 bf = *(const uint4 *)(bs + j * bst);
-            bm_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1); /* (ldmatrix: vector j of rows g, g + 8) */
+            /* w[2 j], w[2 j + 1]: word t of vector j of rows g, g + 8 (the ldmatrix above) */
+            bm_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1);
         }
     }
     /* rows g, g + 8: columns hi + mid (t = 0) + lo (t = 1), per k half as bm_run's parts kp 0, 1 */
@@ -3082,7 +3084,8 @@ static int bm_smem(int up) {
  * k_moe_b1r with MMA = 2 (bm2_run's or b1f_run's at M 32, the larger) */
 enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
 static int bm2_smem(int up) {
-    int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1), m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
+    int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1);
+    int m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
     return f > m ? f : m;
 }
 
