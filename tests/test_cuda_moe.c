@@ -291,16 +291,16 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
 
-/* the one-row MoE under moe.dot=mma on gb2 (DSV4_CUDA_MOE_BM=2: bm2_run) must give ref, bm_run's
- * output on the default backend, bit for bit, and must have taken bm2_run */
-static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const dsv4_ffn_w *ex, int ne,
-                     const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8,
-                     int act_bf16, int d) {
+/* the one-row MoE under moe.dot=mma on gb2 (DSV4_CUDA_MOE_BM=2: bm2_run) and on gb3 (=3: bm3_run) must
+ * give ref, bm_run's output on the default backend, bit for bit, and must have taken that form */
+static void bm_same1(dsv4_backend *gb2, const char *form, const float *ref, const float *x, const dsv4_ffn_w *ex,
+                     int ne, const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2,
+                     int act_fp8, int act_bf16, int d) {
     float *g = malloc(sizeof(float) * (size_t)d);
     REQUIRE(g);
     for (int i = 0; i < d; i++) g[i] = -1.0f;
     long n0 = dsv4_cuda_moe_bm2_calls(gb2);
-    setenv("DSV4_CUDA_MOE_BM", "2", 1); /* read at gb2's first MoE call only */
+    setenv("DSV4_CUDA_MOE_BM", form, 1); /* read at the backend's first MoE call only */
     gb2->ops->moe(gb2, g, x, 1, ex, ne, e, w, K1, sh, lim, before_w2, act_fp8 | DSV4_MOE_DOT_MMA, act_bf16, 1.5f);
     unsetenv("DSV4_CUDA_MOE_BM");
     dsv4_err err;
@@ -312,14 +312,21 @@ static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const 
             if (first < 0) first = i;
             diff++;
         }
-    printf("    bm2_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
-           "bm2 calls %ld\n",
-           before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
+    printf("    bm%s_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
+           "calls %ld\n",
+           form, before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
     if (first >= 0) printf("    [%d] %.9g against %.9g\n", first, g[first], ref[first]);
-    CHECKF(rc == 0, "bm2: %s", rc ? err.msg : "");
-    CHECKF(took == 1, "bm2_run ran %ld times, expected once", took);
-    CHECKF(diff == 0, "bm2_run: %d outputs differ from bm_run's", diff);
+    CHECKF(rc == 0, "bm%s: %s", form, rc ? err.msg : "");
+    CHECKF(took == 1, "bm%s_run ran %ld times, expected once", form, took);
+    CHECKF(diff == 0, "bm%s_run: %d outputs differ from bm_run's", form, diff);
     free(g);
+}
+static dsv4_backend gb3;
+static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const dsv4_ffn_w *ex, int ne,
+                     const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8,
+                     int act_bf16, int d) {
+    bm_same1(gb2, "2", ref, x, ex, ne, e, w, sh, lim, before_w2, act_fp8, act_bf16, d);
+    bm_same1(&gb3, "3", ref, x, ex, ne, e, w, sh, lim, before_w2, act_fp8, act_bf16, d);
 }
 
 /* moe.dot=mma on Flash's expert shapes (hidden 4096, inter 2048: one pass of 64 rows a block,
@@ -336,6 +343,7 @@ static void test_one_row_mma_flash(void) {
     dsv4_backend gb2;
     dsv4_err e2;
     REQUIRE(dsv4_backend_cuda_init(&gb2, 0, &e2) == 0);
+    REQUIRE(dsv4_backend_cuda_init(&gb3, 0, &e2) == 0);
     enum { DF = 4096, IF = 2048, NEF = 8 };
     tw parts[3 * NEF + 3];
     dsv4_ffn_w ex[NEF], sh;
@@ -392,6 +400,7 @@ static void test_one_row_mma_flash(void) {
     bm2_same(&gb2, g, x, ex, NEF, e, w, &sh, 6.0f, 0, 0, 0, DF);
     for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
     dsv4_backend_cuda_free(&gb2);
+    dsv4_backend_cuda_free(&gb3);
     free(x), free(a), free(g);
 }
 

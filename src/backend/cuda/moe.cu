@@ -1865,6 +1865,99 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
         bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
 }
 
+/* bm3_run (DSV4_CUDA_MOE_BM=3): bm2_run's slices and fragments at bm_run's geometry, four blocks an SM.
+ * bm2_run's two blocks an SM (96 registers, 110.6 KB: its whole K's records and a 128-row scale table in
+ * shared memory) left 4 warps a scheduler (H100, stop 40).  Here a block is bm_run's 64 rows (M 16: grid
+ * and FP8 blocks of the default geometry), warp w takes row group w % 4 over k half w / 4 (bm_run's NKP
+ * = 2 split, so the same two parts and the same bits), 4 stages of 1 KB slices, and the B records come
+ * through L1 (__ldg: the row's records are read by every warp of the SM), a slice's loads issued before
+ * its wait; 50 KB of shared memory, at most 64 registers (__launch_bounds__(256, 4)). */
+enum { BM3_NST = 4, BM3_ROWS = 64 };
+#define BM3_SMEM(cv) (8 * BM3_NST * BM2_SLICE + BM3_ROWS * ((cv) + 4) * 2 + BM3_ROWS * 2 * 4)
+
+template <int UP>
+__device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
+                                        float *out, float pre, float limit, int act_bf16, uint4 *hf) {
+    constexpr int NH = UP ? 2 : 1, FP = BM3_ROWS / NH;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int rg = warp & 3, kp = warp >> 2;
+    const int cv = W[0].rowb / 16, NSL = cv / 8, sst = cv + 4, kb0 = kp * (cv / 2); /* slices of the warp's half */
+    const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
+    uint8_t *stg = sm + warp * (BM3_NST * BM2_SLICE);
+    uint16_t *sct = (uint16_t *)(sm + 8 * BM3_NST * BM2_SLICE);
+    float *part = (float *)((uint8_t *)sct + BM3_ROWS * sst * 2);
+    const int hh = 16 * rg / FP, fl0 = 16 * rg % FP;
+    const int crow = bm2_copy_row(lane);
+    const uint32_t cd0 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 0)),
+                   cd1 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 1));
+    const bool cok = fl0 + crow < nfeat;
+    const uint8_t *src = (hh ? W[1].data : W[0].data) + (f0 + fl0 + (cok ? crow : 0)) * W[0].rowb + 16 * kb0 +
+                         32 * (lane & 1);
+    const uint32_t sbase = d_smem_addr(stg);
+    auto copy = [&](int s, int q) { /* slice s of the warp's half into stage q */
+        if (s < NSL && cok) {
+            uint32_t d = sbase + (uint32_t)q * BM2_SLICE;
+            const uint8_t *p = src + 64 * s;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd0), "l"(p) : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd1), "l"(p + 16) : "memory");
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < BM3_NST - 1; s++) {
+        copy(s, s);
+        d_cp_commit();
+    }
+    bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM3_ROWS, cv);
+    pdl_wait(); /* the records are the previous kernel's */
+    __syncthreads();
+    const uint32_t la0 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 0)),
+                   la1 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 1));
+    const uint4 *rb = xf + (int64_t)kb0 * 13; /* record kb0 + 4 s + j: rb + 13 (4 s + j) */
+    const uint2 *sg = (const uint2 *)(sct + (16 * rg + g) * sst + kb0),
+                *sg8 = (const uint2 *)(sct + (16 * rg + g + 8) * sst + kb0);
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int s = 0, qc = 0, qn = BM3_NST - 1; s < NSL; s++) {
+        uint4 bf[4];
+        float pk[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* through L1, before the wait */
+            bf[j] = lane < 12 ? __ldg(rb + 13 * (4 * s + j) + lane) : make_uint4(0, 0, 0, 0);
+            pk[j] = __ldg((const float *)(rb + 13 * (4 * s + j) + 12));
+        }
+        __syncwarp();
+        copy(s + BM3_NST - 1, qn);
+        d_cp_commit();
+        d_cp_wait<BM3_NST - 1>();
+        __syncwarp();
+        const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
+        qc = qc == BM3_NST - 1 ? 0 : qc + 1;
+        qn = qn == BM3_NST - 1 ? 0 : qn + 1;
+        uint32_t w[8];
+        bm2_ldm4(st + la0, w[0], w[1], w[2], w[3]);
+        bm2_ldm4(st + la1, w[4], w[5], w[6], w[7]);
+        uint2 sa = sg[s], sb = sg8[s];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
+            uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
+            bm_block(w[2 * j], w[2 * j + 1], bf[j], pk[j], s0, s1, acc0, acc1);
+        }
+    }
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    if (t == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int fl = fl0 + g + 8 * i;
+            if (fl < nfeat) part[(fl * NH + hh) * 2 + kp] = (i ? acc1 : acc0) * 0.00390625f; /* 2^-8 */
+        }
+    }
+    __syncthreads();
+    b1_write<UP>(part, 2, nfeat, tid, f0, out, pre, limit, act_bf16);
+    if (UP && hf && warp * 32 < nfeat)
+        bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
+}
+
 /* k_moe_xsplit: bm_run's B records of rows of x (grid (ceil(K / 256), rows), a warp per 32-wide
  * block kb; rows < nr1 have K1 values, the others K2; K % 32 == 0).  E: the block's max |x| times
  * 2^-E lies in [2^14, 2^15) (E = 0 when the block is all zero or holds an infinity; NaN values
@@ -1925,7 +2018,10 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         return;
     }
     const group &G = groups[gi];
-    if (MMA == 2 && W[0].fmt == DSV4_WF_MXFP4)
+    if (MMA == 3 && W[0].fmt == DSV4_WF_MXFP4)
+        bm3_run<UP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit, act_bf16,
+                    UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    else if (MMA == 2 && W[0].fmt == DSV4_WF_MXFP4)
         bm2_run<UP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit, act_bf16,
                     UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
@@ -2874,9 +2970,9 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
-    int bm2;                        /* 1: moe.dot=mma takes bm2_run where its shapes fit (DSV4_CUDA_MOE_BM=2;
-                                     * its shared memory granted) */
-    long bm2_calls;                 /* moe calls that took bm2_run (k_moe_b1r's MMA = 2 instances) */
+    int bm2;                        /* moe.dot=mma's form where its shapes fit: 2 bm2_run, 3 bm3_run
+                                     * (DSV4_CUDA_MOE_BM=2 / 3, its shared memory granted); 0 bm_run */
+    long bm2_calls;                 /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -3083,6 +3179,11 @@ static int bm_smem(int up) {
 /* bm2_run's shapes (Flash's: K 4096 for gate/up, 2048 for down) and the dynamic shared memory of
  * k_moe_b1r with MMA = 2 (bm2_run's or b1f_run's at M 32, the larger) */
 enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
+static int bm3_smem(int up) {
+    int f = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
+    int m = up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN);
+    return f > m ? f : m;
+}
 static int bm2_smem(int up) {
     int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1);
     int m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
@@ -3148,16 +3249,20 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     /* bm2_run (DSV4_CUDA_MOE_BM=2): its instances' shared memory, else it stays off (error cleared) */
     const char *bmv = getenv("DSV4_CUDA_MOE_BM");
     d->bm2 = 0;
-    if (bmv && bmv[0] == '2') {
-        const void *b2f[2] = {(const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
-                              (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
-        d->bm2 = 1;
-        for (int i = 0; i < 2 && d->bm2; i++)
-            d->bm2 = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bm2_smem(1 - i)) ==
-                         cudaSuccess &&
-                     cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          cudaSharedmemCarveoutMaxShared) == cudaSuccess;
-        if (!d->bm2) (void)cudaGetLastError();
+    if (bmv && (bmv[0] == '2' || bmv[0] == '3')) {
+        int three = bmv[0] == '3';
+        const void *b2f[2] = {three ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
+                                    : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
+                              three ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>
+                                    : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
+        int ok = 1;
+        for (int i = 0; i < 2 && ok; i++)
+            ok = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      three ? bm3_smem(1 - i) : bm2_smem(1 - i)) == cudaSuccess &&
+                 cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+        if (!ok) (void)cudaGetLastError();
+        d->bm2 = ok ? 2 + three : 0;
     }
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
@@ -3572,7 +3677,11 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2) {
+        if (!CKL(b) && mma2 && ds->bm2 == 3)
+            dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256, (size_t)bm3_smem(1), c->stream, gd, ngd, t->dev,
+                        xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
+                        (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
+        else if (!CKL(b) && mma2) {
             int cru = (int)b1_chunks(&experts[0].w1, t->inter, BM2_M),
                 csu = shared ? (int)b1_chunks(&shared->w1, shared->w1.rows, BM2_M) : 0;
             dsv4_launch(k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>, dim3((unsigned)(nrs * cru + csu)), 256, (size_t)bm2_smem(1),
@@ -3654,7 +3763,11 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2) {
+        if ((hrec || !CKL(b)) && mma2 && ds->bm2 == 3)
+            dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256, (size_t)bm3_smem(0), c->stream, gd, ngd, t->dev,
+                        xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
+                        (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
+        else if ((hrec || !CKL(b)) && mma2) {
             int crd = (int)b1_chunks(&experts[0].w2, dim, BM2_M),
                 csd = shared ? (int)b1_chunks(&shared->w2, dim, BM2_M) : 0;
             dsv4_launch(k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>, dim3((unsigned)(nrs * crd + csd)), 256, (size_t)bm2_smem(0),
