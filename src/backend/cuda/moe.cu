@@ -1763,11 +1763,55 @@ __device__ __forceinline__ void bm2_ldm4(uint32_t addr, uint32_t &r0, uint32_t &
                  : "r"(addr));
 }
 
+/* a warp's slice s (its 16 rows, 64 bytes of each from src + 64 s) into stage q at sbase: the lane's two
+ * copies to cd0, cd1 (bm2_layout.h); nothing past nsl or for a row past the block's features (ok) */
+__device__ __forceinline__ void bm2_copy(uint32_t sbase, uint32_t cd0, uint32_t cd1, const uint8_t *src, int s, int q,
+                                         int nsl, bool ok) {
+    if (s < nsl && ok) {
+        uint32_t d = sbase + (uint32_t)q * BM2_SLICE;
+        const uint8_t *p = src + 64 * s;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd0), "l"(p) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd1), "l"(p + 16) : "memory");
+    }
+}
+
+/* the 4 blocks of the slice in stage st: fragments by two ldmatrix.x4 (lane addresses la0, la1), the
+ * rows' 4 scale entries sa (row g), sb (row g + 8), the blocks' B fragments bf and factors pk */
+__device__ __forceinline__ void bm2_slice(uint32_t st, uint32_t la0, uint32_t la1, uint2 sa, uint2 sb,
+                                          const uint4 (&bf)[4], const float (&pk)[4], float &acc0, float &acc1) {
+    uint32_t w[8];
+    bm2_ldm4(st + la0, w[0], w[1], w[2], w[3]);
+    bm2_ldm4(st + la1, w[4], w[5], w[6], w[7]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
+        uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
+        /* w[2 j], w[2 j + 1]: word t of vector j of rows g, g + 8 */
+        bm_block(w[2 * j], w[2 * j + 1], bf[j], pk[j], s0, s1, acc0, acc1);
+    }
+}
+
+/* rows g, g + 8's sums a0, a1 (columns hi + mid on lane t = 0, lo on t = 1) into part as bm_run's part kp
+ * of their features, times 2^-8 (the codes' 2^-6 against the records' 2^-14) */
+template <int NH>
+__device__ __forceinline__ void bm2_part(float *part, float a0, float a1, int fl0, int hh, int nfeat, int kp) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
+    if ((lane & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int fl = fl0 + g + 8 * i;
+            if (fl < nfeat) part[(fl * NH + hh) * 2 + kp] = (i ? a1 : a0) * 0.00390625f;
+        }
+    }
+}
+
 template <int UP>
 __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16, uint4 *hf) {
     constexpr int NH = UP ? 2 : 1, FP = BM2_ROWS / NH;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int cv = W[0].rowb / 16, NSL = cv / 4, HSL = NSL / 2, sst = cv + 4;
     const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
     uint8_t *stg = sm + warp * (BM2_NST * BM2_SLICE);
@@ -1784,18 +1828,10 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
     const bool cok = fl0 + crow < nfeat;
     const uint8_t *src = (hh ? W[1].data : W[0].data) + (f0 + fl0 + (cok ? crow : 0)) * W[0].rowb + 32 * (lane & 1);
     const uint32_t sbase = d_smem_addr(stg);
-    auto copy = [&](int s, int q) { /* slice s into stage q (= s % BM2_NST) */
-        if (s < NSL && cok) {
-            uint32_t d = sbase + (uint32_t)q * BM2_SLICE;
-            const uint8_t *p = src + 64 * s;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd0), "l"(p) : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd1), "l"(p + 16) : "memory");
-        }
-    };
     /* the first BM2_NST - 1 slices (weights only: before the PDL wait), the scale table */
 #pragma unroll
     for (int s = 0; s < BM2_NST - 1; s++) {
-        copy(s, s);
+        bm2_copy(sbase, cd0, cd1, src, s, s, NSL, cok);
         d_cp_commit();
     }
     bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM2_ROWS, cv);
@@ -1817,7 +1853,7 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
     float acc0 = 0.0f, acc1 = 0.0f, h0 = 0.0f, h1 = 0.0f;
     for (int s = 0, qc = 0, qn = BM2_NST - 1; s < NSL; s++) { /* qc: slice s's stage, qn: slice s + NST - 1's */
         __syncwarp(); /* the warp is done with the stage the next copies overwrite */
-        copy(s + BM2_NST - 1, qn);
+        bm2_copy(sbase, cd0, cd1, src, s + BM2_NST - 1, qn, NSL, cok);
         d_cp_commit();
         d_cp_wait<BM2_NST - 1>();
         __syncwarp();
@@ -1828,36 +1864,16 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
         const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
         qc = qc == BM2_NST - 1 ? 0 : qc + 1;
         qn = qn == BM2_NST - 1 ? 0 : qn + 1;
-        uint32_t w[8];
-        bm2_ldm4(st + la0, w[0], w[1], w[2], w[3]);
-        bm2_ldm4(st + la1, w[4], w[5], w[6], w[7]);
-        uint2 sa = sg[s], sb = sg8[s]; /* entries 4 s .. 4 s + 3 of rows g, g + 8 */
         const uint8_t *bs = bp + 4 * s * bst;
-        const float *pk = pkp + 4 * s * 52; /* 52 floats a record */
+        const float *pkr = pkp + 4 * s * 52; /* 52 floats a record */
+        uint4 bf[4];
+        float pk[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
-            uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
-            uint4 bf = *(const uint4 *)(bs + j * bst);
-            /* w[2 j], w[2 j + 1]: word t of vector j of rows g, g + 8 (the ldmatrix above) */
-            bm_block(w[2 * j], w[2 * j + 1], bf, pk[j * 52], s0, s1, acc0, acc1);
-        }
+        for (int j = 0; j < 4; j++) bf[j] = *(const uint4 *)(bs + j * bst), pk[j] = pkr[j * 52];
+        bm2_slice(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1); /* scale entries 4 s .. of rows g, g + 8 */
     }
-    /* rows g, g + 8: columns hi + mid (t = 0) + lo (t = 1), per k half as bm_run's parts kp 0, 1 */
-    h0 += __shfl_xor_sync(0xffffffffu, h0, 1);
-    h1 += __shfl_xor_sync(0xffffffffu, h1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    if (t == 0) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int fl = fl0 + g + 8 * i;
-            if (fl < nfeat) {
-                part[(fl * NH + hh) * 2] = (i ? h1 : h0) * 0.00390625f; /* 2^-8 */
-                part[(fl * NH + hh) * 2 + 1] = (i ? acc1 : acc0) * 0.00390625f;
-            }
-        }
-    }
+    bm2_part<NH>(part, h0, h1, fl0, hh, nfeat, 0); /* the k halves: bm_run's parts kp 0, 1 */
+    bm2_part<NH>(part, acc0, acc1, fl0, hh, nfeat, 1);
     __syncthreads();
     b1_write<UP>(part, 2, nfeat, tid, f0, out, pre, limit, act_bf16);
     /* thread tid wrote feature tid (nfeat <= FP): warp w holds the block f0 / 32 + w of h */
@@ -1879,7 +1895,7 @@ template <int UP>
 __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16, uint4 *hf) {
     constexpr int NH = UP ? 2 : 1, FP = BM3_ROWS / NH;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int rg = warp & 3, kp = warp >> 2;
     const int cv = W[0].rowb / 16, NSL = cv / 8, sst = cv + 4, kb0 = kp * (cv / 2); /* slices of the warp's half */
     const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
@@ -1894,17 +1910,9 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
     const uint8_t *src = (hh ? W[1].data : W[0].data) + (f0 + fl0 + (cok ? crow : 0)) * W[0].rowb + 16 * kb0 +
                          32 * (lane & 1);
     const uint32_t sbase = d_smem_addr(stg);
-    auto copy = [&](int s, int q) { /* slice s of the warp's half into stage q */
-        if (s < NSL && cok) {
-            uint32_t d = sbase + (uint32_t)q * BM2_SLICE;
-            const uint8_t *p = src + 64 * s;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd0), "l"(p) : "memory");
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d + cd1), "l"(p + 16) : "memory");
-        }
-    };
 #pragma unroll
-    for (int s = 0; s < BM3_NST - 1; s++) {
-        copy(s, s);
+    for (int s = 0; s < BM3_NST - 1; s++) { /* slices of the warp's k half */
+        bm2_copy(sbase, cd0, cd1, src, s, s, NSL, cok);
         d_cp_commit();
     }
     bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM3_ROWS, cv);
@@ -1925,33 +1933,16 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
             pk[j] = __ldg((const float *)(rb + 13 * (4 * s + j) + 12));
         }
         __syncwarp();
-        copy(s + BM3_NST - 1, qn);
+        bm2_copy(sbase, cd0, cd1, src, s + BM3_NST - 1, qn, NSL, cok);
         d_cp_commit();
         d_cp_wait<BM3_NST - 1>();
         __syncwarp();
         const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
         qc = qc == BM3_NST - 1 ? 0 : qc + 1;
         qn = qn == BM3_NST - 1 ? 0 : qn + 1;
-        uint32_t w[8];
-        bm2_ldm4(st + la0, w[0], w[1], w[2], w[3]);
-        bm2_ldm4(st + la1, w[4], w[5], w[6], w[7]);
-        uint2 sa = sg[s], sb = sg8[s];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
-            uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
-            bm_block(w[2 * j], w[2 * j + 1], bf[j], pk[j], s0, s1, acc0, acc1);
-        }
+        bm2_slice(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1);
     }
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    if (t == 0) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int fl = fl0 + g + 8 * i;
-            if (fl < nfeat) part[(fl * NH + hh) * 2 + kp] = (i ? acc1 : acc0) * 0.00390625f; /* 2^-8 */
-        }
-    }
+    bm2_part<NH>(part, acc0, acc1, fl0, hh, nfeat, kp);
     __syncthreads();
     b1_write<UP>(part, 2, nfeat, tid, f0, out, pre, limit, act_bf16);
     if (UP && hf && warp * 32 < nfeat)
