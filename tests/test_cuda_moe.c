@@ -291,59 +291,58 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
 
-/* the one-row MoE under moe.dot=mma on gb2 (DSV4_CUDA_MOE_BM=2: bm2_run) and on gb3 (=3: bm3_run) must
- * give ref, bm_run's output on the default backend, bit for bit, and must have taken that form */
-static void bm_same1(dsv4_backend *gb2, const char *form, const float *ref, const float *x, const dsv4_ffn_w *ex,
-                     int ne, const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2,
-                     int act_fp8, int act_bf16, int d) {
-    float *g = malloc(sizeof(float) * (size_t)d);
-    REQUIRE(g);
-    for (int i = 0; i < d; i++) g[i] = -1.0f;
-    long n0 = dsv4_cuda_moe_bm2_calls(gb2);
-    setenv("DSV4_CUDA_MOE_BM", form, 1); /* read at the backend's first MoE call only */
-    gb2->ops->moe(gb2, g, x, 1, ex, ne, e, w, K1, sh, lim, before_w2, act_fp8 | DSV4_MOE_DOT_MMA, act_bf16, 1.5f);
-    unsetenv("DSV4_CUDA_MOE_BM");
-    dsv4_err err;
-    int rc = gb2->ops->check(gb2, &err);
-    long took = dsv4_cuda_moe_bm2_calls(gb2) - n0;
-    int diff = 0, first = -1;
-    for (int i = 0; i < d; i++)
-        if (memcmp(&g[i], &ref[i], sizeof(float))) {
-            if (first < 0) first = i;
-            diff++;
-        }
-    printf("    bm%s_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
-           "calls %ld\n",
-           form, before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
-    if (first >= 0) printf("    [%d] %.9g against %.9g\n", first, g[first], ref[first]);
-    CHECKF(rc == 0, "bm%s: %s", form, rc ? err.msg : "");
-    CHECKF(took == 1, "bm%s_run ran %ld times, expected once", form, took);
-    CHECKF(diff == 0, "bm%s_run: %d outputs differ from bm_run's", form, diff);
-    free(g);
-}
-static dsv4_backend gb3;
-static void bm2_same(dsv4_backend *gb2, const float *ref, const float *x, const dsv4_ffn_w *ex, int ne,
-                     const int32_t *e, const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8,
-                     int act_bf16, int d) {
-    bm_same1(gb2, "2", ref, x, ex, ne, e, w, sh, lim, before_w2, act_fp8, act_bf16, d);
-    bm_same1(&gb3, "3", ref, x, ex, ne, e, w, sh, lim, before_w2, act_fp8, act_bf16, d);
+/* backends with DSV4_CUDA_MOE_BM=2 (bm2_run) and =3 (bm3_run), read at each one's first MoE call */
+static dsv4_backend g_form[2];
+static const char *const form_env[2] = {"2", "3"};
+
+/* the one-row MoE under moe.dot=mma on each g_form backend must give ref, bm_run's output on the
+ * default backend, bit for bit, and must have taken that backend's form */
+static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, int ne, const int32_t *e,
+                       const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8, int act_bf16,
+                       int d) {
+    for (int f = 0; f < 2; f++) {
+        dsv4_backend *gb = &g_form[f];
+        const char *form = form_env[f];
+        float *g = malloc(sizeof(float) * (size_t)d);
+        REQUIRE(g);
+        for (int i = 0; i < d; i++) g[i] = -1.0f;
+        long n0 = dsv4_cuda_moe_bm_form_calls(gb);
+        setenv("DSV4_CUDA_MOE_BM", form, 1);
+        gb->ops->moe(gb, g, x, 1, ex, ne, e, w, K1, sh, lim, before_w2, act_fp8 | DSV4_MOE_DOT_MMA, act_bf16, 1.5f);
+        unsetenv("DSV4_CUDA_MOE_BM");
+        dsv4_err err;
+        int rc = gb->ops->check(gb, &err);
+        long took = dsv4_cuda_moe_bm_form_calls(gb) - n0;
+        int diff = 0, first = -1;
+        for (int i = 0; i < d; i++)
+            if (memcmp(&g[i], &ref[i], sizeof(float))) {
+                if (first < 0) first = i;
+                diff++;
+            }
+        printf("    bm%s_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
+               "calls %ld\n",
+               form, before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
+        if (first >= 0) printf("    [%d] %.9g against %.9g\n", first, g[first], ref[first]);
+        CHECKF(rc == 0, "bm%s: %s", form, rc ? err.msg : "");
+        CHECKF(took == 1, "bm%s_run ran %ld times, expected once", form, took);
+        CHECKF(diff == 0, "bm%s_run: %d outputs differ from bm_run's", form, diff);
+        free(g);
+    }
 }
 
 /* moe.dot=mma on Flash's expert shapes (hidden 4096, inter 2048: one pass of 64 rows a block,
  * the kernel's decode shape) and on inputs with a wide range (values from 1e-6 to 1e4 in every
  * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
  * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
- * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on a
- * second backend with DSV4_CUDA_MOE_BM=2 (bm2_run, the kernel's second form, read at that
- * backend's first MoE call): its output must be bm_run's, bit for bit, and the form must have
- * run (dsv4_cuda_moe_bm2_calls); with before_w2 and act_bf16 too, and with an MXFP4 shared
- * expert (bm2_run for both its halves). */
+ * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on
+ * backends with DSV4_CUDA_MOE_BM=2 and =3 (bm2_run, bm3_run): their outputs must be bm_run's, bit
+ * for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16
+ * too, and with an MXFP4 shared expert (the forms take both its halves). */
 static void test_one_row_mma_flash(void) {
     NEED_GPU();
-    dsv4_backend gb2;
     dsv4_err e2;
-    REQUIRE(dsv4_backend_cuda_init(&gb2, 0, &e2) == 0);
-    REQUIRE(dsv4_backend_cuda_init(&gb3, 0, &e2) == 0);
+    REQUIRE(dsv4_backend_cuda_init(&g_form[0], 0, &e2) == 0);
+    REQUIRE(dsv4_backend_cuda_init(&g_form[1], 0, &e2) == 0);
     enum { DF = 4096, IF = 2048, NEF = 8 };
     tw parts[3 * NEF + 3];
     dsv4_ffn_w ex[NEF], sh;
@@ -380,15 +379,15 @@ static void test_one_row_mma_flash(void) {
         CHECKF(r <= tol, "mma flash rel %g", r);
         CHECK(took == 1);
         CHECK(nan_gpu == nan_cpu && (c != 2 || nan_cpu == DF));
-        bm2_same(&gb2, g, x, ex, NEF, e, w, &sh, lim, 0, act_fp8, 0, DF);
+        forms_same(g, x, ex, NEF, e, w, &sh, lim, 0, act_fp8, 0, DF);
     }
-    /* before_w2 and act_bf16 (the pre-weight and h's rounding in bm2_run's epilogue) */
+    /* before_w2 and act_bf16 (the pre-weight and h's rounding in the forms' epilogue) */
     fill(x, DF, 11);
     for (int i = 0; i < DF; i++) g[i] = 0.0f;
     gpu.ops->moe(&gpu, g, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, 1, DSV4_MOE_DOT_MMA, 1, 1.5f);
-    bm2_same(&gb2, g, x, ex, NEF, e, w, &sh, 6.0f, 1, 0, 1, DF);
+    forms_same(g, x, ex, NEF, e, w, &sh, 6.0f, 1, 0, 1, DF);
     for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
-    /* an MXFP4 shared expert: bm2_run takes its gate/up and down blocks too */
+    /* an MXFP4 shared expert: the forms take its gate/up and down blocks too */
     make_ffns(parts, ex, &sh, NEF, DF, DSV4_WF_MXFP4, IF, DSV4_WF_MXFP4, IF, 0);
     fill(x, DF, 12);
     cpu.ops->moe(&cpu, a, x, 1, ex, NEF, e, w, K1, &sh, 6.0f, 0, 0, 0, 1.5f);
@@ -397,10 +396,10 @@ static void test_one_row_mma_flash(void) {
     double r = rel(g, a, DF);
     printf("  one row Flash shapes, MXFP4 shared expert, moe.dot=mma: rel %.2e\n", r);
     CHECKF(r <= 1e-5, "mma flash, MXFP4 shared: rel %g", r);
-    bm2_same(&gb2, g, x, ex, NEF, e, w, &sh, 6.0f, 0, 0, 0, DF);
+    forms_same(g, x, ex, NEF, e, w, &sh, 6.0f, 0, 0, 0, DF);
     for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
-    dsv4_backend_cuda_free(&gb2);
-    dsv4_backend_cuda_free(&gb3);
+    dsv4_backend_cuda_free(&g_form[0]);
+    dsv4_backend_cuda_free(&g_form[1]);
     free(x), free(a), free(g);
 }
 

@@ -27,8 +27,8 @@ size_t dsv4_cuda_set_attn_scratch(struct dsv4_backend *b, size_t bytes);
 long dsv4_cuda_attn_parts(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
-/* of those, the calls that took bm2_run (DSV4_CUDA_MOE_BM=2: moe.dot=mma's second kernel form) */
-long dsv4_cuda_moe_bm2_calls(struct dsv4_backend *b);
+/* of those, the calls that took bm2_run or bm3_run (DSV4_CUDA_MOE_BM=2 / 3: moe.dot=mma's other kernel forms) */
+long dsv4_cuda_moe_bm_form_calls(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_q8 (moe.dot=e4m3: e4m3 tensor-core dots of the act-quantized input) */
 long dsv4_cuda_moe_q8_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */

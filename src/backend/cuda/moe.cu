@@ -1980,8 +1980,8 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * MMA = 1 (moe.dot=mma): the MXFP4 groups go to bm_run (the others keep b1f_format) with the B
  * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
- * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM; the host checks its shapes).  MMA = 0
- * ignores the four. */
+ * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four); the
+ * host checks their shapes.  MMA = 0 ignores the four. */
 template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
@@ -2961,9 +2961,9 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
-    int bm2;                        /* moe.dot=mma's form where its shapes fit: 2 bm2_run, 3 bm3_run
+    int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run
                                      * (DSV4_CUDA_MOE_BM=2 / 3, its shared memory granted); 0 bm_run */
-    long bm2_calls;                 /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
+    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -2995,10 +2995,10 @@ extern "C" long dsv4_cuda_moe_mma_calls(dsv4_backend *b) {
     return c->devside ? c->devside->mma_calls : 0;
 }
 
-/* moe calls that took bm2_run (moe.dot=mma's second form; cuda.h), for the tests */
-extern "C" long dsv4_cuda_moe_bm2_calls(dsv4_backend *b) {
+/* moe calls that took bm2_run or bm3_run (DSV4_CUDA_MOE_BM; cuda.h), for the tests */
+extern "C" long dsv4_cuda_moe_bm_form_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
-    return c->devside ? c->devside->bm2_calls : 0;
+    return c->devside ? c->devside->bm_form_calls : 0;
 }
 
 /* moe calls that took k_moe_bnr (2..BN_ROWS rows; cuda.h), for the tests */
@@ -3167,8 +3167,9 @@ static int bm_smem(int up) {
     return g0 > BM_SMEM ? g0 : BM_SMEM;
 }
 
-/* bm2_run's shapes (Flash's: K 4096 for gate/up, 2048 for down) and the dynamic shared memory of
- * k_moe_b1r with MMA = 2 (bm2_run's or b1f_run's at M 32, the larger) */
+/* the shapes bm2_run and bm3_run take (Flash's: K 4096 for gate/up, 2048 for down) and the dynamic
+ * shared memory of k_moe_b1r with MMA = 3 (bm3_run's or b1f_run's at M 16, the larger) and with
+ * MMA = 2 (bm2_run's or b1f_run's at M 32) */
 enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
 static int bm3_smem(int up) {
     int f = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
@@ -3237,9 +3238,10 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     d->bn = bn && bn[0] == '0' ? 0 : bn && bn[0] == '2' ? 2 : 1;
     const char *hr = getenv("DSV4_CUDA_MOE_HREC");
     d->hrec = !(hr && hr[0] == '0');
-    /* bm2_run (DSV4_CUDA_MOE_BM=2): its instances' shared memory, else it stays off (error cleared) */
+    /* bm2_run / bm3_run (DSV4_CUDA_MOE_BM=2 / 3): their instances' shared memory, else bm_run stays
+     * (error cleared) */
     const char *bmv = getenv("DSV4_CUDA_MOE_BM");
-    d->bm2 = 0;
+    d->bm_form = 0;
     if (bmv && (bmv[0] == '2' || bmv[0] == '3')) {
         int three = bmv[0] == '3';
         const void *b2f[2] = {three ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
@@ -3253,7 +3255,7 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                  cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared) == cudaSuccess;
         if (!ok) (void)cudaGetLastError();
-        d->bm2 = ok ? 2 + three : 0;
+        d->bm_form = ok ? 2 + three : 0;
     }
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
@@ -3601,20 +3603,22 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * there too; DSV4_CUDA_MOE_HREC=0 keeps the launch (A/B runs) */
     int hrec = mma && ds->hrec && !act_fp8 && dim <= 4096 &&
                (!shared || shared->w2.fmt != DSV4_WF_MXFP4 || shared->w1.fmt == DSV4_WF_MXFP4);
-    /* bm2_run (DSV4_CUDA_MOE_BM=2) where its shapes fit: the routed experts (and an MXFP4 shared one)
-     * at K 4096 / 2048 with 128-row blocks, an FP8 shared expert on b1f_run at M 32 */
-    int mma2 = mma && ds->bm2 && dim == BM2_CV_UP * 32 && t->inter == BM2_CV_DN * 32 &&
+    /* bm2_run / bm3_run (DSV4_CUDA_MOE_BM=2 / 3) where their shapes fit: the routed experts (and an
+     * MXFP4 shared one) at K 4096 / 2048; an FP8 shared expert on b1f_run at the form's M (bm2_run
+     * 32, bm3_run the default geometry's 16, which b1 already checked) */
+    int fm = ds->bm_form == 2 ? (int)BM2_M : (int)B1_MUP;
+    int mma2 = mma && ds->bm_form && dim == BM2_CV_UP * 32 && t->inter == BM2_CV_DN * 32 &&
                experts[0].w2.rows >= dim &&
                (!shared || (shared->w1.rows == t->inter && shared->w2.rows >= dim &&
                             (shared->w1.fmt == DSV4_WF_MXFP4 ||
-                             (b1_fits(&shared->w1, BM2_M) && b1_fits(&shared->w2, BM2_M)))));
+                             (b1_fits(&shared->w1, fm) && b1_fits(&shared->w2, fm)))));
     uint4 *xfu = NULL, *xfd = NULL;
     if (mma) {
         xfu = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(rows * ldfu));
         xfd = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(S * ldfd));
         if (!xfu || !xfd) return 1;
         ds->mma_calls++;
-        ds->bm2_calls += mma2;
+        ds->bm_form_calls += mma2;
     }
     unsigned b1_up = 0, b1_dn = 0;
     int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
@@ -3668,7 +3672,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2 && ds->bm2 == 3)
+        if (!CKL(b) && mma2 && ds->bm_form == 3)
             dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256, (size_t)bm3_smem(1), c->stream, gd, ngd, t->dev,
                         xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
                         (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
@@ -3754,7 +3758,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2 && ds->bm2 == 3)
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 3)
             dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256, (size_t)bm3_smem(0), c->stream, gd, ngd, t->dev,
                         xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
                         (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
