@@ -211,28 +211,6 @@ static void full_size_cases(const char *dir, int require_mma) {
     if (require_mma) CHECK(dsv4_cuda_gemv_mma_calls() > n0);
 }
 
-/* The shared expert's gate/up beside the router (forward.c's router side chain, route_moe's
- * DSV4_MOE_SIDE_LOGITS, moe.cu) must not change a bit: the same steps with DSV4_CUDA_MOE_EARLY=0 and
- * with it on give identical logits, and with it on every layer of every decode step took it (Flash's
- * shapes take k_moe_b1r; the tiny model's do not) */
-static int ab_logits(const char *profile, const char *var, const char *val, int T, int D, uint32_t seed,
-                     dsv4_engine_perf_info *p0, dsv4_engine_perf_info *p1, dsv4_engine_perf_info *q);
-static const char *ab_model; /* the model of open_ab when not NULL (else the tiny one) */
-
-static void early_case(const char *dir) {
-    int D = 6;
-    dsv4_engine_perf_info p0, p1, q;
-    ab_model = dir;
-    long n0 = dsv4_cuda_moe_early_all();
-    int same = ab_logits("exact", "DSV4_CUDA_MOE_EARLY", "0", 20, D, 5, &p0, &p1, &q);
-    long n = dsv4_cuda_moe_early_all() - n0;
-    ab_model = NULL;
-    printf("  shared expert's gate/up beside the router (flash-2, exact): logits identical to the plan first: %s; "
-           "%ld early launches over %d decode + 3 batched steps\n", same ? "yes" : "NO", n, D);
-    CHECK(same);
-    CHECK(n >= 2L * D); /* both layers of every one-row decode step */
-}
-
 static void test_flash2(void) {
     if (!have_device()) return;
     const char *dir = getenv("DSV4_CUDA_FLASH2");
@@ -242,21 +220,12 @@ static void test_flash2(void) {
     full_size_cases(dir, 1);
 }
 
-static void test_flash2_early(void) {
-    if (!have_device()) return;
-    const char *dir = getenv("DSV4_CUDA_FLASH2");
-    if (!dir) {
-        SKIP_TEST("flash2_early: set DSV4_CUDA_FLASH2 to a `synth --config flash --layers 2 --mtp 0` directory");
-    }
-    early_case(dir);
-}
-
-/* two CUDA engines on the tiny model (ab_model if set): *e0 opened with var=val in the environment (the A side of an
+/* two CUDA engines on the tiny model: *e0 opened with var=val in the environment (the A side of an
  * A/B), *e1 without it, and the model's info; 0 when both opened */
 static int open_ab(const char *profile, const char *var, const char *val, dsv4_engine **e0, dsv4_engine **e1,
                    dsv4_engine_info *info) {
     dsv4_err err;
-    dsv4_engine_opts o = {.model_dir = ab_model ? ab_model : tiny_dir, .numerics = profile, .backend = "cuda"};
+    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
     *e0 = *e1 = NULL;
     setenv(var, val, 1);
     if (dsv4_engine_open(e0, &o, &err)) fprintf(stderr, "  %s=%s: %s\n", var, val, err.msg);
@@ -536,4 +505,4 @@ static void test_zz_cleanup(void) {
 }
 
 TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
-          test_greedy, test_flash2, test_flash2_early, test_pro3, test_backend_errors, test_zz_cleanup)
+          test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)

@@ -56,12 +56,8 @@ enum { DSV4_HC_ITERS = 0xffff, DSV4_HC_COMB_LOGITS = 0x10000, DSV4_HC_COMBIN_LOG
  * bf16, the sum of squares in fp32), q's per-head RMS in the reference (spec §2.5 Q.3) */
 enum { DSV4_NORM_BF16_STEPS = 2 };
 
-/* flags of the moe and route_moe ops.  DSV4_MOE_SIDE_LOGITS (route_moe only): the caller opened a
- * side chain (side(b, 1)), issued the router's matmul into it and went back (side(b, 0)) just before
- * this call; the backend joins that chain before anything reads the logits, and may first issue on the
- * main chain work that does not read them (a device backend: the shared expert's gate/up).  The same
- * values either way. */
-enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4, DSV4_MOE_SIDE_LOGITS = 8 };
+/* flags of the moe and route_moe ops */
+enum { DSV4_MOE_ACT_FP8 = 1, DSV4_MOE_DOT_MMA = 2, DSV4_MOE_DOT_E4M3 = 4 };
 
 typedef struct dsv4_backend_ops {
     const char *name;

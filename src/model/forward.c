@@ -974,15 +974,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * little to load before its wait), so the combine, the hc kernel and the next y projections
      * all launch early inside one graph */
     if (seg_at(m, next) == 2 && seg_first(m, next)) mark_segment(m, next);
-    const dsv4_ffn_w *shared = c->n_shared > 0 ? &L->shared : NULL;
-    /* at a decode step of one row the router's matmul runs as a side chain, and route_moe
-     * (DSV4_MOE_SIDE_LOGITS) joins it before its plan reads the logits: the shared expert's gate/up
-     * can stream beside the router (the same values: test_forward test_side_chain) */
-    int rside = dec && rows == 1 && shared && m->side_chain && op->side && op->join && op->route_moe &&
-                !m->op_trace && !m->trace;
-    if (rside) op->side(b, 1);
     op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
-    if (rside) op->side(b, 0);
     op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
@@ -996,11 +988,12 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     float router_scale = nm->route_scale == DSV4_RSCALE_OUTPUT ? 1.0f : rs;
     float out_scale = nm->route_scale == DSV4_RSCALE_ROUTER ? 1.0f : rs;
     const float *rbias = hash ? NULL : m->bias[layer];
+    const dsv4_ffn_w *shared = c->n_shared > 0 ? &L->shared : NULL;
     /* route then moe, in one call where the backend fuses them (a device backend may route and
      * plan in one launch; it falls back to the two ops itself, e.g. for hash layers); nothing is
      * traced between the two, but the layer-diff trace keeps the separate ops, as elsewhere */
     int mf = (a8 ? DSV4_MOE_ACT_FP8 : 0) | (nm->moe_dot_mma == 1 ? DSV4_MOE_DOT_MMA : 0) |
-             (nm->moe_dot_mma == 2 ? DSV4_MOE_DOT_E4M3 : 0) | (rside ? DSV4_MOE_SIDE_LOGITS : 0);
+             (nm->moe_dot_mma == 2 ? DSV4_MOE_DOT_E4M3 : 0);
     if (op->route_moe && !m->op_trace) {
         op->route_moe(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale, m->a, m->y,
                       L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, mf, bf, out_scale);

@@ -987,25 +987,6 @@ void dsv4_cuda_side_close(dsv4_backend *b) {
     CK(b, cudaStreamWaitEvent(c->stream, c->side_join, 0));
 }
 
-/* An op's own use of the open chain (moe.cu: the router's plan after the logits the side chain
- * computes): resume points c->stream at the side stream again without a fork edge (the ops issued
- * next follow only the side chain's own; no scratch may be drawn until join), 1 if it did (an open
- * chain, main current), else 0 (the ops run in order); join ends the chain as ops->join does. */
-int dsv4_cuda_side_resume(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    if (c->side_state != 2 || c->failed) return 0;
-    c->stream = c->side_stream;
-    side_swap(c);
-    c->side_state = 1;
-    dsv4_cuda_seg_note(b, DSV4_SEG_SIDE_RESUME);
-    return 1;
-}
-
-void dsv4_cuda_side_join(dsv4_backend *b) {
-    side_to_main(CI(b));
-    dsv4_cuda_side_close(b);
-}
-
 /* the side arena at its high-water mark (outside any chain: waits for the device) */
 static int side_grow(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -1156,8 +1137,6 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     dsv4_cuda_gemv_early = !(ge && !strcmp(ge, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
-    const char *me = getenv("DSV4_CUDA_MOE_EARLY");
-    c->moe_early = !(me && !strcmp(me, "0"));
     /* DSV4_CUDA_HC_COMB=1: the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc") */
     const char *hcc = getenv("DSV4_CUDA_HC_COMB");
     c->hc_comb = !hcc ? 0 : !strcmp(hcc, "1") ? 1 : !strcmp(hcc, "2") ? 2 : 0; /* 2: its hc launch without PDL */

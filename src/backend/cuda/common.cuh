@@ -162,7 +162,6 @@ struct cuda_impl {
      * (dsv4_cuda_comb_flush).  scratch_floor: bytes of the arena the next reset keeps (the
      * pending combine's inputs), 0 after it */
     int hc_comb;                /* the switch (read at init; dsv4_cuda_set_hc_comb for the tests) */
-    int moe_early;              /* DSV4_CUDA_MOE_EARLY (read at init, default 1; "0" off): moe.cu's early shared gate/up */
     struct comb_pending {
         int on;
         moe_comb m;
@@ -254,11 +253,6 @@ int dsv4_cuda_comb_take(dsv4_backend *b, const float *o, int rows, int64_t dim, 
 
 /* closes an open side chain (ops->join's work): every later op starts after both chains */
 void dsv4_cuda_side_close(dsv4_backend *b);
-/* inside an op, with the side chain open and the main chain current: resume sends the next launches
- * to the side chain after its own ops only (1; 0 where no chain is open: they stay in order), and
- * join brings them back and ends the chain (backend.cu, "the side chain") */
-int dsv4_cuda_side_resume(dsv4_backend *b);
-void dsv4_cuda_side_join(dsv4_backend *b);
 
 /* device scratch: NULL (and sticky error) on failure; valid until the next op */
 void *dsv4_cuda_scratch(dsv4_backend *b, size_t bytes);
@@ -298,7 +292,6 @@ void dsv4_cuda_seg_end(dsv4_backend *b);
 #define DSV4_SEG_SIDE_FORK (16u + DSV4_CUDA_N_OPS)
 #define DSV4_SEG_SIDE_AGAIN (17u + DSV4_CUDA_N_OPS)
 #define DSV4_SEG_SIDE_JOIN (18u + DSV4_CUDA_N_OPS)
-#define DSV4_SEG_SIDE_RESUME (19u + DSV4_CUDA_N_OPS)
 void dsv4_cuda_seg_note(dsv4_backend *b, unsigned what);
 
 /* Device-side state (moe.cu).  Ops that read indices from device memory check them

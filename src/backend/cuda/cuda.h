@@ -29,10 +29,6 @@ long dsv4_cuda_attn_parts(struct dsv4_backend *b);
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
 /* of those, the calls that took bm2_run or bm3_run (DSV4_CUDA_MOE_BM=2 / 3: moe.dot=mma's other kernel forms) */
 long dsv4_cuda_moe_bm_form_calls(struct dsv4_backend *b);
-/* moe calls that launched the shared expert's gate/up beside the router, before the plan (route_moe with
- * DSV4_MOE_SIDE_LOGITS, one row on the default kernels; DSV4_CUDA_MOE_EARLY=0 turns it off) */
-long dsv4_cuda_moe_early_calls(struct dsv4_backend *b);
-long dsv4_cuda_moe_early_all(void); /* the same, every backend of the process */
 /* one-row MoE calls that took k_moe_q8 (moe.dot=e4m3: e4m3 tensor-core dots of the act-quantized input) */
 long dsv4_cuda_moe_q8_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */

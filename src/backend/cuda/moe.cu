@@ -315,13 +315,6 @@ struct group {
     float pre[MOE_G];     /* multiplies h before w2 (1 when it does not apply) */
 };
 
-/* the shared expert's group of one row, as the plan writes it (its last group), and a group count
- * of 1, in device memory: the shared expert's gate/up launched before the plan (moe_body, se) */
-struct sh_early {
-    const group *g;
-    const int *n;
-};
-
 /* one expert as the kernels see it */
 /* struct dexpert (one expert as the kernels see it): moe.cuh */
 
@@ -2937,8 +2930,6 @@ static size_t wb(const dsv4_weight *w) { return dsv4_weight_bytes(w); }
 /* ----- device-side state: flags, counter, expert tables ----- */
 /* One layer's experts on the device: n_routed routed entries, then the shared expert
  * (an all-zero entry when there is none). */
-#define SH_RECS 16 /* distinct (n_routed, k) pairs with a shared-expert group record (sh_rec) */
-
 struct moe_table {
     const dsv4_ffn_w *key, *shared; /* host arrays the table was built from */
     int n_routed;
@@ -2974,12 +2965,6 @@ struct cuda_devside {
                                      * (DSV4_CUDA_MOE_BM=2 / 3, its shared memory granted); 0 bm_run */
     long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
-    int early;                      /* 1: the shared expert's gate/up beside the router where the caller
-                                     * computes the logits in a side chain (c->moe_early) */
-    long early_calls;               /* moe calls that launched the shared expert's gate/up before the plan */
-    group *sh_dev;                  /* device: SH_RECS shared-expert groups (sh_rec), then an int 1 */
-    int sh_key[SH_RECS][2];         /* each record's (n_routed, slot) */
-    int n_sh;
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
                                      * (DSV4_CUDA_ROUTE_SMALL=0: the block kernels, A/B runs) */
@@ -3016,15 +3001,6 @@ extern "C" long dsv4_cuda_moe_bm_form_calls(dsv4_backend *b) {
     return c->devside ? c->devside->bm_form_calls : 0;
 }
 
-/* moe calls that launched the shared expert's gate/up before the plan (DSV4_MOE_SIDE_LOGITS; cuda.h):
- * on one backend, and on every backend of the process (the engine tests) */
-static long early_all;
-extern "C" long dsv4_cuda_moe_early_calls(dsv4_backend *b) {
-    cuda_impl *c = CI(b);
-    return c->devside ? c->devside->early_calls : 0;
-}
-extern "C" long dsv4_cuda_moe_early_all(void) { return early_all; }
-
 /* moe calls that took k_moe_bnr (2..BN_ROWS rows; cuda.h), for the tests */
 extern "C" long dsv4_cuda_moe_bn_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -3058,7 +3034,6 @@ static cuda_devside *devside(dsv4_backend *b) {
     d->small = !(rs && rs[0] == '0');
     const char *r1 = getenv("DSV4_CUDA_RP1");
     d->rp1 = !(r1 && r1[0] == '0');
-    d->early = c->moe_early;
     c->devside = d;
     return d;
 }
@@ -3162,7 +3137,6 @@ void dsv4_cuda_devside_free(dsv4_backend *b) {
     }
     free(d->bias);
     cudaFree(d->flags);
-    if (d->sh_dev) cudaFree(d->sh_dev);
     free(d);
     c->devside = NULL;
 }
@@ -3210,40 +3184,6 @@ static int bm2_smem(int up) {
 
 /* k_moe_bulk's shared memory and grid (once per backend, outside a capture): -1 if it
  * cannot run here or DSV4_CUDA_MOE_BULK=0 switches it off */
-
-/* The shared expert's group record for n_routed experts and slot nrs (one row: rows k + 0), as the
- * plan writes it, and a count of 1 (device memory, kept for the backend's life: a graph captures
- * their addresses).  Written on first use, which ends a graph capture: call it before any staging.
- * se->g NULL where SH_RECS pairs are taken (the caller then plans first, as before).  1 on failure
- * (sticky error set). */
-static int sh_rec(dsv4_backend *b, cuda_devside *d, int n_routed, int nrs, sh_early *se) {
-    se->g = NULL, se->n = NULL;
-    if (!d->sh_dev) {
-        dsv4_cuda_seg_end(b);
-        void *p = NULL;
-        if (CK(b, cudaMalloc(&p, sizeof(group) * SH_RECS + 16))) return 1;
-        d->sh_dev = (group *)p;
-        int one = 1;
-        /* in stream order (pageable sources are staged before the call returns) */
-        if (CK(b, cudaMemcpyAsync(d->sh_dev + SH_RECS, &one, sizeof one, cudaMemcpyHostToDevice, CI(b)->stream)))
-            return 1;
-    }
-    int i = 0;
-    while (i < d->n_sh && (d->sh_key[i][0] != n_routed || d->sh_key[i][1] != nrs)) i++;
-    if (i == d->n_sh) {
-        if (i == SH_RECS) return 0;
-        group g;
-        memset(&g, 0, sizeof g);
-        g.ex = n_routed, g.n = 1, g.slot[0] = nrs, g.row[0] = 0, g.pre[0] = 1.0f;
-        dsv4_cuda_seg_end(b);
-        if (CK(b, cudaMemcpyAsync(d->sh_dev + i, &g, sizeof g, cudaMemcpyHostToDevice, CI(b)->stream))) return 1;
-        d->sh_key[i][0] = n_routed, d->sh_key[i][1] = nrs;
-        d->n_sh++;
-    }
-    se->g = d->sh_dev + i;
-    se->n = (const int *)(d->sh_dev + SH_RECS);
-    return 0;
-}
 
 static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int dev = 0, nsm = 0, occ = 1 << 30, smem = MB_STAGES * (MB_TILE + MB_SCALE) + MB_MAXG * (int)sizeof(mb_group);
@@ -3530,8 +3470,7 @@ void dsv4_cuda_hc_comb_counts(dsv4_backend *b, long *taken, long *flushed) {
  * differs: the same scratch in the same order, the same kernels after it. */
 static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, int rows, const dsv4_ffn_w *experts,
                     int n_routed, const int32_t *e, const float *wgt, int k, const dsv4_ffn_w *shared, float limit,
-                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra, int dot_mma,
-                    const sh_early *se) {
+                    int before_w2, int act_fp8, int act_bf16, float out_scale, const route_dev *ra, int dot_mma) {
     cuda_impl *c = CI(b);
     int any_q = act_fp8 && (t->q1_any || (shared && quantized(shared->w1.fmt)));
     int nrs = rows * k, S = nrs + (shared ? rows : 0);
@@ -3574,6 +3513,30 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
+    if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
+        dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
+                    max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+        ds->rp_calls[DSV4_RP_HASH]++;
+    } else if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
+        dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
+                    gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
+                    gmax);
+        ds->rp_calls[DSV4_RP_ONE]++;
+    } else if (ra && ra->npl == 8) /* decode: route and plan in one launch */
+        dsv4_launch(k_route_plan_w<8>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
+                    gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
+                    gmax);
+    else if (ra)
+        dsv4_launch(k_route_plan_w<16>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd,
+                    ra->scale, gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes,
+                    ds->flags, gmax);
+    else if (ds->small && nrs <= 32) /* decode: one warp */
+        dsv4_launch(k_moe_plan_w, 1, 32, 0, c->stream, gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
+                    shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+    else
+        dsv4_launch(k_moe_plan, 1, 1024, plan_smem, c->stream, gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows,
+                    k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+    if (CKL(b)) return 1;
     if (shared) /* the routed experts' bytes are counted by the plan, on the device */
         c->weight_bytes_read += (wb(&shared->w1) + wb(&shared->w2) + wb(&shared->w3)) * (size_t)((rows + gmax - 1) / gmax);
     /* Geometry (as k_linear's): a warp takes OPW features; while that gives fewer than ~8K
@@ -3630,6 +3593,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         }
         ds->q8_calls++;
     }
+    if (any_q && !q8) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
     /* moe.dot=mma: geometry 0's k_moe_b1r with MMA = 1, with the B records of its inputs */
     int mma = !q8 && (dot_mma & DSV4_MOE_DOT_MMA) && b1 && bg == &b1_geoms[0] && t->mma_fit && dim % 32 == 0 && inter_max % 32 == 0;
     int64_t ldfu = dim / 32 * 13, ldfd = inter_max / 32 * 13; /* 13 uint4 a 32-wide block */
@@ -3686,61 +3650,10 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     const uint4 *b1xf = NULL;
     uint4 *b1hf = NULL;
     int64_t b1ld = 0;
-    int b1_csr = b1_csu; /* the shared expert's gate/up chunks in the routed launch (0 after an early launch) */
     void *b1ru[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
-                    &b1_cru, &b1_csr, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
+                    &b1_cru, &b1_csu, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
     void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
                     &b1_crd, &b1_csd, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
-    /* The shared expert's gate/up before the plan, beside the router (sidel: cu_route_moe's caller
-     * opened a side chain that computes the logits, DSV4_MOE_SIDE_LOGITS: se not NULL).  One row on k_moe_b1r
-     * (the default fp32 path): its blocks of the shared group, launched on the main chain from a
-     * fixed group record (se, from sh_rec: the plan's last group, which it is bit for bit), then the plan on
-     * the side chain after the logits, which the main chain joins before the routed blocks; those
-     * take the grid of the routed chunks only.  The same blocks with the same inputs: the same h. */
-    int early = se && se->g && rows == 1 && shared && b1 && bg->real && !q8 && !mma && b1_csu > 0, resumed = 0;
-    if (early) {
-        if (any_q) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
-        int zero = 0, one = 1;
-        const group *shg = se->g;
-        const int *shn = se->n;
-        void *sha[] = {&shg, &shn, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
-                       &zero, &b1_csu, &one, &b1xf, &b1ld, &b1hf, &b1ld};
-        if (CK(b, dsv4_launch_ptr(bg->up, dim3((unsigned)b1_csu), dim3(256), sha, (size_t)bg->smem_up, c->stream)) ||
-            CKL(b))
-            return 1;
-        ds->early_calls++;
-        early_all++;
-        b1_csr = 0;
-        b1_gu = dim3((unsigned)(nrs * b1_cru));
-        resumed = dsv4_cuda_side_resume(b);
-    } else if (se)
-        dsv4_cuda_side_join(b); /* the logits before the plan */
-    if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
-        dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
-                    max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-        ds->rp_calls[DSV4_RP_HASH]++;
-    } else if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
-        dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
-                    gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
-                    gmax);
-        ds->rp_calls[DSV4_RP_ONE]++;
-    } else if (ra && ra->npl == 8) /* decode: route and plan in one launch */
-        dsv4_launch(k_route_plan_w<8>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
-                    gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
-                    gmax);
-    else if (ra)
-        dsv4_launch(k_route_plan_w<16>, 1, 32 * rows, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd,
-                    ra->scale, gd, ngd, max_groups, orderd, cwd, rows, k, shared != NULL, before_w2, t->dev, ds->wbytes,
-                    ds->flags, gmax);
-    else if (ds->small && nrs <= 32) /* decode: one warp */
-        dsv4_launch(k_moe_plan_w, 1, 32, 0, c->stream, gd, ngd, max_groups, orderd, cwd, ed, wd, rows, k, n_routed,
-                    shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-    else
-        dsv4_launch(k_moe_plan, 1, 1024, plan_smem, c->stream, gd, ngd, max_groups, orderd, cwd, sorted, ed, wd, rows,
-                    k, n_routed, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-    if (CKL(b)) return 1;
-    if (resumed) dsv4_cuda_side_join(b);
-    if (any_q && !q8 && !early) dsv4_cuda_act_quant(b, xq, xd, rows, dim, 128);
     if (bn) {
         dsv4_launch(k_moe_bnr<1, 1, 4>, bn_gu, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev,
                     xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
@@ -3928,7 +3841,7 @@ void cu_moe(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_ff
         /* not taken (an unaligned x): the kernels below, which stage and quantize again */
     }
     if (!moe_body(b, t, out, x, rows, experts, n_routed, e, wgt, k, shared, limit, before_w2, act_fp8, act_bf16,
-                  out_scale, NULL, dot_mma, NULL))
+                  out_scale, NULL, dot_mma))
         dsv4_cuda_op_end(b, DSV4_CUDA_OP_MOE);
 }
 
@@ -3940,7 +3853,7 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
                   int k, const float *bias, const int32_t *hash_ids, float route_scale, float *out, const float *x,
                   const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int flags,
                   int act_bf16, float out_scale) {
-    int act_fp8 = flags & DSV4_MOE_ACT_FP8, sidel = flags & DSV4_MOE_SIDE_LOGITS;
+    int act_fp8 = flags & DSV4_MOE_ACT_FP8;
     cuda_devside *d = CI(b)->failed ? NULL : devside(b);
     int gmin = dsv4_cuda_moe_gemm_min_rows();
     int fuse = d && small_kernels(d) && (!hash_ids || (rows == 1 && d->rp1)) && n_routed > 0 &&
@@ -3948,7 +3861,6 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
                k <= 32 && rows > 0 && rows <= RP_WARPS && rows * k <= 32 &&
                !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
     if (!fuse) {
-        if (sidel) dsv4_cuda_side_join(b); /* the logits before the router */
         cu_route(b, experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale);
         cu_moe(b, out, x, rows, ffn, n_routed, experts, weights, k, shared, limit, before_w2, flags, act_bf16,
                out_scale);
@@ -3960,14 +3872,10 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     const float *bd;
     moe_table *t;
     route_dev r;
-    /* DSV4_MOE_SIDE_LOGITS: the shared expert's group record (sh_rec) before any staging; moe_body
-     * joins the side chain before the plan reads the logits */
-    sh_early se = {NULL, NULL};
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
-        (sidel && d->early && rows == 1 && shared && sh_rec(b, d, n_routed, rows * k, &se)) ||
         route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, hash_ids, route_scale) ||
         moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, act_fp8, act_bf16,
-                 out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3), sidel ? &se : NULL))
+                 out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
         return;
     d->rp_calls[DSV4_RP_ALL]++;
     route_commit(b, experts, weights, &r);
