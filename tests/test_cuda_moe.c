@@ -10,8 +10,9 @@
  * that get no row and experts with more than one 64-slot tile, a corrupt id (skipped and
  * reported by ops->check), the path actually taken (dsv4_cuda_moe_gemm_calls).
  * One row (test_one_row): the default (k_moe_b1r: the grid of the real blocks, e2m1 through e4m3
- * bytes) and k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3); MXFP4, NVFP4, FP8 with e8m0 or f32 block
- * scales; each
+ * bytes, gate/up's stage loop rolled) and k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), and k_moe_b1r
+ * with both stage loops rolled (=4) and both unrolled (=5), which must give the default's bits;
+ * MXFP4, NVFP4, FP8 with e8m0 or f32 block scales; each
  * against the CPU op with the tolerances above; e8m0 codes 0 (2^-127) and 255 (NaN) and an NVFP4
  * NaN scale among the block scales (the NaN outputs must be the CPU's), routed experts of inter
  * 1024 and 2048 beside a shared one of 2048 (different chunk counts in k_moe_b1r's map), and FP8
@@ -227,10 +228,13 @@ static void one_row_on(dsv4_backend *b, const char *geom, float *g, const float 
 }
 
 /* the A/B geometries, each on its own backend (the geometry is read once per backend) */
-enum { NAB = 1 };
+enum { NAB = 3 };
 static const struct {
     const char *geom, *what;
-} ab_runs[NAB] = {{"3", "k_moe_b1_prev"}};
+    int same; /* 1: must give the default's bits (the same sums in the same order) */
+} ab_runs[NAB] = {{"3", "k_moe_b1_prev", 0},
+                  {"4", "k_moe_b1r, both stage loops rolled", 1},
+                  {"5", "k_moe_b1r, both stage loops unrolled", 1}};
 static dsv4_backend g_ab[NAB];
 static int have_ab;
 
@@ -239,7 +243,7 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     ffn_set1 s;
     make_set1(&s, rfmt, sfmt, ri, sf32);
     int ne = edges ? edge_scales(&s) : 0;
-    float x[D1], a[D1], g[D1], w[K1];
+    float x[D1], a[D1], g[D1], g0[D1], w[K1];
     static const int32_t e[K1] = {1, 4, 6, 0, 3, 7};
     fill(x, D1, 1);
     for (int j = 0; j < K1; j++) w[j] = 0.15f + 0.05f * (float)j;
@@ -250,9 +254,11 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     struct {
         dsv4_backend *b;
         const char *geom, *what;
-    } runs[1 + NAB] = {{&gpu, "", "default: k_moe_b1r, e4m3 decode"}};
+        int same;
+    } runs[1 + NAB] = {{&gpu, "", "default: k_moe_b1r, e4m3 decode, gate/up's stage loop rolled", 0}};
     for (int k = 0; k < NAB; k++)
-        runs[1 + k].b = &g_ab[k], runs[1 + k].geom = ab_runs[k].geom, runs[1 + k].what = ab_runs[k].what;
+        runs[1 + k].b = &g_ab[k], runs[1 + k].geom = ab_runs[k].geom, runs[1 + k].what = ab_runs[k].what,
+        runs[1 + k].same = ab_runs[k].same;
     for (int k = 0; k < (have_ab ? 1 + NAB : 1); k++) {
         dsv4_err err;
         long n0 = dsv4_cuda_moe_bulk_calls(runs[k].b);
@@ -267,6 +273,13 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         CHECKF(rc == 0, "one row: %s", rc ? err.msg : "");
         CHECKF(r <= tol, "one row %s rel %g", runs[k].what, r);
         CHECKF(took == 1, "one row %s: the one-row kernels ran %ld times, expected once", runs[k].what, took);
+        if (k == 0) memcpy(g0, g, sizeof g0);
+        if (runs[k].same) {
+            int nd = 0;
+            for (int i = 0; i < D1; i++) nd += memcmp(&g[i], &g0[i], sizeof(float)) != 0;
+            printf("    %s: %d of %d outputs differ from the default's bits\n", runs[k].what, nd, D1);
+            CHECKF(nd == 0, "%s: %d outputs differ from the default's", runs[k].what, nd);
+        }
     }
     CHECK(!ne || nan_cpu == 2); /* the edge case's NaN rows reached the output */
     /* moe.dot=mma (DSV4_MOE_DOT_MMA): k_moe_b1r's MMA instances when the routed experts are MXFP4 (the shared one
