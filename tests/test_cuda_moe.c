@@ -273,6 +273,8 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         CHECKF(rc == 0, "one row: %s", rc ? err.msg : "");
         CHECKF(r <= tol, "one row %s rel %g", runs[k].what, r);
         CHECKF(took == 1, "one row %s: the one-row kernels ran %ld times, expected once", runs[k].what, took);
+        int geom = dsv4_cuda_moe_b1_geom(runs[k].b), want = runs[k].geom[0] ? atoi(runs[k].geom) : 0;
+        CHECKF(geom == want, "one row %s: geometry %d set, %d asked for", runs[k].what, geom, want);
         if (k == 0) memcpy(g0, g, sizeof g0);
         if (runs[k].same) {
             int nd = 0;

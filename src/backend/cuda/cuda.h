@@ -17,6 +17,10 @@ struct dsv4_backend;
 /* MoE calls (up to 8 rows) that took the bulk-copy path (k_moe_bulk) on this backend: lets the
  * tests prove which kernels they exercised */
 long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
+/* the one-row MoE geometry this backend is set to (moe.cu's b1_geoms, DSV4_CUDA_MOE_B1G, read at its
+ * first one-row call; a weight it does not fit still falls back to k_moe_b1_prev), or -1 (not read yet, or
+ * k_moe_bulk): lets the tests prove the variable was read */
+int dsv4_cuda_moe_b1_geom(struct dsv4_backend *b);
 /* failures of an allocation out of device or pinned memory that ops->check reported and the
  * backend recovered from (backend.cu cu_recover); other failures stay until the backend is freed */
 long dsv4_cuda_recovered(struct dsv4_backend *b);

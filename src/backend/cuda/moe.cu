@@ -1417,7 +1417,7 @@ template <int UP, int FMT, int DEC, int S, int V, int M>
 __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16) {
     constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
-    /* DEC 3: DEC 2's decode with the stage loop rolled (geometry 4, DSV4_CUDA_MOE_B1G=4) */
+    /* DEC 3: DEC 2's decode with the stage loop rolled (gate/up's default since stop 41: b1_geoms) */
     constexpr int DC = DEC == 3 ? 2 : DEC;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
     static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "b1 geometry");
@@ -1447,7 +1447,10 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     for (int it0 = 0; it0 < NIT; it0 += S) {
         const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
         int nvr = nv - it0 * U; /* valid features counted from this round's first */
-        if (DEC == 3) { /* one stage a trip, its V sums reduced at once (the same tree, so the same bits) */
+        /* DEC 3: one stage a trip, its V sums reduced at once (the same tree, so the same bits).  The
+         * stage body and the part write repeat the unrolled form's below: moving both into shared helpers
+         * (tried) changed the SASS of the measured unrolled down kernel, so they stay written twice */
+        if constexpr (DEC == 3) {
 #pragma unroll 1
             for (int st = 0; st < S; st++) {
                 b1f_refill<NH, S, V>(sd, st, nvr, b0, b1);
@@ -1467,28 +1470,28 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
                     part[(fl * NH + j % NH) * kw + kwi] = wsum;
                 }
             }
-            continue;
-        }
-        float v[NV];
+        } else {
+            float v[NV];
 #pragma unroll
-        for (int st = 0; st < S; st++) {
-            b1f_refill<NH, S, V>(sd, st, nvr, b0, b1); /* then compute stage st */
+            for (int st = 0; st < S; st++) {
+                b1f_refill<NH, S, V>(sd, st, nvr, b0, b1); /* then compute stage st */
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int i = (it0 + st) * U + u; /* the thread's feature index */
-                uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
+                for (int u = 0; u < U; u++) {
+                    int i = (it0 + st) * U + u; /* the thread's feature index */
+                    uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
 #pragma unroll
-                for (int hh = 0; hh < NH; hh++)
-                    v[st * V + u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh, fsc[hh],
-                                                               W[hh]);
+                    for (int hh = 0; hh < NH; hh++)
+                        v[st * V + u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh,
+                                                                   fsc[hh], W[hh]);
+                }
             }
-        }
-        /* rows past the weight's end hold stale stage data: their sums are never read */
-        float wsum = b1f_reduce<NV>(v, lane);
-        if ((lane & (32 / NV - 1)) == 0) {
-            int jv = lane / (32 / NV), st = jv / V, j = jv % V;
-            int fl = p + P * ((it0 + st) * U + j / NH);
-            part[(fl * NH + j % NH) * kw + kwi] = wsum;
+            /* rows past the weight's end hold stale stage data: their sums are never read */
+            float wsum = b1f_reduce<NV>(v, lane);
+            if ((lane & (32 / NV - 1)) == 0) {
+                int jv = lane / (32 / NV), st = jv / V, j = jv % V;
+                int fl = p + P * ((it0 + st) * U + j / NH);
+                part[(fl * NH + j % NH) * kw + kwi] = wsum;
+            }
         }
     }
     __syncthreads();
@@ -3007,6 +3010,11 @@ struct cuda_devside {
     int n_bias, cap_bias;
 };
 #define ROUTE_BIAS_MAX 512          /* distinct arrays kept; more are staged per call */
+
+extern "C" int dsv4_cuda_moe_b1_geom(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside && c->devside->b1 > 0 ? c->devside->b1 - 1 : -1;
+}
 
 long dsv4_cuda_moe_bulk_calls(dsv4_backend *b) {
     cuda_impl *c = CI(b);
