@@ -24,7 +24,8 @@
  * CPU op with the tolerances above; MXFP4 / NVFP4 / FP8 (e8m0 or f32 scales) routed experts, an
  * FP8 shared expert (groups of 2, 3, 4 rows and a last group of 1 at 17 rows), an expert id
  * repeated within a row, experts with more than 4 slots (two groups), weights before or after w2,
- * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls).
+ * act_fp8, act_bf16; the path taken (dsv4_cuda_moe_bn_calls); k_moe_bnr's stage loops rolled or not
+ * (DSV4_CUDA_MOE_BNR=0..15 by instance, read as set: dsv4_cuda_moe_bnr), which must give the default's bits.
  * moe.dot=mma (DSV4_MOE_DOT_MMA, one row): k_moe_b1r with MMA = 1 (MXFP4 dots on f16 tensor cores, x in three
  * f16 parts) in every one-row case above, against the CPU's fp32 op with the same tolerances
  * (1e-5 exact: measured 7.3e-7 against 7.6e-7 for k_moe_b1r), the edge scales' NaN rows, the
@@ -593,12 +594,22 @@ static void make_ids2(int32_t *e, float *w, int R) {
         }
 }
 
-/* backends with DSV4_CUDA_MOE_BN = 2 and 0 (read once per backend: every call sets it) */
-enum { NBN = 2 };
+/* backends with DSV4_CUDA_MOE_BN = 2 and 0, and DSV4_CUDA_MOE_BNR = 0..3 (read once per backend: every call
+ * sets it) */
+enum { NBN = 8 };
 static const struct {
-    const char *env, *what;
+    const char *var, *env, *what;
     int took; /* calls of k_moe_bnr expected per moe call */
-} bn_runs[1 + NBN] = {{"", "default: k_moe_bnr", 1}, {"2", "k_moe_bnr one-slot groups", 1}, {"0", "before", 0}};
+    int same; /* 1: must give the default's bits (the stage loops rolled or not: the same sums) */
+} bn_runs[1 + NBN] = {{"", "", "default: k_moe_bnr", 1, 0},
+                      {"DSV4_CUDA_MOE_BN", "2", "k_moe_bnr one-slot groups", 1, 0},
+                      {"DSV4_CUDA_MOE_BN", "0", "before", 0, 0},
+                      {"DSV4_CUDA_MOE_BNR", "0", "k_moe_bnr, stage loops unrolled", 1, 1},
+                      {"DSV4_CUDA_MOE_BNR", "5", "k_moe_bnr, gate/up's stage loops rolled", 1, 1},
+                      {"DSV4_CUDA_MOE_BNR", "10", "k_moe_bnr, down's stage loops rolled", 1, 1},
+                      {"DSV4_CUDA_MOE_BNR", "3", "k_moe_bnr, both halves' one-slot stage loops rolled", 1, 1},
+                      {"DSV4_CUDA_MOE_BNR", "8", "k_moe_bnr, the multi-slot down's stage loop rolled", 1, 1},
+                      {"DSV4_CUDA_MOE_BNR", "15", "k_moe_bnr, every stage loop rolled", 1, 1}};
 static dsv4_backend g_bn[NBN];
 static int have_bn;
 
@@ -607,9 +618,10 @@ static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, in
     ffn_set2 s;
     make_set2(&s, rfmt, sfmt, ri, sf32);
     float *x = malloc(sizeof(float) * R * D1), *a = malloc(sizeof(float) * R * D1),
-          *g = malloc(sizeof(float) * R * D1), *w = malloc(sizeof(float) * R * K1);
+          *g = malloc(sizeof(float) * R * D1), *w = malloc(sizeof(float) * R * K1),
+          *g0 = malloc(sizeof(float) * R * D1);
     int32_t *e = malloc(sizeof(int32_t) * R * K1);
-    REQUIRE(x && a && g && w && e);
+    REQUIRE(x && a && g && w && e && g0);
     fill(x, (size_t)R * D1, 1);
     make_ids2(e, w, R);
     cpu.ops->moe(&cpu, a, x, R, s.ex, NE2, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
@@ -617,11 +629,11 @@ static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, in
     for (int k = 0; k < (have_bn ? 1 + NBN : 1); k++) {
         dsv4_backend *b = k ? &g_bn[k - 1] : &gpu;
         dsv4_err err;
-        if (k) setenv("DSV4_CUDA_MOE_BN", bn_runs[k].env, 1);
+        if (k) setenv(bn_runs[k].var, bn_runs[k].env, 1);
         for (int i = 0; i < R * D1; i++) g[i] = NAN;
         long n0 = dsv4_cuda_moe_bn_calls(b);
         b->ops->moe(b, g, x, R, s.ex, NE2, e, w, K1, &s.sh, 6.0f, before_w2, act_fp8, act_bf16, 1.5f);
-        unsetenv("DSV4_CUDA_MOE_BN");
+        if (k) unsetenv(bn_runs[k].var);
         int rc = b->ops->check(b, &err);
         long took = dsv4_cuda_moe_bn_calls(b) - n0;
         double r = rel(g, a, (size_t)R * D1);
@@ -633,9 +645,19 @@ static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, in
         CHECKF(r <= tol, "batch %d rows %s rel %g", R, bn_runs[k].what, r);
         CHECKF(took == bn_runs[k].took, "batch %s: k_moe_bnr ran %ld times, expected %d", bn_runs[k].what, took,
                bn_runs[k].took);
+        if (k && !strcmp(bn_runs[k].var, "DSV4_CUDA_MOE_BNR"))
+            CHECKF(dsv4_cuda_moe_bnr(b) == atoi(bn_runs[k].env), "batch %s: DSV4_CUDA_MOE_BNR %d set, %s asked for",
+                   bn_runs[k].what, dsv4_cuda_moe_bnr(b), bn_runs[k].env);
+        if (k == 0) memcpy(g0, g, sizeof(float) * R * D1);
+        if (bn_runs[k].same) {
+            int nd = 0;
+            for (int i = 0; i < R * D1; i++) nd += memcmp(&g[i], &g0[i], sizeof(float)) != 0;
+            printf("    %s: %d of %d outputs differ from the default's bits\n", bn_runs[k].what, nd, R * D1);
+            CHECKF(nd == 0, "batch %s: %d outputs differ from the default's", bn_runs[k].what, nd);
+        }
     }
     for (int i = 0; i < 3 * NE2 + 3; i++) free_w(&s.parts[i]);
-    free(x), free(a), free(g), free(w), free(e);
+    free(x), free(a), free(g), free(w), free(e), free(g0);
 }
 
 static void test_batch(void) {

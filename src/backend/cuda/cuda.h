@@ -21,6 +21,10 @@ long dsv4_cuda_moe_bulk_calls(struct dsv4_backend *b);
  * first one-row call; a weight it does not fit still falls back to k_moe_b1_prev), or -1 (not read yet, or
  * k_moe_bulk): lets the tests prove the variable was read */
 int dsv4_cuda_moe_b1_geom(struct dsv4_backend *b);
+/* k_moe_bnr's rolled stage loops on this backend (bits 0 / 1: the one-slot gate/up / down, 2 / 3: the
+ * multi-slot ones; DSV4_CUDA_MOE_BNR, read when the backend's MoE state is made), or -1 (not made yet): lets
+ * the tests prove the variable was read */
+int dsv4_cuda_moe_bnr(struct dsv4_backend *b);
 /* failures of an allocation out of device or pinned memory that ops->check reported and the
  * backend recovered from (backend.cu cu_recover); other failures stay until the backend is freed */
 long dsv4_cuda_recovered(struct dsv4_backend *b);

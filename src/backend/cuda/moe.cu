@@ -2489,8 +2489,9 @@ __device__ __forceinline__ void bn_fp8(const uint4 &q, const float4 *xc, int cv,
 }
 
 /* b1f_run for the n (<= NS) slots of one group: input rows xs[s], outputs out[s], pre[s]
- * (entries >= n repeat slot 0's input and are not written) */
-template <int UP, int FMT, int NS>
+ * (entries >= n repeat slot 0's input and are not written).  RL 1 rolls the stage loop (one stage
+ * a trip, as b1f_run's DEC 3): every stage's body and its sums are the same, so are the bits */
+template <int UP, int FMT, int NS, int RL>
 __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *const *xs, int n,
                                        int64_t f0, float *const *out, const float *pre, float limit, int act_bf16) {
     constexpr int S = BN_S, V = BN_V, M = BN_M;
@@ -2524,7 +2525,7 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
     for (int it0 = 0; it0 < NIT; it0 += S) {
         const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
         int nvr = nv - it0 * U;
-#pragma unroll
+#pragma unroll(RL ? 1 : S)
         for (int st = 0; st < S; st++) {
             float v[NV]; /* value j NS + s: reduced per stage (b1f_run reduces per S stages: with
                           * NS slots that many sums spilled) */
@@ -2572,23 +2573,24 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
     for (int s = 0; s < n; s++) b1_write<UP>(part + s * PS, kw, nfeat, tid, f0, out[s], pre[s], limit, act_bf16);
 }
 
-template <int UP, int NS>
+template <int UP, int NS, int RL>
 __device__ __forceinline__ void bn_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *const *xs,
                                           int n, int64_t f0, float *const *out, const float *pre, float limit,
                                           int act_bf16) {
     if (W[0].fmt == DSV4_WF_MXFP4)
-        bn_run<UP, B1F_MXFP4, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        bn_run<UP, B1F_MXFP4, NS, RL>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
-        bn_run<UP, B1F_NVFP4, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        bn_run<UP, B1F_NVFP4, NS, RL>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
     else
-        bn_run<UP, B1F_FP8, NS>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        bn_run<UP, B1F_FP8, NS, RL>(sm, W, rows, xs, n, f0, out, pre, limit, act_bf16);
 }
 
 /* grid: nrb cr + hsg cs blocks (nrb bounds the routed groups, hsg = the shared expert's groups,
  * 0 without one); NSK 1: the groups of one slot (k_moe_b1r's work and geometry), NSK = BN_G: the
  * groups of 2..BN_G slots (bn_run); blocks of the other kind's groups exit (down ones after
- * the PDL wait, as k_moe_b1r's) */
-template <int UP, int NSK, int MINB>
+ * the PDL wait, as k_moe_b1r's).  RL 1 rolls the stage loops (b1f_run's DEC 3, bn_run's RL): the
+ * same bits (DSV4_CUDA_MOE_BNR, cuda_devside.bnr) */
+template <int UP, int NSK, int MINB, int RL>
 __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                     int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
@@ -2622,7 +2624,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
     }
     const group &G = groups[gi];
     if constexpr (NSK == 1) {
-        b1f_format<UP, 2, BN_S, BN_V, BN_M>(bns, W, rows, xs0, f0, out0, G.pre[0], limit, act_bf16);
+        b1f_format<UP, RL ? 3 : 2, BN_S, BN_V, BN_M>(bns, W, rows, xs0, f0, out0, G.pre[0], limit, act_bf16);
     } else {
         const float *xs[NSK];
         float *out[NSK];
@@ -2635,8 +2637,8 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
             out[s] = UP ? h + (int64_t)G.slot[t] * ldh : y + (int64_t)G.slot[t] * dim;
             pre[s] = G.pre[t];
         }
-        if (n <= 2) bn_format<UP, 2>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
-        else bn_format<UP, NSK>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        if (n <= 2) bn_format<UP, 2, RL>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
+        else bn_format<UP, NSK, RL>(bns, W, rows, xs, n, f0, out, pre, limit, act_bf16);
         if (OVL && blockIdx.x == 0) pdl_wait();
     }
 }
@@ -2990,6 +2992,9 @@ struct cuda_devside {
                                      * one-slot kernel only (groups of one slot), 0 the kernels before
                                      * it (DSV4_CUDA_MOE_BN=0 / =2, A/B runs) */
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
+    int bnr;                        /* k_moe_bnr's stage loops rolled, by instance: bit 0 the one-slot
+                                     * gate/up, 1 the one-slot down, 2 the multi-slot gate/up, 3 the
+                                     * multi-slot down (DSV4_CUDA_MOE_BNR=0..15; the same bits either way) */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
@@ -3010,6 +3015,11 @@ struct cuda_devside {
     int n_bias, cap_bias;
 };
 #define ROUTE_BIAS_MAX 512          /* distinct arrays kept; more are staged per call */
+
+extern "C" int dsv4_cuda_moe_bnr(dsv4_backend *b) {
+    cuda_impl *c = CI(b);
+    return c->devside ? c->devside->bnr : -1;
+}
 
 extern "C" int dsv4_cuda_moe_b1_geom(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -3260,12 +3270,14 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int optin = 0;
     if (CK(b, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))) return -1;
     optin -= 1024; /* a margin below the opt-in limit */
-    const void *bnf[4] = {(const void *)k_moe_bnr<1, 1, 4>, (const void *)k_moe_bnr<0, 1, 4>,
-                          (const void *)k_moe_bnr<1, BN_G, 2>, (const void *)k_moe_bnr<0, BN_G, 2>};
+    const void *bnf[8] = {(const void *)k_moe_bnr<1, 1, 4, 0>,    (const void *)k_moe_bnr<0, 1, 4, 0>,
+                          (const void *)k_moe_bnr<1, BN_G, 2, 0>, (const void *)k_moe_bnr<0, BN_G, 2, 0>,
+                          (const void *)k_moe_bnr<1, 1, 4, 1>,    (const void *)k_moe_bnr<0, 1, 4, 1>,
+                          (const void *)k_moe_bnr<1, BN_G, 2, 1>, (const void *)k_moe_bnr<0, BN_G, 2, 1>};
     const int bns[4] = {B1F_SMEM(BN_S, BN_V, BN_M, 2), B1F_SMEM(BN_S, BN_V, BN_M, 1), optin, optin};
     int bn_ok = 1;
-    for (int i = 0; i < 4 && bn_ok; i++)
-        bn_ok = cudaFuncSetAttribute(bnf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bns[i]) == cudaSuccess &&
+    for (int i = 0; i < 8 && bn_ok; i++)
+        bn_ok = cudaFuncSetAttribute(bnf[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bns[i % 4]) == cudaSuccess &&
                 cudaFuncSetAttribute(bnf[i], cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared) == cudaSuccess;
     if (!bn_ok) (void)cudaGetLastError();
@@ -3274,6 +3286,10 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
                *lut = getenv("DSV4_CUDA_MOE_LUT"), *geom = getenv("DSV4_CUDA_MOE_B1G"),
                *bn = getenv("DSV4_CUDA_MOE_BN");
     d->bn = bn && bn[0] == '0' ? 0 : bn && bn[0] == '2' ? 2 : 1;
+    const char *bnr = getenv("DSV4_CUDA_MOE_BNR");
+    char *bnr_end = NULL;
+    long bnr_v = bnr ? strtol(bnr, &bnr_end, 10) : 0;
+    d->bnr = bnr && bnr_end != bnr && !*bnr_end && bnr_v >= 0 && bnr_v <= 15 ? (int)bnr_v : 0;
     const char *hr = getenv("DSV4_CUDA_MOE_HREC");
     d->hrec = !(hr && hr[0] == '0');
     /* bm2_run / bm3_run (DSV4_CUDA_MOE_BM=2 / 3): their instances' shared memory, else bm_run stays
@@ -3693,11 +3709,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
                     &b1_crd, &b1_csd, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
     if (bn) {
-        dsv4_launch(k_moe_bnr<1, 1, 4>, bn_gu, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev,
-                    xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+        int ru = ds->bnr & 1, rum = ds->bnr >> 2 & 1;
+        dsv4_launch(ru ? k_moe_bnr<1, 1, 4, 1> : k_moe_bnr<1, 1, 4, 0>, bn_gu, 256,
+                    (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim,
+                    act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
         if (gmax > 1 && !CKL(b))
-            dsv4_launch(k_moe_bnr<1, BN_G, 2>, bn_gu, 256, bn_smu, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                        dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+            dsv4_launch(rum ? k_moe_bnr<1, BN_G, 2, 1> : k_moe_bnr<1, BN_G, 2, 0>, bn_gu, 256, bn_smu, c->stream, gd,
+                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
     } else if (q8) {
         dsv4_launch(k_moe_q8x, dim3((unsigned)((dim + 1023) / 1024), (unsigned)rows), 256, 0, c->stream, q8x, ldq8x,
                     (const float *)xd, dim, rows, (int)dim, (int)dim);
@@ -3784,11 +3802,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     }
     if (q8) {
     } else if (bn) {
-        dsv4_launch(k_moe_bnr<0, 1, 4>, bn_gd, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1), c->stream, gd, ngd, t->dev,
-                    xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+        int rd = ds->bnr >> 1 & 1, rdm = ds->bnr >> 3 & 1;
+        dsv4_launch(rd ? k_moe_bnr<0, 1, 4, 1> : k_moe_bnr<0, 1, 4, 0>, bn_gd, 256,
+                    (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim,
+                    act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
         if (gmax > 1 && !CKL(b))
-            dsv4_launch(k_moe_bnr<0, BN_G, 2>, bn_gd, 256, bn_smd, c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y,
-                        dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+            dsv4_launch(rdm ? k_moe_bnr<0, BN_G, 2, 1> : k_moe_bnr<0, BN_G, 2, 0>, bn_gd, 256, bn_smd, c->stream, gd,
+                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
     } else if (mma) {
         /* h's records: written by gate/up (hrec), else here (routed slots over the routed width,
          * the shared rows over theirs; after act_quant's h under act_fp8) */
