@@ -2428,6 +2428,14 @@ static int mb_ok(const dweight *w, int up) {
  * Shared memory of the NS kernel: b1f_run's (stages, scale table) + NS warp-sum areas + the x
  * area (BN_G x K x 4 bytes: 64 KB for Flash gate/up, 32 KB down). */
 enum { BN_G = 4, BN_ROWS = 32, BN_S = 4, BN_V = 2, BN_M = 16 };
+/* Which k_moe_bnr instances roll their stage loop (cuda_devside.bnr's bits): only the multi-slot down (8).
+ * Rolled, that instance's SASS is 91.5 KB against 202.6 (78 registers and no spills against 128 and 132
+ * bytes of spill stores), and it took 31.1-36.7 us against 36.8-48.6 (ncu, H200, batch 8); 20 Flash layers
+ * at 2K decode at 45.63 ms a step against 46.16 at batch 32, 13.09 against 13.21 at batch 8 (H100, 2
+ * rounds each, 2026-12-05).  The one-slot instances are issue-bound at batch 8 (73-80 % of the issue
+ * slots): rolled they issue ~10 % more instructions and were slower (ncu), and rolling every instance
+ * cost 0.6 ms a step at batch 32 (H200).  docs/PERFORMANCE.md, stop 42. */
+enum { BN_ROLL_DEFAULT = 8 };
 #define BN_SMEM(NH, NS) (B1F_SMEM(BN_S, BN_V, BN_M, NH) + 8 * BN_M * (NH) * 4 * ((NS) - 1))
 
 /* the NS slot sums of FP4 vector q (a: values 0..15, b: 16..31, times 2^-6 as b1f_fp4 with DEC 2);
@@ -2994,7 +3002,8 @@ struct cuda_devside {
     int bn_smem;                    /* the largest dynamic shared memory a k_moe_bnr block may take */
     int bnr;                        /* k_moe_bnr's stage loops rolled, by instance: bit 0 the one-slot
                                      * gate/up, 1 the one-slot down, 2 the multi-slot gate/up, 3 the
-                                     * multi-slot down (DSV4_CUDA_MOE_BNR=0..15; the same bits either way) */
+                                     * multi-slot down (DSV4_CUDA_MOE_BNR=0..15, default 8: the same bits
+                                     * either way; BN_ROLL_DEFAULT) */
     long bn_calls;                  /* moe calls that took k_moe_bnr */
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
@@ -3289,7 +3298,7 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     const char *bnr = getenv("DSV4_CUDA_MOE_BNR");
     char *bnr_end = NULL;
     long bnr_v = bnr ? strtol(bnr, &bnr_end, 10) : 0;
-    d->bnr = bnr && bnr_end != bnr && !*bnr_end && bnr_v >= 0 && bnr_v <= 15 ? (int)bnr_v : 0;
+    d->bnr = bnr && bnr_end != bnr && !*bnr_end && bnr_v >= 0 && bnr_v <= 15 ? (int)bnr_v : BN_ROLL_DEFAULT;
     const char *hr = getenv("DSV4_CUDA_MOE_HREC");
     d->hrec = !(hr && hr[0] == '0');
     /* bm2_run / bm3_run (DSV4_CUDA_MOE_BM=2 / 3): their instances' shared memory, else bm_run stays
