@@ -594,7 +594,7 @@ static void make_ids2(int32_t *e, float *w, int R) {
         }
 }
 
-/* backends with DSV4_CUDA_MOE_BN = 2 and 0, and DSV4_CUDA_MOE_BNR = 0..3 (read once per backend: every call
+/* backends with DSV4_CUDA_MOE_BN = 2 and 0, and DSV4_CUDA_MOE_BNR by instance (read once per backend: every call
  * sets it) */
 enum { NBN = 8 };
 static const struct {
