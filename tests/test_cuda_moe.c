@@ -217,6 +217,13 @@ static int edge_scales(ffn_set1 *s) {
     return 0;
 }
 
+/* how many of the n floats of a and b differ in their bits */
+static int n_differ(const float *a, const float *b, size_t n) {
+    int nd = 0;
+    for (size_t i = 0; i < n; i++) nd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return nd;
+}
+
 /* the one-row MoE on backend b with DSV4_CUDA_MOE_B1G = geom ("" = unset: the default); the
  * geometry is read once per backend, at its first one-row call, so every call sets it */
 static void one_row_on(dsv4_backend *b, const char *geom, float *g, const float *x, const ffn_set1 *s,
@@ -278,8 +285,7 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
         CHECKF(geom == want, "one row %s: geometry %d set, %d asked for", runs[k].what, geom, want);
         if (k == 0) memcpy(g0, g, sizeof g0);
         if (runs[k].same) {
-            int nd = 0;
-            for (int i = 0; i < D1; i++) nd += memcmp(&g[i], &g0[i], sizeof(float)) != 0;
+            int nd = n_differ(g, g0, D1);
             printf("    %s: %d of %d outputs differ from the default's bits\n", runs[k].what, nd, D1);
             CHECKF(nd == 0, "%s: %d outputs differ from the default's", runs[k].what, nd);
         }
@@ -650,8 +656,7 @@ static void check_batch(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, in
                    bn_runs[k].what, dsv4_cuda_moe_bnr(b), bn_runs[k].env);
         if (k == 0) memcpy(g0, g, sizeof(float) * R * D1);
         if (bn_runs[k].same) {
-            int nd = 0;
-            for (int i = 0; i < R * D1; i++) nd += memcmp(&g[i], &g0[i], sizeof(float)) != 0;
+            int nd = n_differ(g, g0, (size_t)R * D1);
             printf("    %s: %d of %d outputs differ from the default's bits\n", bn_runs[k].what, nd, R * D1);
             CHECKF(nd == 0, "batch %s: %d outputs differ from the default's", bn_runs[k].what, nd);
         }

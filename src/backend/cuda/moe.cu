@@ -2651,6 +2651,14 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
     }
 }
 
+/* k_moe_bnr<UP, NSK, MINB>'s instance that the roll bits bnr (cuda_devside.bnr) pick: bit 0 / 1 the
+ * one-slot gate/up / down, bit 2 / 3 the multi-slot ones */
+template <int UP, int NSK, int MINB>
+static auto bnr_kernel(int bnr) {
+    constexpr int bit = (UP ? 0 : 1) + (NSK > 1 ? 2 : 0);
+    return bnr >> bit & 1 ? k_moe_bnr<UP, NSK, MINB, 1> : k_moe_bnr<UP, NSK, MINB, 0>;
+}
+
 /* order[r*k + i]: slot of row r's i-th expert in id order (-1: a skipped bad id); cw: its
  * combine weight */
 __global__ void k_moe_combine(float *out, const float *y, int64_t dim, int rows, int k, const int32_t *order,
@@ -3279,10 +3287,10 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     int optin = 0;
     if (CK(b, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))) return -1;
     optin -= 1024; /* a margin below the opt-in limit */
-    const void *bnf[8] = {(const void *)k_moe_bnr<1, 1, 4, 0>,    (const void *)k_moe_bnr<0, 1, 4, 0>,
-                          (const void *)k_moe_bnr<1, BN_G, 2, 0>, (const void *)k_moe_bnr<0, BN_G, 2, 0>,
-                          (const void *)k_moe_bnr<1, 1, 4, 1>,    (const void *)k_moe_bnr<0, 1, 4, 1>,
-                          (const void *)k_moe_bnr<1, BN_G, 2, 1>, (const void *)k_moe_bnr<0, BN_G, 2, 1>};
+    const void *bnf[8] = {(const void *)bnr_kernel<1, 1, 4>(0),     (const void *)bnr_kernel<0, 1, 4>(0),
+                          (const void *)bnr_kernel<1, BN_G, 2>(0),  (const void *)bnr_kernel<0, BN_G, 2>(0),
+                          (const void *)bnr_kernel<1, 1, 4>(15),    (const void *)bnr_kernel<0, 1, 4>(15),
+                          (const void *)bnr_kernel<1, BN_G, 2>(15), (const void *)bnr_kernel<0, BN_G, 2>(15)};
     const int bns[4] = {B1F_SMEM(BN_S, BN_V, BN_M, 2), B1F_SMEM(BN_S, BN_V, BN_M, 1), optin, optin};
     int bn_ok = 1;
     for (int i = 0; i < 8 && bn_ok; i++)
@@ -3718,13 +3726,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     void *b1rd[] = {&b1g, &b1n, &b1t, &b1x, &b1xq, &h, &inter_max, &y, &dim, &act_fp8, &limit, &act_bf16,
                     &b1_crd, &b1_csd, &b1_hs, &b1xf, &b1ld, &b1hf, &b1ld};
     if (bn) {
-        int ru = ds->bnr & 1, rum = ds->bnr >> 2 & 1;
-        dsv4_launch(ru ? k_moe_bnr<1, 1, 4, 1> : k_moe_bnr<1, 1, 4, 0>, bn_gu, 256,
-                    (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim,
-                    act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+        dsv4_launch(bnr_kernel<1, 1, 4>(ds->bnr), bn_gu, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 2),
+                    c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16,
+                    bn_cru, bn_csu, bn_hsg);
         if (gmax > 1 && !CKL(b))
-            dsv4_launch(rum ? k_moe_bnr<1, BN_G, 2, 1> : k_moe_bnr<1, BN_G, 2, 0>, bn_gu, 256, bn_smu, c->stream, gd,
-                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
+            dsv4_launch(bnr_kernel<1, BN_G, 2>(ds->bnr), bn_gu, 256, bn_smu, c->stream, gd, ngd, t->dev, xd,
+                        xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_cru, bn_csu, bn_hsg);
     } else if (q8) {
         dsv4_launch(k_moe_q8x, dim3((unsigned)((dim + 1023) / 1024), (unsigned)rows), 256, 0, c->stream, q8x, ldq8x,
                     (const float *)xd, dim, rows, (int)dim, (int)dim);
@@ -3811,13 +3818,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
     }
     if (q8) {
     } else if (bn) {
-        int rd = ds->bnr >> 1 & 1, rdm = ds->bnr >> 3 & 1;
-        dsv4_launch(rd ? k_moe_bnr<0, 1, 4, 1> : k_moe_bnr<0, 1, 4, 0>, bn_gd, 256,
-                    (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim,
-                    act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+        dsv4_launch(bnr_kernel<0, 1, 4>(ds->bnr), bn_gd, 256, (size_t)B1F_SMEM(BN_S, BN_V, BN_M, 1),
+                    c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16,
+                    bn_crd, bn_csd, bn_hsg);
         if (gmax > 1 && !CKL(b))
-            dsv4_launch(rdm ? k_moe_bnr<0, BN_G, 2, 1> : k_moe_bnr<0, BN_G, 2, 0>, bn_gd, 256, bn_smd, c->stream, gd,
-                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
+            dsv4_launch(bnr_kernel<0, BN_G, 2>(ds->bnr), bn_gd, 256, bn_smd, c->stream, gd, ngd, t->dev, xd,
+                        xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, bn_crd, bn_csd, bn_hsg);
     } else if (mma) {
         /* h's records: written by gate/up (hrec), else here (routed slots over the routed width,
          * the shared rows over theirs; after act_quant's h under act_fp8) */
