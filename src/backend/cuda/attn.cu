@@ -101,6 +101,7 @@ static int stage_host_rows(dsv4_backend *b, const float ***ptrs, int n, int widt
 #define AB_LARGE 12288 /* up to ~10 rows at window 128 */
 static_assert(AS_HEADS == 2 * (ATTN_THREADS / 32) && 2 * AS_KEYS == 32, "scores: 32 (head, key) pairs per warp");
 static_assert(AP_HEADS == ATTN_THREADS / 32, "p.V: a warp per head");
+static_assert(ATTN_THREADS == 16 * AS_KEYS, "attn_prefetch_keys: 16 threads a key");
 static_assert(AP_DIMS == 32 && AP_LANES * 8 == ATTN_THREADS, "p.V: 8 quads of dims x 32 key lanes");
 
 template <int BYTES> struct attn_blob {
@@ -123,6 +124,7 @@ struct attn_args {
     float *out;                      /* [rows*heads][head_dim] */
     unsigned *flags;                 /* sticky device flags */
     int blob;                        /* 1: win, n_win, comp_base, n_comp, sink are in the blob at: */
+    int l2pf;                        /* 1 (blob only): the scores kernel asks for its keys before its PDL wait */
     int off_win, off_nwin, off_base, off_ncomp, off_sink; /* byte offsets (< 0: none / a device sink) */
     int max_win, topk, n_heads, head_dim, max_n, prob_bf16, out_bf16;
     float scale;
@@ -191,6 +193,19 @@ __device__ __forceinline__ const float *attn_key(const attn_args &a, int r, int 
     return a.comp_base[r] + (int64_t)i * a.head_dim;
 }
 
+/* the L2 prefetch of key j0 + t / 16 of row r (the thread's 128-byte lines t % 16, + 16, ...), from the
+ * blob's arrays only: the window's keys, and the compressed rows in order where there are no picks */
+__device__ __forceinline__ void attn_prefetch_keys(const attn_args &a, int r, int j0, int t) {
+    int j = j0 + t / 16, nw = min(max(a.n_win[r], 0), a.max_win);
+    if (j >= a.max_n) return;
+    const float *k = NULL;
+    if (j < nw) k = a.win[(int64_t)r * a.max_win + j];
+    else if (!a.picks && a.comp_base && a.comp_base[r] && j - nw < a.n_comp[r])
+        k = a.comp_base[r] + (int64_t)(j - nw) * a.head_dim;
+    if (!k) return;
+    for (int l = t % 16; l * 32 < a.head_dim; l += 16) d_prefetch_l2(k + l * 32);
+}
+
 __device__ __forceinline__ void attn_cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* one step of a transposed butterfly over 2*O values: the lane keeps the O whose index has
@@ -215,7 +230,6 @@ template <int O> __device__ __forceinline__ void attn_fold(float *v, int lane) {
  * parameter blob holding the host arrays (16 when they were staged). */
 template <int VEC, int PB>
 __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, const __grid_constant__ attn_blob<PB> p) {
-    pdl_enter();
     extern __shared__ float4 attn_sm4[];
     float *ks = (float *)attn_sm4;             /* [AS_KEYS][hd] */
     float *qs = ks + (size_t)AS_KEYS * a0.head_dim; /* [AS_HEADS][hd] */
@@ -223,6 +237,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) k_attn_scores(attn_args a0, cons
     attn_args a = a0;
     attn_bind(a, p);
     int c = blockIdx.x, g = blockIdx.y, r = blockIdx.z, hd = a.head_dim, t = threadIdx.x;
+    /* the keys of this chunk into L2 before the wait: the window's pointers and, without picks, the
+     * compressed rows are kernel parameters (the blob), known at launch; the keys themselves were
+     * written steps ago (the newest by the kernel before, which a prefetch may precede: common.cuh) */
+    if (a.l2pf && g == 0) attn_prefetch_keys(a, r, c * AS_KEYS, t);
+    pdl_enter();
     int nw, n;
     attn_counts(a, r, nw, n);
     if (c == 0 && g == 0) {
@@ -612,6 +631,7 @@ static int attn_setup(dsv4_backend *b, attn_plan *P, float *out, const float *q,
         a->off_ncomp = (int)o_ncomp;
         a->off_sink = sink_d ? -1 : (int)o_sink;
         a->sink = sink_d; /* NULL: the blob's */
+        a->l2pf = dsv4_cuda_l2pf;
         size_t cap = P->pb == 1 ? AB_SMALL : AB_LARGE; /* the launched prefix holds no stale bytes */
         memset(u + bytes, 0, cap - bytes);
     } else {

@@ -78,6 +78,7 @@ static double host_ms(void) {
 
 int dsv4_cuda_pdl = 1; /* common.cuh: launches carry the PDL attribute unless DSV4_CUDA_PDL=0 */
 int dsv4_cuda_gemv_early = 1; /* common.cuh: k_gemv's weights before its wait unless DSV4_CUDA_GEMV_EARLY=0 */
+int dsv4_cuda_l2pf = 1;       /* common.cuh: older activations into L2 before the wait unless DSV4_CUDA_L2PF=0 */
 
 /* ----- errors ----- */
 int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
@@ -1135,6 +1136,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     dsv4_cuda_pdl = !(pd && !strcmp(pd, "0"));
     const char *ge = getenv("DSV4_CUDA_GEMV_EARLY");
     dsv4_cuda_gemv_early = !(ge && !strcmp(ge, "0"));
+    const char *l2 = getenv("DSV4_CUDA_L2PF");
+    dsv4_cuda_l2pf = !(l2 && !strcmp(l2, "0"));
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     /* DSV4_CUDA_HC_COMB=1: the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc") */
@@ -1193,6 +1196,7 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     }
     dsv4_cuda_side_close(b);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    dsv4_cuda_hc_stamp_dump();
     dsv4_cuda_devside_free(b);
     graphs_free(c);
     if (c->pool) cudaFree(c->pool);

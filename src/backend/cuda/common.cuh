@@ -205,6 +205,12 @@ __device__ __forceinline__ void pdl_enter() {
 extern int dsv4_cuda_pdl; /* 1: launches carry the PDL attribute (default); DSV4_CUDA_PDL=0: 0 */
 /* 1: k_gemv asks for its first pass's weights before its PDL wait (default); DSV4_CUDA_GEMV_EARLY=0: 0 */
 extern int dsv4_cuda_gemv_early;
+/* 1: kernels ask L2 before their PDL wait for activations an earlier op wrote, which the weight streams
+ * since have likely evicted (default); DSV4_CUDA_L2PF=0: 0.  A prefetch returns no value, so it may
+ * precede the wait whoever writes the line: L2 is where the GPU's writes meet, values never change */
+extern int dsv4_cuda_l2pf;
+void dsv4_cuda_hc_stamp_dump(void); /* mhc.cu: DSV4_CUDA_HC_STAMP=1 probe, printed at the backend's free */
+__device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
                                             cudaStream_t st) {

@@ -56,6 +56,9 @@
  * Limits: hc <= 16.  Target: sm_90a.
  */
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/common.cuh"
 
@@ -527,6 +530,7 @@ struct hc_postin {
                   * matrix, before its PDL wait (2) or after it (1: comb's writer may be the kernel before) */
     moe_comb mc; /* POST 2 (DSV4_CUDA_HC_COMB, moe.cu): o is the MoE's combine of mc, formed here (moe_comb4)
                   * wherever o is read, and written to mc.out (= o) by the warps of stream 0's columns */
+    int l2pf;    /* R, post_in and comb_in asked into L2 before the PDL wait (dsv4_cuda_l2pf) */
 };
 
 /* ----- decode fast path (k_hc_dec): rows <= 4, hc = 4, f32 fn, K a multiple of 128 * T -----
@@ -702,6 +706,19 @@ __device__ __forceinline__ void hd_comb_in(float (*cmb)[HD_HC * HD_HC], const fl
     if (act) cmb[rr][e] = cv;
 }
 
+/* DSV4_CUDA_HC_STAMP=1 (a probe, read at the first hc call): k_hc_dec (POLL) records %globaltimer at its
+ * phases in slot tag % HS_CALLS: 0 block 0's start, 1 its wait passed, 2 the last block's partials
+ * stored, 3 the finisher's sums done, 4 pre formed, 5 y formed, 6 y normed, 7 Sinkhorn done, 8 POST + 16
+ * rows, 9 the last block past its wait, 10 the last y thread's first value formed, 11 the last y thread's y
+ * done, 12 the last thread's end; dsv4_backend_cuda_free prints them (hc_stamp_dump) */
+enum { HS_N = 13, HS_CALLS = 1024 };
+__device__ unsigned long long d_hc_stamp[HS_CALLS][HS_N];
+__device__ int d_hc_stamp_on;
+__device__ __forceinline__ unsigned long long hs_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 template <int T, int POLL, int POST>
 __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
                                                        unsigned *done, unsigned long long *tg, unsigned *epoch,
@@ -718,6 +735,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int comb_lg = iters & DSV4_HC_COMB_LOGITS; /* write comb's logits (backend.h) */
     iters &= DSV4_HC_ITERS;
+    const int hs = POLL && d_hc_stamp_on;
+    unsigned long long hs0 = hs ? hs_now() : 0ull;
     int64_t K = (int64_t)HD_HC * dim, k0 = (int64_t)blockIdx.x * (HC_KT * T) + lane * 4;
     /* weights only before pdl_enter (common.cuh): base / scale, the norm's weights into L2 now
      * (block 0, a 128-byte line per thread, so the finisher's loads of them do not wait for
@@ -743,12 +762,30 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
          * ran before the MoE's gate/up, two kernels back: common.cuh's pre-wait rule) */
         moe_comb_row mrow = {};
         if (POST == 2 && warp < nr * T) mrow = moe_comb_row_load(pin.mc, warp / T);
+        /* the residual R was written a half layer ago, and ~50-100 MB of weights have streamed through
+         * L2 since: ask for this block's slice now, before the wait, where the next kernel's early
+         * weight loads would queue ahead of it after (the lanes that start a 128-byte line) */
+        if (POST && pin.l2pf) {
+            if (warp < nr * T && (lane & 7) == 0) {
+                int r = warp / T, t = warp - r * T, k = (int)((k0 + t * HC_KT) / dim);
+                int64_t d = k0 + t * HC_KT - (int64_t)k * dim;
+#pragma unroll
+                for (int j = 0; j < HD_HC; j++) d_prefetch_l2(pin.R + r * K + (int64_t)j * dim + d);
+            }
+            if (warp == HD_WARPS - 1 && lane < nr) d_prefetch_l2(pin.post + lane * HD_HC);
+            if (warp == HD_WARPS - 1 && lane >= 8 && lane < 8 + nr) d_prefetch_l2(pin.comb + (lane - 8) * HD_HC * HD_HC);
+        }
         pdl_enter();
         if (POST && pin.comb_lg == 1) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
         if (POST && pin.comb_lg) __syncthreads();
         /* POLL: this launch's tag; block 0 stores it as the next epoch once it has read every
          * partial, i.e. after every block has read the epoch */
         tag = POLL ? hc_ld_relaxed(epoch) + 1u : 0u;
+        if (hs && threadIdx.x == 0) {
+            unsigned long long *st = d_hc_stamp[tag % HS_CALLS], t = hs_now();
+            atomicMax(st + 9, t);
+            if (blockIdx.x == 0) st[0] = hs0, st[1] = t, st[8] = POST + 16 * nr;
+        }
         if (POST) { /* hc_post of this block's slice (banner), then X from shared memory */
             if ((!POLL || blockIdx.x == 0) && (int)threadIdx.x < nr * HD_PIN) {
                 int r = threadIdx.x / HD_PIN, i = threadIdx.x - r * HD_PIN;
@@ -843,6 +880,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 }
             }
             if (!POLL) __threadfence(); /* this warp's partials are visible device-wide before the block counts */
+            if (hs) atomicMax(d_hc_stamp[tag % HS_CALLS] + 2, hs_now());
         }
     }
     if (POLL) {
@@ -902,6 +940,12 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     if (threadIdx.x < 3) sc[threadIdx.x] = bsv.y;
     __syncthreads();
     if (POLL && threadIdx.x == 0) hc_st_relaxed(epoch, tag); /* every partial of this launch is read */
+    unsigned long long *hst = d_hc_stamp[tag % HS_CALLS];
+    if (hs && threadIdx.x == 0) {
+        hst[3] = hs_now();
+        unsigned long long *nx = d_hc_stamp[(tag + 1) % HS_CALLS]; /* the next launch's maxima start at 0 */
+        nx[2] = 0ull, nx[9] = 0ull, nx[10] = 0ull, nx[11] = 0ull, nx[12] = 0ull;
+    }
     if (POST == 2 && tt >= 0) { /* every block's partials are in, so its out stores are visible (their fence) */
         __threadfence();
 #pragma unroll
@@ -938,6 +982,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             }
         }
         if (act) comb[rr * E + e] = cv;
+        if (hs && threadIdx.x == 0) hst[7] = hs_now();
         return;
     }
     if (tt < nr * HD_HC) {
@@ -947,6 +992,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
     }
     asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* the y warps only */
+    if (hs && tt == 0) hst[4] = hs_now();
     /* with the norm (dim % 128 == 0: whole warps per run of 32 float4s of one row), the last
      * round's y stays in registers (yv), earlier rounds go through y; each warp's run adds its
      * partial sum of squares to nss */
@@ -979,12 +1025,15 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             }
             if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
                           v.w = d_round_bf16(v.w);
+            if (hs && p == 0 && q0 == tt && __float_as_uint(v.x) != 0x7fc00001u) atomicMax(hst + 10, hs_now());
             yv[p] = v;
             if (q0 + HD_YP * nt < n) *(float4 *)(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4) = v;
             float ss = warp_sum(hc_sq4(v));
             if (lane == 0) nss[rr][(q - rr * dq) >> 5] = ss;
         }
     }
+    if (hs && tt == 0) hst[5] = hs_now();
+    if (hs) atomicMax(hst + 11, hs_now());
     if (!yn.on) return;
     asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* nss and the earlier rounds' y are written */
     int rs = -1;
@@ -1002,6 +1051,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             *yp = hc_norm4(v, s, hc_norm_wdec(yn, q0 == tt ? wy[p] : hc_norm_wraw(yn, c), c), yn.has_w, out_bf16);
         }
     }
+    if (hs && tt == 0) hst[6] = hs_now();
+    if (hs) atomicMax(hst + 12, hs_now());
 }
 
 /* ----- done counters -----
@@ -1045,6 +1096,11 @@ static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned lo
             } else {
                 cudaGetLastError(); /* not fatal: the done counter */
                 *epoch = NULL, *tagged = NULL;
+            }
+            const char *hse = getenv("DSV4_CUDA_HC_STAMP");
+            if (hse && !strcmp(hse, "1")) {
+                int one = 1;
+                if (cudaMemcpyToSymbol(d_hc_stamp_on, &one, sizeof one) != cudaSuccess) cudaGetLastError();
             }
             hc_slot[i].stream = s;
             hc_slot[i].dev = dev;
@@ -1368,9 +1424,42 @@ void cu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const flo
      * just before this one (it may then still be running: common.cuh's pre-wait rule) */
     int lg = !lg_in ? 0 : comb_in == c->hc_lg_ptr && c->op_seq - c->hc_lg_op <= 1 ? 1 : 2;
     c->hc_lg_early += lg == 2, c->hc_lg_late += lg == 1;
-    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16, lg, mc};
+    hc_postin pin = {Xout, o, R, post_in, comb_in, state_bf16, lg, mc, dsv4_cuda_l2pf};
     int normed = hc_common(b, y, post, comb, Xout, rows, hc, dim, fn, base, scale, iters, norm_eps, hc_eps, gemm_bf16,
                            out_bf16, 0, 1, y_norm, y_eps, &pin);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_HC_PRE);
     if (!normed) cu_rmsnorm(b, y, y, rows, dim, y_norm, y_eps, out_bf16);
+}
+
+/* DSV4_CUDA_HC_STAMP=1: k_hc_dec's phase stamps (us after block 0 passed its wait), the calls in time order */
+static int hs_cmp(const void *a, const void *b) {
+    unsigned long long x = ((const unsigned long long *)a)[1], y = ((const unsigned long long *)b)[1];
+    return x < y ? -1 : x > y;
+}
+void dsv4_cuda_hc_stamp_dump(void) {
+    const char *e = getenv("DSV4_CUDA_HC_STAMP");
+    if (!e || strcmp(e, "1")) return;
+    static unsigned long long h[HS_CALLS][HS_N];
+    if (cudaMemcpyFromSymbol(h, d_hc_stamp, sizeof h) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    int n = 0;
+    for (int i = 0; i < HS_CALLS; i++)
+        if (h[i][1]) memmove(h[n++], h[i], sizeof h[i]);
+    qsort(h, (size_t)n, sizeof h[0], hs_cmp);
+    fprintf(stderr, "hc_stamp: %d calls; us after block 0's wait: start, last block's wait, last partials, sums, "
+                    "pre, y, norm, sinkhorn | post rows | us since the previous call's norm\n", n);
+    for (int i = 0; i < n; i++) {
+        double w = (double)h[i][1];
+        fprintf(stderr, "hc_stamp %4d: %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %d %d | %8.2f\n", i,
+                ((double)h[i][0] - w) / 1e3, h[i][9] ? ((double)h[i][9] - w) / 1e3 : -1.0,
+                h[i][2] ? ((double)h[i][2] - w) / 1e3 : -1.0, ((double)h[i][3] - w) / 1e3,
+                h[i][4] ? ((double)h[i][4] - w) / 1e3 : -1.0, h[i][5] ? ((double)h[i][5] - w) / 1e3 : -1.0,
+                h[i][6] ? ((double)h[i][6] - w) / 1e3 : -1.0, h[i][7] ? ((double)h[i][7] - w) / 1e3 : -1.0,
+                (int)(h[i][8] & 15), (int)(h[i][8] >> 4), i ? (w - (double)h[i - 1][6]) / 1e3 : 0.0);
+        fprintf(stderr, "hc_stamp %4d+ last y thread's first value %6.2f, its y %6.2f, last thread's end %6.2f\n", i,
+                h[i][10] ? ((double)h[i][10] - w) / 1e3 : -1.0, h[i][11] ? ((double)h[i][11] - w) / 1e3 : -1.0,
+                h[i][12] ? ((double)h[i][12] - w) / 1e3 : -1.0);
+    }
 }
