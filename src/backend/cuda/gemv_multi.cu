@@ -50,6 +50,7 @@ struct gm_table {
     gm_entry e[GM_MAXE];
     int n, total; /* entries, virtual rows */
     int aq;       /* x staged as act_quant(x) (common.cuh d_stage_x): the FP8 entries with act_fp8 */
+    int late;     /* DSV4_CUDA_GM_EARLY=0 (A/B): the weights asked for after the PDL wait, not before */
 };
 
 enum { GM_BF16 = 0, GM_FP8 = 1 };
@@ -98,6 +99,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
     const int64_t lr = r0 - E.row0; /* the entry's row */
     const int64_t rowb = (int64_t)K * (FMT == GM_FP8 ? 1 : 2);
     uint4 q[RPW][VPL];
+    if (t.late) pdl_enter();
     if (live) {
 #pragma unroll
         for (int r = 0; r < RPW; r++)
@@ -114,7 +116,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
                 sc[r][j] = d_e8m0_to_f32(
                     __ldg(E.s + ((lr + r) >> E.blk_log2) * E.srow + (((j * 32 + lane) * 16) >> E.blk_log2)));
     }
-    pdl_enter(); /* x is the previous kernel's output */
+    if (!t.late) pdl_enter(); /* x is the previous kernel's output */
     d_stage_x(xs, x, K, t.aq); /* act_quant's values where the table asks for them (K % 512 == 0) */
     __syncthreads();
     if (!live) return;
@@ -171,6 +173,16 @@ __global__ void __launch_bounds__(256, 2) k_gemv_multi2(const gm_table tb, const
 }
 
 static int gm_off = -1; /* DSV4_CUDA_GEMV_MULTI=0 */
+
+/* DSV4_CUDA_GM_EARLY=0 (read once, A/B): k_gemv_multi's weights after its PDL wait (same bits) */
+static int gm_late(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_GM_EARLY");
+        v = e && !strcmp(e, "0");
+    }
+    return v;
+}
 
 /* VPL for K in format fmt (vectors per lane), 0 if k_gemv_multi has no instance for it */
 static int gm_vpl(int fmt, int64_t K) {
@@ -313,7 +325,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
-        t.n = 0, t.total = 0, t.aq = quant && fuse;
+        t.n = 0, t.total = 0, t.aq = quant && fuse, t.late = gm_late();
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && ((flags[i] & DSV4_LIN_ACT_FP8) != 0) != quant))
                 continue;
