@@ -518,13 +518,35 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
     return make_float2(lo, hi);
 }
 
+/* DSV4_CUDA_EVF (compile time: make CUDA=1 CUDA_EVF=1; default 0): the weight streams of the decode
+ * kernels (d_ld_stream16, the MoE's stage copies b1_cp16) carry the L2 policy evict_first.  A step
+ * streams ~5.7 GB of weights once through a 50 MB L2, and with the default policy they evict what the
+ * step reads again: the code of the latency-bound kernels, the hc state, the KV rows.  Values never
+ * change (a cache hint).  Measured on an H100 (docs/PERFORMANCE.md, stop 43): 0.1 ms a step faster
+ * on 20 Flash layers; but test_cuda_moe's moe.dot=mma case stopped on an illegal instruction with
+ * it, and the context's sticky error hid whether any other MoE kernel does: off until that passes. */
+#ifndef DSV4_CUDA_EVF
+#define DSV4_CUDA_EVF 0
+#endif
+__device__ __forceinline__ unsigned long long d_pol_stream() {
+    unsigned long long p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
 /* 16 weight bytes that are read once per call: no L1 allocation (they would only evict the
- * activations that are reused) */
+ * activations that are reused), and evict_first in L2 (DSV4_CUDA_EVF) */
 __device__ __forceinline__ uint4 d_ld_stream16(const void *p) {
     uint4 v;
+#if DSV4_CUDA_EVF
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(d_pol_stream()));
+#else
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
+#endif
     return v;
 }
 
