@@ -773,7 +773,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
                 for (int j = 0; j < HD_HC; j++) d_prefetch_l2(pin.R + r * K + (int64_t)j * dim + d);
             }
             if (warp == HD_WARPS - 1 && lane < nr) d_prefetch_l2(pin.post + lane * HD_HC);
-            if (warp == HD_WARPS - 1 && lane >= 8 && lane < 8 + nr) d_prefetch_l2(pin.comb + (lane - 8) * HD_HC * HD_HC);
+            if (warp == HD_WARPS - 1 && lane >= 8 && lane < 8 + nr)
+                d_prefetch_l2(pin.comb + (lane - 8) * HD_HC * HD_HC);
         }
         pdl_enter();
         if (POST && pin.comb_lg == 1) hd_comb_in(cmb, pin.comb, nr, warp, lane, iters, hc_eps);
@@ -1025,6 +1026,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             }
             if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
                           v.w = d_round_bf16(v.w);
+            /* (the compare on v makes the stamp wait for v's inputs) */
             if (hs && p == 0 && q0 == tt && __float_as_uint(v.x) != 0x7fc00001u) atomicMax(hst + 10, hs_now());
             yv[p] = v;
             if (q0 + HD_YP * nt < n) *(float4 *)(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4) = v;
