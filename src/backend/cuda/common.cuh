@@ -549,6 +549,16 @@ __device__ __forceinline__ uint4 d_ld_stream16(const void *p) {
 #endif
     return v;
 }
+/* 4 f32 weights read once a step (the hc kernels' fn rows, 1.5 MB a call at Flash's shapes): under
+ * DSV4_CUDA_EVF as d_ld_stream16 (evict_first), else __ldg as before */
+__device__ __forceinline__ float4 d_ld_stream_f4(const float *p) {
+#if DSV4_CUDA_EVF
+    uint4 v = d_ld_stream16(p);
+    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+#else
+    return __ldg((const float4 *)p);
+#endif
+}
 
 /* ----- bulk-copy stage pipeline (sm_90: cp.async.bulk + mbarrier) -----
  * A block streams contiguous weight bytes into shared-memory stages with the bulk-copy

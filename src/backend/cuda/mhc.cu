@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             int m = warp + HD_WARPS * u;
 #pragma unroll
             for (int t = 0; t < T; t++)
-                wv[u][t] = m < nm ? __ldg((const float4 *)(fn + m * K + k0 + t * HC_KT)) : make_float4(0, 0, 0, 0);
+                wv[u][t] = m < nm ? d_ld_stream_f4(fn + m * K + k0 + t * HC_KT) : make_float4(0, 0, 0, 0);
         }
         /* comb_in's logits into the matrix in every block (the producer's arithmetic: hd_comb_form),
          * 16 lanes a row; before the wait where the host saw another op between comb_in's writer
