@@ -209,6 +209,8 @@ extern int dsv4_cuda_gemv_early;
  * since have likely evicted (default); DSV4_CUDA_L2PF=0: 0.  A prefetch returns no value, so it may
  * precede the wait whoever writes the line: L2 is where the GPU's writes meet, values never change */
 extern int dsv4_cuda_l2pf;
+/* 1: k_gemv_multi asks for its weights before its PDL wait (default); DSV4_CUDA_GM_EARLY=0: 0 (A/B) */
+extern int dsv4_cuda_gm_early;
 void dsv4_cuda_hc_stamp_dump(void); /* mhc.cu: DSV4_CUDA_HC_STAMP=1 probe, printed at the backend's free */
 __device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

@@ -174,16 +174,6 @@ __global__ void __launch_bounds__(256, 2) k_gemv_multi2(const gm_table tb, const
 
 static int gm_off = -1; /* DSV4_CUDA_GEMV_MULTI=0 */
 
-/* DSV4_CUDA_GM_EARLY=0 (read once, A/B): k_gemv_multi's weights after its PDL wait (same bits) */
-static int gm_late(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_GM_EARLY");
-        v = e && !strcmp(e, "0");
-    }
-    return v;
-}
-
 /* VPL for K in format fmt (vectors per lane), 0 if k_gemv_multi has no instance for it */
 static int gm_vpl(int fmt, int64_t K) {
     int64_t vn = fmt == GM_FP8 ? 16 : 8;
@@ -325,7 +315,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
-        t.n = 0, t.total = 0, t.aq = quant && fuse, t.late = gm_late();
+        t.n = 0, t.total = 0, t.aq = quant && fuse, t.late = !dsv4_cuda_gm_early;
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && ((flags[i] & DSV4_LIN_ACT_FP8) != 0) != quant))
                 continue;

@@ -744,7 +744,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     unsigned tag;
     float2 bsv = !POLL || blockIdx.x == 0 ? hc_bs_load(base, scale, nm) : make_float2(0.0f, 0.0f);
     if (yn.vw && blockIdx.x == 0 && (int64_t)threadIdx.x * 128 < (int64_t)dim * (yn.vw == 1 ? 4 : 2))
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)yn.w.data + threadIdx.x * 128));
+        d_prefetch_l2((const char *)yn.w.data + threadIdx.x * 128);
     {
         float4 wv[HD_MU][T], xv[HD_ROWS][T];
 #pragma unroll
@@ -1078,6 +1078,16 @@ static struct {
 static int hc_slot_n;
 
 /* this stream's done counters; *epoch / *tagged: its POLL words, or NULL */
+/* DSV4_CUDA_HC_STAMP=1, read once a process (the stamps are one device array a process) */
+static int hs_enabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_HC_STAMP");
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
 static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned long long **tagged) {
     cudaStream_t s = CI(b)->stream;
     unsigned *dev = NULL;
@@ -1099,8 +1109,7 @@ static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned lo
                 cudaGetLastError(); /* not fatal: the done counter */
                 *epoch = NULL, *tagged = NULL;
             }
-            const char *hse = getenv("DSV4_CUDA_HC_STAMP");
-            if (hse && !strcmp(hse, "1")) {
+            if (hs_enabled()) {
                 int one = 1;
                 if (cudaMemcpyToSymbol(d_hc_stamp_on, &one, sizeof one) != cudaSuccess) cudaGetLastError();
             }
@@ -1439,8 +1448,7 @@ static int hs_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 void dsv4_cuda_hc_stamp_dump(void) {
-    const char *e = getenv("DSV4_CUDA_HC_STAMP");
-    if (!e || strcmp(e, "1")) return;
+    if (!hs_enabled()) return;
     static unsigned long long h[HS_CALLS][HS_N];
     if (cudaMemcpyFromSymbol(h, d_hc_stamp, sizeof h) != cudaSuccess) {
         cudaGetLastError();

@@ -968,20 +968,21 @@ enum { B1_MUP = 16 };
 /* shared memory of S stages of V vectors (16 bytes + a 4-byte scale word) per thread, + part */
 #define B1_SMEM(S, V) ((S) * (V) * 256 * 16 + (S) * (V) * 256 * 4 + 256 * 4)
 
+/* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies, and b1_cp16 without
+ * DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on an illegal
+ * instruction, while the default kernels' copies passed test_cuda_moe's first one-row case; not
+ * understood, not run since */
+__device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first (DSV4_CUDA_EVF) */
 #if DSV4_CUDA_EVF
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d_smem_addr(dst)), "l"(src),
                  "l"(d_pol_stream())
                  : "memory");
 #else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
+    b1_cp16_plain(dst, src);
 #endif
-}
-/* the same copy without the hint: bm_run's (moe.dot=mma) stage copies.  With the hint its first GPU run
- * (CUDA_EVF=1, 2026-12-05) stopped on an illegal instruction, while the default kernels' copies passed
- * test_cuda_moe's first one-row case; not understood, not run since */
-__device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
