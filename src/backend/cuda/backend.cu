@@ -80,6 +80,7 @@ int dsv4_cuda_pdl = 1; /* common.cuh: launches carry the PDL attribute unless DS
 int dsv4_cuda_gemv_early = 1; /* common.cuh: k_gemv's weights before its wait unless DSV4_CUDA_GEMV_EARLY=0 */
 int dsv4_cuda_l2pf = 1;       /* common.cuh: older activations into L2 before the wait unless DSV4_CUDA_L2PF=0 */
 int dsv4_cuda_gm_early = 1;   /* common.cuh: k_gemv_multi's weights before its wait unless DSV4_CUDA_GM_EARLY=0 */
+int dsv4_cuda_hc_stamp = 0;   /* common.cuh: k_hc_dec's phase stamps with DSV4_CUDA_HC_STAMP=1 */
 
 /* ----- errors ----- */
 int dsv4_cuda_fail(dsv4_backend *b, const char *expr, const char *file, int line, cudaError_t e) {
@@ -1141,6 +1142,8 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     dsv4_cuda_l2pf = !(l2 && !strcmp(l2, "0"));
     const char *gme = getenv("DSV4_CUDA_GM_EARLY");
     dsv4_cuda_gm_early = !(gme && !strcmp(gme, "0"));
+    const char *hse = getenv("DSV4_CUDA_HC_STAMP");
+    dsv4_cuda_hc_stamp = hse && !strcmp(hse, "1");
     const char *g = getenv("DSV4_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
     /* DSV4_CUDA_HC_COMB=1: the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc") */

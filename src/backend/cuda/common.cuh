@@ -211,7 +211,9 @@ extern int dsv4_cuda_gemv_early;
 extern int dsv4_cuda_l2pf;
 /* 1: k_gemv_multi asks for its weights before its PDL wait (default); DSV4_CUDA_GM_EARLY=0: 0 (A/B) */
 extern int dsv4_cuda_gm_early;
-void dsv4_cuda_hc_stamp_dump(void); /* mhc.cu: DSV4_CUDA_HC_STAMP=1 probe, printed at the backend's free */
+/* 1: DSV4_CUDA_HC_STAMP=1, k_hc_dec's phase stamps (mhc.cu), printed at the backend's free */
+extern int dsv4_cuda_hc_stamp;
+void dsv4_cuda_hc_stamp_dump(void);
 __device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,

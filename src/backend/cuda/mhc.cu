@@ -1078,16 +1078,6 @@ static struct {
 static int hc_slot_n;
 
 /* this stream's done counters; *epoch / *tagged: its POLL words, or NULL */
-/* DSV4_CUDA_HC_STAMP=1, read once a process (the stamps are one device array a process) */
-static int hs_enabled(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_HC_STAMP");
-        v = e && !strcmp(e, "1");
-    }
-    return v;
-}
-
 static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned long long **tagged) {
     cudaStream_t s = CI(b)->stream;
     unsigned *dev = NULL;
@@ -1109,7 +1099,7 @@ static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned lo
                 cudaGetLastError(); /* not fatal: the done counter */
                 *epoch = NULL, *tagged = NULL;
             }
-            if (hs_enabled()) {
+            if (dsv4_cuda_hc_stamp) {
                 int one = 1;
                 if (cudaMemcpyToSymbol(d_hc_stamp_on, &one, sizeof one) != cudaSuccess) cudaGetLastError();
             }
@@ -1448,7 +1438,7 @@ static int hs_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 void dsv4_cuda_hc_stamp_dump(void) {
-    if (!hs_enabled()) return;
+    if (!dsv4_cuda_hc_stamp) return;
     static unsigned long long h[HS_CALLS][HS_N];
     if (cudaMemcpyFromSymbol(h, d_hc_stamp, sizeof h) != cudaSuccess) {
         cudaGetLastError();
