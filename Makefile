@@ -31,7 +31,8 @@ ifeq ($(CUDA),1)
   LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
   # CUDA_EVF=1: the decode kernels' weight streams evict_first in L2 (docs/CUDA.md, "Weights evict_first");
-  # off until test_cuda_moe passes with it (its first GPU run, 2026-12-05, hit an illegal instruction)
+  # =2 the same with a constant policy (common.cuh d_pol_stream); off until test_cuda_moe passes with it
+  # (its first GPU run, 2026-12-05, hit an illegal instruction)
   CUDA_EVF ?= 0
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
 endif

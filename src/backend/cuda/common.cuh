@@ -532,10 +532,19 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
 #ifndef DSV4_CUDA_EVF
 #define DSV4_CUDA_EVF 0
 #endif
+/* DSV4_CUDA_EVF=1 forms the policy with createpolicy at each use (inside whatever branch the use
+ * sits in: bm_run's copies sit under a per-lane condition); =2 takes it as a constant, the value
+ * createpolicy.fractional.L2::evict_first with fraction 1.0 gives (the encoding CUTLASS names
+ * CacheHintSm90::EVICT_FIRST), so ptxas can keep it in a uniform register whatever the branch,
+ * and bm_run's copies carry it too.  Which of the two passes test_cuda_moe is open (stop 44). */
 __device__ __forceinline__ unsigned long long d_pol_stream() {
+#if DSV4_CUDA_EVF == 2
+    return 0x12F0000000000000ull;
+#else
     unsigned long long p;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
+#endif
 }
 
 /* 16 weight bytes that are read once per call: no L1 allocation (they would only evict the

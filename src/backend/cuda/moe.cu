@@ -968,10 +968,12 @@ enum { B1_MUP = 16 };
 /* shared memory of S stages of V vectors (16 bytes + a 4-byte scale word) per thread, + part */
 #define B1_SMEM(S, V) ((S) * (V) * 256 * 16 + (S) * (V) * 256 * 4 + 256 * 4)
 
-/* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies, and b1_cp16 without
- * DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on an illegal
- * instruction, while the default kernels' copies passed test_cuda_moe's first one-row case; not
- * understood, not run since */
+/* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies under DSV4_CUDA_EVF=1, and
+ * b1_cp16 without DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
+ * an illegal instruction, while the default kernels' copies passed test_cuda_moe's first one-row case; not
+ * understood.  bm_run's copies sit under a per-lane condition, and with =1 so does the createpolicy that
+ * forms their policy; =2 (a constant policy, common.cuh d_pol_stream) gives them the hint again, to see
+ * whether that was the cause */
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
@@ -1704,7 +1706,11 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
         bool cok = cfl < nfeat;
         /* slice s into stage q = s % BM_NST (a constant where the loop is unrolled) */
         auto copy_a = [&](int s, int q) {
+#if DSV4_CUDA_EVF == 2
+            if (s < NSL && cok) b1_cp16(stg + q * BM_STAGE + cdst, src + s * 32);
+#else
             if (s < NSL && cok) b1_cp16_plain(stg + q * BM_STAGE + cdst, src + s * 32);
+#endif
         };
         auto copy_b = [&](int s, int q) {
             if (s < NSL && lane < 26) b1_cp16_plain(stg + q * BM_STAGE + rdst, rsrc + 26 * s);
