@@ -1141,7 +1141,15 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *l2 = getenv("DSV4_CUDA_L2PF");
     dsv4_cuda_l2pf = !(l2 && !strcmp(l2, "0"));
     const char *gme = getenv("DSV4_CUDA_GM_EARLY");
-    dsv4_cuda_gm_early = !(gme && !strcmp(gme, "0"));
+    dsv4_cuda_gm_early = 1;
+    if (gme && *gme) { /* 0, 1, or N >= 2 (common.cuh); anything else keeps the default, said once */
+        char *end;
+        long v = strtol(gme, &end, 10);
+        if (*end || v < 0 || v > 1024)
+            fprintf(stderr, "dsv4: DSV4_CUDA_GM_EARLY=%s is not 0, 1 or 2..1024; keeping 1\n", gme);
+        else
+            dsv4_cuda_gm_early = (int)v;
+    }
     const char *hse = getenv("DSV4_CUDA_HC_STAMP");
     dsv4_cuda_hc_stamp = hse && !strcmp(hse, "1");
     const char *g = getenv("DSV4_CUDA_GRAPHS");

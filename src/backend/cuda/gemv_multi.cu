@@ -50,7 +50,8 @@ struct gm_table {
     gm_entry e[GM_MAXE];
     int n, total; /* entries, virtual rows */
     int aq;       /* x staged as act_quant(x) (common.cuh d_stage_x): the FP8 entries with act_fp8 */
-    int late;     /* DSV4_CUDA_GM_EARLY=0 (A/B): the weights asked for after the PDL wait, not before */
+    int late;     /* DSV4_CUDA_GM_EARLY (A/B): 0 weights before the PDL wait, 1 after it, N >= 2 before it
+                   * only in the blocks whose index is a multiple of N */
 };
 
 enum { GM_BF16 = 0, GM_FP8 = 1 };
@@ -99,7 +100,8 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
     const int64_t lr = r0 - E.row0; /* the entry's row */
     const int64_t rowb = (int64_t)K * (FMT == GM_FP8 ? 1 : 2);
     uint4 q[RPW][VPL];
-    if (t.late) pdl_enter();
+    const bool late = t.late == 1 || (t.late > 1 && blockIdx.x % (unsigned)t.late != 0); /* block-uniform */
+    if (late) pdl_enter();
     if (live) {
 #pragma unroll
         for (int r = 0; r < RPW; r++)
@@ -116,7 +118,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
                 sc[r][j] = d_e8m0_to_f32(
                     __ldg(E.s + ((lr + r) >> E.blk_log2) * E.srow + (((j * 32 + lane) * 16) >> E.blk_log2)));
     }
-    if (!t.late) pdl_enter(); /* x is the previous kernel's output */
+    if (!late) pdl_enter(); /* x is the previous kernel's output */
     d_stage_x(xs, x, K, t.aq); /* act_quant's values where the table asks for them (K % 512 == 0) */
     __syncthreads();
     if (!live) return;
@@ -315,7 +317,8 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
     for (int g = 0; g < 3; g++) {
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
-        t.n = 0, t.total = 0, t.aq = quant && fuse, t.late = !dsv4_cuda_gm_early;
+        t.n = 0, t.total = 0, t.aq = quant && fuse;
+        t.late = dsv4_cuda_gm_early == 1 ? 0 : dsv4_cuda_gm_early == 0 ? 1 : dsv4_cuda_gm_early;
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && ((flags[i] & DSV4_LIN_ACT_FP8) != 0) != quant))
                 continue;
