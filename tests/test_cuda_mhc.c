@@ -757,11 +757,103 @@ static void test_zy_phases(void) {
     park_hc(&w);
 }
 
+/* ----- DSV4_CUDA_HC_DIST=1: k_hc_dec's y and norm formed by the blocks (mhc.cu) -----
+ * On a second backend with the switch: hc_pre, hc_pre_norm and hc_post_pre_norm on device buffers
+ * must give the default backend's bits for every output (y, post, comb; Xout), and take the DIST
+ * launch exactly where it applies (want: k_hc_dec, dim % 128 == 0, dim <= 4096; counted by
+ * dsv4_cuda_hc_dist_count).  Then test_alternating and test_post_pre_chain run on that backend:
+ * eager, graphs and updated graphs against their own first calls and the two ops. */
+static void dist_calls(dsv4_backend *g, hc_w *w, const dsv4_weight *nwp, const float *X, const float *o,
+                       const float *pin, const float *cin, int rows, int dim, int bf, float *out) {
+    const int hc = 4;
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    size_t nout = 3 * (ny + np + nc) + nx; /* pre, pre_norm, post_pre_norm (y, post, comb), then Xout */
+    float *xd = g->ops->alloc(g, sizeof(float) * nx), *od = g->ops->alloc(g, sizeof(float) * ny),
+          *pi = g->ops->alloc(g, sizeof(float) * np), *ci = g->ops->alloc(g, sizeof(float) * nc),
+          *d = g->ops->alloc(g, sizeof(float) * nout);
+    REQUIRE(xd && od && pi && ci && d);
+    g->ops->upload(g, xd, X, sizeof(float) * nx);
+    g->ops->upload(g, od, o, sizeof(float) * ny);
+    g->ops->upload(g, pi, pin, sizeof(float) * np);
+    g->ops->upload(g, ci, cin, sizeof(float) * nc);
+    float *a = d, *b = a + ny + np + nc, *c = b + ny + np + nc, *xo = c + ny + np + nc;
+    g->ops->hc_pre(g, a, a + ny, a + ny + np, xd, rows, hc, dim, &w->fn.w, &w->wb, &w->ws, 20, 1e-6f, 1e-6f, bf, bf);
+    g->ops->hc_pre_norm(g, b, b + ny, b + ny + np, xd, rows, hc, dim, &w->fn.w, &w->wb, &w->ws, 20, 1e-6f, 1e-6f, bf,
+                        bf, nwp, 1e-6f);
+    g->ops->hc_post_pre_norm(g, xo, od, xd, pi, ci, bf, c, c + ny, c + ny + np, rows, hc, dim, &w->fn.w, &w->wb,
+                             &w->ws, 20, 1e-6f, 1e-6f, bf, bf, nwp, 1e-6f);
+    g->ops->download(g, out, d, sizeof(float) * nout);
+    dsv4_err err;
+    CHECK(g->ops->check(g, &err) == 0);
+    g->ops->free(g, xd), g->ops->free(g, od), g->ops->free(g, pi), g->ops->free(g, ci), g->ops->free(g, d);
+}
+
+static void check_dist(dsv4_backend *g2, int rows, int dim, int wfmt, int bf, int want) {
+    const int hc = 4;
+    hc_w w = make_hc(hc, dim);
+    tw nw;
+    const dsv4_weight *nwp = norm_weight(&nw, wfmt, dim);
+    size_t nx = (size_t)rows * hc * dim, ny = (size_t)rows * dim, np = (size_t)rows * hc, nc = np * hc;
+    size_t nout = 3 * (ny + np + nc) + nx;
+    float *X = malloc(sizeof(float) * nx), *o = malloc(sizeof(float) * ny), *pin = malloc(sizeof(float) * np),
+          *cin = malloc(sizeof(float) * nc), *y0 = malloc(sizeof(float) * ny), *ref = malloc(sizeof(float) * nout),
+          *got = malloc(sizeof(float) * nout);
+    REQUIRE(X && o && pin && cin && y0 && ref && got);
+    fill(X, nx, 2);
+    fill(o, ny, 1);
+    cpu.ops->hc_pre(&cpu, y0, pin, cin, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
+    dist_calls(&gpu, &w, nwp, X, o, pin, cin, rows, dim, bf, ref);
+    long n0 = dsv4_cuda_hc_dist_count(g2);
+    dist_calls(g2, &w, nwp, X, o, pin, cin, rows, dim, bf, got);
+    long took = dsv4_cuda_hc_dist_count(g2) - n0;
+    size_t ndiff = 0, first = nout;
+    for (size_t i = 0; i < nout; i++)
+        if (memcmp(ref + i, got + i, sizeof(float))) ndiff++, first = first < i ? first : i;
+    printf("  DIST rows %d dim %4d w %2d bf16 %d: %ld of 3 calls took it, %zu of %zu outputs differ\n", rows, dim, wfmt,
+           bf, took, ndiff, nout);
+    if (ndiff) printf("    first [%zu] default %.9g DIST %.9g\n", first, ref[first], got[first]);
+    CHECKF(ndiff == 0, "DIST rows %d dim %d w %d bf16 %d: %zu outputs differ from the default", rows, dim, wfmt, bf,
+           ndiff);
+    CHECKF(took == (want ? 3 : 0), "DIST rows %d dim %d: %ld launches took it, expected %d", rows, dim, took,
+           want ? 3 : 0);
+    free(X), free(o), free(pin), free(cin), free(y0), free(ref), free(got);
+    if (wfmt >= 0) free_w(&nw);
+    park_hc(&w);
+}
+
+static void test_hc_dist(void) {
+    NEED_GPU();
+    dsv4_backend g2;
+    REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_HC_DIST", "1") == 0);
+    for (int bf = 0; bf < 2; bf++) {
+        for (int rows = 1; rows <= 4; rows++) check_dist(&g2, rows, 4096, DSV4_WF_BF16, bf, 1); /* V4-Flash */
+        check_dist(&g2, 1, 4096, DSV4_WF_F32, bf, 1);
+        check_dist(&g2, 3, 4096, -1, bf, 1);           /* unweighted norm */
+        check_dist(&g2, 2, 4096, DSV4_WF_FP8, bf, 1);  /* element-wise norm weights */
+        check_dist(&g2, 3, 384, DSV4_WF_BF16, bf, 1);  /* 6 blocks, 9 runs: two in blocks 0-2 */
+        check_dist(&g2, 4, 512, DSV4_WF_BF16, bf, 1);  /* 8 blocks, 16 runs */
+        check_dist(&g2, 1, 192, DSV4_WF_BF16, bf, 0);  /* dim % 128 != 0: the finisher */
+        check_dist(&g2, 5, 4096, DSV4_WF_BF16, bf, 0); /* more rows than k_hc_dec */
+    }
+    /* the tag protocol with the second area, eager and in graphs, on the DIST backend */
+    dsv4_backend keep = gpu;
+    gpu = g2;
+    long n0 = dsv4_cuda_hc_dist_count(&gpu);
+    test_alternating();
+    test_post_pre_chain();
+    long took = dsv4_cuda_hc_dist_count(&gpu) - n0;
+    g2 = gpu;
+    gpu = keep;
+    printf("  DIST backend: test_alternating and test_post_pre_chain took it in %ld launches\n", took);
+    CHECK(took > 0);
+    dsv4_backend_cuda_free(&g2);
+}
+
 static void test_zz_release(void) {
     for (int i = 0; i < n_parked; i++) free(parked[i]);
     n_parked = 0;
 }
 
 TEST_MAIN(test_flash_hc4, test_pro_hc4, test_small_dims, test_device_and_graph, test_alternating, test_rmsnorm_flash,
-          test_pre_norm_fused, test_post_pre_fused, test_post_pre_chain, test_zy_bench, test_zy_phases,
+          test_pre_norm_fused, test_post_pre_fused, test_post_pre_chain, test_hc_dist, test_zy_bench, test_zy_phases,
           test_zz_release)

@@ -162,6 +162,8 @@ struct cuda_impl {
      * (dsv4_cuda_comb_flush).  scratch_floor: bytes of the arena the next reset keeps (the
      * pending combine's inputs), 0 after it */
     int hc_comb;                /* the switch (read at init; dsv4_cuda_set_hc_comb for the tests) */
+    int hc_dist;                /* DSV4_CUDA_HC_DIST=1: k_hc_dec's y and norm spread over its blocks (mhc.cu) */
+    long hc_dist_n;             /* counter (tests): k_hc_dec launches that took it */
     struct comb_pending {
         int on;
         moe_comb m;

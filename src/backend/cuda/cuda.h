@@ -80,5 +80,7 @@ void dsv4_cuda_hc_lg_counts(struct dsv4_backend *b, long *early, long *late);
 void dsv4_cuda_set_hc_comb(struct dsv4_backend *b, int on);
 void dsv4_cuda_hc_comb_counts(struct dsv4_backend *b, long *taken, long *flushed);
 long dsv4_cuda_op_list_alone(void);
+/* k_hc_dec launches of this backend with y and its norm spread over the blocks (DSV4_CUDA_HC_DIST=1, mhc.cu) */
+long dsv4_cuda_hc_dist_count(struct dsv4_backend *b);
 
 #endif

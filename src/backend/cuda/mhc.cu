@@ -557,11 +557,24 @@ struct hc_postin {
  * the same bits, and its first round of o and R is in flight while it sums the partials as
  * X was.  post_in / comb_in are read by every block before it stores its partials and are
  * staged in the finisher's shared memory; the outputs must not alias them anyway (forward.c
- * keeps two pairs). */
+ * keeps two pairs).
+ * DIST (DSV4_CUDA_HC_DIST=1, POLL, not hc_head, not POST 2, dim % 128 == 0, dim <= 4096): y and its norm
+ * are formed by the blocks instead of block 0 alone.  y's float4 positions fall into runs of 32 (128
+ * columns of one row, the warps of the finisher's norm); run i belongs to warp 2 + i / g of block i % g
+ * (g blocks), whose lane l takes its position 32 (i mod dim / 128) + l.  Every block with a run stays
+ * after its partials, polls them all as block 0 does, forms pre (warp 2) and its runs' y with the
+ * finisher's expressions, stores each run's sum of squares (the same warp sum) as a tagged word of a
+ * second area, polls its row's dim / 128 words in lanes and takes the finisher's scale from them (the
+ * same warp sum again): the same bits as the finisher.  Block 0 still runs Sinkhorn (post, comb) and
+ * stores the epoch.  Each thread's finisher code is one position instead of HD_YP, and the norm's
+ * second pass needs no barrier, at the cost of up to 64 blocks polling instead of one. */
 enum { HD_THREADS = 384, HD_WARPS = 12, HD_MU = 2, HD_ROWS = 4, HD_HC = 4, HD_NM = (2 + HD_HC) * HD_HC,
        HD_T = 2, /* tiles per lane: at K = 16384, 64 blocks (T = 1: 128 blocks, same time; T = 4: +0.3 us) */
        HD_PQ = 3 /* pairs per warp per round of the partial sums */, HD_YP = 3 /* y positions per thread */,
-       HD_PIN = HD_HC + HD_HC * HD_HC /* post_in and comb_in of one row */ };
+       HD_PIN = HD_HC + HD_HC * HD_HC /* post_in and comb_in of one row */,
+       HD_PSPLITS = 64 /* POLL: at most this many blocks */,
+       HD_TG_NORM = HD_ROWS * (HD_NM + 1) * HD_PSPLITS /* DIST: the norm's tagged partials, [row][32], from here */,
+       HD_TGW = HD_TG_NORM + HD_ROWS * 32 /* tagged words of one stream */ };
 
 /* o at row rr, columns d..d+3, in the finisher: o itself (POST 1), or (POST 2) the combine's out
  * as the hc_post warps of every block wrote it, read once every partial is in (see k_hc_dec) */
@@ -590,6 +603,21 @@ __device__ __forceinline__ float4 hd_y_x(const float4 (&xy)[HD_HC + 1], const fl
 #pragma unroll
     for (int i = 0; i < HD_HC; i++) v = hc_post_step(v, pc[HD_HC + i * HD_HC + j], xy[i]);
     return hc_post_round(v, state_bf16);
+}
+
+/* y at one position from hd_y_load's values: sum_j pre_j X_j (j ascending), the finisher's expression
+ * (k_hc_dec's y loop), for DIST */
+template <int POST>
+__device__ __forceinline__ float4 hd_y_val(const float4 (&xy)[HD_HC + 1], const float *pc, const float *pr,
+                                           int state_bf16) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < HD_HC; j++) {
+        float pj = pr[j];
+        float4 xj = hd_y_x<POST>(xy, pc, j, state_bf16);
+        v.x += pj * xj.x, v.y += pj * xj.y, v.z += pj * xj.z, v.w += pj * xj.w;
+    }
+    return v;
 }
 
 /* POLL (k_hc_dec's default): every block stores its partials tagged with the launch's tag
@@ -719,7 +747,7 @@ __device__ __forceinline__ unsigned long long hs_now() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-template <int T, int POLL, int POST>
+template <int T, int POLL, int POST, int DIST = 0>
 __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, float *comb, float *part,
                                                        unsigned *done, unsigned long long *tg, unsigned *epoch,
                                                        const float *__restrict__ X, int nr, int dim,
@@ -732,7 +760,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     __shared__ float spin[POST ? HD_ROWS : 1][HD_PIN];          /* POST: post_in, comb_in (the finisher) */
     __shared__ float cmb[POST ? HD_ROWS : 1][HD_HC * HD_HC];    /* POST, pin.comb_lg: comb_in's matrix */
     __shared__ int last;
+    static_assert(!DIST || (POLL && POST != 2), "k_hc_dec: DIST takes POLL, POST 0 or 1");
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* DIST: runs of 32 float4s of y (rpr a row), the blocks that own one (nyb) */
+    const int rpr = dim >> 7, nrun = nr * rpr, nyb = DIST ? min((int)gridDim.x, nrun) : 1;
     const int comb_lg = iters & DSV4_HC_COMB_LOGITS; /* write comb's logits (backend.h) */
     iters &= DSV4_HC_ITERS;
     const int hs = POLL && d_hc_stamp_on;
@@ -742,7 +773,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
      * (block 0, a 128-byte line per thread, so the finisher's loads of them do not wait for
      * DRAM) and this block's fn vectors, all in flight while the previous kernel finishes */
     unsigned tag;
-    float2 bsv = !POLL || blockIdx.x == 0 ? hc_bs_load(base, scale, nm) : make_float2(0.0f, 0.0f);
+    float2 bsv = !POLL || blockIdx.x == 0 || (DIST && (int)blockIdx.x < nyb) ? hc_bs_load(base, scale, nm)
+                                                                             : make_float2(0.0f, 0.0f);
     if (yn.vw && blockIdx.x == 0 && (int64_t)threadIdx.x * 128 < (int64_t)dim * (yn.vw == 1 ? 4 : 2))
         d_prefetch_l2((const char *)yn.w.data + threadIdx.x * 128);
     {
@@ -788,7 +820,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             if (blockIdx.x == 0) st[0] = hs0, st[1] = t, st[8] = POST + 16 * nr;
         }
         if (POST) { /* hc_post of this block's slice (banner), then X from shared memory */
-            if ((!POLL || blockIdx.x == 0) && (int)threadIdx.x < nr * HD_PIN) {
+            if ((!POLL || blockIdx.x == 0 || (DIST && (int)blockIdx.x < nyb)) && (int)threadIdx.x < nr * HD_PIN) {
                 int r = threadIdx.x / HD_PIN, i = threadIdx.x - r * HD_PIN;
                 spin[r][i] = i < HD_HC                ? __ldg(pin.post + r * HD_HC + i)
                              : pin.comb_lg ? cmb[POST ? r : 0][i - HD_HC]
@@ -885,7 +917,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         }
     }
     if (POLL) {
-        if (blockIdx.x != 0) return; /* block 0 finishes, the others are done */
+        if (DIST ? (int)blockIdx.x >= nyb : blockIdx.x != 0) return; /* block 0 (DIST: those with runs) finishes */
     } else {
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -901,7 +933,16 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     int dq = dim / 4, n = nr * dq, tt = (int)threadIdx.x - nsw * 32, nt = HD_THREADS - nsw * 32;
     float4 xy[HD_YP][HD_HC + 1]; /* y's first round of X (POST: of R and o), in flight while the partials are summed */
     uint4 wy[HD_YP];             /* and the norm's weights for those positions (raw bits) */
-    if (tt >= 0) {
+    /* DIST: this warp's run (drun), its row dr and float4 position dc in the row */
+    const int drun_i = (int)blockIdx.x + (warp - 2) * (int)gridDim.x;
+    const bool drun = DIST && warp >= 2 && drun_i < nrun;
+    const int dr = drun ? drun_i / rpr : 0, dc = drun ? (drun_i - dr * rpr) * 32 + lane : 0;
+    if (DIST) {
+        if (drun) {
+            hd_y_load<POST>(xy[0], X, pin, dr, (int64_t)dc * 4, K, dim);
+            if (yn.on) wy[0] = hc_norm_wraw(yn, dc);
+        }
+    } else if (tt >= 0) {
 #pragma unroll
         for (int p = 0; p < HD_YP; p++) {
             int q = tt + p * nt;
@@ -940,9 +981,10 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     if ((int)threadIdx.x < nm) bs[threadIdx.x] = bsv.x;
     if (threadIdx.x < 3) sc[threadIdx.x] = bsv.y;
     __syncthreads();
-    if (POLL && threadIdx.x == 0) hc_st_relaxed(epoch, tag); /* every partial of this launch is read */
+    if (POLL && threadIdx.x == 0 && (!DIST || blockIdx.x == 0))
+        hc_st_relaxed(epoch, tag); /* every partial of this launch is read (by block 0) */
     unsigned long long *hst = d_hc_stamp[tag % HS_CALLS];
-    if (hs && threadIdx.x == 0) {
+    if (hs && threadIdx.x == 0 && (!DIST || blockIdx.x == 0)) {
         hst[3] = hs_now();
         unsigned long long *nx = d_hc_stamp[(tag + 1) % HS_CALLS]; /* the next launch's maxima start at 0 */
         nx[2] = 0ull, nx[9] = 0ull, nx[10] = 0ull, nx[11] = 0ull, nx[12] = 0ull;
@@ -958,7 +1000,8 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         }
     }
     float width = (float)K;
-    if (warp < nsw) { /* softmax + Sinkhorn: lane e = i*4 + k of group g holds C[i][k] of row 2 warp + g */
+    /* softmax + Sinkhorn: lane e = i*4 + k of group g holds C[i][k] of row 2 warp + g */
+    if (warp < nsw && (!DIST || blockIdx.x == 0)) {
         constexpr int E = HD_HC * HD_HC;
         int g = lane / E, e = lane % E, i = e / HD_HC, k = e % HD_HC, rr = warp * 2 + g, base16 = g * E;
         bool act = rr < nr;
@@ -984,6 +1027,37 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         }
         if (act) comb[rr * E + e] = cv;
         if (hs && threadIdx.x == 0) hst[7] = hs_now();
+        return;
+    }
+    if (DIST) { /* y and its norm, a run of 32 positions a warp (banner) */
+        if (warp < 2) return;
+        int t2 = (int)threadIdx.x - 64;
+        if (t2 < nr * HD_HC) { /* pre, the finisher's expression */
+            int rr = t2 / HD_HC, j = t2 - rr * HD_HC;
+            const float *mr = mix[rr];
+            float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
+            pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"((HD_WARPS - 2) * 32) : "memory"); /* warps 2.. only */
+        if (!drun) return;
+        float4 v = hd_y_val<POST>(xy[0], spin[POST ? dr : 0], pre[dr], pin.state_bf16);
+        float4 *yp = (float4 *)(y + (int64_t)dr * dim) + dc;
+        if (!yn.on) {
+            hc_y_store((float *)yp, v, out_bf16);
+            return;
+        }
+        if (out_bf16) v.x = d_round_bf16(v.x), v.y = d_round_bf16(v.y), v.z = d_round_bf16(v.z),
+                      v.w = d_round_bf16(v.w);
+        /* this run's sum of squares (the finisher's nss entry), then the row's rpr entries in lanes */
+        float ss = warp_sum(hc_sq4(v));
+        unsigned long long *ntg = tg + HD_TG_NORM + dr * 32;
+        if (lane == 0) hc_st_tagged(ntg + (dc >> 5), ss, tag);
+        unsigned long long w = lane < rpr ? hc_ld_tagged(ntg + lane) : (unsigned long long)tag << 32;
+        while (__any_sync(0xffffffffu, (unsigned)(w >> 32) != tag))
+            if ((unsigned)(w >> 32) != tag) w = hc_ld_tagged(ntg + lane);
+        /* hc_norm_scale's arithmetic on those entries */
+        float s = 1.0f / sqrtf(warp_sum(lane < rpr ? __uint_as_float((unsigned)w) : 0.0f) / (float)dim + yn.eps);
+        *yp = hc_norm4(v, s, hc_norm_wdec(yn, wy[0], dc), yn.has_w, out_bf16);
         return;
     }
     if (tt < nr * HD_HC) {
@@ -1065,9 +1139,9 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
  * that finds no free slot takes the two-launch path (same results).
  * k_hc_dec's tagged partials and epoch (POLL) live beside them, for the first HC_PSLOTS
  * streams (zero at load: tag 0 is never a launch's); the later ones take the counter. */
-enum { HC_PSLOTS = 8, HD_PSPLITS = 64 /* POLL: at most this many blocks */ };
+enum { HC_PSLOTS = 8 };
 __device__ unsigned d_hc_done[HC_SLOTS][HC_FUSED_ROWS / HC_RB + 1];
-__device__ unsigned long long d_hc_tagged[HC_PSLOTS][HD_ROWS * (HD_NM + 1) * HD_PSPLITS];
+__device__ unsigned long long d_hc_tagged[HC_PSLOTS][HD_TGW];
 __device__ unsigned d_hc_epoch[HC_PSLOTS][32]; /* a 128-byte line each */
 static pthread_mutex_t hc_slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -1094,7 +1168,7 @@ static unsigned *hc_done_counters(dsv4_backend *b, unsigned **epoch, unsigned lo
             if (i < HC_PSLOTS && cudaGetSymbolAddress(&pe, d_hc_epoch) == cudaSuccess &&
                 cudaGetSymbolAddress(&pt, d_hc_tagged) == cudaSuccess) {
                 *epoch = (unsigned *)pe + (size_t)i * 32;
-                *tagged = (unsigned long long *)pt + (size_t)i * (HD_ROWS * (HD_NM + 1) * HD_PSPLITS);
+                *tagged = (unsigned long long *)pt + (size_t)i * HD_TGW;
             } else {
                 cudaGetLastError(); /* not fatal: the done counter */
                 *epoch = NULL, *tagged = NULL;
@@ -1202,7 +1276,16 @@ static int hc_common(dsv4_backend *b, float *y, float *post, float *comb, const 
         /* DSV4_CUDA_HC_COMB=2: that launch without PDL, so its blocks do not sit resident beside the MoE's
          * down half (they then start when it has ended) */
         int pdl = !(post == 2 && CI(b)->hc_comb == 2);
-        if (epoch && g <= HD_PSPLITS && !hc_dec_old())
+        /* DSV4_CUDA_HC_DIST=1: y and its norm over the blocks (k_hc_dec's banner); each block has at most
+         * HD_WARPS - 2 runs of 128 columns */
+        int dist = CI(b)->hc_dist && !head && post != 2 && dim % 128 == 0 && dim <= 4096 &&
+                   (rows * (dim / 128) + g - 1) / g <= HD_WARPS - 2;
+        if (epoch && g <= HD_PSPLITS && !hc_dec_old() && dist) {
+            dsv4_launch_pdl(pdl, post ? k_hc_dec<HD_T, 1, 1, 1> : k_hc_dec<HD_T, 1, 0, 1>, g, HD_THREADS, 0,
+                            CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd, rows, dim, wd, nm, g, wb, ws,
+                            iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
+            CI(b)->hc_dist_n++;
+        } else if (epoch && g <= HD_PSPLITS && !hc_dec_old())
             dsv4_launch_pdl(pdl, post == 2 ? k_hc_dec<HD_T, 1, 2> : post ? k_hc_dec<HD_T, 1, 1> : k_hc_dec<HD_T, 1, 0>, g,
                         HD_THREADS, 0, CI(b)->stream, yd, pd, cd, part, done, tagged, epoch, xd, rows, dim, wd, nm, g,
                         wb, ws, iters, norm_eps, hc_eps, gemm_bf16, out_bf16, head, yn, pi);
@@ -1389,6 +1472,10 @@ static const float *hc_comb_scratch(dsv4_backend *b, const float *comb_in, int r
     dsv4_launch(k_hc_comb_form, (unsigned)((rows + 127) / 128), 128, 0, CI(b)->stream, out, in, rows, hc, iters,
                 hc_eps);
     return CKL(b) ? NULL : out;
+}
+
+long dsv4_cuda_hc_dist_count(dsv4_backend *b) {
+    return CI(b)->hc_dist_n;
 }
 
 void dsv4_cuda_hc_lg_counts(dsv4_backend *b, long *early, long *late) {
