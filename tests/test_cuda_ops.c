@@ -1536,9 +1536,21 @@ static void test_argmax_gather(void) {
     free(x);
 }
 
+/* make CUDA=1 CUDA_EVF=2 streams the weights with a constant L2 policy, CUTLASS's EVICT_FIRST value, in
+ * place of createpolicy.fractional.L2::evict_first 1.0: the instruction must form that value on this
+ * device, and the build's policy (common.cuh d_pol_stream, whichever CUDA_EVF) must equal it */
+static void test_evf_policy(void) {
+    NEED_GPU();
+    unsigned long long p[2] = {0, 0};
+    REQUIRE(dsv4_cuda_pol_probe(&gpu, p) == 0);
+    printf("  createpolicy evict_first 1.0: %#llx, this build's stream policy: %#llx\n", p[0], p[1]);
+    CHECKF(p[0] == 0x12F0000000000000ull, "createpolicy gave %#llx, not the constant CUDA_EVF=2 uses", p[0]);
+    CHECKF(p[1] == p[0], "the build's stream policy %#llx differs from createpolicy's %#llx", p[1], p[0]);
+}
+
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale,
           test_norm_rope_fused, test_sim_exact, test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain,
           test_bad_pick_reported, test_pool, test_pool_device, test_route, test_moe, test_route_moe_device,
           test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported, test_oom_recovers,
           test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped,
-          test_kern_hc, test_moe_wide, test_zz_release)
+          test_kern_hc, test_moe_wide, test_evf_policy, test_zz_release)

@@ -1242,3 +1242,28 @@ extern "C" void dsv4_backend_cuda_free(dsv4_backend *b) {
     b->impl = NULL;
     b->ops = NULL;
 }
+
+/* The L2 policy createpolicy.fractional.L2::evict_first 1.0 forms on this device (out[0]), and the one the
+ * weight streams carry in this build (out[1], d_pol_stream: that instruction under DSV4_CUDA_EVF=1, a constant
+ * under =2).  test_cuda_ops test_evf_policy checks that the constant is what the instruction forms. */
+__global__ void k_pol_probe(unsigned long long *out) {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    out[0] = p;
+    out[1] = d_pol_stream();
+}
+
+extern "C" int dsv4_cuda_pol_probe(dsv4_backend *b, unsigned long long out[2]) {
+    dsv4_cuda_seg_end(b); /* not inside a capture */
+    unsigned long long *d = NULL;
+    cudaError_t e = cudaMalloc((void **)&d, 2 * sizeof *d);
+    if (e == cudaSuccess) {
+        k_pol_probe<<<1, 1, 0, CI(b)->stream>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(out, d, 2 * sizeof *d, cudaMemcpyDeviceToHost, CI(b)->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(CI(b)->stream);
+    if (d) cudaFree(d);
+    if (e != cudaSuccess) return dsv4_cuda_fail(b, "dsv4_cuda_pol_probe", __FILE__, __LINE__, e), -1;
+    return 0;
+}
