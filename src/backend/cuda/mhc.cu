@@ -247,11 +247,15 @@ __device__ __forceinline__ float hc_sq4(float4 v) {
                      __fmul_rn(v.w, v.w));
 }
 
-/* a row's scale from its dim/128 partials (by a whole warp; every lane gets it) */
+/* a row's scale from its dim/128 partials, partial lane in lane (0 past them; by a whole warp, every
+ * lane gets it) */
+__device__ __forceinline__ float hc_norm_scale_lane(float part, int dim, float eps) {
+    float ss = warp_sum(part);
+    return 1.0f / sqrtf(ss / (float)dim + eps);
+}
 __device__ __forceinline__ float hc_norm_scale(const float *nss, int dim, float eps) {
     int lane = threadIdx.x & 31;
-    float ss = warp_sum(lane < dim / 128 ? nss[lane] : 0.0f);
-    return 1.0f / sqrtf(ss / (float)dim + eps);
+    return hc_norm_scale_lane(lane < dim / 128 ? nss[lane] : 0.0f, dim, eps);
 }
 
 /* weights 4c .. 4c+3 (ones when unweighted) */
@@ -605,8 +609,14 @@ __device__ __forceinline__ float4 hd_y_x(const float4 (&xy)[HD_HC + 1], const fl
     return hc_post_round(v, state_bf16);
 }
 
-/* y at one position from hd_y_load's values: sum_j pre_j X_j (j ascending), the finisher's expression
- * (k_hc_dec's y loop), for DIST */
+/* pre_j of the row whose mixes are mr (the sum of squares at mr[nm]) */
+__device__ __forceinline__ float hd_pre(const float *mr, int j, int nm, float width, float norm_eps, float sc0,
+                                        float bj, float hc_eps) {
+    float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
+    return d_sigmoid((mr[j] * sn) * sc0 + bj) + hc_eps;
+}
+
+/* y at one position from hd_y_load's values: sum_j pre_j X_j (j ascending) */
 template <int POST>
 __device__ __forceinline__ float4 hd_y_val(const float4 (&xy)[HD_HC + 1], const float *pc, const float *pr,
                                            int state_bf16) {
@@ -738,7 +748,8 @@ __device__ __forceinline__ void hd_comb_in(float (*cmb)[HD_HC * HD_HC], const fl
  * phases in slot tag % HS_CALLS: 0 block 0's start, 1 its wait passed, 2 the last block's partials
  * stored, 3 the finisher's sums done, 4 pre formed, 5 y formed, 6 y normed, 7 Sinkhorn done, 8 POST + 16
  * rows, 9 the last block past its wait, 10 the last y thread's first value formed, 11 the last y thread's y
- * done, 12 the last thread's end; dsv4_backend_cuda_free prints them (hc_stamp_dump) */
+ * done, 12 the last thread's end; dsv4_backend_cuda_free prints them (hc_stamp_dump).  DIST records 0 to 3,
+ * 7 to 9 only */
 enum { HS_N = 13, HS_CALLS = 1024 };
 __device__ unsigned long long d_hc_stamp[HS_CALLS][HS_N];
 __device__ int d_hc_stamp_on;
@@ -1032,11 +1043,9 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
     if (DIST) { /* y and its norm, a run of 32 positions a warp (banner) */
         if (warp < 2) return;
         int t2 = (int)threadIdx.x - 64;
-        if (t2 < nr * HD_HC) { /* pre, the finisher's expression */
+        if (t2 < nr * HD_HC) {
             int rr = t2 / HD_HC, j = t2 - rr * HD_HC;
-            const float *mr = mix[rr];
-            float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
-            pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
+            pre[rr][j] = hd_pre(mix[rr], j, nm, width, norm_eps, sc[0], bs[j], hc_eps);
         }
         asm volatile("bar.sync 1, %0;" ::"r"((HD_WARPS - 2) * 32) : "memory"); /* warps 2.. only */
         if (!drun) return;
@@ -1055,16 +1064,13 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
         unsigned long long w = lane < rpr ? hc_ld_tagged(ntg + lane) : (unsigned long long)tag << 32;
         while (__any_sync(0xffffffffu, (unsigned)(w >> 32) != tag))
             if ((unsigned)(w >> 32) != tag) w = hc_ld_tagged(ntg + lane);
-        /* hc_norm_scale's arithmetic on those entries */
-        float s = 1.0f / sqrtf(warp_sum(lane < rpr ? __uint_as_float((unsigned)w) : 0.0f) / (float)dim + yn.eps);
+        float s = hc_norm_scale_lane(lane < rpr ? __uint_as_float((unsigned)w) : 0.0f, dim, yn.eps);
         *yp = hc_norm4(v, s, hc_norm_wdec(yn, wy[0], dc), yn.has_w, out_bf16);
         return;
     }
     if (tt < nr * HD_HC) {
         int rr = tt / HD_HC, j = tt - rr * HD_HC;
-        const float *mr = mix[rr];
-        float sn = 1.0f / sqrtf(mr[nm] / width + norm_eps);
-        pre[rr][j] = d_sigmoid((mr[j] * sn) * sc[0] + bs[j]) + hc_eps;
+        pre[rr][j] = hd_pre(mix[rr], j, nm, width, norm_eps, sc[0], bs[j], hc_eps);
     }
     asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory"); /* the y warps only */
     if (hs && tt == 0) hst[4] = hs_now();
@@ -1087,13 +1093,7 @@ __global__ void __launch_bounds__(HD_THREADS) k_hc_dec(float *y, float *post, fl
             int q = q0 + p * nt;
             if (q >= n) break;
             int rr = q / dq;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int j = 0; j < HD_HC; j++) {
-                float pj = pre[rr][j];
-                float4 xj = hd_y_x<POST>(xy[p], spin[POST ? rr : 0], j, pin.state_bf16);
-                v.x += pj * xj.x, v.y += pj * xj.y, v.z += pj * xj.z, v.w += pj * xj.w;
-            }
+            float4 v = hd_y_val<POST>(xy[p], spin[POST ? rr : 0], pre[rr], pin.state_bf16);
             if (!yn.on) {
                 hc_y_store(y + (int64_t)rr * dim + (int64_t)(q - rr * dq) * 4, v, out_bf16);
                 continue;
@@ -1520,6 +1520,9 @@ void cu_hc_post_pre_norm(dsv4_backend *b, float *Xout, const float *o, const flo
 }
 
 /* DSV4_CUDA_HC_STAMP=1: k_hc_dec's phase stamps (us after block 0 passed its wait), the calls in time order */
+static double hs_us(unsigned long long t, double w) { /* us after w; -1 for a stamp never written */
+    return t ? ((double)t - w) / 1e3 : -1.0;
+}
 static int hs_cmp(const void *a, const void *b) {
     unsigned long long x = ((const unsigned long long *)a)[1], y = ((const unsigned long long *)b)[1];
     return x < y ? -1 : x > y;
@@ -1540,13 +1543,10 @@ void dsv4_cuda_hc_stamp_dump(void) {
     for (int i = 0; i < n; i++) {
         double w = (double)h[i][1];
         fprintf(stderr, "hc_stamp %4d: %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %d %d | %8.2f\n", i,
-                ((double)h[i][0] - w) / 1e3, h[i][9] ? ((double)h[i][9] - w) / 1e3 : -1.0,
-                h[i][2] ? ((double)h[i][2] - w) / 1e3 : -1.0, ((double)h[i][3] - w) / 1e3,
-                h[i][4] ? ((double)h[i][4] - w) / 1e3 : -1.0, h[i][5] ? ((double)h[i][5] - w) / 1e3 : -1.0,
-                h[i][6] ? ((double)h[i][6] - w) / 1e3 : -1.0, h[i][7] ? ((double)h[i][7] - w) / 1e3 : -1.0,
-                (int)(h[i][8] & 15), (int)(h[i][8] >> 4), i ? (w - (double)h[i - 1][6]) / 1e3 : 0.0);
+                ((double)h[i][0] - w) / 1e3, hs_us(h[i][9], w), hs_us(h[i][2], w), ((double)h[i][3] - w) / 1e3,
+                hs_us(h[i][4], w), hs_us(h[i][5], w), hs_us(h[i][6], w), hs_us(h[i][7], w), (int)(h[i][8] & 15),
+                (int)(h[i][8] >> 4), i ? (w - (double)h[i - 1][6]) / 1e3 : 0.0);
         fprintf(stderr, "hc_stamp %4d+ last y thread's first value %6.2f, its y %6.2f, last thread's end %6.2f\n", i,
-                h[i][10] ? ((double)h[i][10] - w) / 1e3 : -1.0, h[i][11] ? ((double)h[i][11] - w) / 1e3 : -1.0,
-                h[i][12] ? ((double)h[i][12] - w) / 1e3 : -1.0);
+                hs_us(h[i][10], w), hs_us(h[i][11], w), hs_us(h[i][12], w));
     }
 }
