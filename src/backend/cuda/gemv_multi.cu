@@ -50,8 +50,8 @@ struct gm_table {
     gm_entry e[GM_MAXE];
     int n, total; /* entries, virtual rows */
     int aq;       /* x staged as act_quant(x) (common.cuh d_stage_x): the FP8 entries with act_fp8 */
-    int late;     /* DSV4_CUDA_GM_EARLY (A/B): 0 weights before the PDL wait, 1 after it, N >= 2 before it
-                   * only in the blocks whose index is a multiple of N */
+    int early;    /* DSV4_CUDA_GM_EARLY (dsv4_cuda_gm_early): the blocks whose index is a multiple of early ask
+                   * for their weights before the PDL wait, the others (all, at 0) after it */
 };
 
 enum { GM_BF16 = 0, GM_FP8 = 1 };
@@ -100,7 +100,7 @@ __device__ __forceinline__ void gm_body(const gm_table &t, const float *__restri
     const int64_t lr = r0 - E.row0; /* the entry's row */
     const int64_t rowb = (int64_t)K * (FMT == GM_FP8 ? 1 : 2);
     uint4 q[RPW][VPL];
-    const bool late = t.late == 1 || (t.late > 1 && blockIdx.x % (unsigned)t.late != 0); /* block-uniform */
+    const bool late = t.early == 0 || blockIdx.x % (unsigned)t.early != 0; /* block-uniform */
     if (late) pdl_enter();
     if (live) {
 #pragma unroll
@@ -318,7 +318,7 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         int fmt = g == 0 ? GM_BF16 : GM_FP8, quant = g == 2;
         gm_table t;
         t.n = 0, t.total = 0, t.aq = quant && fuse;
-        t.late = dsv4_cuda_gm_early == 1 ? 0 : dsv4_cuda_gm_early == 0 ? 1 : dsv4_cuda_gm_early;
+        t.early = dsv4_cuda_gm_early;
         for (int i = 0; i < n; i++) {
             if (!take[i] || fmtv[i] != fmt || (fmt == GM_FP8 && ((flags[i] & DSV4_LIN_ACT_FP8) != 0) != quant))
                 continue;
