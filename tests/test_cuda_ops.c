@@ -1536,7 +1536,7 @@ static void test_argmax_gather(void) {
     free(x);
 }
 
-/* make CUDA=1 CUDA_EVF=2 streams the weights with a constant L2 policy, CUTLASS's EVICT_FIRST value, in
+/* make CUDA=1 CUDA_EVF=2 streams the weights with a constant L2 policy (DSV4_CUDA_POL_EVICT_FIRST) in
  * place of createpolicy.fractional.L2::evict_first 1.0: the instruction must form that value on this
  * device, and the build's policy (common.cuh d_pol_stream, whichever CUDA_EVF) must equal it */
 static void test_evf_policy(void) {
@@ -1544,7 +1544,7 @@ static void test_evf_policy(void) {
     unsigned long long p[2] = {0, 0};
     REQUIRE(dsv4_cuda_pol_probe(&gpu, p) == 0);
     printf("  createpolicy evict_first 1.0: %#llx, this build's stream policy: %#llx\n", p[0], p[1]);
-    CHECKF(p[0] == 0x12F0000000000000ull, "createpolicy gave %#llx, not the constant CUDA_EVF=2 uses", p[0]);
+    CHECKF(p[0] == DSV4_CUDA_POL_EVICT_FIRST, "createpolicy gave %#llx, not the constant CUDA_EVF=2 uses", p[0]);
     CHECKF(p[1] == p[0], "the build's stream policy %#llx differs from createpolicy's %#llx", p[1], p[0]);
 }
 

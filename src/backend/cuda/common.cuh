@@ -543,7 +543,7 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
  * and bm_run's copies carry it too.  Which of the two passes test_cuda_moe is open (stop 44). */
 __device__ __forceinline__ unsigned long long d_pol_stream() {
 #if DSV4_CUDA_EVF == 2
-    return 0x12F0000000000000ull;
+    return DSV4_CUDA_POL_EVICT_FIRST;
 #else
     unsigned long long p;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));

@@ -85,5 +85,8 @@ long dsv4_cuda_hc_dist_count(struct dsv4_backend *b);
 /* out[0]: the L2 policy createpolicy.fractional.L2::evict_first 1.0 forms on the device; out[1]: the one this
  * build's weight streams carry (common.cuh d_pol_stream); 0 on success (backend.cu) */
 int dsv4_cuda_pol_probe(struct dsv4_backend *b, unsigned long long out[2]);
+/* the policy CUDA_EVF=2 streams the weights with: what createpolicy.fractional.L2::evict_first 1.0 forms
+ * (CUTLASS's CacheHintSm90::EVICT_FIRST; test_evf_policy checks it on the device) */
+#define DSV4_CUDA_POL_EVICT_FIRST 0x12F0000000000000ull
 
 #endif
