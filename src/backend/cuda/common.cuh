@@ -539,8 +539,9 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
 /* DSV4_CUDA_EVF=1 forms the policy with createpolicy at each use (inside whatever branch the use
  * sits in: bm_run's copies sit under a per-lane condition); =2 takes it as a constant, the value
  * createpolicy.fractional.L2::evict_first with fraction 1.0 gives (the encoding CUTLASS names
- * CacheHintSm90::EVICT_FIRST), so ptxas can keep it in a uniform register whatever the branch,
- * and bm_run's copies carry it too.  Which of the two passes test_cuda_moe is open (stop 44). */
+ * CacheHintSm90::EVICT_FIRST), so ptxas can keep it in a uniform register whatever the branch.
+ * bm_run's (moe.dot=mma) copies carry no hint in either: with it they stopped on an illegal instruction
+ * under =1 (stop 43) and under =2 (stop 45), so the cause is not createpolicy (moe.cu, b1_cp16_plain). */
 __device__ __forceinline__ unsigned long long d_pol_stream() {
 #if DSV4_CUDA_EVF == 2
     return DSV4_CUDA_POL_EVICT_FIRST;

@@ -970,10 +970,10 @@ enum { B1_MUP = 16 };
 
 /* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies under DSV4_CUDA_EVF=1, and
  * b1_cp16 without DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
- * an illegal instruction, while the default kernels' copies passed test_cuda_moe's first one-row case; not
- * understood.  bm_run's copies sit under a per-lane condition, and with =1 so does the createpolicy that
- * forms their policy; =2 (a constant policy, common.cuh d_pol_stream) gives them the hint again, to see
- * whether that was the cause */
+ * an illegal instruction, while the default kernels' copies passed test_cuda_moe's first one-row case.  With
+ * the constant policy of =2 (common.cuh d_pol_stream) and the hint on bm_run's copies it stopped the same way
+ * (H100, 2026-12-05, stop 45), so createpolicy under bm_run's per-lane condition was not the cause: the hinted
+ * copy in bm_run is.  Not understood further; bm_run's copies carry no hint in any build */
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
@@ -1706,11 +1706,7 @@ __device__ __forceinline__ void bm_run(uint8_t *sm, const mb_half (&W)[2], int64
         bool cok = cfl < nfeat;
         /* slice s into stage q = s % BM_NST (a constant where the loop is unrolled) */
         auto copy_a = [&](int s, int q) {
-#if DSV4_CUDA_EVF == 2
-            if (s < NSL && cok) b1_cp16(stg + q * BM_STAGE + cdst, src + s * 32);
-#else
             if (s < NSL && cok) b1_cp16_plain(stg + q * BM_STAGE + cdst, src + s * 32);
-#endif
         };
         auto copy_b = [&](int s, int q) {
             if (s < NSL && lane < 26) b1_cp16_plain(stg + q * BM_STAGE + rdst, rsrc + 26 * s);
