@@ -30,10 +30,10 @@ ifeq ($(CUDA),1)
   SRC := $(filter-out src/backend/nocuda.c,$(SRC)) $(CUDA_C_SRC)
   LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
-  # CUDA_EVF=1: the decode kernels' weight streams evict_first in L2 (docs/CUDA.md, "Weights evict_first");
-  # =2 the same with a constant policy (common.cuh d_pol_stream); off until test_cuda_moe passes with it
-  # (its first GPU run, 2026-12-05, hit an illegal instruction)
-  CUDA_EVF ?= 0
+  # CUDA_EVF: the decode kernels' weight streams evict_first in L2 (docs/CUDA.md, "Weights evict_first"):
+  # 2 (the default since stop 45) with a constant policy (common.cuh d_pol_stream), 1 by createpolicy at
+  # each use, 0 without the hint.  A change needs a clean BUILD dir: objects do not depend on the flags
+  CUDA_EVF ?= 2
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
 endif
 

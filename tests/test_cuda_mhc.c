@@ -757,12 +757,13 @@ static void test_zy_phases(void) {
     park_hc(&w);
 }
 
-/* ----- DSV4_CUDA_HC_DIST=1: k_hc_dec's y and norm formed by the blocks (mhc.cu) -----
- * On a second backend with the switch: hc_pre, hc_pre_norm and hc_post_pre_norm on device buffers
- * must give the default backend's bits for every output (y, post, comb; Xout), and take the DIST
- * launch exactly where it applies (want: k_hc_dec, dim % 128 == 0, dim <= 4096; counted by
- * dsv4_cuda_hc_dist_count).  Then test_alternating and test_post_pre_chain run on that backend:
- * eager, graphs and updated graphs against their own first calls and the two ops. */
+/* ----- k_hc_dec's y and norm formed by the blocks (DIST, the default; mhc.cu) -----
+ * On two backends, DSV4_CUDA_HC_DIST=1 and =0 (block 0 alone, the finisher): hc_pre, hc_pre_norm and
+ * hc_post_pre_norm on device buffers must give the same bits for every output (y, post, comb; Xout), and
+ * the first take the DIST launch exactly where it applies (want: k_hc_dec, dim % 128 == 0, dim <= 4096;
+ * counted by dsv4_cuda_hc_dist_count), the second never.  Then test_alternating and test_post_pre_chain
+ * run on each: eager, graphs and updated graphs against their own first calls and the two ops (the other
+ * tests run on the default backend, so on DIST where it applies). */
 static void dist_calls(dsv4_backend *g, hc_w *w, const dsv4_weight *nwp, const float *X, const float *o,
                        const float *pin, const float *cin, int rows, int dim, int bf, float *out) {
     const int hc = 4;
@@ -788,7 +789,7 @@ static void dist_calls(dsv4_backend *g, hc_w *w, const dsv4_weight *nwp, const f
     g->ops->free(g, xd), g->ops->free(g, od), g->ops->free(g, pi), g->ops->free(g, ci), g->ops->free(g, d);
 }
 
-static void check_dist(dsv4_backend *g2, int rows, int dim, int wfmt, int bf, int want) {
+static void check_dist(dsv4_backend *g0, dsv4_backend *g2, int rows, int dim, int wfmt, int bf, int want) {
     const int hc = 4;
     hc_w w = make_hc(hc, dim);
     tw nw;
@@ -802,17 +803,19 @@ static void check_dist(dsv4_backend *g2, int rows, int dim, int wfmt, int bf, in
     fill(X, nx, 2);
     fill(o, ny, 1);
     cpu.ops->hc_pre(&cpu, y0, pin, cin, X, rows, hc, dim, &w.fn.w, &w.wb, &w.ws, 20, 1e-6f, 1e-6f, bf, bf);
-    dist_calls(&gpu, &w, nwp, X, o, pin, cin, rows, dim, bf, ref);
+    long f0 = dsv4_cuda_hc_dist_count(g0);
+    dist_calls(g0, &w, nwp, X, o, pin, cin, rows, dim, bf, ref);
+    CHECKF(dsv4_cuda_hc_dist_count(g0) == f0, "DSV4_CUDA_HC_DIST=0 rows %d dim %d: took the DIST launch", rows, dim);
     long n0 = dsv4_cuda_hc_dist_count(g2);
     dist_calls(g2, &w, nwp, X, o, pin, cin, rows, dim, bf, got);
     long took = dsv4_cuda_hc_dist_count(g2) - n0;
     size_t ndiff = 0, first = nout;
     for (size_t i = 0; i < nout; i++)
         if (memcmp(ref + i, got + i, sizeof(float))) ndiff++, first = first < i ? first : i;
-    printf("  DIST rows %d dim %4d w %2d bf16 %d: %ld of 3 calls took it, %zu of %zu outputs differ\n", rows, dim, wfmt,
+    printf("  DIST rows %d dim %4d w %2d bf16 %d: %ld of 3 calls took it, %zu of %zu outputs differ from =0\n", rows, dim, wfmt,
            bf, took, ndiff, nout);
-    if (ndiff) printf("    first [%zu] default %.9g DIST %.9g\n", first, ref[first], got[first]);
-    CHECKF(ndiff == 0, "DIST rows %d dim %d w %d bf16 %d: %zu outputs differ from the default", rows, dim, wfmt, bf,
+    if (ndiff) printf("    first [%zu] =0 %.9g DIST %.9g\n", first, ref[first], got[first]);
+    CHECKF(ndiff == 0, "DIST rows %d dim %d w %d bf16 %d: %zu outputs differ from DSV4_CUDA_HC_DIST=0", rows, dim, wfmt, bf,
            ndiff);
     CHECKF(took == (want ? 3 : 0), "DIST rows %d dim %d: %ld launches took it, expected %d", rows, dim, took,
            want ? 3 : 0);
@@ -821,32 +824,41 @@ static void check_dist(dsv4_backend *g2, int rows, int dim, int wfmt, int bf, in
     park_hc(&w);
 }
 
-static void test_hc_dist(void) {
-    NEED_GPU();
-    dsv4_backend g2;
-    REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_HC_DIST", "1") == 0);
-    for (int bf = 0; bf < 2; bf++) {
-        for (int rows = 1; rows <= 4; rows++) check_dist(&g2, rows, 4096, DSV4_WF_BF16, bf, 1); /* V4-Flash */
-        check_dist(&g2, 1, 4096, DSV4_WF_F32, bf, 1);
-        check_dist(&g2, 3, 4096, -1, bf, 1);           /* unweighted norm */
-        check_dist(&g2, 2, 4096, DSV4_WF_FP8, bf, 1);  /* element-wise norm weights */
-        check_dist(&g2, 3, 384, DSV4_WF_BF16, bf, 1);  /* 6 blocks, 9 runs: two in blocks 0-2 */
-        check_dist(&g2, 4, 512, DSV4_WF_BF16, bf, 1);  /* 8 blocks, 16 runs */
-        check_dist(&g2, 1, 192, DSV4_WF_BF16, bf, 0);  /* dim % 128 != 0: the finisher */
-        check_dist(&g2, 5, 4096, DSV4_WF_BF16, bf, 0); /* more rows than k_hc_dec */
-    }
-    /* the tag protocol with the second area, eager and in graphs, on the DIST backend */
+/* test_alternating and test_post_pre_chain on backend g (as the global gpu they use): how many launches took DIST */
+static long dist_chain(dsv4_backend *g) {
     dsv4_backend keep = gpu;
-    gpu = g2;
+    gpu = *g;
     long n0 = dsv4_cuda_hc_dist_count(&gpu);
     test_alternating();
     test_post_pre_chain();
     long took = dsv4_cuda_hc_dist_count(&gpu) - n0;
-    g2 = gpu;
+    *g = gpu;
     gpu = keep;
-    printf("  DIST backend: test_alternating and test_post_pre_chain took it in %ld launches\n", took);
+    return took;
+}
+
+static void test_hc_dist(void) {
+    NEED_GPU();
+    dsv4_backend g0, g2;
+    REQUIRE(cuda_init_env(&g0, "DSV4_CUDA_HC_DIST", "0") == 0);
+    REQUIRE(cuda_init_env(&g2, "DSV4_CUDA_HC_DIST", "1") == 0);
+    for (int bf = 0; bf < 2; bf++) {
+        for (int rows = 1; rows <= 4; rows++) check_dist(&g0, &g2, rows, 4096, DSV4_WF_BF16, bf, 1); /* V4-Flash */
+        check_dist(&g0, &g2, 1, 4096, DSV4_WF_F32, bf, 1);
+        check_dist(&g0, &g2, 3, 4096, -1, bf, 1);           /* unweighted norm */
+        check_dist(&g0, &g2, 2, 4096, DSV4_WF_FP8, bf, 1);  /* element-wise norm weights */
+        check_dist(&g0, &g2, 3, 384, DSV4_WF_BF16, bf, 1);  /* 6 blocks, 9 runs: two in blocks 0-2 */
+        check_dist(&g0, &g2, 4, 512, DSV4_WF_BF16, bf, 1);  /* 8 blocks, 16 runs */
+        check_dist(&g0, &g2, 1, 192, DSV4_WF_BF16, bf, 0);  /* dim % 128 != 0: the finisher */
+        check_dist(&g0, &g2, 5, 4096, DSV4_WF_BF16, bf, 0); /* more rows than k_hc_dec */
+    }
+    /* the tag protocol with the second area, eager and in graphs, on each backend */
+    long took = dist_chain(&g2), took0 = dist_chain(&g0);
+    printf("  test_alternating and test_post_pre_chain took DIST in %ld launches (=1), %ld (=0)\n", took, took0);
     CHECK(took > 0);
+    CHECK(took0 == 0);
     dsv4_backend_cuda_free(&g2);
+    dsv4_backend_cuda_free(&g0);
 }
 
 static void test_zz_release(void) {

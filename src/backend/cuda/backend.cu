@@ -1157,9 +1157,10 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     /* DSV4_CUDA_HC_COMB=1: the MoE's combine inside the next hc kernel (moe.cu, "the combine into hc") */
     const char *hcc = getenv("DSV4_CUDA_HC_COMB");
     c->hc_comb = !hcc ? 0 : !strcmp(hcc, "1") ? 1 : !strcmp(hcc, "2") ? 2 : 0; /* 2: its hc launch without PDL */
-    /* DSV4_CUDA_HC_DIST=1: k_hc_dec's y and its norm formed by the blocks, a run of 128 columns each (mhc.cu) */
+    /* k_hc_dec's y and its norm formed by the blocks, a run of 128 columns each (mhc.cu; the default since
+     * stop 45, same bits); DSV4_CUDA_HC_DIST=0: block 0 alone forms them, as before */
     const char *hcd = getenv("DSV4_CUDA_HC_DIST");
-    c->hc_dist = hcd && !strcmp(hcd, "1");
+    c->hc_dist = !(hcd && !strcmp(hcd, "0"));
     /* DSV4_CUDA_ATTN_SC_MB: sparse attention's scratch per launch in MB (default 256; tests set 1
      * to cut small calls into row chunks) */
     const char *am = getenv("DSV4_CUDA_ATTN_SC_MB");
