@@ -812,11 +812,11 @@ static void check_dist(dsv4_backend *g0, dsv4_backend *g2, int rows, int dim, in
     size_t ndiff = 0, first = nout;
     for (size_t i = 0; i < nout; i++)
         if (memcmp(ref + i, got + i, sizeof(float))) ndiff++, first = first < i ? first : i;
-    printf("  DIST rows %d dim %4d w %2d bf16 %d: %ld of 3 calls took it, %zu of %zu outputs differ from =0\n", rows, dim, wfmt,
-           bf, took, ndiff, nout);
+    printf("  DIST rows %d dim %4d w %2d bf16 %d: %ld of 3 calls took it, %zu of %zu outputs differ from =0\n", rows,
+           dim, wfmt, bf, took, ndiff, nout);
     if (ndiff) printf("    first [%zu] =0 %.9g DIST %.9g\n", first, ref[first], got[first]);
-    CHECKF(ndiff == 0, "DIST rows %d dim %d w %d bf16 %d: %zu outputs differ from DSV4_CUDA_HC_DIST=0", rows, dim, wfmt, bf,
-           ndiff);
+    CHECKF(ndiff == 0, "DIST rows %d dim %d w %d bf16 %d: %zu outputs differ from DSV4_CUDA_HC_DIST=0", rows, dim,
+           wfmt, bf, ndiff);
     CHECKF(took == (want ? 3 : 0), "DIST rows %d dim %d: %ld launches took it, expected %d", rows, dim, took,
            want ? 3 : 0);
     free(X), free(o), free(pin), free(cin), free(y0), free(ref), free(got);
