@@ -968,8 +968,8 @@ enum { B1_MUP = 16 };
 /* shared memory of S stages of V vectors (16 bytes + a 4-byte scale word) per thread, + part */
 #define B1_SMEM(S, V) ((S) * (V) * 256 * 16 + (S) * (V) * 256 * 4 + 256 * 4)
 
-/* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies under DSV4_CUDA_EVF=1, and
- * b1_cp16 without DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
+/* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies in every build, and b1_cp16
+ * without DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
  * an illegal instruction, while the default kernels' copies passed test_cuda_moe's first one-row case.  With
  * the constant policy of =2 (common.cuh d_pol_stream) and the hint on bm_run's copies it stopped the same way
  * (H100, 2026-12-05, stop 45), so createpolicy under bm_run's per-lane condition was not the cause: the hinted
