@@ -36,6 +36,10 @@ ifeq ($(CUDA),1)
   # run with bm_run's copies plain got no device).  A change needs a clean BUILD dir: objects ignore the flags
   CUDA_EVF ?= 0
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
+  # CUDA_EVF_CP=1: the MoE's cp.async stage copies (moe.cu b1_cp16) carry the hint too; off: k_moe_bnr stopped
+  # on an illegal instruction with it (stop 46)
+  CUDA_EVF_CP ?= 0
+  NVCCFLAGS += -DDSV4_CUDA_EVF_CP=$(CUDA_EVF_CP)
 endif
 
 OBJ := $(SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)

@@ -977,8 +977,14 @@ enum { B1_MUP = 16 };
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first (DSV4_CUDA_EVF) */
-#if DSV4_CUDA_EVF
+/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=1; default 0): b1_cp16's copies carry the hint too.  Off: with it a
+ * CUDA_EVF=2 build's k_moe_bnr (batch 2, stage loops unrolled) stopped on an illegal instruction (H100,
+ * 2026-12-06, stop 46), as bm_run's did before; so under CUDA_EVF only the ld.global streams carry it. */
+#ifndef DSV4_CUDA_EVF_CP
+#define DSV4_CUDA_EVF_CP 0
+#endif
+__device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first (DSV4_CUDA_EVF_CP) */
+#if DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d_smem_addr(dst)), "l"(src),
                  "l"(d_pol_stream())
                  : "memory");
