@@ -37,7 +37,7 @@ ifeq ($(CUDA),1)
   CUDA_EVF ?= 0
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
   # CUDA_EVF_CP=1: the MoE's cp.async stage copies (moe.cu b1_cp16) carry the hint too; off: k_moe_bnr stopped
-  # on an illegal instruction with it (stop 46)
+  # on an illegal instruction with it (stop 46), the symptom of a known ptxas fault with hinted cp.async (moe.cu)
   CUDA_EVF_CP ?= 0
   NVCCFLAGS += -DDSV4_CUDA_EVF_CP=$(CUDA_EVF_CP)
 endif

@@ -969,17 +969,20 @@ enum { B1_MUP = 16 };
 #define B1_SMEM(S, V) ((S) * (V) * 256 * 16 + (S) * (V) * 256 * 4 + 256 * 4)
 
 /* a 16-byte cp.async without an L2 hint: bm_run's (moe.dot=mma) stage copies in every build, and b1_cp16
- * without DSV4_CUDA_EVF.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
+ * without DSV4_CUDA_EVF_CP.  With the hint bm_run's first GPU run (CUDA_EVF=1, 2026-12-05) stopped on
  * an illegal instruction, while the default kernels' copies passed test_cuda_moe's first one-row case.  With
  * the constant policy of =2 (common.cuh d_pol_stream) and the hint on bm_run's copies it stopped the same way
  * (H100, 2026-12-05, stop 45), so createpolicy under bm_run's per-lane condition was not the cause: the hinted
- * copy in bm_run is.  Not understood further; bm_run's copies carry no hint in any build */
+ * copy in bm_run is; the known ptxas fault below fits it.  bm_run's copies carry no hint in any build */
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
 /* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=1; default 0): b1_cp16's copies carry the hint too.  Off: with it a
  * CUDA_EVF=2 build's k_moe_bnr (batch 2, stage loops unrolled) stopped on an illegal instruction (H100,
- * 2026-12-06, stop 46), as bm_run's did before; so under CUDA_EVF only the ld.global streams carry it. */
+ * 2026-12-06, stop 46), as bm_run's did before; so under CUDA_EVF only the ld.global streams carry it.
+ * The same symptom is a known ptxas fault: for some sm_90 kernels it drops the policy's materialization and
+ * leaves LDGSTS reading an unset uniform register as its L2 descriptor (IST-DASLab/marlin issue 44, CUDA 13.1;
+ * Triton stopped putting policies on cp.async for it, PR 11660, until a fixed ptxas, PR 11848).  Ours: 13.0. */
 #ifndef DSV4_CUDA_EVF_CP
 #define DSV4_CUDA_EVF_CP 0
 #endif
