@@ -32,8 +32,8 @@ ifeq ($(CUDA),1)
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
   # CUDA_EVF: the decode kernels' weight streams evict_first in L2 (docs/CUDA.md, "Weights evict_first"):
   # 2 with a constant policy (common.cuh d_pol_stream), 1 by createpolicy at each use, 0 (the default) without
-  # the hint.  0.1 ms a step faster on an H100, but off until test_cuda_moe passes whole with it (stop 45: its
-  # run with bm_run's copies plain got no device).  A change needs a clean BUILD dir: objects ignore the flags
+  # the hint.  0.06-0.1 ms a step faster on an H100, but off until test_cuda_moe passes whole with it (stop 46:
+  # k_moe_bnr's hinted copies faulted; they are plain now, not yet run).  A change rebuilds the CUDA objects
   CUDA_EVF ?= 0
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
   # CUDA_EVF_CP=1: the MoE's cp.async stage copies (moe.cu b1_cp16) carry the hint too; off: k_moe_bnr stopped
@@ -57,7 +57,15 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+# The CUDA objects depend on the flags they were built with (CUDA_EVF and the like): the stamp is rewritten
+# while the Makefile is read, and so made newer than the objects, only when NVCCFLAGS differ from the last
+# build's in this BUILD dir (make -n and -q stay true)
+NVCC_STAMP := $(BUILD)/.nvccflags
+ifeq ($(CUDA),1)
+  $(shell mkdir -p $(BUILD) && (echo '$(NVCCFLAGS)' | cmp -s - $(NVCC_STAMP) || echo '$(NVCCFLAGS)' >$(NVCC_STAMP)))
+endif
+
+$(BUILD)/%.cu.o: %.cu $(NVCC_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 

@@ -527,13 +527,14 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
 }
 
 /* DSV4_CUDA_EVF (compile time: make CUDA=1 CUDA_EVF=0|1|2; default 0): the weight streams of the decode
- * kernels (d_ld_stream16, the MoE's stage copies b1_cp16) carry the L2 policy evict_first.  A step
- * streams ~5.7 GB of weights once through a 50 MB L2, and with the default policy they evict what the
- * step reads again: the code of the latency-bound kernels, the hc state, the KV rows.  Values never
- * change (a cache hint).  Measured on an H100 (docs/PERFORMANCE.md, stops 43 and 45): 0.1 ms a step
- * faster on 20 Flash layers.  moe.dot=mma's bm_run copies without it (with it they stopped on an illegal
- * instruction); test_cuda_ops, _mhc, _linear and _attn passed with =2 (stop 45); test_cuda_moe has not
- * yet run whole with it (its stop-45 run got no device), so it stays off by default. */
+ * kernels (d_ld_stream16; the MoE's stage copies b1_cp16 only with DSV4_CUDA_EVF_CP, moe.cu) carry the L2
+ * policy evict_first.  A step streams ~5.7 GB of weights once through a 50 MB L2, and with the default
+ * policy they evict what the step reads again: the code of the latency-bound kernels, the hc state, the
+ * KV rows.  Values never change (a cache hint).  Measured on an H100 (docs/PERFORMANCE.md, stops 43, 45
+ * and 46): 0.1 ms a step faster on 20 Flash layers, 0.06 in stop 46.  Every GPU test but test_cuda_moe
+ * passed with =2 (stop 46); test_cuda_moe stopped on an illegal instruction in k_moe_bnr's hinted
+ * cp.async copies (a known ptxas fault, moe.cu), which now go unhinted; that build's test_cuda_moe has
+ * not run yet, so it stays off. */
 #ifndef DSV4_CUDA_EVF
 #define DSV4_CUDA_EVF 0
 #endif
