@@ -3,7 +3,7 @@
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
-# usage: bench/cuda_device.sh STAGE...   stages: ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
+# usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
 #        hcdefer hccomb hcab hckt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
@@ -29,6 +29,15 @@ parse_setting() {
     case ${envs[$i]} in set:*) sets+=(--set "${envs[$i]#set:}"); unset "envs[$i]" ;; esac
   done
 }
+# synthbg (a stage, best first): the 20-layer synth starts in the background, on the CPUs, while the GPU
+# stages that follow run (the tests need no model of 74 GB); it writes /dev/shm/flash20.tmp and renames it when
+# done, and every stage that reads /dev/shm/flash20 waits for it first (wait_synth).  Its argv[0] is
+# dsv4-synth-bg, so the pkill between stages (this bundle's $bin/dsv4) leaves it running
+synth_pid=
+wait_synth() {
+  [ -n "$synth_pid" ] || return 0
+  wait "$synth_pid"; note "synth flash20 (background) rc=$? in $(( $(date +%s) - synth_t0 )) s"; synth_pid=
+}
 stages=()
 for a in "$@"; do
   if [ "$a" = all ]; then stages+=(ops gemm e2e flash2 hf f20 ab ktrace f20long); else stages+=("$a"); fi
@@ -39,7 +48,16 @@ for stage in "${stages[@]}"; do
   # (its command line starts with $bin/dsv4): run elsewhere, `pkill -x dsv4` also killed another
   # checkout's dsv4 (a CI run's synth, 2026-12-02)
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
+  case $stage in f20|ab|abbin|f20long|ktrace|ktab|ncu|hcab|hckt) wait_synth ;; esac
   case $stage in
+  synthbg)
+    if [ -d /dev/shm/flash20 ]; then note "synthbg: /dev/shm/flash20 already there"; continue; fi
+    rm -rf /dev/shm/flash20.tmp /dev/shm/flash4
+    mount -o remount,size=110G /dev/shm 2>>"$summary"
+    synth_t0=$(date +%s)
+    ( (exec -a dsv4-synth-bg "$bin/dsv4" synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20.tmp \
+        >"$OUT/synth20.log" 2>&1) && mv /dev/shm/flash20.tmp /dev/shm/flash20 ) &
+    synth_pid=$! ;;
   ops)
     timeout 300 $bin/test_cuda_ops >"$OUT/ops.log" 2>&1; note "ops rc=$? $(tail -1 "$OUT/ops.log")"
     # the one-row FP8 layout of k_gemv_multi (DSV4_CUDA_GM_ROWS=1, read once per process)
@@ -314,6 +332,7 @@ for stage in "${stages[@]}"; do
   *) note "unknown stage $stage" ;;
   esac
 done
+wait_synth
 cat "$summary"
 # OUT_PACK=1: every file under $OUT but its summary.txt goes into $OUT/logs.tar.xz, so one invocation leaves two
 # files (the device tool brings back at most 8; on 2026-12-02 a trace and five logs of a run were left behind). An
