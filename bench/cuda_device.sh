@@ -31,7 +31,7 @@ parse_setting() {
 }
 # synthbg (a stage, best first): the 20-layer synth starts in the background, on the CPUs, while the GPU
 # stages that follow run (the tests need no model of 74 GB); it writes /dev/shm/flash20.tmp and renames it when
-# done, and every stage that reads /dev/shm/flash20 waits for it first (wait_synth).  Its argv[0] is
+# done, and every stage but those that read no model of its size waits for it first (wait_synth).  Its argv[0] is
 # dsv4-synth-bg, so the pkill between stages (this bundle's $bin/dsv4) leaves it running
 synth_pid=
 wait_synth() {
@@ -48,7 +48,8 @@ for stage in "${stages[@]}"; do
   # (its command line starts with $bin/dsv4): run elsewhere, `pkill -x dsv4` also killed another
   # checkout's dsv4 (a CI run's synth, 2026-12-02)
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
-  case $stage in f20|ab|abbin|f20long|ktrace|ktab|ncu|hcab|hckt) wait_synth ;; esac
+  # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
+  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph) ;; *) wait_synth ;; esac
   case $stage in
   synthbg)
     if [ -d /dev/shm/flash20 ]; then note "synthbg: /dev/shm/flash20 already there"; continue; fi
