@@ -530,11 +530,11 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
  * kernels (d_ld_stream16; the MoE's stage copies b1_cp16 only with DSV4_CUDA_EVF_CP, moe.cu) carry the L2
  * policy evict_first.  A step streams ~5.7 GB of weights once through a 50 MB L2, and with the default
  * policy they evict what the step reads again: the code of the latency-bound kernels, the hc state, the
- * KV rows.  Values never change (a cache hint).  Measured on an H100 (docs/PERFORMANCE.md, stops 43, 45
- * and 46): 0.1 ms a step faster on 20 Flash layers, 0.06 in stop 46.  Every GPU test but test_cuda_moe
- * passed with =2 (stop 46); test_cuda_moe stopped on an illegal instruction in k_moe_bnr's hinted
- * cp.async copies (a known ptxas fault, moe.cu), which now go unhinted; that build's test_cuda_moe has
- * not run yet, so it stays off. */
+ * KV rows.  Values never change (a cache hint).  Measured on an H100, 20 Flash layers (docs/PERFORMANCE.md):
+ * with the MoE's copies hinted too, 0.1 ms a step faster (stop 45) and 0.06 (stop 46), but k_moe_bnr's
+ * hinted copies stopped on an illegal instruction (a known ptxas fault, moe.cu); with them plain (=2 and
+ * DSV4_CUDA_EVF_CP=0) every GPU test passed and the step was level with the default (stop 47).  Off until
+ * DSV4_CUDA_EVF_CP=1 (the one-row kernels' copies hinted) has passed the tests and shown its gain. */
 #ifndef DSV4_CUDA_EVF
 #define DSV4_CUDA_EVF 0
 #endif

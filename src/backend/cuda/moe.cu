@@ -977,23 +977,28 @@ enum { B1_MUP = 16 };
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
-/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=1; default 0): b1_cp16's copies carry the hint too.  Off: with it a
- * CUDA_EVF=2 build's k_moe_bnr (batch 2, stage loops unrolled) stopped on an illegal instruction (H100,
- * 2026-12-06, stop 46), as bm_run's did before; so under CUDA_EVF only the ld.global streams carry it.
- * The same symptom is a known ptxas fault: for some sm_90 kernels it drops the policy's materialization and
- * leaves LDGSTS reading an unset uniform register as its L2 descriptor (IST-DASLab/marlin issue 44, CUDA 13.1;
- * Triton stopped putting policies on cp.async for it, PR 11660, until a fixed ptxas, PR 11848).  Ours: 13.0. */
+/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=0|1|2; default 0), under DSV4_CUDA_EVF: which stage copies carry the
+ * hint too.  0 none (only the ld.global streams); 1 the one-row kernels' (k_moe_b1r and k_moe_b1_prev: the
+ * decode path of batch 1); 2 also k_moe_bnr's (2..32 rows: bn_run, and b1f_run for its one-slot groups).
+ * With every copy hinted (stop 46's build) a CUDA_EVF=2 build's k_moe_bnr (batch 2, stage loops unrolled)
+ * stopped on an illegal instruction (H100, 2026-12-06), as bm_run's did before, while every one-row case
+ * passed; with none (=0, stop 47) every MoE test passed.  The same symptom is a known ptxas fault: for some
+ * sm_90 kernels it drops the policy's materialization and leaves LDGSTS reading an unset uniform register as
+ * its L2 descriptor (IST-DASLab/marlin issue 44, CUDA 13.1; Triton stopped putting policies on cp.async for
+ * it, PR 11660, until a fixed ptxas, PR 11848).  Ours: 13.0.  A hint changes no value, only where a line sits
+ * in L2.  The kernels without the hint compile as before (b1_cp16<0> is b1_cp16_plain). */
 #ifndef DSV4_CUDA_EVF_CP
 #define DSV4_CUDA_EVF_CP 0
 #endif
-__device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first (DSV4_CUDA_EVF_CP) */
-#if DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d_smem_addr(dst)), "l"(src),
-                 "l"(d_pol_stream())
-                 : "memory");
-#else
-    b1_cp16_plain(dst, src);
-#endif
+enum { B1_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 1, BN_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 2 };
+template <int HINT = 0>
+__device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first with HINT */
+    if constexpr (HINT)
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d_smem_addr(dst)),
+                     "l"(src), "l"(d_pol_stream())
+                     : "memory");
+    else
+        b1_cp16_plain(dst, src);
 }
 __device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
@@ -1104,7 +1109,7 @@ __device__ __forceinline__ void b1_run(uint8_t *sm, const mb_half (&W)[2], int64
             int64_t o = f0 + p + (int64_t)P * (it * U + u);
             if (o < rows) {
                 const mb_half &H = W[hh];
-                b1_cp16(&sd[(st * B1_V + j) * 256 + tid], H.data + o * H.rowb + (int64_t)c * 16);
+                b1_cp16<B1_HINT>(&sd[(st * B1_V + j) * 256 + tid], H.data + o * H.rowb + (int64_t)c * 16);
                 const uint8_t *sp;
                 if (FP4) sp = H.scale + o * H.srow + (H.fmt == DSV4_WF_MXFP4 ? c : 2 * c);
                 else sp = H.scale + (o / H.block) * H.srow + (int64_t)(c * 16 / H.block) * (H.scale_f32 ? 4 : 1);
@@ -1326,13 +1331,13 @@ __device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
 /* b1f_run and bn_run's refill at step st of a round: the copies of iteration it0 + st + S - 1
  * (features from the round's first: ib < nvr are valid; b0 / b1 the round's first vectors) into
  * stage (st + S - 1) % S, then the wait for stage st */
-template <int NH, int S, int V>
+template <int NH, int S, int V, int HINT>
 __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1) {
     constexpr int U = V / NH, FSTEP = 4096;
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int u = j / NH, ib = (st + S - 1) * U + u;
-        if (ib < nvr) b1_cp16(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
+        if (ib < nvr) b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
     }
     d_cp_commit();
     d_cp_wait<S - 1>();
@@ -1342,7 +1347,7 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
  * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
  * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
  * (fsc), FP4 the block's table in shared memory (tile; read after the caller's barrier). */
-template <int UP, int FMT, int S, int V, int M>
+template <int UP, int FMT, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
                                           int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2]) {
     constexpr int NH = UP ? 2 : 1, U = V / NH;
@@ -1360,7 +1365,7 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
 #pragma unroll
         for (int j = 0; j < V; j++) {
             int u = j / NH;
-            if (ib + u < nv) b1_cp16(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
+            if (ib + u < nv) b1_cp16<HINT>(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
         }
         d_cp_commit();
     };
@@ -1437,7 +1442,7 @@ __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32
 }
 
 /* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
-template <int UP, int FMT, int DEC, int S, int V, int M>
+template <int UP, int FMT, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16) {
     constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
@@ -1453,7 +1458,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     int nfeat, nv;
     const uint8_t *g0, *g1;
     float fsc[2];
-    b1f_start<UP, FMT, S, V, M>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
+    b1f_start<UP, FMT, S, V, M, HINT>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     /* everything above reads weights only (copies, scales) or the plan's groups, which were
      * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
      * common.cuh's PDL); x is the previous kernel's output */
@@ -1477,7 +1482,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         if constexpr (DEC == 3) {
 #pragma unroll 1
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V>(sd, st, nvr, b0, b1);
+                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1);
                 float v[V];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -1498,7 +1503,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
             float v[NV];
 #pragma unroll
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V>(sd, st, nvr, b0, b1); /* then compute stage st */
+                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1); /* then compute stage st */
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int i = (it0 + st) * U + u; /* the thread's feature index */
@@ -1524,15 +1529,15 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
 
 /* b1f_run in the instance of the group's weight format (w1 and w3 share one: the expert table
  * checks it) */
-template <int UP, int DEC, int S, int V, int M>
+template <int UP, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs,
                                            int64_t f0, float *out, float pre, float limit, int act_bf16) {
     if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
 
 /* ----- one row on tensor cores (moe.dot=mma: k_moe_b1r's MMA instances, below) -----
@@ -2069,7 +2074,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else
-        b1f_format<UP, DEC, S, V, M>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
+        b1f_format<UP, DEC, S, V, M, B1_HINT>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
 
 /* ----- one row on e4m3 tensor cores (moe.dot=e4m3, under linear.act=fp8: k_moe_q8x, k_moe_q8) -----
@@ -2540,7 +2545,7 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
     int nfeat, nv;
     const uint8_t *g0, *g1;
     float fsc[2];
-    b1f_start<UP, FMT, S, V, M>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
+    b1f_start<UP, FMT, S, V, M, BN_HINT>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     /* down: h is the previous kernel's output (as in b1f_run); gate/up (k_moe_bnr's groups of 2..BN_G
      * slots) reads x, complete before the one-slot launch before it started: no wait here */
     if (!UP) pdl_wait();
@@ -2561,7 +2566,7 @@ __device__ __forceinline__ void bn_run(uint8_t *sm, const mb_half (&W)[2], int64
         for (int st = 0; st < S; st++) {
             float v[NV]; /* value j NS + s: reduced per stage (b1f_run reduces per S stages: with
                           * NS slots that many sums spilled) */
-            b1f_refill<NH, S, V>(sd, st, nvr, b0, b1);
+            b1f_refill<NH, S, V, BN_HINT>(sd, st, nvr, b0, b1);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int i = (it0 + st) * U + u;
@@ -2656,7 +2661,8 @@ __global__ void __launch_bounds__(256, MINB) k_moe_bnr(const group *groups, cons
     }
     const group &G = groups[gi];
     if constexpr (NSK == 1) {
-        b1f_format<UP, RL ? 3 : 2, BN_S, BN_V, BN_M>(bns, W, rows, xs0, f0, out0, G.pre[0], limit, act_bf16);
+        b1f_format<UP, RL ? 3 : 2, BN_S, BN_V, BN_M, BN_HINT>(bns, W, rows, xs0, f0, out0, G.pre[0], limit,
+                                                              act_bf16);
     } else {
         const float *xs[NSK];
         float *out[NSK];
