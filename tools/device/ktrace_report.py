@@ -2,7 +2,7 @@
 """Per-kernel device time per decode step from a ktrace CSV (tools/device/ktrace.c).
 
 usage: ktrace_report.py TRACE.csv[.xz] [--steps N] [--marker k_embed] [--top N] [--timeline] [--gaps US] [--all]
-                          [--vs OTHER.csv[.xz]] [--split GB_PER_STEP COPY_GBPS]
+                          [--vs OTHER.csv[.xz]] [--split GB_PER_STEP COPY_GBPS] [--overlap]
 
 The trace is cut into forward passes at each launch of the marker kernel (the embedding
 lookup starts every forward pass); the last N passes are the decode steps of a
@@ -20,6 +20,10 @@ steps' busy and span times.  --split GB COPY splits the exposed time into the ke
 weights (the GEMVs, the MoE's expert kernels, the head) and the rest (hc, norms, attention, routing,
 copies: the latency-bound chain), and with the step's weight bytes (GB, from `dsv4 bench`) and the copy
 rate (GB/s) prints the weight kernels' rate and what the bar of 70 % of the copy rate leaves the rest.
+--overlap: per kernel, how far its record starts before the records ahead of it have all ended (its head
+start: the time programmatic dependent launch gives its blocks to run what precedes their wait, e.g. a
+GEMV's first weight loads), as the mean head start a call, the share of its calls that had none, and the
+kernel that ended last before it most often (the one whose tail it overlaps, or waits for).
 """
 import lzma, subprocess, sys, collections
 
@@ -106,11 +110,30 @@ def split(tot, steps, busy, gb, copy):
         print("  70 %% of the copy rate is %.1f us a step: at this weight rate the rest would have to fit in %.1f us (it takes %.1f)"
               % (bar, bar - w / steps / 1e3, rest / steps / 1e3))
 
+def overlap(sel, steps, label, top):
+    """per label: calls, summed head start (ns), calls without one, and the labels that ended last before it"""
+    st = collections.defaultdict(lambda: [0, 0, 0, collections.Counter()])
+    last_end, last_lab = sel[0][0], None
+    for r in sel:
+        if r[2] == "K":
+            t = st[label(r)]
+            t[0] += 1
+            h = last_end - r[0]
+            if h > 0: t[1] += h
+            else: t[2] += 1
+            if last_lab: t[3][last_lab] += 1
+        if r[1] > last_end: last_end, last_lab = r[1], label(r)
+    print("head starts: per kernel, calls/step, mean us a call it started before every record ahead of it had ended,")
+    print("the share of its calls with none, and the record ending last before it (most often)")
+    for k, (n, h, z, who) in sorted(st.items(), key=lambda kv: -kv[1][1])[:top]:
+        w = who.most_common(1)[0][0] if who else "-"
+        print("  %-58s %6.1f %8.2f %5.0f %%  after %s" % (k[:58], n / steps, h / n / 1e3, 100.0 * z / n, w[:50]))
+
 def main():
     a = sys.argv[1:]
     if not a or a[0].startswith("--"): sys.exit(__doc__.strip().split("\n")[2])
     path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None; vs = None
-    split_args = None
+    split_args = None; ovl = False
     i = 1
     while i < len(a):
         if a[i] == "--steps": steps = int(a[i + 1]); i += 2
@@ -121,6 +144,7 @@ def main():
         elif a[i] == "--gaps": gap_us = float(a[i + 1]); i += 2
         elif a[i] == "--vs": vs = a[i + 1]; i += 2
         elif a[i] == "--split": split_args = (float(a[i + 1]), float(a[i + 2])); i += 3
+        elif a[i] == "--overlap": ovl = True; i += 1
         else: sys.exit("unknown argument " + a[i])
     if vs is not None:
         compare(load(path, steps, marker, whole), load(vs, steps, marker, whole), path, vs, steps, top)
@@ -135,6 +159,8 @@ def main():
                                                        100.0 * x / busy if busy else 0.0))
     if split_args is not None:
         split(tot, steps, busy, split_args[0], split_args[1])
+    if ovl:
+        overlap(sel, steps, label, top)
     if gap_us is not None:
         gaps = collections.defaultdict(lambda: [0, 0])
         last_end = sel[0][1]
