@@ -206,7 +206,7 @@ for stage in "${stages[@]}"; do
     # per-kernel A/B: a ktrace of each setting of AB_ENVS (ab's syntax: "-" none, a comma joins variables,
     # "set:NAME=VALUE" a numerics switch; AB_ARGS more bench arguments for each), then
     # tools/device/ktrace_report.py --vs of each against the first (ktab_vs<i>.txt; its top 24 rows in the
-    # summary).  Needs /dev/shm/flash20 (f20) or /dev/shm/flash2
+    # summary) and --overlap of each (ktab_ovl<i>.txt).  Needs /dev/shm/flash20 (f20) or /dev/shm/flash2
     m=/dev/shm/flash20; [ -d $m ] || m=/dev/shm/flash2
     [ -f $carry/lib/ktrace.so ] || { note "ktab: $carry/lib/ktrace.so missing"; continue; }
     i=0; first=
@@ -218,6 +218,8 @@ for stage in "${stages[@]}"; do
         --op-profile 0 --greedy ${KT_GREEDY:-0} ${AB_ARGS:-} "${sets[@]}" >"$OUT/ktab_run$i.log" 2>&1
       note "ktab $i [$setting] rc=$? $(grep -E 'decode batch' "$OUT/ktab_run$i.log" | sed 's/.*: 16 steps/16 steps/')"
       xz -T4 -c /tmp/ktab.csv >"$csv.xz"
+      # every trace's head starts (ktab_ovl<i>.txt: how far each kernel starts before the ones ahead of it end)
+      python3 tools/device/ktrace_report.py "$csv.xz" --steps 16 --top 0 --overlap >"$OUT/ktab_ovl$i.txt" 2>&1
       if [ -z "$first" ]; then first="$csv.xz"
       else
         python3 tools/device/ktrace_report.py "$first" --steps 16 --vs "$csv.xz" --top 40 >"$OUT/ktab_vs$i.txt" 2>&1

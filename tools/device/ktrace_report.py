@@ -23,7 +23,8 @@ rate (GB/s) prints the weight kernels' rate and what the bar of 70 % of the copy
 --overlap: per kernel, how far its record starts before the records ahead of it have all ended (its head
 start: the time programmatic dependent launch gives its blocks to run what precedes their wait, e.g. a
 GEMV's first weight loads), as the mean head start a call, the share of its calls that had none, and the
-kernel that ended last before it most often (the one whose tail it overlaps, or waits for).
+kernel that ended last before it most often (the one whose tail it overlaps, or waits for); every kernel
+when --top is 0.
 """
 import lzma, subprocess, sys, collections
 
@@ -125,7 +126,7 @@ def overlap(sel, steps, label, top):
         if r[1] > last_end: last_end, last_lab = r[1], label(r)
     print("head starts: per kernel, calls/step, mean us a call it started before every record ahead of it had ended,")
     print("the share of its calls with none, and the record ending last before it (most often)")
-    for k, (n, h, z, who) in sorted(st.items(), key=lambda kv: -kv[1][1])[:top]:
+    for k, (n, h, z, who) in sorted(st.items(), key=lambda kv: -kv[1][1])[:top if top > 0 else None]:
         w = who.most_common(1)[0][0] if who else "-"
         print("  %-58s %6.1f %8.2f %5.0f %%  after %s" % (k[:58], n / steps, h / n / 1e3, 100.0 * z / n, w[:50]))
 
