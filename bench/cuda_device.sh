@@ -176,14 +176,22 @@ for stage in "${stages[@]}"; do
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
-    # same protocol as ab (decode batch 1 at 2K, --gen 32, alternating, two rounds; AB_ARGS and AB_BATCH as for ab)
+    # same protocol as ab (decode batch 1 at 2K, --gen 32, alternating; AB_ROUNDS rounds, default 2; AB_ARGS and
+    # AB_BATCH as for ab); the last lines give each build's median of its greedy ms/step (the device-picks loop)
     [ -d /dev/shm/flash20 ] || { note "abbin skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
-    for round in 1 2; do
+    : >"$OUT/abbin_ms.txt"
+    for round in $(seq 1 ${AB_ROUNDS:-2}); do
       for b in ${AB_BINS:-$bin/dsv4}; do
         timeout 100 "$b" bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} >"$OUT/abbin.log" 2>&1
         note "abbin round $round [$b] rc=$? $(grep -E 'prefill|decode batch' "$OUT/abbin.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
+        ms=$(grep -E 'greedy decode batch' "$OUT/abbin.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        [ -n "$ms" ] && echo "$b $ms" >>"$OUT/abbin_ms.txt"
       done
+    done
+    for b in ${AB_BINS:-$bin/dsv4}; do
+      note "abbin greedy median [$b] $(awk -v s="$b" '$1 == s {print $2}' "$OUT/abbin_ms.txt" | sort -n |
+        awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}')"
     done ;;
   f20long)
     timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1
