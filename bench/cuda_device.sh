@@ -33,6 +33,11 @@ parse_setting() {
 # stages that follow run (the tests need no model of 74 GB); it writes /dev/shm/flash20.tmp and renames it when
 # done, and every stage but those that read no model of its size waits for it first (wait_synth).  Its argv[0] is
 # dsv4-synth-bg, so the pkill between stages (this bundle's $bin/dsv4) leaves it running
+# the median (min, max) of the second column of FILE's lines whose first column is KEY (ab's and abbin's ms/step)
+median_of() {
+  awk -v s="$1" '$1 == s {print $2}' "$2" | sort -n |
+    awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}'
+}
 synth_pid=
 wait_synth() {
   [ -n "$synth_pid" ] || return 0
@@ -171,8 +176,7 @@ for stage in "${stages[@]}"; do
       done
     done
     for setting in ${AB_ENVS:--}; do
-      note "ab median [$setting] $(awk -v s="$setting" '$1 == s {print $2}' "$OUT/ab_ms.txt" | sort -n |
-        awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}')"
+      note "ab median [$setting] $(median_of "$setting" "$OUT/ab_ms.txt")"
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
@@ -190,8 +194,7 @@ for stage in "${stages[@]}"; do
       done
     done
     for b in ${AB_BINS:-$bin/dsv4}; do
-      note "abbin greedy median [$b] $(awk -v s="$b" '$1 == s {print $2}' "$OUT/abbin_ms.txt" | sort -n |
-        awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}')"
+      note "abbin greedy median [$b] $(median_of "$b" "$OUT/abbin_ms.txt")"
     done ;;
   f20long)
     timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1

@@ -23,8 +23,8 @@ rate (GB/s) prints the weight kernels' rate and what the bar of 70 % of the copy
 --overlap: per kernel, how far its record starts before the records ahead of it have all ended (its head
 start: the time programmatic dependent launch gives its blocks to run what precedes their wait, e.g. a
 GEMV's first weight loads), as the mean head start a call, the share of its calls that had none, and the
-kernel that ended last before it most often (the one whose tail it overlaps, or waits for); every kernel
-when --top is 0.
+kernel that ended last before it most often (the one whose tail it overlaps, or waits for), for every
+kernel (--top 0 leaves the per-kernel time table out).
 """
 import lzma, subprocess, sys, collections
 
@@ -111,7 +111,7 @@ def split(tot, steps, busy, gb, copy):
         print("  70 %% of the copy rate is %.1f us a step: at this weight rate the rest would have to fit in %.1f us (it takes %.1f)"
               % (bar, bar - w / steps / 1e3, rest / steps / 1e3))
 
-def overlap(sel, steps, label, top):
+def overlap(sel, steps, label):
     """per label: calls, summed head start (ns), calls without one, and the labels that ended last before it"""
     st = collections.defaultdict(lambda: [0, 0, 0, collections.Counter()])
     last_end, last_lab = sel[0][0], None
@@ -126,7 +126,7 @@ def overlap(sel, steps, label, top):
         if r[1] > last_end: last_end, last_lab = r[1], label(r)
     print("head starts: per kernel, calls/step, mean us a call it started before every record ahead of it had ended,")
     print("the share of its calls with none, and the record ending last before it (most often)")
-    for k, (n, h, z, who) in sorted(st.items(), key=lambda kv: -kv[1][1])[:top if top > 0 else None]:
+    for k, (n, h, z, who) in sorted(st.items(), key=lambda kv: -kv[1][1]):
         w = who.most_common(1)[0][0] if who else "-"
         print("  %-58s %6.1f %8.2f %5.0f %%  after %s" % (k[:58], n / steps, h / n / 1e3, 100.0 * z / n, w[:50]))
 
@@ -161,7 +161,7 @@ def main():
     if split_args is not None:
         split(tot, steps, busy, split_args[0], split_args[1])
     if ovl:
-        overlap(sel, steps, label, top)
+        overlap(sel, steps, label)
     if gap_us is not None:
         gaps = collections.defaultdict(lambda: [0, 0])
         last_end = sel[0][1]

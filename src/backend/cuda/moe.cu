@@ -991,7 +991,7 @@ __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
 #define DSV4_CUDA_EVF_CP 0
 #endif
 enum { B1_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 1, BN_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 2 };
-template <int HINT = 0>
+template <int HINT>
 __device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first with HINT */
     if constexpr (HINT)
         asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d_smem_addr(dst)),
