@@ -160,11 +160,12 @@ for stage in "${stages[@]}"; do
     # passed as --set NAME=VALUE, e.g. "- set:moe.dot=mma");
     # AB_BATCH: the decode batch of ab and abbin (default 1); AB_ARGS: more bench arguments for every ab run
     # (e.g. "--numerics reference").
-    # AB_ROUNDS: rounds (default 2); the last line per setting gives the median of its rounds' ms/step
-    # (the spread between processes of one setting, ~0.1 ms at times, is what more rounds average out)
+    # AB_ROUNDS: rounds (default 2); the last line per setting gives the median of its rounds' ms/step, the
+    # step API's and the greedy loop's (only the greedy loop reads DSV4_GREEDY_SEG_LAYERS); the spread between
+    # processes of one setting, ~0.1 ms at times, is what more rounds average out
     [ -d /dev/shm/flash20 ] || { note "ab skipped: no /dev/shm/flash20 (run f20 first)"; continue; }
     timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 8 --op-profile 0 >/dev/null 2>&1
-    : >"$OUT/ab_ms.txt"
+    : >"$OUT/ab_ms.txt"; : >"$OUT/ab_greedy_ms.txt"
     for round in $(seq 1 ${AB_ROUNDS:-2}); do
       for setting in ${AB_ENVS:--}; do
         parse_setting "$setting"
@@ -173,10 +174,12 @@ for stage in "${stages[@]}"; do
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
         ms=$(grep -E 'decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
         [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_ms.txt"
+        ms=$(grep -E 'greedy decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_greedy_ms.txt"
       done
     done
     for setting in ${AB_ENVS:--}; do
-      note "ab median [$setting] $(median_of "$setting" "$OUT/ab_ms.txt")"
+      note "ab median [$setting] $(median_of "$setting" "$OUT/ab_ms.txt"); greedy $(median_of "$setting" "$OUT/ab_greedy_ms.txt")"
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
