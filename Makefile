@@ -31,16 +31,17 @@ ifeq ($(CUDA),1)
   LIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   NVCCFLAGS := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr -lineinfo
   # CUDA_EVF: the decode kernels' weight streams evict_first in L2 (docs/CUDA.md, "Weights evict_first"):
-  # 2 with a constant policy (common.cuh d_pol_stream), 1 by createpolicy at each use, 0 (the default) without
-  # the hint.  Every GPU test passes with =2 (stop 47, H100); on the step it was level with 0 there (3.27
-  # against 3.25-3.26 ms), where the builds that also hinted the MoE's copies were 0.06-0.1 ms faster (stops
-  # 45, 46).  A change rebuilds the CUDA objects
-  CUDA_EVF ?= 0
+  # 2 (the default since stop 48) with a constant policy (common.cuh d_pol_stream), 1 by createpolicy at each
+  # use, 0 without the hint.  With CUDA_EVF_CP=1 every GPU test passed and the step was faster than with 0 in
+  # every round (H100, stop 48: greedy 3.19-3.20 against 3.25-3.26 ms at 2K, 3.38-3.40 against 3.44-3.48 at
+  # 32K).  A change rebuilds the CUDA objects
+  CUDA_EVF ?= 2
   NVCCFLAGS += -DDSV4_CUDA_EVF=$(CUDA_EVF)
-  # CUDA_EVF_CP (with CUDA_EVF): the MoE's cp.async stage copies carry the hint too (moe.cu b1_cp16): 1 the
-  # one-row kernels' (batch-1 decode), 2 also k_moe_bnr's, whose copies stopped on an illegal instruction with
-  # it (stop 46), the symptom of a known ptxas fault with hinted cp.async (moe.cu); 0 (the default) none
-  CUDA_EVF_CP ?= 0
+  # CUDA_EVF_CP (with CUDA_EVF): the MoE's cp.async stage copies carry the hint too (moe.cu b1_cp16): 1 (the
+  # default since stop 48) the one-row kernels' (batch-1 decode), 2 also k_moe_bnr's, whose copies stopped on
+  # an illegal instruction with it (stop 46), the symptom of a known ptxas fault with hinted cp.async (moe.cu);
+  # 0 none (with CUDA_EVF=2 level with no hint at all, stop 47)
+  CUDA_EVF_CP ?= 1
   NVCCFLAGS += -DDSV4_CUDA_EVF_CP=$(CUDA_EVF_CP)
 endif
 

@@ -526,15 +526,17 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
     return make_float2(lo, hi);
 }
 
-/* DSV4_CUDA_EVF (compile time: make CUDA=1 CUDA_EVF=0|1|2; default 0): the weight streams of the decode
- * kernels (d_ld_stream16; the MoE's stage copies b1_cp16 only with DSV4_CUDA_EVF_CP, moe.cu) carry the L2
- * policy evict_first.  A step streams ~5.7 GB of weights once through a 50 MB L2, and with the default
- * policy they evict what the step reads again: the code of the latency-bound kernels, the hc state, the
- * KV rows.  Values never change (a cache hint).  Measured on an H100, 20 Flash layers (docs/PERFORMANCE.md):
- * with the MoE's copies hinted too, 0.1 ms a step faster (stop 45) and 0.06 (stop 46), but k_moe_bnr's
- * hinted copies stopped on an illegal instruction (a known ptxas fault, moe.cu); with them plain (=2 and
- * DSV4_CUDA_EVF_CP=0) every GPU test passed and the step was level with the default (stop 47).  Off until
- * DSV4_CUDA_EVF_CP=1 (the one-row kernels' copies hinted) has passed the tests and shown its gain. */
+/* DSV4_CUDA_EVF (compile time: make CUDA=1 CUDA_EVF=0|1|2; the Makefile's default 2 since stop 48): the weight
+ * streams of the decode kernels (d_ld_stream16; the MoE's stage copies b1_cp16 only with DSV4_CUDA_EVF_CP,
+ * moe.cu) carry the L2 policy evict_first.  A step streams ~5.7 GB of weights once through a 50 MB L2, and with
+ * the default policy they evict what the step reads again: the code of the latency-bound kernels, the hc
+ * state, the KV rows.  Values never change (a cache hint).  Measured on an H100, 20 Flash layers
+ * (docs/PERFORMANCE.md): with every MoE copy hinted too, 0.1 ms a step faster (stop 45) and 0.06 (stop 46), but
+ * k_moe_bnr's hinted copies stopped on an illegal instruction (a known ptxas fault, moe.cu); with them plain
+ * (DSV4_CUDA_EVF_CP=0) every GPU test passed and the step was level with no hint (stop 47); with the one-row
+ * kernels' copies hinted (DSV4_CUDA_EVF_CP=1) every GPU test passed and greedy decode was 0.06 ms a step
+ * faster at 2K in each of 4 rounds (stop 48), hence the default.  Without -D (a build outside the Makefile)
+ * no hint. */
 #ifndef DSV4_CUDA_EVF
 #define DSV4_CUDA_EVF 0
 #endif
