@@ -79,7 +79,7 @@ static double host_ms(void) {
 int dsv4_cuda_pdl = 1; /* common.cuh: launches carry the PDL attribute unless DSV4_CUDA_PDL=0 */
 int dsv4_cuda_gemv_early = 1; /* common.cuh: k_gemv's weights before its wait unless DSV4_CUDA_GEMV_EARLY=0 */
 int dsv4_cuda_l2pf = 1;       /* common.cuh: older activations into L2 before the wait unless DSV4_CUDA_L2PF=0 */
-int dsv4_cuda_gm_early = 1;   /* common.cuh: k_gemv_multi's weights before its wait unless DSV4_CUDA_GM_EARLY=0 */
+int dsv4_cuda_gm_early = 2;   /* common.cuh: half of k_gemv_multi's blocks ask for weights before their wait */
 int dsv4_cuda_hc_stamp = 0;   /* common.cuh: k_hc_dec's phase stamps with DSV4_CUDA_HC_STAMP=1 */
 
 /* ----- errors ----- */
@@ -1149,12 +1149,15 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
     const char *l2 = getenv("DSV4_CUDA_L2PF");
     dsv4_cuda_l2pf = !(l2 && !strcmp(l2, "0"));
     const char *gme = getenv("DSV4_CUDA_GM_EARLY");
-    dsv4_cuda_gm_early = 1;
+    /* 2 since stop 48 (H100, 20 Flash layers, 2K): greedy 3.18 against 3.20 ms a step in two A/Bs of 3 rounds
+     * (ranges apart), batch 8 12.94 against 13.07; the trace: k_hc_dec 54 us a step less exposed, k_gemv_multi2
+     * 26 more.  Not yet timed on an H200 */
+    dsv4_cuda_gm_early = 2;
     if (gme && *gme) { /* 0, 1, or N >= 2 (common.cuh); anything else keeps the default, said once */
         char *end;
         long v = strtol(gme, &end, 10);
         if (*end || v < 0 || v > 1024)
-            fprintf(stderr, "dsv4: DSV4_CUDA_GM_EARLY=%s is not 0, 1 or 2..1024; keeping 1\n", gme);
+            fprintf(stderr, "dsv4: DSV4_CUDA_GM_EARLY=%s is not 0, 1 or 2..1024; keeping 2\n", gme);
         else
             dsv4_cuda_gm_early = (int)v;
     }

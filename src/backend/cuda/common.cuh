@@ -211,9 +211,10 @@ extern int dsv4_cuda_gemv_early;
  * since have likely evicted (default); DSV4_CUDA_L2PF=0: 0.  A prefetch returns no value, so it may
  * precede the wait whoever writes the line: L2 is where the GPU's writes meet, values never change */
 extern int dsv4_cuda_l2pf;
-/* 1: k_gemv_multi asks for its weights before its PDL wait in every block (default); DSV4_CUDA_GM_EARLY=0:
- * in none; N >= 2: only in the blocks whose index is a multiple of N, the others after the wait (A/B: the
- * early loads of k_gemv_multi2 delay the hc finisher's partial sums behind them, docs/CUDA.md) */
+/* DSV4_CUDA_GM_EARLY=N >= 2: k_gemv_multi asks for its weights before its PDL wait only in the blocks whose
+ * index is a multiple of N, the others after it (default 2 since stop 48: the early loads of k_gemv_multi2
+ * delay the hc finisher's partial sums behind them, docs/CUDA.md); 1: in every block (the default before);
+ * 0: in none */
 extern int dsv4_cuda_gm_early;
 /* 1: DSV4_CUDA_HC_STAMP=1, k_hc_dec's phase stamps (mhc.cu), printed at the backend's free */
 extern int dsv4_cuda_hc_stamp;
