@@ -3,8 +3,8 @@
 # comparisons against the CPU backend, and `dsv4 bench` figures.  Needs the bundle
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
-# usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab abbin f20long ktrace ktab ncu ncuix nsys opb smemcold
-#        hcdefer hccomb hcab hckt
+# usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
+#        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -198,6 +198,18 @@ for stage in "${stages[@]}"; do
     done
     for b in ${AB_BINS:-$bin/dsv4}; do
       note "abbin greedy median [$b] $(median_of "$b" "$OUT/abbin_ms.txt")"
+    done ;;
+  bar)
+    # the issue's bar on the 20-layer model (after synthbg or f20): batch-1 decode at 2K (--gen 32) and 32K
+    # (--gen 8), no per-op pass; the device line (card, build flags), the copy rate, the step API's and the
+    # greedy loop's ms a step and their % of the copy rate
+    [ -d /dev/shm/flash20 ] || { note "bar skipped: no /dev/shm/flash20 (run synthbg or f20 first)"; continue; }
+    for a in "2048 32" "32768 8"; do
+      read -r pr gen <<<"$a"
+      timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt $pr --gen $gen --op-profile 0 \
+        >"$OUT/bar$pr.log" 2>&1
+      note "bar $pr rc=$?"
+      grep -E "opened in|copy bandwidth|prefill|decode batch|bytes read" "$OUT/bar$pr.log" | sed 's/^bench: /  /' >>"$summary"
     done ;;
   f20long)
     timeout 500 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 32768 --gen 8 >"$OUT/b20long.log" 2>&1
