@@ -179,7 +179,9 @@ for stage in "${stages[@]}"; do
       done
     done
     for setting in ${AB_ENVS:--}; do
-      note "ab median [$setting] $(median_of "$setting" "$OUT/ab_ms.txt"); greedy $(median_of "$setting" "$OUT/ab_greedy_ms.txt")"
+      g=; awk -v s="$setting" '$1 == s {f = 1} END {exit !f}' "$OUT/ab_greedy_ms.txt" &&
+        g="; greedy $(median_of "$setting" "$OUT/ab_greedy_ms.txt")"
+      note "ab median [$setting] $(median_of "$setting" "$OUT/ab_ms.txt")$g"  # greedy: batch 1 only
     done ;;
   abbin)
     # A/B of two builds on the 20-layer model (after f20): AB_BINS="path/to/dsv4 other/dsv4";
