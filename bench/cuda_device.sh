@@ -38,6 +38,8 @@ median_of() {
   awk -v s="$1" '$1 == s {print $2}' "$2" | sort -n |
     awk '{v[NR] = $1} END {if (NR) printf "%.3f ms/step over %d rounds (min %.2f, max %.2f)", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, NR, v[1], v[NR]; else printf "no figures"}'
 }
+# the ms/step of FILE's first line matching PATTERN ("decode batch": the step API's; "greedy decode batch")
+ms_of() { grep -E "$1" "$2" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1; }
 synth_pid=
 wait_synth() {
   [ -n "$synth_pid" ] || return 0
@@ -172,9 +174,9 @@ for stage in "${stages[@]}"; do
         env "${envs[@]}" timeout 100 $bin/dsv4 bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} "${sets[@]}" >"$OUT/ab.log" 2>&1
         note "ab round $round [$setting] rc=$? $(grep -E 'prefill|decode batch' "$OUT/ab.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
-        ms=$(grep -E 'decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        ms=$(ms_of 'decode batch' "$OUT/ab.log")
         [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_ms.txt"
-        ms=$(grep -E 'greedy decode batch' "$OUT/ab.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        ms=$(ms_of 'greedy decode batch' "$OUT/ab.log")
         [ -n "$ms" ] && echo "$setting $ms" >>"$OUT/ab_greedy_ms.txt"
       done
     done
@@ -194,7 +196,7 @@ for stage in "${stages[@]}"; do
         timeout 100 "$b" bench --model /dev/shm/flash20 --backend cuda --prompt 2048 --gen 32 \
           --batch ${AB_BATCH:-1} --op-profile 0 ${AB_ARGS:-} >"$OUT/abbin.log" 2>&1
         note "abbin round $round [$b] rc=$? $(grep -E 'prefill|decode batch' "$OUT/abbin.log" | sed 's/.*: 32 steps/32 steps/; s/bench: prefill/prefill/' | tr '\n' ' ')"
-        ms=$(grep -E 'greedy decode batch' "$OUT/abbin.log" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1)
+        ms=$(ms_of 'greedy decode batch' "$OUT/abbin.log")
         [ -n "$ms" ] && echo "$b $ms" >>"$OUT/abbin_ms.txt"
       done
     done

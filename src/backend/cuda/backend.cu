@@ -550,21 +550,16 @@ static void cu_profile(dsv4_backend *b, int on) {
     dsv4_cuda_devside_weight_bytes(b, 1); /* moe's device counter too */
 }
 
-/* the build's L2 hint flags (Makefile CUDA_EVF, CUDA_EVF_CP), named in the device line of bench and the like:
- * two builds' figures are told apart by it */
-#ifdef DSV4_CUDA_EVF_CP
-#define CU_EVF_CP DSV4_CUDA_EVF_CP
-#else
-#define CU_EVF_CP 0
-#endif
 static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     cuda_impl *c = CI(b);
     memset(out, 0, sizeof *out);
     cudaDeviceProp p;
+    /* the build's L2 hint flags (Makefile CUDA_EVF, CUDA_EVF_CP; common.cuh) in the device line of bench and
+     * the like: two builds' figures are told apart by it */
     if (cudaGetDeviceProperties(&p, c->device) == cudaSuccess)
         snprintf(out->device, sizeof out->device, "%.60s (sm_%d%d, %d SMs, %.0f GiB; build CUDA_EVF=%d CUDA_EVF_CP=%d)",
                  p.name, p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30), DSV4_CUDA_EVF,
-                 CU_EVF_CP);
+                 DSV4_CUDA_EVF_CP);
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
         out->mem_used = tot - fr;

@@ -541,6 +541,11 @@ __device__ __forceinline__ float2 d_e4m3x2_to_f32x2(uint16_t v) {
 #ifndef DSV4_CUDA_EVF
 #define DSV4_CUDA_EVF 0
 #endif
+/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=0|1|2): which of the MoE's cp.async stage copies carry the hint too
+ * (moe.cu B1_HINT, BN_HINT); without -D none */
+#ifndef DSV4_CUDA_EVF_CP
+#define DSV4_CUDA_EVF_CP 0
+#endif
 /* DSV4_CUDA_EVF=1 forms the policy with createpolicy at each use (inside whatever branch the use
  * sits in: bm_run's copies sit under a per-lane condition); =2 takes it as a constant, the value
  * createpolicy.fractional.L2::evict_first with fraction 1.0 gives (the encoding CUTLASS names

@@ -977,8 +977,8 @@ enum { B1_MUP = 16 };
 __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d_smem_addr(dst)), "l"(src) : "memory");
 }
-/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=0|1|2; the Makefile's default 1 since stop 48), under DSV4_CUDA_EVF:
- * which stage copies carry the hint too.  0 none (only the ld.global streams); 1 the one-row kernels'
+/* DSV4_CUDA_EVF_CP (make CUDA_EVF_CP=0|1|2; the Makefile's default 1 since stop 48; common.cuh), under
+ * DSV4_CUDA_EVF: which stage copies carry the hint too.  0 none (only the ld.global streams); 1 the one-row kernels'
  * (k_moe_b1r and k_moe_b1_prev: the decode path of batch 1); 2 also k_moe_bnr's (2..32 rows: bn_run, and
  * b1f_run for its one-slot groups).  With every copy hinted (stop 46's build) a CUDA_EVF=2 build's k_moe_bnr
  * (batch 2, stage loops unrolled) stopped on an illegal instruction (H100, 2026-12-06), as bm_run's did
@@ -988,9 +988,6 @@ __device__ __forceinline__ void b1_cp16_plain(void *dst, const void *src) {
  * descriptor (IST-DASLab/marlin issue 44, CUDA 13.1; Triton stopped putting policies on cp.async for it, PR
  * 11660, until a fixed ptxas, PR 11848).  Ours: 13.0.  A hint changes no value, only where a line sits in L2.
  * The kernels without the hint compile as before (b1_cp16<0> is b1_cp16_plain). */
-#ifndef DSV4_CUDA_EVF_CP
-#define DSV4_CUDA_EVF_CP 0
-#endif
 enum { B1_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 1, BN_HINT = DSV4_CUDA_EVF && DSV4_CUDA_EVF_CP >= 2 };
 template <int HINT>
 __device__ __forceinline__ void b1_cp16(void *dst, const void *src) { /* weights: evict_first with HINT */
