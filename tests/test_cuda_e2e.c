@@ -20,7 +20,8 @@
  * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a and wo_b on f16 tensor
  * cores; gemv_mma.cu; its launch counter must move).
  * Bit for bit between two CUDA engines: graphs on / off, side chains on / off, Sinkhorn deferred or not
- * (DSV4_HC_DEFER), greedy's device picks against host picks.
+ * (DSV4_HC_DEFER), qa's norm inside wq_b or in the op list (DSV4_CUDA_QA_FUSE; on flash-2 too), greedy's
+ * device picks against host picks.
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
@@ -220,12 +221,14 @@ static void test_flash2(void) {
     full_size_cases(dir, 1);
 }
 
-/* two CUDA engines on the tiny model: *e0 opened with var=val in the environment (the A side of an
+static const char *ab_model; /* open_ab's model directory where not NULL (else the tiny model) */
+
+/* two CUDA engines on the tiny model (or ab_model): *e0 opened with var=val in the environment (the A side of an
  * A/B), *e1 without it, and the model's info; 0 when both opened */
 static int open_ab(const char *profile, const char *var, const char *val, dsv4_engine **e0, dsv4_engine **e1,
                    dsv4_engine_info *info) {
     dsv4_err err;
-    dsv4_engine_opts o = {.model_dir = tiny_dir, .numerics = profile, .backend = "cuda"};
+    dsv4_engine_opts o = {.model_dir = ab_model ? ab_model : tiny_dir, .numerics = profile, .backend = "cuda"};
     *e0 = *e1 = NULL;
     setenv(var, val, 1);
     if (dsv4_engine_open(e0, &o, &err)) fprintf(stderr, "  %s=%s: %s\n", var, val, err.msg);
@@ -479,6 +482,29 @@ static void test_pro3(void) {
     greedy_case(dir, "exact", 20, 8);
 }
 
+/* qa's norm inside wq_b (matmul_rn, forward.c / linear.cu) must not change a bit: the same steps with
+ * DSV4_CUDA_QA_FUSE=0 (the norm in the op list before wq_b) and without give identical logits.  The tiny
+ * model's wq_b takes the op's two kernels; flash-2's (DSV4_CUDA_FLASH2) the fused kernel, early in the
+ * layers without an indexer (test_cuda_linear test_matmul_rn proves each path by its counters). */
+static void qa_fuse_case(const char *dir, const char *profile, int T, int D) {
+    dsv4_engine_perf_info p0, p1, q;
+    ab_model = dir;
+    int same = ab_logits(profile, "DSV4_CUDA_QA_FUSE", "0", T, D, 19, &p0, &p1, &q);
+    ab_model = NULL;
+    printf("  qa's norm inside wq_b, %s %s: logits identical to the norm in the op list over a prefill, %d decode "
+           "and 3 batched steps: %s\n", dir ? dir : "tiny", profile, D, same ? "yes" : "NO");
+    CHECK(same);
+}
+
+static void test_qa_fuse(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    qa_fuse_case(NULL, "exact", 23, 20);
+    qa_fuse_case(NULL, "reference", 23, 20);
+    const char *dir = getenv("DSV4_CUDA_FLASH2");
+    if (dir) qa_fuse_case(dir, "exact", 20, 8);
+}
+
 static void test_greedy(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
@@ -505,4 +531,4 @@ static void test_zz_cleanup(void) {
 }
 
 TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
-          test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
+          test_qa_fuse, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)

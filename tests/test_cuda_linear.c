@@ -27,6 +27,10 @@
  *   indexer's wq_b 8192 x 1536 with act_fp8, wo_b 7168 x 16384, grouped wo_a 16 x 1024 x 4096,
  *   bf16 compressors, weights_proj and the 129280 x 7168 head) at rows 1, 2, 4, 8 (head 1, 4),
  *   and with linear.dot=mma at one row (taken or declined);
+ * test_matmul_rn: matmul_rn (qa's norm inside wq_b) against the GPU's rmsnorm then matmul bit for bit and
+ *   the CPU's two ops (tolerances as above), on the fused kernel (norm weights bf16 / f32 / none, the bf16
+ *   roundings, a partial last pass), early (x from a matmul_multi two ops back, an op list between) and
+ *   the cases where early must not be taken, and on shapes the kernel declines; counters prove each path.
  * test_fresh_weights: weights never seen before, used at once (the upload must be complete
  *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
  * test_gemv_mma: linear.dot=mma (k_gemv_mma, gemv_mma.cu, FP8 one row on f16 tensor cores) on
@@ -426,6 +430,99 @@ static void test_timing(void) {
 /* V4-Pro's decode linears (hidden 7168, q_lora 1536, 128 heads x 512, 16 groups of wo_a) at rows 1,
  * 2, 4 and 8, and at one row with linear.dot=mma (taken or declined, the answer checked): no test
  * shape elsewhere has K 1536 or wq_b's 65536 rows, wo_b's K 16384 at 7168 rows, or 16 groups */
+/* ----- matmul_rn: qa's norm inside wq_b -----
+ * One case: x (rows x K) normed by nw (NULL, bf16 or f32; norm_bf16 0, 1 or 1 | DSV4_NORM_BF16_STEPS) and
+ * multiplied by W (O x K).  The answer must have the bits of the GPU's own rmsnorm (into a copy) then
+ * matmul, and be within 2e-6 (4e-3 with bf16 rounding) of the CPU's two ops.  want: the path that must
+ * run by the counters, 'f' the fused kernel after its wait, 'a' the two kernels, 'e' early.  With
+ * setup 1 x comes from a matmul_multi two ops back with an op list between (early allowed), 2 the same
+ * but the list writes x (scale by 1: no early), 3 the matmul_multi just before (no early), 4 as 1 with a
+ * second output of the matmul_multi, which the list writes (early); 0 x uploaded. */
+static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, dsv4_wfmt nfmt, int norm_bf16,
+                     int out_bf16, int flags, int early, int setup, char want, const char *what) {
+    tw t = make_w(fmt, O, K, sf32), nw = make_w(nfmt ? nfmt : DSV4_WF_F32, 1, K, 0), wa = make_w(DSV4_WF_FP8, K, 4096, 0);
+    tw wb = make_w(DSV4_WF_FP8, 512, 4096, 0);
+    const dsv4_weight *nwp = nfmt ? &nw.w : NULL;
+    size_t nx = (size_t)rows * K, no = (size_t)rows * O;
+    float *x = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * 4096), *tn = malloc(sizeof(float) * nx);
+    float *a = malloc(sizeof(float) * no), *g0 = malloc(sizeof(float) * no), *g1 = malloc(sizeof(float) * no);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *td = gpu.ops->alloc(&gpu, sizeof(float) * nx);
+    float *od = gpu.ops->alloc(&gpu, sizeof(float) * no), *sd = gpu.ops->alloc(&gpu, sizeof(float) * 512);
+    REQUIRE(x && y && tn && a && g0 && g1 && xd && td && od && sd);
+    fill(x, nx, 3);
+    fill(y, 4096, 1);
+    if (setup && rows == 1) { /* x = wa y on the device; the CPU reads the same values back */
+        int fl = 0, ob = 0;
+        const dsv4_weight *wl = &wa.w;
+        gpu.ops->matmul_multi(&gpu, 1, &xd, y, 1, &wl, &fl, &ob);
+        gpu.ops->download(&gpu, x, xd, sizeof(float) * nx);
+    } else {
+        gpu.ops->upload(&gpu, xd, x, sizeof(float) * nx);
+    }
+    cpu.ops->rmsnorm(&cpu, tn, x, rows, (int)K, nwp, 1e-6f, norm_bf16);
+    cpu.ops->matmul(&cpu, a, tn, rows, &t.w, flags, out_bf16);
+    /* the reference bits: the GPU's two ops */
+    gpu.ops->rmsnorm(&gpu, td, xd, rows, (int)K, nwp, 1e-6f, norm_bf16);
+    gpu.ops->matmul(&gpu, od, td, rows, &t.w, flags, out_bf16);
+    gpu.ops->download(&gpu, g0, od, sizeof(float) * no);
+    for (size_t i = 0; i < no; i++) g1[i] = NAN;
+    gpu.ops->upload(&gpu, od, g1, sizeof(float) * no);
+    if (setup && rows == 1) { /* again, so that the op before matmul_rn is the one the setup asks for */
+        int fl[2] = {0, 0}, ob[2] = {0, 0};
+        const dsv4_weight *wl[2] = {&wa.w, &wb.w};
+        float *outs[2] = {xd, sd}; /* setup 4: a second output, which the list then writes */
+        gpu.ops->matmul_multi(&gpu, setup == 4 ? 2 : 1, outs, y, 1, wl, fl, ob);
+        dsv4_op_task tk = {.kind = DSV4_TASK_SCALE, .out = setup == 2 ? (void *)xd : (void *)sd,
+                           .n = setup == 2 ? nx : 512, .s = 1.0f};
+        if (setup != 3) gpu.ops->op_list(&gpu, &tk, 1);
+    }
+    long e0, f0, a0, e1, f1, a1;
+    dsv4_cuda_rn_counts(&gpu, &e0, &f0, &a0);
+    gpu.ops->matmul_rn(&gpu, od, xd, rows, &t.w, flags, out_bf16, nwp, 1e-6f, norm_bf16, early);
+    dsv4_cuda_rn_counts(&gpu, &e1, &f1, &a1);
+    gpu.ops->download(&gpu, g1, od, sizeof(float) * no);
+    int ok = gpu_ok();
+    char ran = e1 > e0 ? 'e' : f1 > f0 ? 'f' : a1 > a0 ? 'a' : '?';
+    int same = memcmp(g0, g1, sizeof(float) * no) == 0;
+    double r = rel(g1, a, no), tol = out_bf16 || norm_bf16 ? 4e-3 : 2e-6;
+    printf("  rn %-14s %s%s [%6lld x %5lld] rows %d norm %s/%d out_bf16 %d flags %d early %d setup %d: ran %c "
+           "(want %c), %s the two ops' bits, rel %.2e (tol %.0e)\n", what, dsv4_wfmt_name(fmt), sf32 ? "/f32s" : "",
+           (long long)O, (long long)K, rows, nfmt ? dsv4_wfmt_name(nfmt) : "none", norm_bf16, out_bf16, flags,
+           early, setup, ran, want, same ? "with" : "NOT", r, tol);
+    CHECKF(ok && same && r <= tol && ran == want, "rn %s: ran %c want %c same %d rel %g", what, ran, want, same, r);
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, td), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, sd);
+    free(x), free(y), free(tn), free(a), free(g0), free(g1);
+    free_w(&t), free_w(&nw), free_w(&wa), free_w(&wb);
+}
+
+static void test_matmul_rn(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->matmul_rn != NULL);
+    const int steps = 1 | DSV4_NORM_BF16_STEPS;
+    /* Flash's wq_b: the fused kernel, each norm weight and rounding, early where allowed */
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 0, 'f', "wq_b");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_F32, 0, 0, 0, 0, 0, 'f', "wq_b f32 norm");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_NONE, 0, 0, 0, 0, 0, 'f', "wq_b no norm w");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 1, 1, 0, 0, 0, 'f', "wq_b bf16");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, steps, 0, 0, 0, 0, 'f', "wq_b steps");
+    check_rn(DSV4_WF_FP8, 32768 + 32, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 0, 'f', "wq_b 1025 passes");
+    check_rn(DSV4_WF_FP8, 32770, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "rows % 4 != 0");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'e', "early");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 1, 1, 0, 1, 1, 'e', "early bf16");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 2, 'f', "list writes x");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 4, 'e', "list writes y2");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 3, 'f', "writer just before");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'f', "x not from multi");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 1, 'f', "no early asked");
+    /* what the kernel does not take: the two kernels, the same bits */
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 1, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "f32 scales");
+    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "fewer passes");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, DSV4_LIN_ACT_FP8, 1, 1, 'a', "act_fp8");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 2, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "two rows");
+    check_rn(DSV4_WF_FP8, 16384, 1536, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "K 1536");
+    check_rn(DSV4_WF_BF16, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "bf16 weight");
+}
+
 static void test_pro_shapes(void) {
     NEED_GPU();
     static const int rs[] = {1, 2, 4, 8};
@@ -451,5 +548,5 @@ static void test_pro_shapes(void) {
     check_mma(16, 1024, 4096, 1, 0, 1, 1, 0, 0, -1, "pro wo_a bf16");
 }
 
-TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_gemv_mma, test_fused_input, test_batched,
+TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_gemv_mma, test_fused_input, test_batched,
           test_other_shapes, test_fresh_weights, test_timing)

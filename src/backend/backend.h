@@ -289,6 +289,16 @@ typedef struct dsv4_backend_ops {
      * of a graph capture).  side(b, 0) and join(b) without an open side chain do nothing. */
     void (*side)(dsv4_backend *b, int on);
     void (*join)(dsv4_backend *b);
+
+    /* ----- optional: matmul of x's rmsnorm (NULL: the forward pass runs the two ops) -----
+     * matmul(out, t, rows, w, flags, out_bf16) with t = rmsnorm(x, rows, w->cols, norm_w, eps,
+     * norm_bf16) formed inside the op (x is not written): the values of the two ops bit for bit.
+     * early: the caller's promise that x was written before the op just before this one, and that
+     * this op shares nothing with that one (it neither writes x or norm_w nor reads or writes out):
+     * a device backend may then run the two side by side (matmul_rn of the CUDA backend, one row:
+     * docs/CUDA.md, "qa's norm inside wq_b").  The backend checks what it can and otherwise waits. */
+    void (*matmul_rn)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
+                      int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early);
 } dsv4_backend_ops;
 
 /* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first

@@ -832,8 +832,13 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     for (int s = 0; s < nseg && L->has_comp; s++) emits |= (m->segs[s].pos0 + 1) % L->comp.ratio == 0;
     int side = dec && m->side_chain && op->side && op->join && !m->op_trace && !m->trace &&
                (L->has_indexer || emits);
+    /* rn: qa's norm inside wq_b (matmul_rn) where wq_b is qa's only reader (no indexer, no side chain):
+     * list 1 then holds what wq_b does not read, and the backend may run wq_b beside it (early: qa was
+     * written by y's projections, before list 1; list 1 touches neither qa nor q).  Not with act_quant's
+     * flags (the reference profile), where the op would run the two kernels instead of one list task */
+    int rn = dec && !side && !L->has_indexer && op->matmul_rn && !m->op_trace && !lf;
     if (dec) {
-        ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
+        if (!rn) ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
         ol_add(m, kv_rope);
         if (L->has_comp) comp_stage(m, layer, 0, nseg);
         if (L->has_indexer) comp_stage(m, layer, 1, nseg);
@@ -863,7 +868,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                 op->side(b, 0);
             }
         }
-        op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
+        if (rn) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 1);
+        else op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
         if (L->has_comp && !side) comp_bias(m, layer, 0, nseg);

@@ -27,6 +27,8 @@ void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *
 void cu_argmax(dsv4_backend *, int32_t *, const float *, int, int); /* linear.cu */
 void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_weight *, int);
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
+void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *, float,
+                  int, int); /* linear.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int, int);
 void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
                      const int *);
@@ -502,6 +504,8 @@ void dsv4_cuda_flush(dsv4_backend *b) {
     c->n_pend = 0;
 }
 
+unsigned long dsv4_cuda_nlaunch;
+
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -509,6 +513,9 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
     c->op_t0 = host_ms();
     c->ops_since_check++; /* at the start: an op that returns early may still have launched */
     c->op_seq++;
+    c->chain_prev = c->chain_last, c->chain_last = 0; /* an op that never reaches its end counts as none */
+    c->op_prev = c->op_last, c->op_last = -1;
+    c->op_launch0 = dsv4_cuda_nlaunch, c->op_side0 = c->side_state, c->op_early = 0;
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
@@ -517,6 +524,8 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
+    c->chain_last = dsv4_cuda_nlaunch != c->op_launch0 && !c->op_early && !c->op_side0 && !c->side_state;
+    c->op_last = op;
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
     double dt = host_ms() - c->op_t0;
     c->issue_s += dt * 1e-3;
@@ -1088,13 +1097,15 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_gather_ids,
     cu_side,
     cu_join,
+    cu_matmul_rn,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
  * same results, for A/B timing): DSV4_CUDA_FUSE=0 the fused pairs (norm_rope, hc_pre_norm,
  * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
  * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op),
- * DSV4_CUDA_ROUTE_PLAN=0 route_moe (route and moe as two ops: the router and plan two launches).
+ * DSV4_CUDA_ROUTE_PLAN=0 route_moe (route and moe as two ops: the router and plan two launches),
+ * DSV4_CUDA_QA_FUSE=0 matmul_rn (qa's norm back in the op list before wq_b).
  * Each backend keeps its own copy (cuda_impl.ops), read from the environment at init. */
 static int env_off(const char *name) {
     const char *v = getenv(name);
@@ -1108,6 +1119,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
     if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
+    if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }

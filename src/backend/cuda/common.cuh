@@ -153,6 +153,17 @@ struct cuda_impl {
      * hc op left as logits with the op count it was written at; its reader forms the matrix
      * before its PDL wait unless it is the very next op */
     unsigned long op_seq;
+    /* matmul_rn's early launch (linear.cu): the op before this one launched on the main stream and
+     * every kernel it launched waits before it lets the next launch (chain_prev; chain_last is the
+     * same of this op, set at its end, 0 until then); the launch count at this op's start and the
+     * side chain's state then; this op's kernel is an early one.  The outputs the last fused
+     * matmul_multi wrote (mmx_out, op count mmx_op): the x an early matmul_rn may read */
+    int chain_prev, chain_last, op_side0, op_early, op_prev, op_last; /* op_*: the ops' DSV4_CUDA_OP_* ids */
+    unsigned long op_launch0;
+    const void *mmx_out[16];
+    int mmx_n;
+    unsigned long mmx_op;
+    long rn_early, rn_fused, rn_alone; /* counters (tests): matmul_rn calls by path */
     const void *hc_lg_ptr;
     unsigned long hc_lg_op;
     long hc_lg_early, hc_lg_late; /* counters (tests): readers that formed it before / after the wait */
@@ -221,8 +232,11 @@ extern int dsv4_cuda_hc_stamp;
 void dsv4_cuda_hc_stamp_dump(void);
 __device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+/* kernel launches so far, by every backend of the process (the launch helpers below count them) */
+extern unsigned long dsv4_cuda_nlaunch;
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
                                             cudaStream_t st) {
+    dsv4_cuda_nlaunch++;
     at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at->val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};

@@ -32,6 +32,8 @@
  * chunks of 8 rows (tensor-core prefill is future work, docs/CUDA.md).
  */
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/norm.cuh"
+#include "backend/cuda/oplist.cuh"
 
 enum { LF_F32 = 0, LF_BF16 = 1, LF_FP8 = 2, LF_FP4 = 3 }; /* vector paths (FP4: MXFP4 and NVFP4) */
 
@@ -636,6 +638,102 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
     if (!entered) pdl_enter();
 }
 
+/* ----- k_gemv8n: matmul_rn at one row, k_gemv8 with its input normed by each block ----- */
+
+/* the rmsnorm of x (k_gemv8n): rmsnorm's weights as dweight, has_w, their vector width (d_weight4),
+ * eps, and the norm's out_bf16 (with DSV4_NORM_BF16_STEPS) */
+struct g8_rn {
+    dweight w;
+    int has_w, vw, bf;
+    float eps;
+};
+
+/* x's float4 g (columns 4g..4g+3) in k_gemv8n's shared copy: within each run of 4 (a thread's 16
+ * columns) the slot is xored with bits 1-2 of the run, so the 8 lanes of a quarter warp, reading
+ * the same q of 8 consecutive runs, hit 8 distinct 16-byte bank groups */
+__device__ __forceinline__ int g8n_slot(int g) { return (g & ~3) | ((g & 3) ^ ((g >> 3) & 3)); }
+
+/* k_gemv8n<CPT, RPP, EARLY>: k_gemv8<1, 0, CPT, RPP> (e8m0 scales, one row) whose x is the
+ * rmsnorm of the given row, K = 1024 (one float4 a thread of the 256).  After the first pass's
+ * weights are asked for, each block norms x with d_rmsnorm4 (the code, shape and so the bits of
+ * rmsnorm's vector kernel and of op_list's norm task at dim 1024) into shared memory, and the
+ * math reads it there instead of through L1; the products and sums are k_gemv8's, so the output
+ * has the bits of rmsnorm then matmul.  EARLY (matmul_rn's early: x's writer completed before
+ * this kernel can start, and the kernel just before it shares nothing with this one): the block
+ * lets the next kernel launch where k_gemv8 calls pdl_enter, reads x and computes without
+ * waiting, and waits only before it exits, so its completion still implies its predecessor's
+ * (common.cuh).  What that buys: the short op list before wq_b (qa's norm moved in here, kv's
+ * norm and RoPE, the compressors' state rows) runs beside this kernel instead of ahead of it. */
+template <int CPT, int RPP, int EARLY>
+__global__ void __launch_bounds__(256, 3) k_gemv8n(float *out, const float *__restrict__ x,
+                                                const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
+                                                int blk_log2, int64_t no, int out_bf16, int tpr_log2, int npass,
+                                                g8_rn rn) {
+    constexpr int K = 1024;
+    __shared__ float red[2][8][RPP];
+    __shared__ float4 xs[K / 4];
+    __shared__ float sh[32];
+    const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
+    const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
+    const int scols = K >> blk_log2;
+    int kcol[CPT], scol[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
+    int buf = 0, normed = 0;
+    for (int p = blockIdx.x; p < npass; p += gridDim.x) {
+        const int64_t rb = ((int64_t)p * slots + slot) * RPP;
+        uint4 v[RPP][CPT];
+#pragma unroll
+        for (int j = 0; j < RPP; j++) {
+            const uint8_t *rp = wd + (rb + j < no ? rb + j : no - 1) * (int64_t)K;
+#pragma unroll
+            for (int i = 0; i < CPT; i++) v[j][i] = d_ld_stream16(rp + kcol[i]);
+        }
+        float s[CPT];
+        const int64_t srow = ((rb < no ? rb : no - 1) >> blk_log2) * scols;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) s[i] = d_e8m0_to_f32(__ldg(ws + srow + scol[i]));
+        if (!normed) {
+            if (EARLY) pdl_trigger();
+            else pdl_enter();
+            xs[g8n_slot(t)] = d_rmsnorm4((const float4 *)x, K, rn.w, rn.has_w, rn.vw, rn.eps, rn.bf, sh, t, 256);
+            __syncthreads();
+            normed = 1;
+        }
+        float acc[RPP];
+#pragma unroll
+        for (int j = 0; j < RPP; j++) acc[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            float xv[16];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float4 f = xs[g8n_slot((kcol[i] >> 2) + q)];
+                xv[4 * q] = f.x, xv[4 * q + 1] = f.y, xv[4 * q + 2] = f.z, xv[4 * q + 3] = f.w;
+            }
+#pragma unroll
+            for (int j = 0; j < RPP; j++) {
+                float wf[16];
+                g8_dec16<0>(v[j][i], s[i], wf);
+                float part = wf[0] * xv[0];
+#pragma unroll
+                for (int e = 1; e < 16; e++) part = fmaf(wf[e], xv[e], part);
+                acc[j] = fmaf(part, s[i], acc[j]); /* k_gemv8's SCL 0 */
+            }
+        }
+        float sum;
+        int sl, id;
+        const int wr = gemv_slot_sum<RPP>(acc, red, buf, nw, slots, slot, sum, sl, id);
+        const int64_t o = ((int64_t)p * slots + sl) * RPP + id;
+        if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
+    }
+    if (!normed) {
+        if (EARLY) pdl_trigger();
+        else pdl_enter();
+    }
+    if (EARLY) pdl_wait();
+}
+
 /* ----- k_gemv8x: k_gemv8 for the large weights, x held in registers ----- */
 
 /* k_gemv8x<SCL, CPT, RPP>: the contract and numerics of k_gemv8 at one row (SCL as there),
@@ -861,7 +959,9 @@ static int gemv8x_launch(const lin_args &a, int nsm, cudaStream_t st) {
  * tpr is doubled and then RPP halved (more blocks, less serial math per thread; wq_a
  * [1024 x 4096] gets k_gemv's geometry, 256 threads a row and 2 rows a pass, where halving
  * RPP first left it slower than k_gemv). */
-static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
+/* (gemv8_geometry: that choice of tpr, CPT and RPP, 0 where k_gemv8 / k_gemv8x cannot take the
+ * weight; matmul_rn's fused kernel takes exactly the geometry it picks) */
+static int gemv8_geometry(const lin_args &a, int nsm, int *tpr_out, int *cpt_out, int *rpp_out) {
     const dweight &w = a.w;
     if (w.fmt != DSV4_WF_FP8 || a.rows != 1 || nsm <= 0 || gemv8_old() == 1) return 0;
     int64_t K = w.cols, cv = K / 16;
@@ -881,6 +981,14 @@ static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
         else if (rpp > 1) rpp /= 2;
         else break;
     }
+    *tpr_out = tpr, *cpt_out = cpt, *rpp_out = rpp;
+    return 1;
+}
+
+static int gemv8_launch(const lin_args &a, int nsm, cudaStream_t st) {
+    const dweight &w = a.w;
+    int tpr, cpt, rpp;
+    if (!gemv8_geometry(a, nsm, &tpr, &cpt, &rpp)) return 0;
     if (gemv8_old() != 2 && gemv8x_launch(a, nsm, st)) return 1;
     int64_t per = (int64_t)(256 / tpr) * rpp, np = (a.no + per - 1) / per;
     if (np > (1 << 30) || a.x_bf16) return 0; /* x_bf16: k_gemv8x only */
@@ -1339,15 +1447,10 @@ void dsv4_cuda_round_bf16(dsv4_backend *b, float *x_d, size_t n) {
 static int quantized(int fmt) { return fmt == DSV4_WF_FP8 || fmt == DSV4_WF_MXFP4 || fmt == DSV4_WF_NVFP4; }
 
 /* ----- ops ----- */
-void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
-               int out_bf16) {
-    dsv4_cuda_op_begin(b);
-    dweight dw;
-    if (dsv4_cuda_weight(b, w, &dw)) return;
-    size_t xin = (size_t)rows * w->cols, xout = (size_t)rows * w->rows;
-    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
-    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
-    if (!xd || !od) return;
+/* cu_matmul's launches on device rows xd -> od (xd is not written: act_quant goes to scratch) */
+static void matmul_dev(dsv4_backend *b, float *od, float *xd, int rows, const dsv4_weight *w, const dweight &dw,
+                       int flags, int out_bf16) {
+    size_t xin = (size_t)rows * w->cols;
     if ((flags & DSV4_LIN_ACT_FP8) && quantized(w->fmt)) { /* into scratch: the caller's input stays as it is */
         float *xq = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
         if (!xq) return;
@@ -1359,6 +1462,91 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
         if (!CI(b)->failed) CI(b)->weight_bytes_read += wbytes_rows(dw, dw.rows);
     } else {
         dsv4_cuda_linear(b, od, w->rows, xd, w->cols, rows, dw, 0, w->rows, 0, out_bf16);
+    }
+}
+
+void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
+               int out_bf16) {
+    dsv4_cuda_op_begin(b);
+    dweight dw;
+    if (dsv4_cuda_weight(b, w, &dw)) return;
+    size_t xin = (size_t)rows * w->cols, xout = (size_t)rows * w->rows;
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
+    if (!xd || !od) return;
+    matmul_dev(b, od, xd, rows, w, dw, flags, out_bf16);
+    dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
+}
+
+/* ----- matmul_rn (backend.h): qa's norm inside wq_b (docs/CUDA.md) -----
+ * One row of an FP8 weight of 1024 columns with e8m0 scales, no flags, where k_gemv8 would take
+ * it with a warp a row, CPT 2 and RPP 4 (Flash's wq_b): k_gemv8n, early (below) or not.  Else
+ * rmsnorm into scratch, then matmul: the same bits by either path.  DSV4_CUDA_RN (read once):
+ * 0 always the two kernels, 1 the fused kernel never early, 2 (default) early where allowed.
+ * Early where the caller allows it and the backend sees it hold: x is an output of the last
+ * fused matmul_multi, two ops back, and the op between is an op_list that launched on the main
+ * stream and does not write x (cu_op_list forgets the outputs it writes).  Then that list's
+ * kernel has passed its PDL wait when k_gemv8n starts (it waits before it lets the next launch),
+ * so matmul_multi's kernel has completed and x is there. */
+static int rn_mode(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_RN");
+        v = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+    }
+    return v;
+}
+
+static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &w, int out_bf16, const g8_rn &rn,
+                    int early) {
+    cuda_impl *c = CI(b);
+    if (w.fmt != DSV4_WF_FP8 || w.cols != 1024 || w.scale_f32 || ((uintptr_t)xd & 15) || gemv8_old()) return 0;
+    lin_args a = {od, w.rows, xd, w.cols, 1, w, 0, w.rows, w.rows, 0, 0, out_bf16, w.cols, NULL, 1, 0};
+    int tpr, cpt, rpp;
+    if (!gemv8_geometry(a, c->nsm, &tpr, &cpt, &rpp) || tpr != 32 || cpt != 2 || rpp != 4) return 0;
+    int64_t np = (w.rows + 31) / 32; /* 8 slots of RPP 4 rows a pass */
+    if (np > (1 << 30)) return 0;
+    if (early)
+        dsv4_launch(k_gemv8n<2, 4, 1>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block),
+                    w.rows, out_bf16, 5, (int)np, rn);
+    else
+        dsv4_launch(k_gemv8n<2, 4, 0>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block),
+                    w.rows, out_bf16, 5, (int)np, rn);
+    if (!CKL(b)) c->weight_bytes_read += wbytes_rows(w, w.rows);
+    return 1;
+}
+
+void dsv4_cuda_rn_counts(dsv4_backend *b, long *early, long *fused, long *alone) {
+    *early = CI(b)->rn_early, *fused = CI(b)->rn_fused, *alone = CI(b)->rn_alone;
+}
+
+void cu_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
+                  int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early) {
+    cuda_impl *c = CI(b);
+    dsv4_cuda_op_begin(b);
+    dweight dw, nd;
+    memset(&nd, 0, sizeof nd);
+    if (rows <= 0 || dsv4_cuda_weight(b, w, &dw) || (norm_w && dsv4_cuda_weight(b, norm_w, &nd))) return;
+    size_t xin = (size_t)rows * w->cols, xout = (size_t)rows * w->rows;
+    int xdev = dsv4_cuda_is_dev(b, x);
+    float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
+    float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
+    if (!xd || !od) return;
+    int from_mmx = 0;
+    for (int i = 0; i < c->mmx_n; i++) from_mmx |= c->mmx_out[i] == x;
+    int ex = early && rn_mode() == 2 && xdev && from_mmx && c->op_seq - c->mmx_op == 2 && c->chain_prev &&
+             c->op_prev == DSV4_CUDA_OP_LIST && c->side_state == 0;
+    g8_rn rn = {nd, norm_w != NULL, norm_w ? rmsnorm_vw(norm_w, nd) : 0, norm_bf16, eps};
+    if (rows == 1 && !flags && rn_mode() && gemv8_rn(b, od, xd, dw, out_bf16, rn, ex)) {
+        c->op_early = ex;
+        if (ex) c->rn_early++;
+        else c->rn_fused++;
+    } else {
+        float *t = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
+        if (!t || dsv4_cuda_rmsnorm_dev(b, t, xd, rows, (int)w->cols, norm_w, nd, eps, norm_bf16)) return;
+        matmul_dev(b, od, t, rows, w, dw, flags, out_bf16);
+        c->rn_alone++;
     }
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);

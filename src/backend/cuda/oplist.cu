@@ -236,6 +236,9 @@ void cu_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     cuda_impl *c = CI(b);
     ol_entry e;
     int taken = 0;
+    for (int i = 0; i < n; i++) /* a matmul_multi output this list writes: no early matmul_rn reads it */
+        for (int j = 0; j < c->mmx_n; j++)
+            if (tasks[i].out == c->mmx_out[j]) c->mmx_out[j] = NULL;
     for (int i = 0; i < n && !c->failed; i++) { /* first the tasks that run alone */
         int k = ol_classify(b, &tasks[i], &e);
         if (k == 0) run_alone(b, &tasks[i]);
