@@ -31,6 +31,9 @@
  *   the CPU's two ops (tolerances as above), on the fused kernel (norm weights bf16 / f32 / none, the bf16
  *   roundings, a partial last pass), early (x from a matmul_multi two ops back, an op list between) and
  *   the cases where early must not be taken, and on shapes the kernel declines; counters prove each path.
+ * test_list_beside: op_list_beside after a waiting matmul_rn (DSV4_WQB_FIRST's order): early where nothing
+ *   is shared, late where a task reads the matmul's output or writes its input or where no matmul_rn is
+ *   before it; the bits of the same ops in order every time.
  * test_fresh_weights: weights never seen before, used at once (the upload must be complete
  *   before the kernel reads it), 24 calls of F32 [64..4096 x 1024] rows 5 out_bf16 (4e-3).
  * test_gemv_mma: linear.dot=mma (k_gemv_mma, gemv_mma.cu, FP8 one row on f16 tensor cores) on
@@ -523,6 +526,71 @@ static void test_matmul_rn(void) {
     check_rn(DSV4_WF_BF16, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "bf16 weight");
 }
 
+/* op_list_beside after a matmul_rn (DSV4_WQB_FIRST's order): y's projections (a matmul_multi of x and a
+ * second output z), wq_b (matmul_rn of x, waiting), then a list: z's rmsnorm into u and a copy of z into v.
+ * case 0: the list may run early (counter) and u, v and wq_b's output have the bits of the same ops in
+ * order; 1: a task reads wq_b's output (into a buffer not compared; late); 2: a task writes x (late); 3: the op before is not a
+ * matmul_rn (late).  Every case must give the same bits. */
+static void check_beside(int mode) {
+    const int64_t K = 1024, O = 32768, Z = 512;
+    tw t = make_w(DSV4_WF_FP8, O, K, 0), nw = make_w(DSV4_WF_BF16, 1, K, 0), zn = make_w(DSV4_WF_BF16, 1, Z, 0);
+    tw wa = make_w(DSV4_WF_FP8, K, 4096, 0), wb = make_w(DSV4_WF_FP8, Z, 4096, 0);
+    float *y = malloc(sizeof(float) * 4096), *r[3], *g[3];
+    size_t nb[3] = {sizeof(float) * O, sizeof(float) * Z, sizeof(float) * Z};
+    for (int i = 0; i < 3; i++) r[i] = malloc(nb[i]), g[i] = malloc(nb[i]);
+    float *xd = gpu.ops->alloc(&gpu, sizeof(float) * K), *zd = gpu.ops->alloc(&gpu, sizeof(float) * Z);
+    float *od = gpu.ops->alloc(&gpu, nb[0]), *ud = gpu.ops->alloc(&gpu, nb[1]), *vd = gpu.ops->alloc(&gpu, nb[2]);
+    float *sd = gpu.ops->alloc(&gpu, 64);
+    REQUIRE(y && xd && zd && od && ud && vd && sd && r[0] && r[1] && r[2] && g[0] && g[1] && g[2]);
+    fill(y, 4096, 1);
+    int fl[2] = {0, 0}, ob[2] = {0, 0};
+    const dsv4_weight *wl[2] = {&wa.w, &wb.w};
+    float *outs[2] = {xd, zd};
+    dsv4_op_task tk[2] = {{.kind = DSV4_TASK_RMSNORM, .out = ud, .in = zd, .rows = 1, .dim = (int)Z, .w = &zn.w,
+                           .eps = 1e-6f},
+                          {.kind = DSV4_TASK_COPY, .out = vd, .in = zd, .n = nb[2]}};
+    float *dst[3] = {od, ud, vd};
+    for (int pass = 0; pass < 2; pass++) { /* 0: the reference, ops in order; 1: the case */
+        for (int i = 0; i < 3; i++) {
+            for (size_t j = 0; j < nb[i] / sizeof(float); j++) g[i][j] = NAN;
+            gpu.ops->upload(&gpu, dst[i], g[i], nb[i]);
+        }
+        gpu.ops->matmul_multi(&gpu, 2, outs, y, 1, wl, fl, ob);
+        if (pass == 0 || mode != 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0, 0);
+        dsv4_op_task c2[3] = {tk[0], tk[1]};
+        int n2 = 2;
+        if (pass == 1 && mode == 1) c2[n2++] = (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = sd, .in = od, .n = 16};
+        if (pass == 1 && mode == 2) c2[n2++] = (dsv4_op_task){.kind = DSV4_TASK_SCALE, .out = xd, .n = K, .s = 1.0f};
+        long e0, l0, e1, l1;
+        dsv4_cuda_ol_beside_counts(&gpu, &e0, &l0);
+        if (pass == 0) gpu.ops->op_list(&gpu, c2, n2);
+        else gpu.ops->op_list_beside(&gpu, c2, n2);
+        if (pass == 1 && mode == 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0, 0);
+        dsv4_cuda_ol_beside_counts(&gpu, &e1, &l1);
+        for (int i = 0; i < 3; i++) gpu.ops->download(&gpu, pass ? g[i] : r[i], dst[i], nb[i]);
+        if (pass == 1) {
+            int ok = gpu_ok(), same = 1, early = e1 > e0, late = l1 > l0;
+            for (int i = 0; i < 3; i++) same &= memcmp(r[i], g[i], nb[i]) == 0;
+            int want = mode == 0;
+            printf("  beside case %d: %s, %s the ops in order's bits\n", mode, early ? "early" : late ? "late" : "?",
+                   same ? "with" : "NOT");
+            CHECKF(ok && same && early == want && late == !want, "beside case %d: early %d late %d same %d", mode,
+                   early, late, same);
+        }
+    }
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, zd), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, ud),
+        gpu.ops->free(&gpu, vd), gpu.ops->free(&gpu, sd);
+    free(y);
+    for (int i = 0; i < 3; i++) free(r[i]), free(g[i]);
+    free_w(&t), free_w(&nw), free_w(&zn), free_w(&wa), free_w(&wb);
+}
+
+static void test_list_beside(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->op_list_beside != NULL);
+    for (int mode = 0; mode < 4; mode++) check_beside(mode);
+}
+
 static void test_pro_shapes(void) {
     NEED_GPU();
     static const int rs[] = {1, 2, 4, 8};
@@ -548,5 +616,5 @@ static void test_pro_shapes(void) {
     check_mma(16, 1024, 4096, 1, 0, 1, 1, 0, 0, -1, "pro wo_a bf16");
 }
 
-TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_gemv_mma, test_fused_input, test_batched,
+TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_list_beside, test_gemv_mma, test_fused_input, test_batched,
           test_other_shapes, test_fresh_weights, test_timing)

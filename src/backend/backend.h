@@ -299,6 +299,11 @@ typedef struct dsv4_backend_ops {
      * docs/CUDA.md, "qa's norm inside wq_b").  The backend checks what it can and otherwise waits. */
     void (*matmul_rn)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                       int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early);
+    /* ----- optional: op_list beside the op just before (NULL: the forward pass calls op_list) -----
+     * op_list's values, with the caller's promise that every task's input was written before the op
+     * just before this one and that no task reads or writes what that op writes or reads: a device
+     * backend may then run the two side by side (the CUDA backend after a matmul_rn; docs/CUDA.md). */
+    void (*op_list_beside)(dsv4_backend *b, const struct dsv4_op_task *tasks, int n);
 } dsv4_backend_ops;
 
 /* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first

@@ -127,6 +127,8 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
+    int wqb_first;          /* DSV4_WQB_FIRST ("1" on): at a decode step wq_b (matmul_rn) ahead of the first op
+                             * list, the list beside it (op_list_beside); same values */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -320,6 +322,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->side_chain = !(sc && !strcmp(sc, "0"));
     const char *hd = getenv("DSV4_HC_DEFER");
     m->hc_defer = hd && !strcmp(hd, "1");
+    const char *wf = getenv("DSV4_WQB_FIRST");
+    m->wqb_first = wf && !strcmp(wf, "1");
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -837,11 +841,17 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * written by y's projections, before list 1; list 1 touches neither qa nor q).  Not with act_quant's
      * flags (the reference profile), where the op would run the two kernels instead of one list task */
     int rn = dec && !side && !L->has_indexer && op->matmul_rn && !m->op_trace && !lf;
+    /* first (DSV4_WQB_FIRST=1): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
+     * blocks start as y's projections end instead of behind the list.  The list reads only y's
+     * projections and writes kv and the state rows, none of which wq_b touches */
+    int first = rn && m->wqb_first && op->op_list_beside;
     if (dec) {
+        if (first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 0);
         if (!rn) ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
         ol_add(m, kv_rope);
         if (L->has_comp) comp_stage(m, layer, 0, nseg);
         if (L->has_indexer) comp_stage(m, layer, 1, nseg);
+        if (first && m->n_ol) op->op_list_beside(b, m->ol, m->n_ol), m->n_ol = 0;
         ol_flush(m);
         /* layer 0's attention half is two segments at a decode step: the device starts on y's
          * projections while the host builds the rest (the device waits at the start of a step until
@@ -868,8 +878,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                 op->side(b, 0);
             }
         }
-        if (rn) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 1);
-        else op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
+        if (rn && !first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 1);
+        else if (!rn) op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
         if (L->has_comp && !side) comp_bias(m, layer, 0, nseg);

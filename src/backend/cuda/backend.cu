@@ -29,6 +29,7 @@ void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_w
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *, float,
                   int, int); /* linear.cu */
+void cu_op_list_beside(dsv4_backend *, const struct dsv4_op_task *, int); /* oplist.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int, int);
 void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
                      const int *);
@@ -504,7 +505,7 @@ void dsv4_cuda_flush(dsv4_backend *b) {
     c->n_pend = 0;
 }
 
-unsigned long dsv4_cuda_nlaunch;
+thread_local unsigned long dsv4_cuda_nlaunch;
 
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
@@ -1098,6 +1099,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_side,
     cu_join,
     cu_matmul_rn,
+    cu_op_list_beside,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
@@ -1120,6 +1122,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
     if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
     if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL;
+    if (!o->op_list) o->op_list_beside = NULL;
 }
 
 extern "C" int dsv4_backend_cuda_built(void) { return 1; }

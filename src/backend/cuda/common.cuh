@@ -164,6 +164,11 @@ struct cuda_impl {
     int mmx_n;
     unsigned long mmx_op;
     long rn_early, rn_fused, rn_alone; /* counters (tests): matmul_rn calls by path */
+    /* the last matmul_rn (op count rn_op): its input and output device bytes (op_list_beside's check) */
+    unsigned long rn_op;
+    const void *rn_x, *rn_out;
+    size_t rn_x_n, rn_out_n;
+    long ol_beside_early, ol_beside_late; /* counters (tests): op_list_beside calls launched early or not */
     const void *hc_lg_ptr;
     unsigned long hc_lg_op;
     long hc_lg_early, hc_lg_late; /* counters (tests): readers that formed it before / after the wait */
@@ -232,8 +237,12 @@ extern int dsv4_cuda_hc_stamp;
 void dsv4_cuda_hc_stamp_dump(void);
 __device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-/* kernel launches so far, by every backend of the process (the launch helpers below count them) */
-extern unsigned long dsv4_cuda_nlaunch;
+/* DSV4_CUDA_RN (linear.cu, read once): 0 matmul_rn as two kernels, 1 never early, 2 (default) early where
+ * allowed; op_list_beside launches early only at 2 */
+int dsv4_cuda_rn_mode(void);
+/* kernel launches so far from this thread, by any backend (the launch helpers below count them; an op's
+ * launches are its thread's between its begin and its end) */
+extern thread_local unsigned long dsv4_cuda_nlaunch;
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
                                             cudaStream_t st) {
     dsv4_cuda_nlaunch++;

@@ -1489,7 +1489,7 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
  * stream and does not write x (cu_op_list forgets the outputs it writes).  Then that list's
  * kernel has passed its PDL wait when k_gemv8n starts (it waits before it lets the next launch),
  * so matmul_multi's kernel has completed and x is there. */
-static int rn_mode(void) {
+int dsv4_cuda_rn_mode(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_RN");
@@ -1535,10 +1535,10 @@ void cu_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const d
     if (!xd || !od) return;
     int from_mmx = 0;
     for (int i = 0; i < c->mmx_n; i++) from_mmx |= c->mmx_out[i] == x;
-    int ex = early && rn_mode() == 2 && xdev && from_mmx && c->op_seq - c->mmx_op == 2 && c->chain_prev &&
+    int ex = early && dsv4_cuda_rn_mode() == 2 && xdev && from_mmx && c->op_seq - c->mmx_op == 2 && c->chain_prev &&
              c->op_prev == DSV4_CUDA_OP_LIST && c->side_state == 0;
     g8_rn rn = {nd, norm_w != NULL, norm_w ? rmsnorm_vw(norm_w, nd) : 0, norm_bf16, eps};
-    if (rows == 1 && !flags && rn_mode() && gemv8_rn(b, od, xd, dw, out_bf16, rn, ex)) {
+    if (rows == 1 && !flags && dsv4_cuda_rn_mode() && gemv8_rn(b, od, xd, dw, out_bf16, rn, ex)) {
         c->op_early = ex;
         if (ex) c->rn_early++;
         else c->rn_fused++;
@@ -1548,6 +1548,8 @@ void cu_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const d
         matmul_dev(b, od, t, rows, w, dw, flags, out_bf16);
         c->rn_alone++;
     }
+    c->rn_op = c->op_seq, c->rn_x = xd, c->rn_x_n = sizeof(float) * xin, c->rn_out = od;
+    c->rn_out_n = sizeof(float) * xout;
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
 }

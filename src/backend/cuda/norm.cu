@@ -377,8 +377,7 @@ void cu_sim(dsv4_backend *b, float *x, int rows, int stride, int col0, int width
  * a multiple of every norm task's nt. */
 #include "backend/cuda/oplist.cuh"
 
-__global__ void k_op_list(const __grid_constant__ ol_params p) {
-    pdl_enter();
+__device__ __forceinline__ void op_list_run(const ol_params &p) {
     __shared__ float sh[32];
     int bi = blockIdx.x, lo = 0, hi = p.n - 1;
     while (lo < hi) { /* the last task whose first block is <= bi */
@@ -436,6 +435,15 @@ __global__ void k_op_list(const __grid_constant__ ol_params p) {
     } else if (t.kind == OL_SCALE) {
         for (int64_t e = e0; e < t.n0; e += step) ((float *)t.x)[e] = d_scale1(((float *)t.x)[e], t.f, bf);
     }
+}
+
+/* early (op_list_beside): the tasks run before the PDL wait, beside the kernel just before, whose
+ * completion the wait at the end still carries to the next kernel (oplist.cu says when) */
+__global__ void k_op_list(const __grid_constant__ ol_params p) {
+    if (p.early) pdl_trigger();
+    else pdl_enter();
+    op_list_run(p);
+    if (p.early) pdl_wait();
 }
 
 int dsv4_cuda_op_list_launch(dsv4_backend *b, const ol_params &p, unsigned blocks, int threads) {

@@ -232,7 +232,48 @@ static int fill_add(ol_fill *f, const ol_entry &e, int *nts) {
     return 1;
 }
 
-void cu_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
+/* [p, p + n bytes) and [q, q + m bytes) share a byte */
+static int overlaps(const void *p, size_t n, const void *q, size_t m) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return p && q && a < b + m && b < a + n;
+}
+
+/* the bytes a task reads at in and writes at out (0 where it has no such operand) */
+static void task_spans(const dsv4_op_task *t, size_t *in_n, size_t *out_n) {
+    size_t v = 0;
+    switch (t->kind) {
+    case DSV4_TASK_RMSNORM: v = sizeof(float) * (size_t)t->rows * t->dim, *in_n = v, *out_n = v; return;
+    case DSV4_TASK_NORM_ROPE:
+    case DSV4_TASK_ROPE: v = sizeof(float) * (size_t)t->rows * t->n_heads * t->dim, *in_n = 0, *out_n = v; return;
+    case DSV4_TASK_ADD_CYCLIC:
+        *in_n = sizeof(float) * (size_t)t->period * t->dim, *out_n = sizeof(float) * (size_t)t->rows * t->dim;
+        return;
+    case DSV4_TASK_COPY: *in_n = t->n, *out_n = t->n; return;
+    case DSV4_TASK_SCALE: *in_n = 0, *out_n = sizeof(float) * t->n; return;
+    }
+    *in_n = 0, *out_n = 0;
+}
+
+/* op_list_beside's early launch (backend.h): where the op just before was matmul_rn, launched
+ * waiting on the main stream (chain_prev: when this list starts, that kernel has passed its wait,
+ * so every op before it has completed), and no task reads or writes what that op read or wrote
+ * (its x and out; weights no task writes).  Then the tasks' inputs, written before matmul_rn, are
+ * there, and nothing the two kernels share can race. */
+static int beside_ok(cuda_impl *c, const dsv4_op_task *tasks, int n) {
+    if (dsv4_cuda_rn_mode() != 2 || !c->rn_out || c->rn_op != c->op_seq - 1 || !c->chain_prev || c->side_state != 0)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        size_t in_n, out_n;
+        task_spans(&tasks[i], &in_n, &out_n);
+        const void *in = tasks[i].in, *out = tasks[i].out;
+        if (overlaps(in, in_n, c->rn_x, c->rn_x_n) || overlaps(in, in_n, c->rn_out, c->rn_out_n) ||
+            overlaps(out, out_n, c->rn_x, c->rn_x_n) || overlaps(out, out_n, c->rn_out, c->rn_out_n))
+            return 0;
+    }
+    return 1;
+}
+
+static void op_list_go(dsv4_backend *b, const dsv4_op_task *tasks, int n, int beside) {
     cuda_impl *c = CI(b);
     ol_entry e;
     int taken = 0;
@@ -249,6 +290,9 @@ void cu_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     ol_fill f;
     int nts[OL_MAX];
     fill_reset(&f);
+    f.p.early = beside && beside_ok(c, tasks, n);
+    if (beside) (f.p.early ? c->ol_beside_early : c->ol_beside_late)++;
+    c->op_early = f.p.early;
     for (int i = 0; i < n && !c->failed; i++) {
         if (ol_classify(b, &tasks[i], &e) <= 0) continue;
         if (!fill_add(&f, e, nts)) {
@@ -260,4 +304,11 @@ void cu_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     }
     if (!c->failed) fill_launch(b, &f, nts);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_LIST);
+}
+
+void cu_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) { op_list_go(b, tasks, n, 0); }
+void cu_op_list_beside(dsv4_backend *b, const dsv4_op_task *tasks, int n) { op_list_go(b, tasks, n, 1); }
+
+void dsv4_cuda_ol_beside_counts(dsv4_backend *b, long *early, long *late) {
+    *early = CI(b)->ol_beside_early, *late = CI(b)->ol_beside_late;
 }

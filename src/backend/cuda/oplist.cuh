@@ -35,6 +35,7 @@ struct ol_task {
 
 struct ol_params {
     int n;                  /* tasks */
+    int early;              /* op_list_beside: the tasks before the PDL wait, the wait at the end (oplist.cu) */
     int first[OL_MAX + 1];  /* block prefix */
     ol_task t[OL_MAX];
     int64_t pos[OL_POS];
