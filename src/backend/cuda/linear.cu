@@ -1,4 +1,4 @@
-/* backend/cuda/linear.cu: dequantizing linears (matmul, grouped wo_a, embed, act_quant).
+/* backend/cuda/linear.cu: dequantizing linears (matmul, matmul_rn, grouped wo_a, embed, act_quant).
  *
  * k_linear<NR, OPW, FMT>: out[r][o] = sum_k W[o0+o][k] x[r][g(o)*xg + k] for o < no,
  * r < rows (<= NR <= 8 per launch; the launcher walks larger batches in chunks of 8 rows).
@@ -22,6 +22,8 @@
  *   16-product partial, the scale mode a template parameter (12.6 us against 18.1 on wq_b);
  *   k_gemv8x (below) at K 4096..8192 (wo_a, wo_b): x in registers, persistent grid, next
  *   pass's loads in flight (wo_b 14.2 us against 16.8).
+ * k_gemv8n (below): k_gemv8 at wq_b's geometry with x's rmsnorm formed by each block (matmul_rn:
+ *   qa's norm inside wq_b, the bits of the two ops), optionally beside the op list before it.
  * k_gemvn (below) takes 2..8 rows a launch of FP8 and bf16 weights with K % 128 == 0 (larger
  *   batches in chunks of 8): a weight decoded once for all rows, x loads contiguous across a
  *   warp, a persistent grid (DSV4_CUDA_BGEMV=0: the paths above, for the A/B).
@@ -570,6 +572,22 @@ __device__ __forceinline__ void g8_dec16(const uint4 &v, float s, float (&wf)[16
  * cold timing (wo_a 45.9 us against 25.2, wo_b 43.8 / 33.0, wq_b 27.2 / 24.3), so the
  * launcher takes one row only and NR 2 is not instantiated.  DSV4_CUDA_GEMV_OLD=1 (read
  * once) takes k_gemv for one row too (A/B). */
+/* a k_gemv8 / k_gemv8n thread's place in its block: tpr threads a row (nw warps), slots rows a pass, its
+ * slot, its column c; its CPT vectors' first columns (tpr vectors of 16 apart) and their scale columns */
+template <int CPT> struct g8_place {
+    int tpr, nw, slots, slot, c, scols;
+    int kcol[CPT], scol[CPT];
+};
+template <int CPT> __device__ __forceinline__ g8_place<CPT> g8_place_of(int tpr_log2, int K, int blk_log2) {
+    g8_place<CPT> g;
+    g.tpr = 1 << tpr_log2, g.nw = g.tpr >> 5, g.slots = 256 >> tpr_log2;
+    g.slot = (int)threadIdx.x >> tpr_log2, g.c = (int)threadIdx.x & (g.tpr - 1);
+    g.scols = K >> blk_log2;
+#pragma unroll
+    for (int i = 0; i < CPT; i++) g.kcol[i] = (g.c + i * g.tpr) * 16, g.scol[i] = g.kcol[i] >> blk_log2;
+    return g;
+}
+
 template <int NR, int SCL, int CPT, int RPP>
 __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const float *__restrict__ x, int64_t ldx,
                                                const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
@@ -577,12 +595,9 @@ __global__ void __launch_bounds__(256, 3) k_gemv8(float *out, int64_t ldo, const
                                                int64_t xg, int out_bf16, int tpr_log2, int npass) {
     constexpr int N = RPP * NR;
     __shared__ float red[2][8][N];
-    const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
-    const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
-    const int scols = K >> blk_log2;
-    int kcol[CPT], scol[CPT];
-#pragma unroll
-    for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
+    const g8_place<CPT> g = g8_place_of<CPT>(tpr_log2, K, blk_log2);
+    const int nw = g.nw, slots = g.slots, slot = g.slot, scols = g.scols;
+    const int(&kcol)[CPT] = g.kcol, (&scol)[CPT] = g.scol;
     int buf = 0, entered = 0; /* pdl_enter (common.cuh) once this block's first weights are asked for */
     for (int p = blockIdx.x; p < npass; p += gridDim.x) {
         const int64_t rb = ((int64_t)p * slots + slot) * RPP; /* this slot's first row */
@@ -673,12 +688,9 @@ __global__ void __launch_bounds__(256, 3) k_gemv8n(float *out, const float *__re
     __shared__ float red[2][8][RPP];
     __shared__ float4 xs[K / 4];
     __shared__ float sh[32];
-    const int tpr = 1 << tpr_log2, nw = tpr >> 5, slots = 256 >> tpr_log2;
-    const int t = threadIdx.x, slot = t >> tpr_log2, c = t & (tpr - 1);
-    const int scols = K >> blk_log2;
-    int kcol[CPT], scol[CPT];
-#pragma unroll
-    for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
+    const g8_place<CPT> g = g8_place_of<CPT>(tpr_log2, K, blk_log2);
+    const int nw = g.nw, slots = g.slots, slot = g.slot, scols = g.scols, t = threadIdx.x;
+    const int(&kcol)[CPT] = g.kcol, (&scol)[CPT] = g.scol;
     int buf = 0, normed = 0;
     for (int p = blockIdx.x; p < npass; p += gridDim.x) {
         const int64_t rb = ((int64_t)p * slots + slot) * RPP;
