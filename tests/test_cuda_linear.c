@@ -443,7 +443,8 @@ static void test_timing(void) {
  * second output of the matmul_multi, which the list writes (early); 0 x uploaded. */
 static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, dsv4_wfmt nfmt, int norm_bf16,
                      int out_bf16, int flags, int early, int setup, char want, const char *what) {
-    tw t = make_w(fmt, O, K, sf32), nw = make_w(nfmt ? nfmt : DSV4_WF_F32, 1, K, 0), wa = make_w(DSV4_WF_FP8, K, 4096, 0);
+    tw t = make_w(fmt, O, K, sf32), nw = make_w(nfmt ? nfmt : DSV4_WF_F32, 1, K, 0);
+    tw wa = make_w(DSV4_WF_FP8, K, 4096, 0);
     tw wb = make_w(DSV4_WF_FP8, 512, 4096, 0);
     const dsv4_weight *nwp = nfmt ? &nw.w : NULL;
     size_t nx = (size_t)rows * K, no = (size_t)rows * O;
@@ -529,8 +530,8 @@ static void test_matmul_rn(void) {
 /* op_list_beside after a matmul_rn (DSV4_WQB_FIRST's order): y's projections (a matmul_multi of x and a
  * second output z), wq_b (matmul_rn of x, waiting), then a list: z's rmsnorm into u and a copy of z into v.
  * case 0: the list may run early (counter) and u, v and wq_b's output have the bits of the same ops in
- * order; 1: a task reads wq_b's output (into a buffer not compared; late); 2: a task writes x (late); 3: the op before is not a
- * matmul_rn (late).  Every case must give the same bits. */
+ * order; 1: a task reads wq_b's output (into a buffer not compared; late); 2: a task writes x (late);
+ * 3: the op before is not a matmul_rn (late).  Every case must give the same bits. */
 static void check_beside(int mode) {
     const int64_t K = 1024, O = 32768, Z = 512;
     tw t = make_w(DSV4_WF_FP8, O, K, 0), nw = make_w(DSV4_WF_BF16, 1, K, 0), zn = make_w(DSV4_WF_BF16, 1, Z, 0);
@@ -616,5 +617,5 @@ static void test_pro_shapes(void) {
     check_mma(16, 1024, 4096, 1, 0, 1, 1, 0, 0, -1, "pro wo_a bf16");
 }
 
-TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_list_beside, test_gemv_mma, test_fused_input, test_batched,
-          test_other_shapes, test_fresh_weights, test_timing)
+TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_list_beside, test_gemv_mma,
+          test_fused_input, test_batched, test_other_shapes, test_fresh_weights, test_timing)

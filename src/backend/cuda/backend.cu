@@ -27,8 +27,8 @@ void cu_embed(dsv4_backend *, float *, const int32_t *, int, const dsv4_weight *
 void cu_argmax(dsv4_backend *, int32_t *, const float *, int, int); /* linear.cu */
 void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_weight *, int);
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
-void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *, float,
-                  int, int); /* linear.cu */
+void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *,
+                  float, int, int); /* linear.cu */
 void cu_op_list_beside(dsv4_backend *, const struct dsv4_op_task *, int); /* oplist.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int, int);
 void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
