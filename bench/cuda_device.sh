@@ -4,7 +4,7 @@
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
-#        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt
+#        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -331,6 +331,20 @@ for stage in "${stages[@]}"; do
     grep -E "^ab" "$OUT/hcd_ab/summary.txt" >>"$summary"
     KT_GREEDY=1 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/hcd_kt/summary.txt" | head -30 >>"$summary" ;;
+  wqbfirst)
+    # wq_b ahead of the first decode list, the list beside it (DSV4_WQB_FIRST=1, docs/CUDA.md "qa's norm inside
+    # wq_b"): its op tests, the end-to-end A/B of logits (tiny, and flash-2 where /dev/shm/flash2 is there: the
+    # flash2 stage), then ab (AB_ROUNDS, default 3) and ktab against the default on the 20-layer model
+    timeout 120 $bin/test_cuda_linear test_matmul_rn test_list_beside >"$OUT/wqf_lin.log" 2>&1
+    note "test_matmul_rn test_list_beside rc=$? $(tail -1 "$OUT/wqf_lin.log")"
+    grep -E "^FAIL|beside case" "$OUT/wqf_lin.log" >>"$summary"
+    f2=; [ -d /dev/shm/flash2 ] && f2=/dev/shm/flash2
+    DSV4_CUDA_FLASH2=$f2 timeout 300 $bin/test_cuda_e2e test_qa_fuse >"$OUT/wqf_e2e.log" 2>&1
+    note "test_qa_fuse rc=$? $(tail -1 "$OUT/wqf_e2e.log")"; grep -E "^FAIL|qa's norm" "$OUT/wqf_e2e.log" >>"$summary"
+    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_WQB_FIRST=1" OUT="$OUT/wqf_ab" bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab" "$OUT/wqf_ab/summary.txt" >>"$summary"
+    KT_GREEDY=1 AB_ENVS="- DSV4_WQB_FIRST=1" OUT="$OUT/wqf_kt" bash "$0" ktab >/dev/null 2>&1
+    grep -vE "^==" "$OUT/wqf_kt/summary.txt" | head -30 >>"$summary" ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and
