@@ -485,8 +485,9 @@ static void test_pro3(void) {
 /* qa's norm inside wq_b (matmul_rn, forward.c / linear.cu) must not change a bit: the same steps with
  * DSV4_CUDA_QA_FUSE=0 (the norm in the op list before wq_b) and without give identical logits, and so do
  * DSV4_WQB_FIRST=1 (wq_b ahead of the list, the list beside it: op_list_beside) and without.  The tiny
- * model's wq_b takes the op's two kernels; flash-2's (DSV4_CUDA_FLASH2) the fused kernel, early in the
- * layers without an indexer (test_cuda_linear test_matmul_rn proves each path by its counters). */
+ * model's wq_b is not one matmul_rn_takes (the forward pass keeps the norm in the list either way: the
+ * order's plumbing only); flash-2's (DSV4_CUDA_FLASH2) is, the fused kernel running early in the layers
+ * without an indexer (test_cuda_linear test_matmul_rn proves each path by its counters). */
 static void qa_fuse_case(const char *dir, const char *profile, int T, int D) {
     dsv4_engine_perf_info p0, p1, q;
     ab_model = dir;

@@ -437,7 +437,8 @@ static void test_timing(void) {
  * One case: x (rows x K) normed by nw (NULL, bf16 or f32; norm_bf16 0, 1 or 1 | DSV4_NORM_BF16_STEPS) and
  * multiplied by W (O x K).  The answer must have the bits of the GPU's own rmsnorm (into a copy) then
  * matmul, and be within 2e-6 (4e-3 with bf16 rounding) of the CPU's two ops.  want: the path that must
- * run by the counters, 'f' the fused kernel after its wait, 'a' the two kernels, 'e' early.  With
+ * run by the counters, 'f' the fused kernel after its wait, 'a' the two kernels, 'e' early; matmul_rn_takes must
+ * answer 1 exactly where the kernel is fused ('f' or 'e').  With
  * setup 1 x comes from a matmul_multi two ops back with an op list between (early allowed), 2 the same
  * but the list writes x (scale by 1: no early), 3 the matmul_multi just before (no early), 4 as 1 with a
  * second output of the matmul_multi, which the list writes (early); 0 x uploaded. */
@@ -481,6 +482,7 @@ static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, ds
         if (setup != 3) gpu.ops->op_list(&gpu, &tk, 1);
     }
     long e0, f0, a0, e1, f1, a1;
+    int takes = gpu.ops->matmul_rn_takes(&gpu, &t.w, rows, flags); /* the forward pass's question */
     dsv4_cuda_rn_counts(&gpu, &e0, &f0, &a0);
     gpu.ops->matmul_rn(&gpu, od, xd, rows, &t.w, flags, out_bf16, nwp, 1e-6f, norm_bf16, early);
     dsv4_cuda_rn_counts(&gpu, &e1, &f1, &a1);
@@ -493,7 +495,8 @@ static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, ds
            "(want %c), %s the two ops' bits, rel %.2e (tol %.0e)\n", what, dsv4_wfmt_name(fmt), sf32 ? "/f32s" : "",
            (long long)O, (long long)K, rows, nfmt ? dsv4_wfmt_name(nfmt) : "none", norm_bf16, out_bf16, flags,
            early, setup, ran, want, same ? "with" : "NOT", r, tol);
-    CHECKF(ok && same && r <= tol && ran == want, "rn %s: ran %c want %c same %d rel %g", what, ran, want, same, r);
+    CHECKF(ok && same && r <= tol && ran == want && takes == (want != 'a'), "rn %s: ran %c want %c takes %d same %d rel %g",
+           what, ran, want, takes, same, r);
     gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, td), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, sd);
     free(x), free(y), free(tn), free(a), free(g0), free(g1);
     free_w(&t), free_w(&nw), free_w(&wa), free_w(&wb);

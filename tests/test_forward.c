@@ -12,7 +12,9 @@
  * (two post/comb pairs, the next layer skipping its own hc_pre, the last layer and the MTP
  * block unfused, the separate ops under a layer-diff trace) gives the bits of the unfused
  * pass, with the op counts of each.  Greedy decoding (dsv4_forward_greedy) against the host loop,
- * and a failed call undone (test_segments_and_checks, test_greedy).
+ * and a failed call undone (test_segments_and_checks, test_greedy).  qa's norm inside wq_b (matmul_rn) and
+ * wq_b ahead of the first op list (DSV4_WQB_FIRST) give the op list's bits, with the calls and early promises
+ * each layer should make (test_qa_norm_in_wqb).
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -1196,6 +1198,110 @@ static void sc_run(low_model *lm, const char *mode, float *lg) {
     lm->be.ops = g_sc_cpu;
 }
 
+/* ----- qa's norm inside wq_b (matmul_rn) and wq_b ahead of the first list (DSV4_WQB_FIRST), below the engine -----
+ * The CPU backend has neither op nor op_list; the test supplies them from its ops (an op list runs its tasks
+ * in order, matmul_rn norms into a copy and multiplies, taking every one-row call without flags), counts the
+ * calls and the early promises, and requires the logits of a prefill and 9 decode steps to be the bits of the
+ * run without matmul_rn: with it (early promised in every layer without an indexer or a side chain at that
+ * step) and with DSV4_WQB_FIRST=1 (never early; the list after it through op_list_beside). */
+static const dsv4_backend_ops *g_rn_cpu;
+static long g_rn_calls[2], g_rn_beside; /* matmul_rn calls without / with early; op_list_beside calls */
+
+static void rn_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
+    const dsv4_backend_ops *o = g_rn_cpu;
+    for (int i = 0; i < n; i++) {
+        const dsv4_op_task *t = &tasks[i];
+        switch (t->kind) {
+        case DSV4_TASK_RMSNORM: o->rmsnorm(b, t->out, t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16); break;
+        case DSV4_TASK_NORM_ROPE:
+            o->norm_rope(b, t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq,
+                         t->out_bf16);
+            break;
+        case DSV4_TASK_ROPE:
+            o->rope(b, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse, t->out_bf16);
+            break;
+        case DSV4_TASK_ADD_CYCLIC: o->add_cyclic(b, t->out, t->in, t->rows, t->dim, t->period, t->first); break;
+        case DSV4_TASK_COPY: o->copy(b, t->out, t->in, t->n); break;
+        case DSV4_TASK_SCALE: o->scale(b, t->out, t->n, t->s, t->out_bf16); break;
+        }
+    }
+}
+static void rn_beside(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
+    g_rn_beside++;
+    rn_op_list(b, tasks, n);
+}
+static void rn_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
+                         int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early) {
+    float *t = malloc(sizeof(float) * (size_t)rows * w->cols);
+    REQUIRE(t);
+    g_rn_calls[early != 0]++;
+    g_rn_cpu->rmsnorm(b, t, x, rows, (int)w->cols, norm_w, eps, norm_bf16);
+    g_rn_cpu->matmul(b, out, t, rows, w, flags, out_bf16);
+    free(t);
+}
+static int rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) {
+    (void)b, (void)w;
+    return rows == 1 && !flags;
+}
+
+/* mode 0: op_list only; 1: matmul_rn as well; 2: and op_list_beside with DSV4_WQB_FIRST=1 */
+static void rn_run(low_model *lm, int mode, float *lg) {
+    dsv4_err err = {{0}};
+    dsv4_backend_ops ops = *g_rn_cpu;
+    ops.op_list = rn_op_list;
+    if (mode >= 1) ops.matmul_rn = rn_matmul_rn, ops.matmul_rn_takes = rn_takes;
+    if (mode == 2) ops.op_list_beside = rn_beside;
+    lm->be.ops = &ops;
+    if (mode == 2) setenv("DSV4_WQB_FIRST", "1", 1);
+    dsv4_model *m = NULL;
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
+    unsetenv("DSV4_WQB_FIRST");
+    REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
+    int32_t tok[16];
+    make_tokens(tok, 16, 93, lm->cfg.vocab_size);
+    size_t V = (size_t)lm->cfg.vocab_size;
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    for (int t = 0; t < 9; t++) {
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + 7 + t, .n = 1, .logits = lg + (size_t)(t + 1) * V};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    lm->be.ops = g_rn_cpu;
+}
+
+static void test_qa_norm_in_wqb(void) {
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    g_rn_cpu = lm.be.ops;
+    size_t V = (size_t)lm.cfg.vocab_size;
+    int L = lm.cfg.n_layers, want = 0; /* the trunk (the MTP layers run in no dsv4_forward) */
+    for (int t = 0; t < 9; t++) /* decode steps at positions 7..15: layers without an indexer or a side chain */
+        for (int l = 0; l < L; l++) {
+            const dsv4_layer_w *ly = &lm.w.layers[l];
+            want += !ly->has_indexer && !(ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0);
+        }
+    float *a = calloc(10 * V, sizeof(float)), *b = calloc(10 * V, sizeof(float));
+    REQUIRE(a && b && want > 0);
+    rn_run(&lm, 0, a);
+    for (int mode = 1; mode <= 2; mode++) {
+        g_rn_calls[0] = g_rn_calls[1] = g_rn_beside = 0;
+        rn_run(&lm, mode, b);
+        int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
+        long early = g_rn_calls[1], waiting = g_rn_calls[0];
+        printf("  matmul_rn mode %d: logits %s the op list's bits; calls %ld early, %ld waiting, %ld lists beside "
+               "(expected %d)\n", mode, same ? "with" : "NOT", early, waiting, g_rn_beside, want);
+        CHECK(same);
+        CHECKF(mode == 1 ? early == want && waiting == 0 && g_rn_beside == 0
+                         : early == 0 && waiting == want && g_rn_beside == want,
+               "mode %d: %ld early, %ld waiting, %ld beside, expected %d", mode, early, waiting, g_rn_beside, want);
+    }
+    free(a), free(b);
+    low_close(&lm);
+}
+
 static void test_side_chain(void) {
     low_model lm;
     REQUIRE(low_open(&lm) == 0);
@@ -1423,4 +1529,4 @@ TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_max_positio
           test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints, test_truncate_recompute,
           test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair,
-          test_segment_starts, test_greedy, test_side_chain, test_zz_cleanup)
+          test_segment_starts, test_greedy, test_side_chain, test_qa_norm_in_wqb, test_zz_cleanup)

@@ -299,6 +299,9 @@ typedef struct dsv4_backend_ops {
      * docs/CUDA.md, "qa's norm inside wq_b").  The backend checks what it can and otherwise waits. */
     void (*matmul_rn)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
                       int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early);
+    /* 1 where matmul_rn of this weight, rows and flags forms the norm inside the matmul (one launch); 0 where it
+     * would run the two ops, which the forward pass then keeps as they were (both set or both NULL) */
+    int (*matmul_rn_takes)(dsv4_backend *b, const dsv4_weight *w, int rows, int flags);
     /* ----- optional: op_list beside the op just before (NULL: the forward pass calls op_list) -----
      * op_list's values, with the caller's promise that every task's input was written before the op
      * just before this one and that no task reads or writes what that op writes or reads: a device

@@ -29,6 +29,7 @@ void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_w
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *,
                   float, int, int); /* linear.cu */
+int cu_matmul_rn_takes(dsv4_backend *, const dsv4_weight *, int, int);
 void cu_op_list_beside(dsv4_backend *, const struct dsv4_op_task *, int); /* oplist.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int, int);
 void cu_matmul_multi(dsv4_backend *, int, float *const *, const float *, int, const dsv4_weight *const *, const int *,
@@ -1099,6 +1100,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_side,
     cu_join,
     cu_matmul_rn,
+    cu_matmul_rn_takes,
     cu_op_list_beside,
 };
 
@@ -1121,7 +1123,7 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
     if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
-    if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL;
+    if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL, o->matmul_rn_takes = NULL;
     if (!o->op_list) o->op_list_beside = NULL;
 }
 

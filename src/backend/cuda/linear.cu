@@ -1510,15 +1510,20 @@ int dsv4_cuda_rn_mode(void) {
     return v;
 }
 
+/* 1 where k_gemv8n takes the weight (one row, x aligned): the geometry k_gemv8 would pick is its own */
+static int gemv8_rn_ok(int nsm, const dweight &w) {
+    if (w.fmt != DSV4_WF_FP8 || w.cols != 1024 || w.scale_f32 || gemv8_old()) return 0;
+    lin_args a = {NULL, w.rows, NULL, w.cols, 1, w, 0, w.rows, w.rows, 0, 0, 0, w.cols, NULL, 1, 0};
+    int tpr, cpt, rpp;
+    return gemv8_geometry(a, nsm, &tpr, &cpt, &rpp) && tpr == 32 && cpt == 2 && rpp == 4 &&
+           (w.rows + 31) / 32 <= (1 << 30);
+}
+
 static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &w, int out_bf16, const g8_rn &rn,
                     int early) {
     cuda_impl *c = CI(b);
-    if (w.fmt != DSV4_WF_FP8 || w.cols != 1024 || w.scale_f32 || ((uintptr_t)xd & 15) || gemv8_old()) return 0;
-    lin_args a = {od, w.rows, xd, w.cols, 1, w, 0, w.rows, w.rows, 0, 0, out_bf16, w.cols, NULL, 1, 0};
-    int tpr, cpt, rpp;
-    if (!gemv8_geometry(a, c->nsm, &tpr, &cpt, &rpp) || tpr != 32 || cpt != 2 || rpp != 4) return 0;
+    if (((uintptr_t)xd & 15) || !gemv8_rn_ok(c->nsm, w)) return 0;
     int64_t np = (w.rows + 31) / 32; /* 8 slots of RPP 4 rows a pass */
-    if (np > (1 << 30)) return 0;
     if (early)
         dsv4_launch(k_gemv8n<2, 4, 1>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block),
                     w.rows, out_bf16, 5, (int)np, rn);
@@ -1527,6 +1532,15 @@ static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &
                     w.rows, out_bf16, 5, (int)np, rn);
     if (!CKL(b)) c->weight_bytes_read += wbytes_rows(w, w.rows);
     return 1;
+}
+
+int cu_matmul_rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) {
+    if (rows != 1 || flags || !dsv4_cuda_rn_mode() || CI(b)->failed) return 0;
+    dweight dw; /* the shape only (no upload here: the op maps the weight) */
+    memset(&dw, 0, sizeof dw);
+    dw.fmt = w->fmt, dw.rows = w->rows, dw.cols = w->cols, dw.scale_f32 = w->scale_f32;
+    dw.block = w->block > 0 ? w->block : 128;
+    return gemv8_rn_ok(CI(b)->nsm, dw);
 }
 
 void dsv4_cuda_rn_counts(dsv4_backend *b, long *early, long *fused, long *alone) {
