@@ -841,7 +841,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * written by y's projections, before list 1; list 1 touches neither qa nor q).  Only where the backend
      * forms the norm inside the matmul (matmul_rn_takes: one row of Flash's wq_b; not with act_quant's flags,
      * the reference profile): elsewhere the op would run two kernels where the list had one task */
-    int rn = dec && !side && !L->has_indexer && op->matmul_rn && !m->op_trace && !lf &&
+    int rn = dec && !side && !L->has_indexer && op->matmul_rn && op->matmul_rn_takes && !m->op_trace && !lf &&
              op->matmul_rn_takes(b, &L->wq_b, rows, lf);
     /* first (DSV4_WQB_FIRST=1): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
      * blocks start as y's projections end instead of behind the list.  The list reads only y's
