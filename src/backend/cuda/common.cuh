@@ -213,7 +213,16 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line); /* after a l
  * never values.  In a graph capture the attribute becomes a programmatic edge between the two
  * kernel nodes.  The multi-wave prefill GEMMs (k_sgemm, k_gemm_fp8, k_mg_up, k_mg_down) only
  * wait: a kernel that never triggers lets its dependents launch when it completes, so their
- * early-resident blocks do not take SM slots from its later waves. */
+ * early-resident blocks do not take SM slots from its later waves.
+ * Because the trigger comes after the wait, when a kernel starts the one before its predecessor
+ * has completed; a few kernels read activations before their wait on that rule (an operand written
+ * two or more kernels back: k_moe_b1r's down half, k_hc_dec's comb_in).  Two kernels trigger first
+ * and wait at their end instead (early): k_gemv8n<.., 1> (matmul_rn) and k_op_list with p.early
+ * (op_list_beside), each only where the backend has seen its reads complete and nothing shared
+ * with the kernel before it (linear.cu, oplist.cu).  The kernel after an early one may start
+ * before the early one's predecessor has completed, so it must not lean on the rule above: in
+ * the forward pass an early kernel is followed by an op list, which reads nothing before its
+ * wait. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_enter() {
