@@ -333,13 +333,14 @@ for stage in "${stages[@]}"; do
     grep -vE "^==" "$OUT/hcd_kt/summary.txt" | head -30 >>"$summary" ;;
   wqbfirst)
     # wq_b ahead of the first decode list, the list beside it (DSV4_WQB_FIRST=1, docs/CUDA.md "qa's norm inside
-    # wq_b"): its op tests, the end-to-end A/B of logits (tiny, and flash-2 where /dev/shm/flash2 is there: the
-    # flash2 stage), then ab (AB_ROUNDS, default 3) and ktab against the default on the 20-layer model
+    # wq_b"): its op tests, the end-to-end A/B of logits on flash-2 (made here unless the flash2 stage made it),
+    # then ab (AB_ROUNDS, default 3) and ktab against the default on the 20-layer model
     timeout 120 $bin/test_cuda_linear test_matmul_rn test_list_beside >"$OUT/wqf_lin.log" 2>&1
     note "test_matmul_rn test_list_beside rc=$? $(tail -1 "$OUT/wqf_lin.log")"
     grep -E "^FAIL|beside case" "$OUT/wqf_lin.log" >>"$summary"
-    f2=; [ -d /dev/shm/flash2 ] && f2=/dev/shm/flash2
-    DSV4_CUDA_FLASH2=$f2 timeout 300 $bin/test_cuda_e2e test_qa_fuse >"$OUT/wqf_e2e.log" 2>&1
+    [ -d /dev/shm/flash2 ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 \
+      --out /dev/shm/flash2 >/dev/null 2>&1
+    DSV4_CUDA_FLASH2=/dev/shm/flash2 timeout 300 $bin/test_cuda_e2e test_qa_fuse >"$OUT/wqf_e2e.log" 2>&1
     note "test_qa_fuse rc=$? $(tail -1 "$OUT/wqf_e2e.log")"; grep -E "^FAIL|qa's norm" "$OUT/wqf_e2e.log" >>"$summary"
     AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_WQB_FIRST=1" OUT="$OUT/wqf_ab" bash "$0" ab >/dev/null 2>&1
     grep -E "^ab" "$OUT/wqf_ab/summary.txt" >>"$summary"

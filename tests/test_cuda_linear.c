@@ -29,8 +29,8 @@
  *   and with linear.dot=mma at one row (taken or declined);
  * test_matmul_rn: matmul_rn (qa's norm inside wq_b) against the GPU's rmsnorm then matmul bit for bit and
  *   the CPU's two ops (tolerances as above), on the fused kernel (norm weights bf16 / f32 / none, the bf16
- *   roundings, a partial last pass), early (x from a matmul_multi two ops back, an op list between) and
- *   the cases where early must not be taken, and on shapes the kernel declines; counters prove each path.
+ *   roundings, a partial last pass) and on shapes the kernel declines; counters prove each path, and
+ *   matmul_rn_takes must say which.
  * test_list_beside: op_list_beside after a waiting matmul_rn (DSV4_WQB_FIRST's order): early where nothing
  *   is shared, late where a task reads the matmul's output or writes its input or where no matmul_rn is
  *   before it; the bits of the same ops in order every time.
@@ -437,33 +437,20 @@ static void test_timing(void) {
  * One case: x (rows x K) normed by nw (NULL, bf16 or f32; norm_bf16 0, 1 or 1 | DSV4_NORM_BF16_STEPS) and
  * multiplied by W (O x K).  The answer must have the bits of the GPU's own rmsnorm (into a copy) then
  * matmul, and be within 2e-6 (4e-3 with bf16 rounding) of the CPU's two ops.  want: the path that must
- * run by the counters, 'f' the fused kernel after its wait, 'a' the two kernels, 'e' early; matmul_rn_takes must
- * answer 1 exactly where the kernel is fused ('f' or 'e').  With
- * setup 1 x comes from a matmul_multi two ops back with an op list between (early allowed), 2 the same
- * but the list writes x (scale by 1: no early), 3 the matmul_multi just before (no early), 4 as 1 with a
- * second output of the matmul_multi, which the list writes (early); 0 x uploaded. */
+ * run by the counters, 'f' the fused kernel, 'a' the two kernels; matmul_rn_takes must answer 1 exactly
+ * where the kernel is fused. */
 static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, dsv4_wfmt nfmt, int norm_bf16,
-                     int out_bf16, int flags, int early, int setup, char want, const char *what) {
+                     int out_bf16, int flags, char want, const char *what) {
     tw t = make_w(fmt, O, K, sf32), nw = make_w(nfmt ? nfmt : DSV4_WF_F32, 1, K, 0);
-    tw wa = make_w(DSV4_WF_FP8, K, 4096, 0);
-    tw wb = make_w(DSV4_WF_FP8, 512, 4096, 0);
     const dsv4_weight *nwp = nfmt ? &nw.w : NULL;
     size_t nx = (size_t)rows * K, no = (size_t)rows * O;
-    float *x = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * 4096), *tn = malloc(sizeof(float) * nx);
+    float *x = malloc(sizeof(float) * nx), *tn = malloc(sizeof(float) * nx);
     float *a = malloc(sizeof(float) * no), *g0 = malloc(sizeof(float) * no), *g1 = malloc(sizeof(float) * no);
     float *xd = gpu.ops->alloc(&gpu, sizeof(float) * nx), *td = gpu.ops->alloc(&gpu, sizeof(float) * nx);
-    float *od = gpu.ops->alloc(&gpu, sizeof(float) * no), *sd = gpu.ops->alloc(&gpu, sizeof(float) * 512);
-    REQUIRE(x && y && tn && a && g0 && g1 && xd && td && od && sd);
+    float *od = gpu.ops->alloc(&gpu, sizeof(float) * no);
+    REQUIRE(x && tn && a && g0 && g1 && xd && td && od);
     fill(x, nx, 3);
-    fill(y, 4096, 1);
-    if (setup && rows == 1) { /* x = wa y on the device; the CPU reads the same values back */
-        int fl = 0, ob = 0;
-        const dsv4_weight *wl = &wa.w;
-        gpu.ops->matmul_multi(&gpu, 1, &xd, y, 1, &wl, &fl, &ob);
-        gpu.ops->download(&gpu, x, xd, sizeof(float) * nx);
-    } else {
-        gpu.ops->upload(&gpu, xd, x, sizeof(float) * nx);
-    }
+    gpu.ops->upload(&gpu, xd, x, sizeof(float) * nx);
     cpu.ops->rmsnorm(&cpu, tn, x, rows, (int)K, nwp, 1e-6f, norm_bf16);
     cpu.ops->matmul(&cpu, a, tn, rows, &t.w, flags, out_bf16);
     /* the reference bits: the GPU's two ops */
@@ -472,62 +459,46 @@ static void check_rn(dsv4_wfmt fmt, int64_t O, int64_t K, int rows, int sf32, ds
     gpu.ops->download(&gpu, g0, od, sizeof(float) * no);
     for (size_t i = 0; i < no; i++) g1[i] = NAN;
     gpu.ops->upload(&gpu, od, g1, sizeof(float) * no);
-    if (setup && rows == 1) { /* again, so that the op before matmul_rn is the one the setup asks for */
-        int fl[2] = {0, 0}, ob[2] = {0, 0};
-        const dsv4_weight *wl[2] = {&wa.w, &wb.w};
-        float *outs[2] = {xd, sd}; /* setup 4: a second output, which the list then writes */
-        gpu.ops->matmul_multi(&gpu, setup == 4 ? 2 : 1, outs, y, 1, wl, fl, ob);
-        dsv4_op_task tk = {.kind = DSV4_TASK_SCALE, .out = setup == 2 ? (void *)xd : (void *)sd,
-                           .n = setup == 2 ? nx : 512, .s = 1.0f};
-        if (setup != 3) gpu.ops->op_list(&gpu, &tk, 1);
-    }
-    long e0, f0, a0, e1, f1, a1;
+    long f0, a0, f1, a1;
     int takes = gpu.ops->matmul_rn_takes(&gpu, &t.w, rows, flags); /* the forward pass's question */
-    dsv4_cuda_rn_counts(&gpu, &e0, &f0, &a0);
-    gpu.ops->matmul_rn(&gpu, od, xd, rows, &t.w, flags, out_bf16, nwp, 1e-6f, norm_bf16, early);
-    dsv4_cuda_rn_counts(&gpu, &e1, &f1, &a1);
+    dsv4_cuda_rn_counts(&gpu, &f0, &a0);
+    gpu.ops->matmul_rn(&gpu, od, xd, rows, &t.w, flags, out_bf16, nwp, 1e-6f, norm_bf16);
+    dsv4_cuda_rn_counts(&gpu, &f1, &a1);
     gpu.ops->download(&gpu, g1, od, sizeof(float) * no);
     int ok = gpu_ok();
-    char ran = e1 > e0 ? 'e' : f1 > f0 ? 'f' : a1 > a0 ? 'a' : '?';
+    char ran = f1 > f0 ? 'f' : a1 > a0 ? 'a' : '?';
     int same = memcmp(g0, g1, sizeof(float) * no) == 0;
     double r = rel(g1, a, no), tol = out_bf16 || norm_bf16 ? 4e-3 : 2e-6;
-    printf("  rn %-14s %s%s [%6lld x %5lld] rows %d norm %s/%d out_bf16 %d flags %d early %d setup %d: ran %c "
-           "(want %c), %s the two ops' bits, rel %.2e (tol %.0e)\n", what, dsv4_wfmt_name(fmt), sf32 ? "/f32s" : "",
-           (long long)O, (long long)K, rows, nfmt ? dsv4_wfmt_name(nfmt) : "none", norm_bf16, out_bf16, flags,
-           early, setup, ran, want, same ? "with" : "NOT", r, tol);
-    CHECKF(ok && same && r <= tol && ran == want && takes == (want != 'a'), "rn %s: ran %c want %c takes %d same %d rel %g",
-           what, ran, want, takes, same, r);
-    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, td), gpu.ops->free(&gpu, od), gpu.ops->free(&gpu, sd);
-    free(x), free(y), free(tn), free(a), free(g0), free(g1);
-    free_w(&t), free_w(&nw), free_w(&wa), free_w(&wb);
+    printf("  rn %-14s %s%s [%6lld x %5lld] rows %d norm %s/%d out_bf16 %d flags %d: ran %c (want %c), takes %d, "
+           "%s the two ops' bits, rel %.2e (tol %.0e)\n", what, dsv4_wfmt_name(fmt), sf32 ? "/f32s" : "",
+           (long long)O, (long long)K, rows, nfmt ? dsv4_wfmt_name(nfmt) : "none", norm_bf16, out_bf16, flags, ran,
+           want, takes, same ? "with" : "NOT", r, tol);
+    CHECKF(ok && same && r <= tol && ran == want && takes == (want == 'f'), "rn %s: ran %c want %c takes %d same %d "
+           "rel %g", what, ran, want, takes, same, r);
+    gpu.ops->free(&gpu, xd), gpu.ops->free(&gpu, td), gpu.ops->free(&gpu, od);
+    free(x), free(tn), free(a), free(g0), free(g1);
+    free_w(&t), free_w(&nw);
 }
 
 static void test_matmul_rn(void) {
     NEED_GPU();
-    REQUIRE(gpu.ops->matmul_rn != NULL);
+    REQUIRE(gpu.ops->matmul_rn != NULL && gpu.ops->matmul_rn_takes != NULL);
     const int steps = 1 | DSV4_NORM_BF16_STEPS;
-    /* Flash's wq_b: the fused kernel, each norm weight and rounding, early where allowed */
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 0, 'f', "wq_b");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_F32, 0, 0, 0, 0, 0, 'f', "wq_b f32 norm");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_NONE, 0, 0, 0, 0, 0, 'f', "wq_b no norm w");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 1, 1, 0, 0, 0, 'f', "wq_b bf16");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, steps, 0, 0, 0, 0, 'f', "wq_b steps");
-    check_rn(DSV4_WF_FP8, 32768 + 32, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 0, 'f', "wq_b 1025 passes");
-    check_rn(DSV4_WF_FP8, 32770, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "rows % 4 != 0");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'e', "early");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 1, 1, 0, 1, 1, 'e', "early bf16");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 2, 'f', "list writes x");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 4, 'e', "list writes y2");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 3, 'f', "writer just before");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'f', "x not from multi");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 0, 1, 'f', "no early asked");
+    /* Flash's wq_b: the fused kernel, each norm weight and rounding */
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'f', "wq_b");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_F32, 0, 0, 0, 'f', "wq_b f32 norm");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_NONE, 0, 0, 0, 'f', "wq_b no norm w");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 1, 1, 0, 'f', "wq_b bf16");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, steps, 0, 0, 'f', "wq_b steps");
+    check_rn(DSV4_WF_FP8, 32768 + 32, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'f', "wq_b 1025 passes");
     /* what the kernel does not take: the two kernels, the same bits */
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 1, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "f32 scales");
-    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 1, 'a', "fewer passes");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, DSV4_LIN_ACT_FP8, 1, 1, 'a', "act_fp8");
-    check_rn(DSV4_WF_FP8, 32768, 1024, 2, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "two rows");
-    check_rn(DSV4_WF_FP8, 16384, 1536, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "K 1536");
-    check_rn(DSV4_WF_BF16, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 1, 0, 'a', "bf16 weight");
+    check_rn(DSV4_WF_FP8, 32770, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "rows % 4 != 0");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 1, DSV4_WF_BF16, 0, 0, 0, 'a', "f32 scales");
+    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "fewer passes");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, DSV4_LIN_ACT_FP8, 'a', "act_fp8");
+    check_rn(DSV4_WF_FP8, 32768, 1024, 2, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "two rows");
+    check_rn(DSV4_WF_FP8, 16384, 1536, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "K 1536");
+    check_rn(DSV4_WF_BF16, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "bf16 weight");
 }
 
 /* op_list_beside after a matmul_rn (DSV4_WQB_FIRST's order): y's projections (a matmul_multi of x and a
@@ -560,7 +531,7 @@ static void check_beside(int mode) {
             gpu.ops->upload(&gpu, dst[i], g[i], nb[i]);
         }
         gpu.ops->matmul_multi(&gpu, 2, outs, y, 1, wl, fl, ob);
-        if (pass == 0 || mode != 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0, 0);
+        if (pass == 0 || mode != 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0);
         dsv4_op_task c2[3] = {tk[0], tk[1]};
         int n2 = 2;
         if (pass == 1 && mode == 1) c2[n2++] = (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = sd, .in = od, .n = 16};
@@ -569,7 +540,7 @@ static void check_beside(int mode) {
         dsv4_cuda_ol_beside_counts(&gpu, &e0, &l0);
         if (pass == 0) gpu.ops->op_list(&gpu, c2, n2);
         else gpu.ops->op_list_beside(&gpu, c2, n2);
-        if (pass == 1 && mode == 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0, 0);
+        if (pass == 1 && mode == 3) gpu.ops->matmul_rn(&gpu, od, xd, 1, &t.w, 0, 0, &nw.w, 1e-6f, 0);
         dsv4_cuda_ol_beside_counts(&gpu, &e1, &l1);
         for (int i = 0; i < 3; i++) gpu.ops->download(&gpu, pass ? g[i] : r[i], dst[i], nb[i]);
         if (pass == 1) {

@@ -13,8 +13,8 @@
  * block unfused, the separate ops under a layer-diff trace) gives the bits of the unfused
  * pass, with the op counts of each.  Greedy decoding (dsv4_forward_greedy) against the host loop,
  * and a failed call undone (test_segments_and_checks, test_greedy).  qa's norm inside wq_b (matmul_rn) and
- * wq_b ahead of the first op list (DSV4_WQB_FIRST) give the op list's bits, with the calls and early promises
- * each layer should make (test_qa_norm_in_wqb).
+ * wq_b ahead of the first op list (DSV4_WQB_FIRST) give the op list's bits, with the calls each layer should
+ * make (test_qa_norm_in_wqb).
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -1201,40 +1201,24 @@ static void sc_run(low_model *lm, const char *mode, float *lg) {
 /* ----- qa's norm inside wq_b (matmul_rn) and wq_b ahead of the first list (DSV4_WQB_FIRST), below the engine -----
  * The CPU backend has neither op nor op_list; the test supplies them from its ops (an op list runs its tasks
  * in order, matmul_rn norms into a copy and multiplies, taking every one-row call without flags), counts the
- * calls and the early promises, and requires the logits of a prefill and 9 decode steps to be the bits of the
- * run without matmul_rn: with it (early promised in every layer without an indexer or a side chain at that
- * step) and with DSV4_WQB_FIRST=1 (never early; the list after it through op_list_beside). */
+ * calls, and requires the logits of a prefill and 9 decode steps to be the bits of the run without
+ * matmul_rn: with it (in every layer without an indexer or a side chain at that step) and with
+ * DSV4_WQB_FIRST=1 (the list after it through op_list_beside). */
 static const dsv4_backend_ops *g_rn_cpu;
-static long g_rn_calls[2], g_rn_beside; /* matmul_rn calls without / with early; op_list_beside calls */
+static long g_rn_calls, g_rn_beside; /* matmul_rn calls; op_list_beside calls */
 
 static void rn_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
-    const dsv4_backend_ops *o = g_rn_cpu;
-    for (int i = 0; i < n; i++) {
-        const dsv4_op_task *t = &tasks[i];
-        switch (t->kind) {
-        case DSV4_TASK_RMSNORM: o->rmsnorm(b, t->out, t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16); break;
-        case DSV4_TASK_NORM_ROPE:
-            o->norm_rope(b, t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq,
-                         t->out_bf16);
-            break;
-        case DSV4_TASK_ROPE:
-            o->rope(b, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse, t->out_bf16);
-            break;
-        case DSV4_TASK_ADD_CYCLIC: o->add_cyclic(b, t->out, t->in, t->rows, t->dim, t->period, t->first); break;
-        case DSV4_TASK_COPY: o->copy(b, t->out, t->in, t->n); break;
-        case DSV4_TASK_SCALE: o->scale(b, t->out, t->n, t->s, t->out_bf16); break;
-        }
-    }
+    for (int i = 0; i < n; i++) dsv4_op_task_run(g_rn_cpu, b, &tasks[i]);
 }
 static void rn_beside(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     g_rn_beside++;
     rn_op_list(b, tasks, n);
 }
 static void rn_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
-                         int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early) {
+                         int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16) {
     float *t = malloc(sizeof(float) * (size_t)rows * w->cols);
     REQUIRE(t);
-    g_rn_calls[early != 0]++;
+    g_rn_calls++;
     g_rn_cpu->rmsnorm(b, t, x, rows, (int)w->cols, norm_w, eps, norm_bf16);
     g_rn_cpu->matmul(b, out, t, rows, w, flags, out_bf16);
     free(t);
@@ -1287,16 +1271,14 @@ static void test_qa_norm_in_wqb(void) {
     REQUIRE(a && b && want > 0);
     rn_run(&lm, 0, a);
     for (int mode = 1; mode <= 2; mode++) {
-        g_rn_calls[0] = g_rn_calls[1] = g_rn_beside = 0;
+        g_rn_calls = g_rn_beside = 0;
         rn_run(&lm, mode, b);
         int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
-        long early = g_rn_calls[1], waiting = g_rn_calls[0];
-        printf("  matmul_rn mode %d: logits %s the op list's bits; calls %ld early, %ld waiting, %ld lists beside "
-               "(expected %d)\n", mode, same ? "with" : "NOT", early, waiting, g_rn_beside, want);
+        printf("  matmul_rn mode %d: logits %s the op list's bits; %ld calls, %ld lists beside (expected %d)\n", mode,
+               same ? "with" : "NOT", g_rn_calls, g_rn_beside, want);
         CHECK(same);
-        CHECKF(mode == 1 ? early == want && waiting == 0 && g_rn_beside == 0
-                         : early == 0 && waiting == want && g_rn_beside == want,
-               "mode %d: %ld early, %ld waiting, %ld beside, expected %d", mode, early, waiting, g_rn_beside, want);
+        CHECKF(g_rn_calls == want && g_rn_beside == (mode == 2 ? want : 0), "mode %d: %ld calls, %ld beside, expected %d",
+               mode, g_rn_calls, g_rn_beside, want);
     }
     free(a), free(b);
     low_close(&lm);

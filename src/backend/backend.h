@@ -292,13 +292,10 @@ typedef struct dsv4_backend_ops {
 
     /* ----- optional: matmul of x's rmsnorm (NULL: the forward pass runs the two ops) -----
      * matmul(out, t, rows, w, flags, out_bf16) with t = rmsnorm(x, rows, w->cols, norm_w, eps,
-     * norm_bf16) formed inside the op (x is not written): the values of the two ops bit for bit.
-     * early: the caller's promise that x was written before the op just before this one, and that
-     * this op shares nothing with that one (it neither writes x or norm_w nor reads or writes out):
-     * a device backend may then run the two side by side (matmul_rn of the CUDA backend, one row:
-     * docs/CUDA.md, "qa's norm inside wq_b").  The backend checks what it can and otherwise waits. */
+     * norm_bf16) formed inside the op (x is not written): the values of the two ops bit for bit
+     * (the CUDA backend at one row of Flash's wq_b: docs/CUDA.md, "qa's norm inside wq_b"). */
     void (*matmul_rn)(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
-                      int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early);
+                      int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16);
     /* 1 where matmul_rn of this weight, rows and flags forms the norm inside the matmul (one launch); 0 where it
      * would run the two ops, which the forward pass then keeps as they were (both set or both NULL) */
     int (*matmul_rn_takes)(dsv4_backend *b, const dsv4_weight *w, int rows, int flags);
@@ -340,6 +337,34 @@ typedef struct dsv4_op_task {
     const int64_t *pos;      /* host, rows positions */
     const double *freq;      /* host, rope_dim / 2 */
 } dsv4_op_task;
+
+/* one task as its own op (what op_list's values are; the forward pass runs a task so where the backend has
+ * no op_list): norm_rope as rmsnorm then rope where the backend lacks the fused op */
+static inline void dsv4_op_task_run(const dsv4_backend_ops *op, dsv4_backend *b, const dsv4_op_task *t) {
+    switch (t->kind) {
+    case DSV4_TASK_RMSNORM: op->rmsnorm(b, (float *)t->out, (const float *)t->in, t->rows, t->dim, t->w, t->eps,
+                                        t->out_bf16); break;
+    case DSV4_TASK_NORM_ROPE:
+        if (op->norm_rope) {
+            op->norm_rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq,
+                          t->out_bf16);
+        } else {
+            op->rmsnorm(b, (float *)t->out, (const float *)t->out, t->rows * t->n_heads, t->dim, t->w, t->eps,
+                        t->out_bf16);
+            op->rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, 0, t->out_bf16);
+        }
+        break;
+    case DSV4_TASK_ROPE:
+        op->rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse,
+                 t->out_bf16);
+        break;
+    case DSV4_TASK_ADD_CYCLIC:
+        op->add_cyclic(b, (float *)t->out, (const float *)t->in, t->rows, t->dim, t->period, t->first);
+        break;
+    case DSV4_TASK_COPY: op->copy(b, t->out, t->in, t->n); break;
+    case DSV4_TASK_SCALE: op->scale(b, (float *)t->out, t->n, t->s, t->out_bf16); break;
+    }
+}
 
 /* What a backend reports about itself (ops->stats). */
 #define DSV4_BACKEND_MAX_OPS 32

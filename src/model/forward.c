@@ -535,22 +535,7 @@ static int hc_post_pre_norm(dsv4_model *m, float *Xout, const float *R, const fl
  * sees every op apart), and for a norm_rope the backend runs as two ops (no fused pairs), a
  * task runs at once as its op: the tasks of a list are independent, so running one early, or
  * flushing a full list in two, changes nothing. */
-static void ol_run(dsv4_model *m, const dsv4_op_task *t) {
-    const dsv4_backend_ops *op = OPS(m);
-    dsv4_backend *b = B_(m);
-    switch (t->kind) {
-    case DSV4_TASK_RMSNORM: op->rmsnorm(b, t->out, t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16); break;
-    case DSV4_TASK_NORM_ROPE:
-        norm_rope(m, t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos, t->freq, t->out_bf16);
-        break;
-    case DSV4_TASK_ROPE:
-        op->rope(b, t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse, t->out_bf16);
-        break;
-    case DSV4_TASK_ADD_CYCLIC: op->add_cyclic(b, t->out, t->in, t->rows, t->dim, t->period, t->first); break;
-    case DSV4_TASK_COPY: op->copy(b, t->out, t->in, t->n); break;
-    case DSV4_TASK_SCALE: op->scale(b, t->out, t->n, t->s, t->out_bf16); break;
-    }
-}
+static void ol_run(dsv4_model *m, const dsv4_op_task *t) { dsv4_op_task_run(OPS(m), B_(m), t); }
 static void ol_flush(dsv4_model *m) {
     if (m->n_ol) OPS(m)->op_list(B_(m), m->ol, m->n_ol);
     m->n_ol = 0;
@@ -837,10 +822,9 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     int side = dec && m->side_chain && op->side && op->join && !m->op_trace && !m->trace &&
                (L->has_indexer || emits);
     /* rn: qa's norm inside wq_b (matmul_rn) where wq_b is qa's only reader (no indexer, no side chain):
-     * list 1 then holds what wq_b does not read, and the backend may run wq_b beside it (early: qa was
-     * written by y's projections, before list 1; list 1 touches neither qa nor q).  Only where the backend
-     * forms the norm inside the matmul (matmul_rn_takes: one row of Flash's wq_b; not with act_quant's flags,
-     * the reference profile): elsewhere the op would run two kernels where the list had one task */
+     * list 1 then holds nothing wq_b reads.  Only where the backend forms the norm inside the matmul
+     * (matmul_rn_takes: one row of Flash's wq_b; not with act_quant's flags, the reference profile):
+     * elsewhere the op would run two kernels where the list had one task */
     int rn = dec && !side && !L->has_indexer && op->matmul_rn && op->matmul_rn_takes && !m->op_trace && !lf &&
              op->matmul_rn_takes(b, &L->wq_b, rows, lf);
     /* first (DSV4_WQB_FIRST=1): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
@@ -848,7 +832,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * projections and writes kv and the state rows, none of which wq_b touches */
     int first = rn && m->wqb_first && op->op_list_beside;
     if (dec) {
-        if (first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 0);
+        if (first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf);
         if (!rn) ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
         ol_add(m, kv_rope);
         if (L->has_comp) comp_stage(m, layer, 0, nseg);
@@ -880,7 +864,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                 op->side(b, 0);
             }
         }
-        if (rn && !first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf, 1);
+        if (rn && !first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf);
         else if (!rn) op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */

@@ -28,7 +28,7 @@ void cu_argmax(dsv4_backend *, int32_t *, const float *, int, int); /* linear.cu
 void cu_gather_ids(dsv4_backend *, int32_t *, const int32_t *, int, const dsv4_weight *, int);
 void cu_matmul_any(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* gemm.cu */
 void cu_matmul_rn(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, const dsv4_weight *,
-                  float, int, int); /* linear.cu */
+                  float, int); /* linear.cu */
 int cu_matmul_rn_takes(dsv4_backend *, const dsv4_weight *, int, int);
 void cu_op_list_beside(dsv4_backend *, const struct dsv4_op_task *, int); /* oplist.cu */
 void cu_matmul_grouped(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int, int, int);
@@ -506,8 +506,6 @@ void dsv4_cuda_flush(dsv4_backend *b) {
     c->n_pend = 0;
 }
 
-thread_local unsigned long dsv4_cuda_nlaunch;
-
 /* ----- timing ----- */
 void dsv4_cuda_op_begin(dsv4_backend *b) {
     cuda_impl *c = CI(b);
@@ -515,9 +513,6 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
     c->op_t0 = host_ms();
     c->ops_since_check++; /* at the start: an op that returns early may still have launched */
     c->op_seq++;
-    c->chain_prev = c->chain_last, c->chain_last = 0; /* an op that never reaches its end counts as none */
-    c->op_prev = c->op_last, c->op_last = -1;
-    c->op_launch0 = dsv4_cuda_nlaunch, c->op_side0 = c->side_state, c->op_early = 0;
     if (!c->failed) last_error(b, c->capturing ? "an unchecked call (capturing), before this op" : "an unchecked call, before this op");
     dsv4_cuda_flush(b); /* an op that returned early may have left outputs queued */
     dsv4_cuda_scratch_reset(b);
@@ -526,8 +521,6 @@ void dsv4_cuda_op_begin(dsv4_backend *b) {
 
 void dsv4_cuda_op_end(dsv4_backend *b, int op) {
     cuda_impl *c = CI(b);
-    c->chain_last = dsv4_cuda_nlaunch != c->op_launch0 && !c->op_early && !c->op_side0 && !c->side_state;
-    c->op_last = op;
     dsv4_cuda_seg_note(b, 16 + (unsigned)op);
     double dt = host_ms() - c->op_t0;
     c->issue_s += dt * 1e-3;

@@ -153,18 +153,9 @@ struct cuda_impl {
      * hc op left as logits with the op count it was written at; its reader forms the matrix
      * before its PDL wait unless it is the very next op */
     unsigned long op_seq;
-    /* matmul_rn's early launch (linear.cu): the op before this one launched on the main stream and
-     * every kernel it launched waits before it lets the next launch (chain_prev; chain_last is the
-     * same of this op, set at its end, 0 until then); the launch count at this op's start and the
-     * side chain's state then; this op's kernel is an early one.  The outputs the last fused
-     * matmul_multi wrote (mmx_out, op count mmx_op): the x an early matmul_rn may read */
-    int chain_prev, chain_last, op_side0, op_early, op_prev, op_last; /* op_*: the ops' DSV4_CUDA_OP_* ids */
-    unsigned long op_launch0;
-    const void *mmx_out[16];
-    int mmx_n;
-    unsigned long mmx_op;
-    long rn_early, rn_fused, rn_alone; /* counters (tests): matmul_rn calls by path */
-    /* the last matmul_rn (op count rn_op): its input and output device bytes (op_list_beside's check) */
+    long rn_fused, rn_alone; /* counters (tests): matmul_rn calls by path */
+    /* the last matmul_rn that launched on the main stream (op count rn_op): its input and output device
+     * bytes (op_list_beside's check, oplist.cu) */
     unsigned long rn_op;
     const void *rn_x, *rn_out;
     size_t rn_x_n, rn_out_n;
@@ -216,13 +207,12 @@ int dsv4_cuda_fail_if(dsv4_backend *b, const char *file, int line); /* after a l
  * early-resident blocks do not take SM slots from its later waves.
  * Because the trigger comes after the wait, when a kernel starts the one before its predecessor
  * has completed; a few kernels read activations before their wait on that rule (an operand written
- * two or more kernels back: k_moe_b1r's down half, k_hc_dec's comb_in).  Two kernels trigger first
- * and wait at their end instead (early): k_gemv8n<.., 1> (matmul_rn) and k_op_list with p.early
- * (op_list_beside), each only where the backend has seen its reads complete and nothing shared
- * with the kernel before it (linear.cu, oplist.cu).  The kernel after an early one may start
- * before the early one's predecessor has completed, so it must not lean on the rule above: in
- * the forward pass an early kernel is followed by an op list, which reads nothing before its
- * wait. */
+ * two or more kernels back: k_moe_b1r's down half, k_hc_dec's comb_in).  One kernel may trigger
+ * first and wait at its end instead (early): k_op_list with p.early (op_list_beside), only where
+ * the backend has seen its reads complete and nothing shared with the kernel before it
+ * (oplist.cu).  The kernel after an early one may start before the early one's predecessor has
+ * completed, so it must not lean on the rule above: in the forward pass the early list is
+ * followed by another op list, which reads nothing before its wait. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_enter() {
@@ -246,15 +236,8 @@ extern int dsv4_cuda_hc_stamp;
 void dsv4_cuda_hc_stamp_dump(void);
 __device__ __forceinline__ void d_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-/* DSV4_CUDA_RN (linear.cu, read once): 0 matmul_rn as two kernels, 1 never early, 2 (default) early where
- * allowed; op_list_beside launches early only at 2 */
-int dsv4_cuda_rn_mode(void);
-/* kernel launches so far from this thread, by any backend (the launch helpers below count them; an op's
- * launches are its thread's between its begin and its end) */
-extern thread_local unsigned long dsv4_cuda_nlaunch;
 static inline cudaLaunchConfig_t pdl_config(cudaLaunchAttribute *at, dim3 grid, dim3 block, size_t smem,
                                             cudaStream_t st) {
-    dsv4_cuda_nlaunch++;
     at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at->val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};

@@ -82,9 +82,8 @@ void dsv4_cuda_hc_comb_counts(struct dsv4_backend *b, long *taken, long *flushed
 long dsv4_cuda_op_list_alone(void);
 /* k_hc_dec launches of this backend with y and its norm spread over the blocks (DSV4_CUDA_HC_DIST=1, mhc.cu) */
 long dsv4_cuda_hc_dist_count(struct dsv4_backend *b);
-/* matmul_rn calls of this backend by path (linear.cu): the fused kernel early (beside the op before it),
- * the fused kernel after its wait, rmsnorm then matmul */
-void dsv4_cuda_rn_counts(struct dsv4_backend *b, long *early, long *fused, long *alone);
+/* matmul_rn calls of this backend by path (linear.cu): the fused kernel, rmsnorm then matmul */
+void dsv4_cuda_rn_counts(struct dsv4_backend *b, long *fused, long *alone);
 /* op_list_beside calls of this backend (oplist.cu): launched early (beside the matmul_rn before them) or not */
 void dsv4_cuda_ol_beside_counts(struct dsv4_backend *b, long *early, long *late);
 /* out[0]: the L2 policy createpolicy.fractional.L2::evict_first 1.0 forms on the device; out[1]: the one this

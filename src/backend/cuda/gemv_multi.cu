@@ -366,9 +366,5 @@ void cu_matmul_multi(dsv4_backend *b, int n, float *const *outs, const float *x,
         if (CKL(b)) return;
         c->gm_launches++;
     }
-    /* what an early matmul_rn may read (common.cuh): the outputs of this launch on the main stream */
-    c->mmx_n = 0, c->mmx_op = c->op_seq;
-    for (int i = 0; i < n && c->side_state == 0 && c->mmx_n < 16; i++)
-        if (take[i]) c->mmx_out[c->mmx_n++] = outs[i];
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL_MULTI);
 }

@@ -23,7 +23,7 @@
  *   k_gemv8x (below) at K 4096..8192 (wo_a, wo_b): x in registers, persistent grid, next
  *   pass's loads in flight (wo_b 14.2 us against 16.8).
  * k_gemv8n (below): k_gemv8 at wq_b's geometry with x's rmsnorm formed by each block (matmul_rn:
- *   qa's norm inside wq_b, the bits of the two ops), optionally beside the op list before it.
+ *   qa's norm inside wq_b, the bits of the two ops).
  * k_gemvn (below) takes 2..8 rows a launch of FP8 and bf16 weights with K % 128 == 0 (larger
  *   batches in chunks of 8): a weight decoded once for all rows, x loads contiguous across a
  *   warp, a persistent grid (DSV4_CUDA_BGEMV=0: the paths above, for the A/B).
@@ -668,18 +668,14 @@ struct g8_rn {
  * the same q of 8 consecutive runs, hit 8 distinct 16-byte bank groups */
 __device__ __forceinline__ int g8n_slot(int g) { return (g & ~3) | ((g & 3) ^ ((g >> 3) & 3)); }
 
-/* k_gemv8n<CPT, RPP, EARLY>: k_gemv8<1, 0, CPT, RPP> (e8m0 scales, one row) whose x is the
- * rmsnorm of the given row, K = 1024 (one float4 a thread of the 256).  After the first pass's
- * weights are asked for, each block norms x with d_rmsnorm4 (the code, shape and so the bits of
- * rmsnorm's vector kernel and of op_list's norm task at dim 1024) into shared memory, and the
+/* k_gemv8n<CPT, RPP>: k_gemv8<1, 0, CPT, RPP> (e8m0 scales, one row) whose x is the rmsnorm of
+ * the given row, K = 1024 (one float4 a thread of the 256).  After the first pass's weights are
+ * asked for and the PDL wait, each block norms x with d_rmsnorm4 (the code, shape and so the bits
+ * of rmsnorm's vector kernel and of op_list's norm task at dim 1024) into shared memory, and the
  * math reads it there instead of through L1; the products and sums are k_gemv8's, so the output
- * has the bits of rmsnorm then matmul.  EARLY (matmul_rn's early: x's writer completed before
- * this kernel can start, and the kernel just before it shares nothing with this one): the block
- * lets the next kernel launch where k_gemv8 calls pdl_enter, reads x and computes without
- * waiting, and waits only before it exits, so its completion still implies its predecessor's
- * (common.cuh).  What that buys: the short op list before wq_b (qa's norm moved in here, kv's
- * norm and RoPE, the compressors' state rows) runs beside this kernel instead of ahead of it. */
-template <int CPT, int RPP, int EARLY>
+ * has the bits of rmsnorm then matmul.  With qa's norm in here the op list before wq_b reads
+ * nothing wq_b writes and the reverse, which DSV4_WQB_FIRST's order builds on (forward.c). */
+template <int CPT, int RPP>
 __global__ void __launch_bounds__(256, 3) k_gemv8n(float *out, const float *__restrict__ x,
                                                 const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                 int blk_log2, int64_t no, int out_bf16, int tpr_log2, int npass,
@@ -706,8 +702,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8n(float *out, const float *__re
 #pragma unroll
         for (int i = 0; i < CPT; i++) s[i] = d_e8m0_to_f32(__ldg(ws + srow + scol[i]));
         if (!normed) {
-            if (EARLY) pdl_trigger();
-            else pdl_enter();
+            pdl_enter();
             xs[g8n_slot(t)] = d_rmsnorm4((const float4 *)x, K, rn.w, rn.has_w, rn.vw, rn.eps, rn.bf, sh, t, 256);
             __syncthreads();
             normed = 1;
@@ -739,11 +734,7 @@ __global__ void __launch_bounds__(256, 3) k_gemv8n(float *out, const float *__re
         const int64_t o = ((int64_t)p * slots + sl) * RPP + id;
         if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
     }
-    if (!normed) {
-        if (EARLY) pdl_trigger();
-        else pdl_enter();
-    }
-    if (EARLY) pdl_wait();
+    if (!normed) pdl_enter();
 }
 
 /* ----- k_gemv8x: k_gemv8 for the large weights, x held in registers ----- */
@@ -1493,19 +1484,14 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
 
 /* ----- matmul_rn (backend.h): qa's norm inside wq_b (docs/CUDA.md) -----
  * One row of an FP8 weight of 1024 columns with e8m0 scales, no flags, where k_gemv8 would take
- * it with a warp a row, CPT 2 and RPP 4 (Flash's wq_b): k_gemv8n, early (below) or not.  Else
- * rmsnorm into scratch, then matmul: the same bits by either path.  DSV4_CUDA_RN (read once):
- * 0 always the two kernels, 1 the fused kernel never early, 2 (default) early where allowed.
- * Early where the caller allows it and the backend sees it hold: x is an output of the last
- * fused matmul_multi, two ops back, and the op between is an op_list that launched on the main
- * stream and does not write x (cu_op_list forgets the outputs it writes).  Then that list's
- * kernel has passed its PDL wait when k_gemv8n starts (it waits before it lets the next launch),
- * so matmul_multi's kernel has completed and x is there. */
-int dsv4_cuda_rn_mode(void) {
+ * it with a warp a row, CPT 2 and RPP 4 (Flash's wq_b): k_gemv8n.  Else rmsnorm into scratch,
+ * then matmul: the same bits by either path.  DSV4_CUDA_RN=0 (read once): always the two kernels,
+ * and matmul_rn_takes 0 (the forward pass keeps the old order). */
+static int rn_off(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_RN");
-        v = e && (e[0] == '0' || e[0] == '1') && !e[1] ? e[0] - '0' : 2;
+        v = e && !strcmp(e, "0");
     }
     return v;
 }
@@ -1519,23 +1505,18 @@ static int gemv8_rn_ok(int nsm, const dweight &w) {
            (w.rows + 31) / 32 <= (1 << 30);
 }
 
-static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &w, int out_bf16, const g8_rn &rn,
-                    int early) {
+static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &w, int out_bf16, const g8_rn &rn) {
     cuda_impl *c = CI(b);
     if (((uintptr_t)xd & 15) || !gemv8_rn_ok(c->nsm, w)) return 0;
     int64_t np = (w.rows + 31) / 32; /* 8 slots of RPP 4 rows a pass */
-    if (early)
-        dsv4_launch(k_gemv8n<2, 4, 1>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block),
-                    w.rows, out_bf16, 5, (int)np, rn);
-    else
-        dsv4_launch(k_gemv8n<2, 4, 0>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block),
-                    w.rows, out_bf16, 5, (int)np, rn);
+    dsv4_launch(k_gemv8n<2, 4>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block), w.rows,
+                out_bf16, 5, (int)np, rn);
     if (!CKL(b)) c->weight_bytes_read += wbytes_rows(w, w.rows);
     return 1;
 }
 
 int cu_matmul_rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) {
-    if (rows != 1 || flags || !dsv4_cuda_rn_mode() || CI(b)->failed) return 0;
+    if (rows != 1 || flags || rn_off() || CI(b)->failed) return 0;
     dweight dw; /* the shape only (no upload here: the op maps the weight) */
     memset(&dw, 0, sizeof dw);
     dw.fmt = w->fmt, dw.rows = w->rows, dw.cols = w->cols, dw.scale_f32 = w->scale_f32;
@@ -1543,39 +1524,33 @@ int cu_matmul_rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flag
     return gemv8_rn_ok(CI(b)->nsm, dw);
 }
 
-void dsv4_cuda_rn_counts(dsv4_backend *b, long *early, long *fused, long *alone) {
-    *early = CI(b)->rn_early, *fused = CI(b)->rn_fused, *alone = CI(b)->rn_alone;
+void dsv4_cuda_rn_counts(dsv4_backend *b, long *fused, long *alone) {
+    *fused = CI(b)->rn_fused, *alone = CI(b)->rn_alone;
 }
 
 void cu_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const dsv4_weight *w, int flags,
-                  int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16, int early) {
+                  int out_bf16, const dsv4_weight *norm_w, float eps, int norm_bf16) {
     cuda_impl *c = CI(b);
     dsv4_cuda_op_begin(b);
     dweight dw, nd;
     memset(&nd, 0, sizeof nd);
     if (rows <= 0 || dsv4_cuda_weight(b, w, &dw) || (norm_w && dsv4_cuda_weight(b, norm_w, &nd))) return;
     size_t xin = (size_t)rows * w->cols, xout = (size_t)rows * w->rows;
-    int xdev = dsv4_cuda_is_dev(b, x);
     float *xd = (float *)dsv4_cuda_in(b, x, sizeof(float) * xin);
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
-    int from_mmx = 0;
-    for (int i = 0; i < c->mmx_n; i++) from_mmx |= c->mmx_out[i] == x;
-    int ex = early && dsv4_cuda_rn_mode() == 2 && xdev && from_mmx && c->op_seq - c->mmx_op == 2 && c->chain_prev &&
-             c->op_prev == DSV4_CUDA_OP_LIST && c->side_state == 0;
     g8_rn rn = {nd, norm_w != NULL, norm_w ? rmsnorm_vw(norm_w, nd) : 0, norm_bf16, eps};
-    if (rows == 1 && !flags && dsv4_cuda_rn_mode() && gemv8_rn(b, od, xd, dw, out_bf16, rn, ex)) {
-        c->op_early = ex;
-        if (ex) c->rn_early++;
-        else c->rn_fused++;
+    if (rows == 1 && !flags && !rn_off() && gemv8_rn(b, od, xd, dw, out_bf16, rn)) {
+        c->rn_fused++;
     } else {
         float *t = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);
         if (!t || dsv4_cuda_rmsnorm_dev(b, t, xd, rows, (int)w->cols, norm_w, nd, eps, norm_bf16)) return;
         matmul_dev(b, od, t, rows, w, dw, flags, out_bf16);
         c->rn_alone++;
     }
-    c->rn_op = c->op_seq, c->rn_x = xd, c->rn_x_n = sizeof(float) * xin, c->rn_out = od;
-    c->rn_out_n = sizeof(float) * xout;
+    if (!c->failed && c->side_state == 0) /* its kernels wait before they let the next launch (common.cuh) */
+        c->rn_op = c->op_seq, c->rn_x = xd, c->rn_x_n = sizeof(float) * xin, c->rn_out = od,
+        c->rn_out_n = sizeof(float) * xout;
     dsv4_cuda_commit(b, out, od, sizeof(float) * xout);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_MATMUL);
 }

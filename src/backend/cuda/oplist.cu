@@ -23,33 +23,8 @@ long dsv4_cuda_op_list_alone(void) { return ol_alone; }
 
 /* the task as its own op (the table's, so a switched-off fused pair runs as its two ops) */
 static void run_alone(dsv4_backend *b, const dsv4_op_task *t) {
-    const dsv4_backend_ops *op = b->ops;
     ol_alone++;
-    switch (t->kind) {
-    case DSV4_TASK_RMSNORM:
-        op->rmsnorm(b, (float *)t->out, (const float *)t->in, t->rows, t->dim, t->w, t->eps, t->out_bf16);
-        break;
-    case DSV4_TASK_NORM_ROPE:
-        if (op->norm_rope) {
-            op->norm_rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->w, t->eps, t->rope_dim, t->pos,
-                          t->freq, t->out_bf16);
-        } else {
-            op->rmsnorm(b, (float *)t->out, (const float *)t->out, t->rows * t->n_heads, t->dim, t->w, t->eps,
-                        t->out_bf16);
-            op->rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, 0, t->out_bf16);
-        }
-        break;
-    case DSV4_TASK_ROPE:
-        op->rope(b, (float *)t->out, t->rows, t->n_heads, t->dim, t->rope_dim, t->pos, t->freq, t->inverse,
-                 t->out_bf16);
-        break;
-    case DSV4_TASK_ADD_CYCLIC:
-        op->add_cyclic(b, (float *)t->out, (const float *)t->in, t->rows, t->dim, t->period, t->first);
-        break;
-    case DSV4_TASK_COPY: op->copy(b, t->out, t->in, t->n); break;
-    case DSV4_TASK_SCALE: op->scale(b, (float *)t->out, t->n, t->s, t->out_bf16); break;
-    default: break;
-    }
+    dsv4_op_task_run(b->ops, b, t);
 }
 
 /* What one task needs of a launch: its table entry (positions and frequencies not yet placed),
@@ -254,14 +229,13 @@ static void task_spans(const dsv4_op_task *t, size_t *in_n, size_t *out_n) {
     *in_n = 0, *out_n = 0;
 }
 
-/* op_list_beside's early launch (backend.h): where the op just before was matmul_rn, launched
- * waiting on the main stream (chain_prev: when this list starts, that kernel has passed its wait,
- * so every op before it has completed), and no task reads or writes what that op read or wrote
- * (its x and out; weights no task writes).  Then the tasks' inputs, written before matmul_rn, are
- * there, and nothing the two kernels share can race. */
+/* op_list_beside's early launch (backend.h): where the op just before was matmul_rn on the main
+ * stream (its kernels wait before they let the next launch, so when this list starts every op
+ * before matmul_rn has completed), and no task reads or writes what that op read or wrote (its x
+ * and out; weights no task writes).  Then the tasks' inputs, written before matmul_rn, are there,
+ * and nothing the two kernels share can race. */
 static int beside_ok(cuda_impl *c, const dsv4_op_task *tasks, int n) {
-    if (dsv4_cuda_rn_mode() != 2 || !c->rn_out || c->rn_op != c->op_seq - 1 || !c->chain_prev || c->side_state != 0)
-        return 0;
+    if (!c->rn_out || c->rn_op != c->op_seq - 1 || c->side_state != 0) return 0;
     for (int i = 0; i < n; i++) {
         size_t in_n, out_n;
         task_spans(&tasks[i], &in_n, &out_n);
@@ -277,9 +251,6 @@ static void op_list_go(dsv4_backend *b, const dsv4_op_task *tasks, int n, int be
     cuda_impl *c = CI(b);
     ol_entry e;
     int taken = 0;
-    for (int i = 0; i < n; i++) /* a matmul_multi output this list writes: no early matmul_rn reads it */
-        for (int j = 0; j < c->mmx_n; j++)
-            if (tasks[i].out == c->mmx_out[j]) c->mmx_out[j] = NULL;
     for (int i = 0; i < n && !c->failed; i++) { /* first the tasks that run alone */
         int k = ol_classify(b, &tasks[i], &e);
         if (k == 0) run_alone(b, &tasks[i]);
@@ -292,7 +263,6 @@ static void op_list_go(dsv4_backend *b, const dsv4_op_task *tasks, int n, int be
     fill_reset(&f);
     f.p.early = beside && beside_ok(c, tasks, n);
     if (beside) (f.p.early ? c->ol_beside_early : c->ol_beside_late)++;
-    c->op_early = f.p.early;
     for (int i = 0; i < n && !c->failed; i++) {
         if (ol_classify(b, &tasks[i], &e) <= 0) continue;
         if (!fill_add(&f, e, nts)) {
