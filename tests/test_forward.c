@@ -1277,8 +1277,8 @@ static void test_qa_norm_in_wqb(void) {
         printf("  matmul_rn mode %d: logits %s the op list's bits; %ld calls, %ld lists beside (expected %d)\n", mode,
                same ? "with" : "NOT", g_rn_calls, g_rn_beside, want);
         CHECK(same);
-        CHECKF(g_rn_calls == want && g_rn_beside == (mode == 2 ? want : 0), "mode %d: %ld calls, %ld beside, expected %d",
-               mode, g_rn_calls, g_rn_beside, want);
+        CHECKF(g_rn_calls == want && g_rn_beside == (mode == 2 ? want : 0),
+               "mode %d: %ld calls, %ld beside, expected %d", mode, g_rn_calls, g_rn_beside, want);
     }
     free(a), free(b);
     low_close(&lm);
