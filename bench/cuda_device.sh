@@ -332,19 +332,21 @@ for stage in "${stages[@]}"; do
     KT_GREEDY=1 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/hcd_kt/summary.txt" | head -30 >>"$summary" ;;
   wqbfirst)
-    # wq_b ahead of the first decode list, the list beside it (DSV4_WQB_FIRST=1, docs/CUDA.md "qa's norm inside
-    # wq_b"): its op tests, the end-to-end A/B of logits on flash-2 (made here unless the flash2 stage made it),
-    # then ab (AB_ROUNDS, default 3) and ktab against the default on the 20-layer model
+    # wq_b ahead of the first decode list, the list beside it (DSV4_WQB_FIRST, the default since stop 50; "0"
+    # the old order; docs/CUDA.md "qa's norm inside wq_b"): its op tests, the end-to-end A/B of logits on
+    # flash-2 (made here unless the flash2 stage made it), then ab (AB_ROUNDS, default 3) of =0 against the
+    # default on the 20-layer model, and with WQF_KT=1 its ktab
     timeout 120 $bin/test_cuda_linear test_matmul_rn test_list_beside >"$OUT/wqf_lin.log" 2>&1
     note "test_matmul_rn test_list_beside rc=$? $(tail -1 "$OUT/wqf_lin.log")"
-    grep -E "^FAIL|beside case" "$OUT/wqf_lin.log" >>"$summary"
+    grep -E "^FAIL|beside case|check failed" "$OUT/wqf_lin.log" >>"$summary"
     [ -d /dev/shm/flash2 ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 \
       --out /dev/shm/flash2 >/dev/null 2>&1
     DSV4_CUDA_FLASH2=/dev/shm/flash2 timeout 300 $bin/test_cuda_e2e test_qa_fuse >"$OUT/wqf_e2e.log" 2>&1
     note "test_qa_fuse rc=$? $(tail -1 "$OUT/wqf_e2e.log")"; grep -E "^FAIL|qa's norm" "$OUT/wqf_e2e.log" >>"$summary"
-    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_WQB_FIRST=1" OUT="$OUT/wqf_ab" bash "$0" ab >/dev/null 2>&1
+    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_WQB_FIRST=0" OUT="$OUT/wqf_ab" bash "$0" ab >/dev/null 2>&1
     grep -E "^ab" "$OUT/wqf_ab/summary.txt" >>"$summary"
-    KT_GREEDY=1 AB_ENVS="- DSV4_WQB_FIRST=1" OUT="$OUT/wqf_kt" bash "$0" ktab >/dev/null 2>&1
+    [ -n "${WQF_KT:-}" ] || continue
+    KT_GREEDY=1 AB_ENVS="- DSV4_WQB_FIRST=0" OUT="$OUT/wqf_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/wqf_kt/summary.txt" | head -30 >>"$summary" ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its

@@ -484,7 +484,8 @@ static void test_pro3(void) {
 
 /* qa's norm inside wq_b (matmul_rn, forward.c / linear.cu) must not change a bit: the same steps with
  * DSV4_CUDA_QA_FUSE=0 (the norm in the op list before wq_b) and without give identical logits, and so do
- * DSV4_WQB_FIRST=1 (wq_b ahead of the list, the list beside it: op_list_beside) and without.  On flash-2
+ * DSV4_WQB_FIRST=0 (the list ahead of wq_b) and its default (wq_b ahead of the list, the list beside it:
+ * op_list_beside).  On flash-2
  * (DSV4_CUDA_FLASH2) only: the tiny model's wq_b is not one matmul_rn_takes, so there both sides would run
  * the same ops (test_cuda_linear test_matmul_rn proves each path by its counters). */
 static void test_qa_fuse(void) {
@@ -496,10 +497,10 @@ static void test_qa_fuse(void) {
     dsv4_engine_perf_info p0, p1, q;
     ab_model = dir;
     int same = ab_logits("exact", "DSV4_CUDA_QA_FUSE", "0", 20, 8, 19, &p0, &p1, &q);
-    int first = ab_logits("exact", "DSV4_WQB_FIRST", "1", 20, 8, 23, &p0, &p1, &q);
+    int first = ab_logits("exact", "DSV4_WQB_FIRST", "0", 20, 8, 23, &p0, &p1, &q);
     ab_model = NULL;
     printf("  qa's norm inside wq_b, %s exact: logits identical to the norm in the op list over a prefill, 8 decode "
-           "and 3 batched steps: %s; wq_b ahead of the list (DSV4_WQB_FIRST=1): %s\n", dir, same ? "yes" : "NO",
+           "and 3 batched steps: %s; to the list ahead of wq_b (DSV4_WQB_FIRST=0): %s\n", dir, same ? "yes" : "NO",
            first ? "yes" : "NO");
     CHECK(same);
     CHECK(first);

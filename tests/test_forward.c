@@ -1202,8 +1202,8 @@ static void sc_run(low_model *lm, const char *mode, float *lg) {
  * The CPU backend has neither op nor op_list; the test supplies them from its ops (an op list runs its tasks
  * in order, matmul_rn norms into a copy and multiplies, taking every one-row call without flags), counts the
  * calls, and requires the logits of a prefill and 9 decode steps to be the bits of the run without
- * matmul_rn: with it (in every layer without an indexer or a side chain at that step) and with
- * DSV4_WQB_FIRST=1 (the list after it through op_list_beside). */
+ * matmul_rn: with it (in every layer without an indexer or a side chain at that step), DSV4_WQB_FIRST=0, and
+ * with DSV4_WQB_FIRST's default (the list after it through op_list_beside). */
 static const dsv4_backend_ops *g_rn_cpu;
 static long g_rn_calls, g_rn_beside; /* matmul_rn calls; op_list_beside calls */
 
@@ -1228,7 +1228,8 @@ static int rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) 
     return rows == 1 && !flags;
 }
 
-/* mode 0: op_list only; 1: matmul_rn as well; 2: and op_list_beside with DSV4_WQB_FIRST=1 */
+/* mode 0: op_list only; 1: matmul_rn as well, DSV4_WQB_FIRST=0; 2: and op_list_beside (DSV4_WQB_FIRST's
+ * default) */
 static void rn_run(low_model *lm, int mode, float *lg) {
     dsv4_err err = {{0}};
     dsv4_backend_ops ops = *g_rn_cpu;
@@ -1236,7 +1237,7 @@ static void rn_run(low_model *lm, int mode, float *lg) {
     if (mode >= 1) ops.matmul_rn = rn_matmul_rn, ops.matmul_rn_takes = rn_takes;
     if (mode == 2) ops.op_list_beside = rn_beside;
     lm->be.ops = &ops;
-    if (mode == 2) setenv("DSV4_WQB_FIRST", "1", 1);
+    if (mode == 1) setenv("DSV4_WQB_FIRST", "0", 1);
     dsv4_model *m = NULL;
     dsv4_state *s = NULL;
     REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);

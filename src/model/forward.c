@@ -127,8 +127,9 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
-    int wqb_first;          /* DSV4_WQB_FIRST ("1" on): at a decode step wq_b (matmul_rn) ahead of the first op
-                             * list, the list beside it (op_list_beside); same values */
+    int wqb_first;          /* DSV4_WQB_FIRST (default 1 since stop 50; "0" off): at a decode step wq_b
+                             * (matmul_rn) ahead of the first op list, the list beside it (op_list_beside); same
+                             * values */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -323,7 +324,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     const char *hd = getenv("DSV4_HC_DEFER");
     m->hc_defer = hd && !strcmp(hd, "1");
     const char *wf = getenv("DSV4_WQB_FIRST");
-    m->wqb_first = wf && !strcmp(wf, "1");
+    m->wqb_first = !(wf && !strcmp(wf, "0"));
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -827,7 +828,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * elsewhere the op would run two kernels where the list had one task */
     int rn = dec && !side && !L->has_indexer && op->matmul_rn && op->matmul_rn_takes && !m->op_trace && !lf &&
              op->matmul_rn_takes(b, &L->wq_b, rows, lf);
-    /* first (DSV4_WQB_FIRST=1): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
+    /* first (DSV4_WQB_FIRST, on by default): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
      * blocks start as y's projections end instead of behind the list.  The list reads only y's
      * projections and writes kv and the state rows, none of which wq_b touches */
     int first = rn && m->wqb_first && op->op_list_beside;
