@@ -4,7 +4,7 @@
 # from `tools/device/bundle.sh build-cuda carry` plus the test binaries in carry/bin (CARRY=DIR: a bundle
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
-#        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst
+#        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -56,7 +56,7 @@ for stage in "${stages[@]}"; do
   # checkout's dsv4 (a CI run's synth, 2026-12-02)
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
-  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph) ;; *) wait_synth ;; esac
+  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest) ;; *) wait_synth ;; esac
   case $stage in
   synthbg)
     if [ -d /dev/shm/flash20 ]; then note "synthbg: /dev/shm/flash20 already there"; continue; fi
@@ -348,6 +348,20 @@ for stage in "${stages[@]}"; do
     [ -n "${WQF_KT:-}" ] || continue
     KT_GREEDY=1 AB_ENVS="- DSV4_WQB_FIRST=0" OUT="$OUT/wqf_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/wqf_kt/summary.txt" | head -30 >>"$summary" ;;
+  eltest)
+    # a closed window's tail in one op list (DSV4_EMIT_LIST, default on since stop 50; forward.c run_compressor):
+    # the end-to-end tests whose logits it must not change (no 20-layer model needed)
+    timeout 400 $bin/test_cuda_e2e test_tiny_exact test_side_chain test_emit_list >"$OUT/el_e2e.log" 2>&1
+    note "test_cuda_e2e (tiny_exact side_chain emit_list) rc=$? $(tail -1 "$OUT/el_e2e.log")"
+    grep -E "^FAIL|emit list|side chains" "$OUT/el_e2e.log" >>"$summary" ;;
+  emitlist)
+    # its A/B on the 20-layer model: ab of DSV4_EMIT_LIST=0 against the default (AB_ROUNDS, default 4), and with
+    # EL_KT=1 the ktab of the two
+    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_EMIT_LIST=0" OUT="$OUT/el_ab" bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab" "$OUT/el_ab/summary.txt" >>"$summary"
+    [ -n "${EL_KT:-}" ] || continue
+    KT_GREEDY=1 AB_ENVS="- DSV4_EMIT_LIST=0" OUT="$OUT/el_kt" bash "$0" ktab >/dev/null 2>&1
+    grep -vE "^==" "$OUT/el_kt/summary.txt" | head -30 >>"$summary" ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and

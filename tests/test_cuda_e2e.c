@@ -20,8 +20,8 @@
  * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a and wo_b on f16 tensor
  * cores; gemv_mma.cu; its launch counter must move).
  * Bit for bit between two CUDA engines: graphs on / off, side chains on / off, Sinkhorn deferred or not
- * (DSV4_HC_DEFER), qa's norm inside wq_b or in the op list (DSV4_CUDA_QA_FUSE; on flash-2 too), greedy's
- * device picks against host picks.
+ * (DSV4_HC_DEFER), qa's norm inside wq_b or in the op list (DSV4_CUDA_QA_FUSE; on flash-2 too), a closed
+ * window's tail in one op list or not (DSV4_EMIT_LIST), greedy's device picks against host picks.
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
 #include <stdint.h>
@@ -367,6 +367,23 @@ static void test_side_chain(void) {
     side_case("reference");
 }
 
+/* A closed window's tail in the op list (DSV4_EMIT_LIST, forward.c run_compressor: the shift copies and the
+ * row's norm and RoPE as tasks of one op list, the attention's compressor's held for the indexer's) must not
+ * change a bit: the same steps with DSV4_EMIT_LIST=0 give identical logits on the tiny model, whose 40 decode
+ * steps close every window of both ratios (4, 8) and whose batched steps close them in either row.  The
+ * reference profile (bf16 activations: a rounding before the norm) keeps the old ops on both sides. */
+static void test_emit_list(void) {
+    if (!have_device()) return;
+    REQUIRE(make_tiny());
+    dsv4_engine_perf_info p0, p1, q;
+    int ex = ab_logits("exact", "DSV4_EMIT_LIST", "0", 29, 40, 13, &p0, &p1, &q);
+    int rf = ab_logits("reference", "DSV4_EMIT_LIST", "0", 29, 40, 13, &p0, &p1, &q);
+    printf("  emit list: logits identical to DSV4_EMIT_LIST=0 over a prefill, 40 decode and 3 batched steps: exact "
+           "%s, reference %s\n", ex ? "yes" : "NO", rf ? "yes" : "NO");
+    CHECK(ex);
+    CHECK(rf);
+}
+
 /* Sinkhorn deferred to the op that reads comb (DSV4_HC_DEFER=1, forward.c / mhc.cu) must not change a bit:
  * the same steps with it and without it give identical logits (prefill: the two ops with k_hc_comb_form;
  * decode and the batched steps: k_hc_dec forming comb_in before its wait). */
@@ -532,4 +549,4 @@ static void test_zz_cleanup(void) {
 }
 
 TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
-          test_qa_fuse, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
+          test_qa_fuse, test_emit_list, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)

@@ -14,7 +14,8 @@
  * pass, with the op counts of each.  Greedy decoding (dsv4_forward_greedy) against the host loop,
  * and a failed call undone (test_segments_and_checks, test_greedy).  qa's norm inside wq_b (matmul_rn) and
  * wq_b ahead of the first op list (DSV4_WQB_FIRST) give the op list's bits, with the calls each layer should
- * make (test_qa_norm_in_wqb).
+ * make (test_qa_norm_in_wqb).  A closed compressor window's tail in the op list (DSV4_EMIT_LIST) gives the bits
+ * of the copy list and norm_rope op, with a norm task for every window a decode step closes (test_emit_list).
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -1285,6 +1286,77 @@ static void test_qa_norm_in_wqb(void) {
     low_close(&lm);
 }
 
+/* ----- a closed window's tail in the op list (DSV4_EMIT_LIST), below the engine -----
+ * With an op list supplied (tasks run in order) and the CPU's norm_rope, the logits of a prefill and 9 decode
+ * steps must be the bits of DSV4_EMIT_LIST=0 (the copy list and the norm_rope op), and the lists must have
+ * carried one norm task for every window a decode step closed (each compressor of each layer) and none
+ * with the switch off. */
+static const dsv4_backend_ops *g_el_cpu;
+static const dsv4_model_w *g_el_w;
+static long g_el_norms; /* norm_rope tasks in lists whose weight is a compressor's norm */
+
+static void el_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
+    for (int i = 0; i < n; i++) {
+        for (int l = 0; l < g_el_w->n_layers && tasks[i].kind == DSV4_TASK_NORM_ROPE; l++)
+            g_el_norms += tasks[i].w == &g_el_w->layers[l].comp.norm || tasks[i].w == &g_el_w->layers[l].idx.comp.norm;
+        dsv4_op_task_run(g_el_cpu, b, &tasks[i]);
+    }
+}
+
+static void el_run(low_model *lm, const char *val, float *lg) {
+    dsv4_err err = {{0}};
+    dsv4_backend_ops ops = *g_el_cpu;
+    ops.op_list = el_op_list;
+    lm->be.ops = &ops;
+    setenv("DSV4_EMIT_LIST", val, 1);
+    dsv4_model *m = NULL;
+    dsv4_state *s = NULL;
+    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
+    unsetenv("DSV4_EMIT_LIST");
+    REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
+    int32_t tok[16];
+    make_tokens(tok, 16, 97, lm->cfg.vocab_size);
+    size_t V = (size_t)lm->cfg.vocab_size;
+    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
+    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    for (int t = 0; t < 9; t++) {
+        it = (dsv4_fwd_item){.st = s, .tokens = tok + 7 + t, .n = 1, .logits = lg + (size_t)(t + 1) * V};
+        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
+    }
+    dsv4_state_free(s);
+    dsv4_model_free(m);
+    lm->be.ops = g_el_cpu;
+}
+
+static void test_emit_list(void) {
+    low_model lm;
+    REQUIRE(low_open(&lm) == 0);
+    g_el_cpu = lm.be.ops, g_el_w = &lm.w;
+    REQUIRE(g_el_cpu->norm_rope != NULL);
+    size_t V = (size_t)lm.cfg.vocab_size;
+    long want = 0;
+    for (int t = 0; t < 9; t++) /* decode positions 7..15 */
+        for (int l = 0; l < lm.cfg.n_layers; l++) {
+            const dsv4_layer_w *ly = &lm.w.layers[l];
+            want += ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0;
+            want += ly->has_indexer && (7 + t + 1) % ly->idx.comp.ratio == 0;
+        }
+    float *a = calloc(10 * V, sizeof(float)), *b = calloc(10 * V, sizeof(float));
+    REQUIRE(a && b && want > 0);
+    g_el_norms = 0;
+    el_run(&lm, "0", a);
+    long off = g_el_norms;
+    g_el_norms = 0;
+    el_run(&lm, "1", b);
+    int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
+    printf("  emit list: logits %s DSV4_EMIT_LIST=0's bits; %ld compressor norms in op lists (expected %ld; off: %ld)\n",
+           same ? "with" : "NOT", g_el_norms, want, off);
+    CHECK(same);
+    CHECKF(g_el_norms == want && off == 0, "%ld norms in lists, expected %ld (off: %ld)", g_el_norms, want, off);
+    free(a), free(b);
+    low_close(&lm);
+}
+
 static void test_side_chain(void) {
     low_model lm;
     REQUIRE(low_open(&lm) == 0);
@@ -1512,4 +1584,5 @@ TEST_MAIN(test_segments_and_checks, test_failed_later_subbatch, test_max_positio
           test_consistency_reference, test_batch_equals_separate, test_truncate_checkpoints, test_truncate_recompute,
           test_truncate_thinned, test_clone_snapshot, test_trace_invariant, test_hash_routing_layer1,
           test_switch_distances, test_bad_input, test_no_scratch_growth_in_decode, test_hc_fused_pair,
-          test_segment_starts, test_greedy, test_side_chain, test_qa_norm_in_wqb, test_zz_cleanup)
+          test_segment_starts, test_greedy, test_side_chain, test_qa_norm_in_wqb, test_emit_list,
+          test_zz_cleanup)

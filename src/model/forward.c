@@ -88,6 +88,8 @@ struct dsv4_model {
                                graph on a device backend) */
     float *hx, *logits;     /* [R][dim], [R][vocab] */
     int64_t *pos, *cpos;    /* [R], [R+1] */
+    int64_t *epos;          /* [2][R]: a decode step's emitted rows' positions, per compressor and segment (the
+                             * op list reads a task's positions at its flush, by host pointer) */
     int32_t *tok;           /* [R] */
     int *seg_of;            /* [R] */
     segment *segs;          /* [R] */
@@ -127,6 +129,9 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
+    int emit_list;          /* DSV4_EMIT_LIST (default 1 since stop 50; "0" off): at a decode step a closed
+                             * window's shift copies and its row's norm and RoPE go into one op list, the
+                             * attention's compressor's held for the indexer's (run_compressor); same values */
     int wqb_first;          /* DSV4_WQB_FIRST (default 1 since stop 50; "0" off): at a decode step wq_b
                              * (matmul_rn) ahead of the first op list, the list beside it (op_list_beside); same
                              * values */
@@ -273,7 +278,7 @@ void dsv4_model_free(dsv4_model *m) {
     free(m->hash_all);
     if (m->scores) OPS(m)->free(B_(m), m->scores);
     /* ... indices, lists and what the host reads stay host memory */
-    void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->tok,           m->seg_of,      m->segs,
+    void *bufs[] = {m->hash,          m->pos,      m->cpos,  m->epos, m->tok,           m->seg_of,      m->segs,
                     m->h_picks,       m->h_npicks, m->h_experts, m->h_wts,      (void *)m->win, m->n_win,
                     (void *)m->comp_base, m->n_comp, (void *)m->key_base, m->n_keys, m->mtp_x,  m->mtp_a,
                     (void *)m->cl_dst, (void *)m->cl_src, m->cl_bytes, m->ol};
@@ -325,6 +330,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->hc_defer = hd && !strcmp(hd, "1");
     const char *wf = getenv("DSV4_WQB_FIRST");
     m->wqb_first = !(wf && !strcmp(wf, "0"));
+    const char *el = getenv("DSV4_EMIT_LIST");
+    m->emit_list = !(el && !strcmp(el, "0"));
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -376,14 +383,16 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
         AB(m->a, R * D) || AB(m->rl, R * c->n_routed) || AB(m->wts, R * k) || AB(m->experts, R * k) ||
         AL(m->h_wts, R * k) || AL(m->h_experts, R * k) || AL(m->hash, R * k) || AB(m->hx, R * D) ||
         AB(m->logits, R * (size_t)c->vocab_size) || AL(m->pos, R) || AL(m->mtp_x, hcd) || AL(m->mtp_a, D) ||
-        AL(m->cpos, R + 1) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
+        AL(m->cpos, R + 1) || AL(m->epos, 2 * R) || AL(m->tok, R) || AL(m->seg_of, R) || AL(m->segs, R) ||
         AB(m->picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AB(m->n_picks, R) ||
         AL(m->h_picks, R * (size_t)(c->index_topk > 0 ? c->index_topk : 1)) || AL(m->h_npicks, R) ||
         AL(m->win, R * (size_t)(c->window > 0 ? c->window : 1)) || AL(m->n_win, R) || AL(m->comp_base, R) ||
         AL(m->n_comp, R) || AL(m->key_base, R) || AL(m->n_keys, R) || AL(m->cl_dst, 2 * R) ||
-        AL(m->cl_src, 2 * R) || AL(m->cl_bytes, 2 * R) || AL(m->ol, 4 * R + 8))
+        AL(m->cl_src, 2 * R) || AL(m->cl_bytes, 2 * R) || AL(m->ol, 6 * R + 8))
         goto oom;
-    m->ol_cap = (int)(4 * R + 8); /* a decode step's longest list: 2 tasks + 2 copies per row per compressor */
+    /* a decode step's longest lists: 2 tasks + 2 copies per row per compressor (lists 1 and 2), 2 copies and a
+     * norm per row per compressor (the closed windows' tails, emit_list) */
+    m->ol_cap = (int)(6 * R + 8);
     if (!(m->hash_slot = malloc(sizeof(int) * (size_t)(m->n_all > 0 ? m->n_all : 1)))) goto oom;
     m->n_hash = 0;
     for (int l = 0; l < m->n_all; l++) m->hash_slot[l] = l < c->n_layers && w->layers[l].is_hash ? m->n_hash++ : -1;
@@ -440,9 +449,10 @@ static void cl_flush(dsv4_model *m, int *n) {
 }
 
 /* A window's end: pools the state rows into out, then (ratio 4, two halves) adds the shift of
- * the current window into the previous one's place to the copy list (the caller flushes it
- * before the state is written again). */
-static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl) {
+ * the current window into the previous one's place to the copy list, or with `ol` to the op list, as copy
+ * tasks (the caller flushes it before the state is written again). */
+static void ol_add(dsv4_model *m, dsv4_op_task t);
+static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, int ol) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
     int n = 0;
     if (cs->coff == 2) {
@@ -462,7 +472,12 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl) 
         }
     }
     OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
-    if (cs->coff == 2) {
+    if (cs->coff == 2 && ol) {
+        size_t bytes = sizeof(float) * (size_t)r * wd;
+        ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = cs->kv, .in = cs->kv + (size_t)r * wd, .n = bytes});
+        ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = cs->score, .in = cs->score + (size_t)r * wd,
+                                 .n = bytes});
+    } else if (cs->coff == 2) {
         cl_add(m, ncl, cs->kv, cs->kv + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
         cl_add(m, ncl, cs->score, cs->score + (size_t)r * wd, sizeof(float) * (size_t)r * wd);
     }
@@ -587,11 +602,19 @@ static void comp_bias(dsv4_model *m, int layer, int is_idx, int nseg) {
  * window) and a pool at each window's end; emitted rows are post-processed together
  * (bf16, norm, RoPE at the window's first position, simulation).  staged: a decode step
  * whose rows comp_stage and comp_bias already put in the state (the first round's copies
- * and the biases are done). */
+ * and the biases are done).
+ * el (DSV4_EMIT_LIST, a staged step with op_list and norm_rope and no simulation or bf16 step around the
+ * norm): a closed window's shift copies and its row's norm and RoPE go into the op list instead of a copy
+ * list and a norm_rope op, one launch after the pools where there were two; they read only what the pool
+ * before them wrote or read, so the list's order changes nothing.  keep: leave those tasks in the list for
+ * the caller's next run_compressor (the attention's compressor's, held for the indexer's: one list for
+ * both, whose ops in between touch neither). */
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg,
-                           int staged) {
+                           int staged, int keep) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
+    const int el = staged && m->emit_list && OPS(m)->op_list && OPS(m)->norm_rope && !m->op_trace &&
+                   !nm->act_bf16 && !(is_idx ? nm->indexer_sim_fp4 || nm->indexer_keys : nm->kv_sim_fp8);
     float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
     const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
@@ -643,7 +666,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
             if (take > sg->n - sg->ci) take = sg->n - sg->ci;
             sg->ci += take;
             if ((p + take) % r == 0) /* the run closed its window */
-                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl);
+                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl, el);
         }
         cl_flush(m, &ncl);
     }
@@ -655,8 +678,17 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
         /* RoPE at each closed window's first position: the first window end at or after pos0,
          * then every r */
         int64_t e0 = (sg->pos0 / r + 1) * r - 1;
-        for (int j = 0; j < ne; j++) m->cpos[j] = e0 + (int64_t)j * r + 1 - r;
         float *rw = cs->rows + (size_t)sg->cfirst * d;
+        if (el && ne == 1) { /* a staged step's one row a segment */
+            int64_t *ep = m->epos + (size_t)is_idx * m->max_rows + s;
+            *ep = e0 + 1 - r;
+            ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_NORM_ROPE, .out = rw, .rows = 1, .n_heads = 1, .dim = d,
+                                     .rope_dim = c->rope_dim, .w = &cw->norm, .eps = (float)c->norm_eps, .pos = ep,
+                                     .freq = m->freq_comp});
+            cs->n_rows = sg->cfirst + ne;
+            continue;
+        }
+        for (int j = 0; j < ne; j++) m->cpos[j] = e0 + (int64_t)j * r + 1 - r;
         if (nm->act_bf16) op->sim(B_(m), rw, ne, d, 0, d, DSV4_SIM_BF16);
         norm_rope(m, rw, ne, 1, d, &cw->norm, (float)c->norm_eps, c->rope_dim, m->cpos, m->freq_comp, nm->act_bf16);
         if (!is_idx) {
@@ -669,6 +701,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
         op_trace(m, is_idx ? "indexer.keys" : "attn.comp_rows", layer, ne, d, rw, NULL, NULL, m->cpos);
         cs->n_rows = sg->cfirst + ne;
     }
+    if (!keep) ol_flush(m); /* this call's tasks, and those a call before it kept */
 #undef CSTATE
 }
 
@@ -852,8 +885,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             if (L->has_comp) comp_bias(m, layer, 0, nseg);
             if (L->has_indexer) comp_bias(m, layer, 1, nseg);
             ol_flush(m);
-            if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
-            if (L->has_indexer) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
+            if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec, L->has_indexer);
+            if (L->has_indexer) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec, 0);
             op->side(b, 0);
             if (L->has_indexer) {
                 op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
@@ -892,13 +925,13 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     op_trace(m, "attn.kv", layer, rows, hd, m->kvc, NULL, NULL, m->pos);
 
     LAY_LAP(0);
-    if (L->has_comp && !side) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec);
+    if (L->has_comp && !side) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec, 0);
 
     LAY_LAP(1);
     /* lightning indexer (ratio 4): picks per row (in the side chain at a decode step) */
     int topk = c->index_topk;
     if (L->has_indexer && !side) {
-        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec);
+        run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec, 0);
         op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
         if (indexer_picks(m, layer, L, rows, err)) return -1;
     }
