@@ -5,6 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
+#        poolpre
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -362,6 +363,20 @@ for stage in "${stages[@]}"; do
     [ -n "${EL_KT:-}" ] || continue
     KT_GREEDY=1 AB_ENVS="- DSV4_EMIT_LIST=0" OUT="$OUT/el_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/el_kt/summary.txt" | head -30 >>"$summary" ;;
+  poolpre)
+    # a pool of <= 16 device rows asking for every row at once (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab; built
+    # in stop 50, not yet run): its op test (the default kernel's bits), the tiny model end to end under it
+    # (flash-2 has no compressor), then ab (AB_ROUNDS, default 4) against the default on the 20-layer model and its ktab
+    timeout 120 $bin/test_cuda_ops test_pool_pre test_pool_device >"$OUT/pp_ops.log" 2>&1
+    note "test_pool_pre test_pool_device rc=$? $(tail -1 "$OUT/pp_ops.log")"
+    grep -E "^FAIL|pool pre" "$OUT/pp_ops.log" >>"$summary"
+    DSV4_CUDA_POOL_PRE=1 timeout 400 $bin/test_cuda_e2e test_tiny_exact test_side_chain >"$OUT/pp_e2e.log" 2>&1
+    note "POOL_PRE=1 test_cuda_e2e (tiny_exact side_chain) rc=$? $(tail -1 "$OUT/pp_e2e.log")"
+    grep -E "^FAIL" "$OUT/pp_e2e.log" >>"$summary"
+    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=1" OUT="$OUT/pp_ab" bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab" "$OUT/pp_ab/summary.txt" >>"$summary"
+    KT_GREEDY=1 AB_ENVS="- DSV4_CUDA_POOL_PRE=1" OUT="$OUT/pp_kt" bash "$0" ktab >/dev/null 2>&1
+    grep -vE "^==" "$OUT/pp_kt/summary.txt" | head -30 >>"$summary" ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and

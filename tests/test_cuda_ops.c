@@ -511,6 +511,62 @@ static void test_pool_device(void) {
     free(gb);
 }
 
+/* DSV4_CUDA_POOL_PRE=1 (read at a backend's init): k_pool_tab<16> asks for all its rows before its math.  A
+ * second backend with it must give the default backend's bits for every n <= 16 (8: a ratio-4 window's two
+ * halves) and width, rows out of order and unaligned as above; n 17 (the 256-entry table) the same kernel on
+ * both. */
+static void test_pool_pre(void) {
+    NEED_GPU();
+    enum { NMAX = 17, W = 520 };
+    dsv4_backend g2;
+    dsv4_err err;
+    setenv("DSV4_CUDA_POOL_PRE", "1", 1);
+    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
+    unsetenv("DSV4_CUDA_POOL_PRE");
+    REQUIRE(rc == 0);
+    float *kvb = malloc(sizeof(float) * NMAX * W), *gb = malloc(sizeof(float) * (NMAX + 1) * W), a[W], g[W];
+    REQUIRE(kvb && gb);
+    fill(kvb, NMAX * W, 6);
+    fill(gb, (NMAX + 1) * W, 7);
+    dsv4_backend *be[2] = {&gpu, &g2};
+    float *kv_d[2], *g_d[2], *o_d[2];
+    for (int i = 0; i < 2; i++) {
+        kv_d[i] = be[i]->ops->alloc(be[i], sizeof(float) * NMAX * W);
+        g_d[i] = be[i]->ops->alloc(be[i], sizeof(float) * (NMAX + 1) * W);
+        o_d[i] = be[i]->ops->alloc(be[i], sizeof(float) * W);
+        REQUIRE(kv_d[i] && g_d[i] && o_d[i]);
+        be[i]->ops->upload(be[i], kv_d[i], kvb, sizeof(float) * NMAX * W);
+        be[i]->ops->upload(be[i], g_d[i], gb, sizeof(float) * (NMAX + 1) * W);
+    }
+    static const int ns[] = {1, 2, 7, 8, 15, 16, 17};
+    static const int ws[] = {128, 512, 520};
+    int differ = 0;
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) {
+            int n = ns[i], w = ws[j];
+            float *out[2] = {a, g};
+            for (int k = 0; k < 2; k++) {
+                const float *kd[NMAX], *gd[NMAX];
+                for (int t = 0; t < n; t++) {
+                    kd[t] = kv_d[k] + (size_t)(n - 1 - t) * W;
+                    gd[t] = g_d[k] + (size_t)t * W + (t & 1 ? 3 : 0);
+                }
+                be[k]->ops->pool(be[k], o_d[k], kd, gd, n, w);
+                be[k]->ops->download(be[k], out[k], o_d[k], sizeof(float) * w);
+            }
+            CHECK(gpu_ok() && g2.ops->check(&g2, &err) == 0);
+            if (memcmp(a, g, sizeof(float) * w)) differ++, printf("  pool pre n %d width %d: bits differ\n", n, w);
+        }
+    printf("  pool pre: %d of %d shapes differ from the default kernel's bits\n", differ,
+           (int)(sizeof ns / sizeof ns[0] * sizeof ws / sizeof ws[0]));
+    CHECK(differ == 0);
+    for (int i = 0; i < 2; i++)
+        be[i]->ops->free(be[i], kv_d[i]), be[i]->ops->free(be[i], g_d[i]), be[i]->ops->free(be[i], o_d[i]);
+    dsv4_backend_cuda_free(&g2);
+    free(kvb);
+    free(gb);
+}
+
 /* ----- router and experts ----- */
 /* A second CUDA backend on the block kernels of before the small ones (DSV4_CUDA_ROUTE_SMALL=0,
  * read when a backend first routes or plans): the warp router, the one-warp plan and the
@@ -1550,7 +1606,7 @@ static void test_evf_policy(void) {
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale,
           test_norm_rope_fused, test_sim_exact, test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain,
-          test_bad_pick_reported, test_pool, test_pool_device, test_route, test_moe, test_route_moe_device,
-          test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported, test_oom_recovers,
+          test_bad_pick_reported, test_pool, test_pool_device, test_pool_pre, test_route, test_moe,
+          test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported, test_oom_recovers,
           test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped,
           test_kern_hc, test_moe_wide, test_evf_policy, test_zz_release)

@@ -1754,15 +1754,41 @@ __global__ void k_pool_ptr(float *out, const float *const *kv, const float *cons
 
 /* the same with the pointer tables as a kernel parameter (n <= P): no host-to-device copy.  A
  * decode step's window-end pools (ratio 4: 8 entries, ratio 128: 128) had each staged two
- * 64-byte tables, and in the kernel traces the pool started 3-50 us after those copies */
+ * 64-byte tables, and in the kernel traces the pool started 3-50 us after those copies.
+ * PRE (P <= 16, DSV4_CUDA_POOL_PRE=1): a thread asks for its n gate and n kv values at once into
+ * registers, then runs the same loops over them (the same operations in the same order, so the same
+ * bits).  Why: a decode step's window-end pool is one of a few dependent kernels of the indexer layers'
+ * side chain, which ran 9.3 us past the main chain at the steps that close a window in stop 50's trace;
+ * the plain loops' loads come in a few unrolled groups, each a round trip (~6 us after the wait for 8
+ * rows there, while wq_b streams). */
 template <int P> struct pool_tab {
     const float *kv[P], *g[P];
 };
-template <int P>
+template <int P, int PRE>
 __global__ void k_pool_tab(float *out, const __grid_constant__ pool_tab<P> tb, int n, int width) {
     pdl_enter();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
+    if constexpr (PRE) {
+        static_assert(P <= 16, "k_pool_tab: PRE holds P rows in registers");
+        float gv[P], kv[P];
+#pragma unroll
+        for (int t = 0; t < P; t++) gv[t] = t < n ? tb.g[t][c] : 0.0f, kv[t] = t < n ? tb.kv[t][c] : 0.0f;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < P; t++)
+            if (t < n) mx = fmaxf(mx, gv[t]);
+        float den = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int t = 0; t < P; t++)
+            if (t < n) {
+                float e = expf(gv[t] - mx);
+                den += e;
+                acc += e * kv[t];
+            }
+        out[c] = acc / den;
+        return;
+    }
     float mx = -INFINITY;
     for (int t = 0; t < n; t++) mx = fmaxf(mx, tb.g[t][c]);
     float den = 0.0f, acc = 0.0f;
@@ -1780,7 +1806,13 @@ static void pool_by_param(dsv4_backend *b, float *od, const float *const *kv, co
     pool_tab<P> tb;
     for (int t = 0; t < n; t++) tb.kv[t] = kv[t], tb.g[t] = gate[t];
     for (int t = n; t < P; t++) tb.kv[t] = tb.g[t] = NULL;
-    dsv4_launch(k_pool_tab<P>, (width + 127) / 128, 128, 0, CI(b)->stream, od, tb, n, width);
+    if constexpr (P <= 16) {
+        if (CI(b)->pool_pre) {
+            dsv4_launch(k_pool_tab<P, 1>, (width + 127) / 128, 128, 0, CI(b)->stream, od, tb, n, width);
+            return;
+        }
+    }
+    dsv4_launch(k_pool_tab<P, 0>, (width + 127) / 128, 128, 0, CI(b)->stream, od, tb, n, width);
 }
 
 void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *const *gate, int n, int width) {

@@ -1177,6 +1177,10 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
      * stop 45, same bits); DSV4_CUDA_HC_DIST=0: block 0 alone forms them, as before */
     const char *hcd = getenv("DSV4_CUDA_HC_DIST");
     c->hc_dist = !(hcd && !strcmp(hcd, "0"));
+    /* DSV4_CUDA_POOL_PRE=1: a pool of <= 16 device rows asks for all its rows at once (attn.cu k_pool_tab; same
+     * bits by construction, built in stop 50 and not yet run on a device) */
+    const char *pp = getenv("DSV4_CUDA_POOL_PRE");
+    c->pool_pre = pp && !strcmp(pp, "1");
     /* DSV4_CUDA_ATTN_SC_MB: sparse attention's scratch per launch in MB (default 256; tests set 1
      * to cut small calls into row chunks) */
     const char *am = getenv("DSV4_CUDA_ATTN_SC_MB");
