@@ -1607,6 +1607,6 @@ static void test_evf_policy(void) {
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale,
           test_norm_rope_fused, test_sim_exact, test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain,
           test_bad_pick_reported, test_pool, test_pool_device, test_pool_pre, test_route, test_moe,
-          test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported, test_oom_recovers,
-          test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list, test_kern_grouped,
-          test_kern_hc, test_moe_wide, test_evf_policy, test_zz_release)
+          test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
+          test_oom_recovers, test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list,
+          test_kern_grouped, test_kern_hc, test_moe_wide, test_evf_policy, test_zz_release)

@@ -1349,8 +1349,8 @@ static void test_emit_list(void) {
     g_el_norms = 0;
     el_run(&lm, "1", b);
     int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
-    printf("  emit list: logits %s DSV4_EMIT_LIST=0's bits; %ld compressor norms in op lists (expected %ld; off: %ld)\n",
-           same ? "with" : "NOT", g_el_norms, want, off);
+    printf("  emit list: logits %s DSV4_EMIT_LIST=0's bits; %ld compressor norms in op lists (expected %ld; "
+           "off: %ld)\n", same ? "with" : "NOT", g_el_norms, want, off);
     CHECK(same);
     CHECKF(g_el_norms == want && off == 0, "%ld norms in lists, expected %ld (off: %ld)", g_el_norms, want, off);
     free(a), free(b);

@@ -861,8 +861,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * elsewhere the op would run two kernels where the list had one task */
     int rn = dec && !side && !L->has_indexer && op->matmul_rn && op->matmul_rn_takes && !m->op_trace && !lf &&
              op->matmul_rn_takes(b, &L->wq_b, rows, lf);
-    /* first (DSV4_WQB_FIRST, on by default): wq_b ahead of list 1, which then runs beside it (op_list_beside): wq_b's
-     * blocks start as y's projections end instead of behind the list.  The list reads only y's
+    /* first (DSV4_WQB_FIRST, on by default): wq_b ahead of list 1, which then runs beside it (op_list_beside):
+     * wq_b's blocks start as y's projections end instead of behind the list.  The list reads only y's
      * projections and writes kv and the state rows, none of which wq_b touches */
     int first = rn && m->wqb_first && op->op_list_beside;
     if (dec) {
