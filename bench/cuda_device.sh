@@ -34,6 +34,24 @@ parse_setting() {
 # stages that follow run (the tests need no model of 74 GB); it writes /dev/shm/flash20.tmp and renames it when
 # done, and every stage but those that read no model of its size waits for it first (wait_synth).  Its argv[0] is
 # dsv4-synth-bg, so the pkill between stages (this bundle's $bin/dsv4) leaves it running
+# tcase NAME PATTERN SECONDS CMD...: runs CMD (a test binary and its arguments, environment assignments first
+# through env) into $OUT/NAME.log, notes its rc and last line, and appends the log's lines that match PATTERN
+tcase() {
+  local name=$1 pat=$2 secs=$3
+  shift 3
+  timeout "$secs" env "$@" >"$OUT/$name.log" 2>&1
+  note "$name rc=$? $(tail -1 "$OUT/$name.log")"
+  grep -E "$pat" "$OUT/$name.log" >>"$summary"
+}
+# ab_kt NAME SETTING ROUNDS [KT]: ab of SETTING against the default (AB_ROUNDS rounds, else ROUNDS) into
+# $OUT/NAME_ab, and with KT non-empty the greedy ktab of the two into $OUT/NAME_kt; their lines into the summary
+ab_kt() {
+  AB_ROUNDS=${AB_ROUNDS:-$3} AB_ENVS="- $2" OUT="$OUT/$1_ab" bash "$0" ab >/dev/null 2>&1
+  grep -E "^ab" "$OUT/$1_ab/summary.txt" >>"$summary"
+  [ -n "${4:-}" ] || return 0
+  KT_GREEDY=1 AB_ENVS="- $2" OUT="$OUT/$1_kt" bash "$0" ktab >/dev/null 2>&1
+  grep -vE "^==" "$OUT/$1_kt/summary.txt" | head -30 >>"$summary"
+}
 # the median (min, max) of the second column of FILE's lines whose first column is KEY (ab's and abbin's ms/step)
 median_of() {
   awk -v s="$1" '$1 == s {print $2}' "$2" | sort -n |
@@ -328,55 +346,34 @@ for stage in "${stages[@]}"; do
     [ -n "${HC_NOAB:-}" ] && continue # HC_NOAB=1: the tests only (hcab then times both hc switches)
     [ -d /dev/shm/flash20 ] || timeout 150 $bin/dsv4 synth --config flash --layers 20 --mtp 0 --seed 1 --out /dev/shm/flash20 >/dev/null 2>&1
     # (each its own OUT: a run of this script empties its summary)
-    AB_ROUNDS=3 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/hcd_ab/summary.txt" >>"$summary"
-    KT_GREEDY=1 AB_ENVS="- DSV4_HC_DEFER=1" OUT="$OUT/hcd_kt" bash "$0" ktab >/dev/null 2>&1
-    grep -vE "^==" "$OUT/hcd_kt/summary.txt" | head -30 >>"$summary" ;;
+    AB_ROUNDS=3 ab_kt hcd DSV4_HC_DEFER=1 3 1 ;;
   wqbfirst)
     # wq_b ahead of the first decode list, the list beside it (DSV4_WQB_FIRST, the default since stop 50; "0"
     # the old order; docs/CUDA.md "qa's norm inside wq_b"): its op tests, the end-to-end A/B of logits on
     # flash-2 (made here unless the flash2 stage made it), then ab (AB_ROUNDS, default 3) of =0 against the
     # default on the 20-layer model, and with WQF_KT=1 its ktab
-    timeout 120 $bin/test_cuda_linear test_matmul_rn test_list_beside >"$OUT/wqf_lin.log" 2>&1
-    note "test_matmul_rn test_list_beside rc=$? $(tail -1 "$OUT/wqf_lin.log")"
-    grep -E "^FAIL|beside case|check failed" "$OUT/wqf_lin.log" >>"$summary"
+    tcase wqf_lin "^FAIL|beside case|check failed" 120 $bin/test_cuda_linear test_matmul_rn test_list_beside
     [ -d /dev/shm/flash2 ] || timeout 100 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 \
       --out /dev/shm/flash2 >/dev/null 2>&1
-    DSV4_CUDA_FLASH2=/dev/shm/flash2 timeout 300 $bin/test_cuda_e2e test_qa_fuse >"$OUT/wqf_e2e.log" 2>&1
-    note "test_qa_fuse rc=$? $(tail -1 "$OUT/wqf_e2e.log")"; grep -E "^FAIL|qa's norm" "$OUT/wqf_e2e.log" >>"$summary"
-    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_WQB_FIRST=0" OUT="$OUT/wqf_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/wqf_ab/summary.txt" >>"$summary"
-    [ -n "${WQF_KT:-}" ] || continue
-    KT_GREEDY=1 AB_ENVS="- DSV4_WQB_FIRST=0" OUT="$OUT/wqf_kt" bash "$0" ktab >/dev/null 2>&1
-    grep -vE "^==" "$OUT/wqf_kt/summary.txt" | head -30 >>"$summary" ;;
+    tcase wqf_e2e "^FAIL|qa's norm" 300 DSV4_CUDA_FLASH2=/dev/shm/flash2 $bin/test_cuda_e2e test_qa_fuse
+    ab_kt wqf DSV4_WQB_FIRST=0 3 "${WQF_KT:-}" ;;
   eltest)
     # a closed window's tail in one op list (DSV4_EMIT_LIST, default on since stop 50; forward.c run_compressor):
     # the end-to-end tests whose logits it must not change (no 20-layer model needed)
-    timeout 400 $bin/test_cuda_e2e test_tiny_exact test_side_chain test_emit_list >"$OUT/el_e2e.log" 2>&1
-    note "test_cuda_e2e (tiny_exact side_chain emit_list) rc=$? $(tail -1 "$OUT/el_e2e.log")"
-    grep -E "^FAIL|emit list|side chains" "$OUT/el_e2e.log" >>"$summary" ;;
+    tcase el_e2e "^FAIL|emit list|side chains" 400 \
+      $bin/test_cuda_e2e test_tiny_exact test_side_chain test_emit_list ;;
   emitlist)
     # its A/B on the 20-layer model: ab of DSV4_EMIT_LIST=0 against the default (AB_ROUNDS, default 4), and with
     # EL_KT=1 the ktab of the two
-    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_EMIT_LIST=0" OUT="$OUT/el_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/el_ab/summary.txt" >>"$summary"
-    [ -n "${EL_KT:-}" ] || continue
-    KT_GREEDY=1 AB_ENVS="- DSV4_EMIT_LIST=0" OUT="$OUT/el_kt" bash "$0" ktab >/dev/null 2>&1
-    grep -vE "^==" "$OUT/el_kt/summary.txt" | head -30 >>"$summary" ;;
+    ab_kt el DSV4_EMIT_LIST=0 4 "${EL_KT:-}" ;;
   poolpre)
     # a pool of <= 16 device rows asking for every row at once (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab; built
     # in stop 50, not yet run): its op test (the default kernel's bits), the tiny model end to end under it
-    # (flash-2 has no compressor), then ab (AB_ROUNDS, default 4) against the default on the 20-layer model and its ktab
-    timeout 120 $bin/test_cuda_ops test_pool_pre test_pool_device >"$OUT/pp_ops.log" 2>&1
-    note "test_pool_pre test_pool_device rc=$? $(tail -1 "$OUT/pp_ops.log")"
-    grep -E "^FAIL|pool pre" "$OUT/pp_ops.log" >>"$summary"
-    DSV4_CUDA_POOL_PRE=1 timeout 400 $bin/test_cuda_e2e test_tiny_exact test_side_chain >"$OUT/pp_e2e.log" 2>&1
-    note "POOL_PRE=1 test_cuda_e2e (tiny_exact side_chain) rc=$? $(tail -1 "$OUT/pp_e2e.log")"
-    grep -E "^FAIL" "$OUT/pp_e2e.log" >>"$summary"
-    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=1" OUT="$OUT/pp_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/pp_ab/summary.txt" >>"$summary"
-    KT_GREEDY=1 AB_ENVS="- DSV4_CUDA_POOL_PRE=1" OUT="$OUT/pp_kt" bash "$0" ktab >/dev/null 2>&1
-    grep -vE "^==" "$OUT/pp_kt/summary.txt" | head -30 >>"$summary" ;;
+    # (flash-2 has no compressor), then ab (AB_ROUNDS, default 4) against the default on the 20-layer model
+    # and its ktab
+    tcase pp_ops "^FAIL|pool pre" 120 $bin/test_cuda_ops test_pool_pre test_pool_device
+    tcase pp_e2e "^FAIL" 400 DSV4_CUDA_POOL_PRE=1 $bin/test_cuda_e2e test_tiny_exact test_side_chain
+    ab_kt pp DSV4_CUDA_POOL_PRE=1 4 1 ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and

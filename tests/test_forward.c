@@ -1229,23 +1229,22 @@ static int rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) 
     return rows == 1 && !flags;
 }
 
-/* mode 0: op_list only; 1: matmul_rn as well, DSV4_WQB_FIRST=0; 2: and op_list_beside (DSV4_WQB_FIRST's
- * default) */
-static void rn_run(low_model *lm, int mode, float *lg) {
+/* A prefill of 7 tokens and 9 decode steps (positions 7..15) below the engine with the backend ops `ops` and, where
+ * var is set, the environment variable var=val while the model is made; the 10 rows of logits into lg.  The
+ * backend's ops are restored after. */
+static void low_steps(low_model *lm, const dsv4_backend_ops *ops, const char *var, const char *val, uint32_t seed,
+                      float *lg) {
     dsv4_err err = {{0}};
-    dsv4_backend_ops ops = *g_rn_cpu;
-    ops.op_list = rn_op_list;
-    if (mode >= 1) ops.matmul_rn = rn_matmul_rn, ops.matmul_rn_takes = rn_takes;
-    if (mode == 2) ops.op_list_beside = rn_beside;
-    lm->be.ops = &ops;
-    if (mode == 1) setenv("DSV4_WQB_FIRST", "0", 1);
+    const dsv4_backend_ops *was = lm->be.ops;
+    lm->be.ops = ops;
+    if (var) setenv(var, val, 1);
     dsv4_model *m = NULL;
     dsv4_state *s = NULL;
     REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
-    unsetenv("DSV4_WQB_FIRST");
+    if (var) unsetenv(var);
     REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
     int32_t tok[16];
-    make_tokens(tok, 16, 93, lm->cfg.vocab_size);
+    make_tokens(tok, 16, seed, lm->cfg.vocab_size);
     size_t V = (size_t)lm->cfg.vocab_size;
     dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
@@ -1255,7 +1254,17 @@ static void rn_run(low_model *lm, int mode, float *lg) {
     }
     dsv4_state_free(s);
     dsv4_model_free(m);
-    lm->be.ops = g_rn_cpu;
+    lm->be.ops = was;
+}
+
+/* mode 0: op_list only; 1: matmul_rn as well, DSV4_WQB_FIRST=0; 2: and op_list_beside (DSV4_WQB_FIRST's
+ * default) */
+static void rn_run(low_model *lm, int mode, float *lg) {
+    dsv4_backend_ops ops = *g_rn_cpu;
+    ops.op_list = rn_op_list;
+    if (mode >= 1) ops.matmul_rn = rn_matmul_rn, ops.matmul_rn_takes = rn_takes;
+    if (mode == 2) ops.op_list_beside = rn_beside;
+    low_steps(lm, &ops, mode == 1 ? "DSV4_WQB_FIRST" : NULL, "0", 93, lg);
 }
 
 static void test_qa_norm_in_wqb(void) {
@@ -1304,28 +1313,9 @@ static void el_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
 }
 
 static void el_run(low_model *lm, const char *val, float *lg) {
-    dsv4_err err = {{0}};
     dsv4_backend_ops ops = *g_el_cpu;
     ops.op_list = el_op_list;
-    lm->be.ops = &ops;
-    setenv("DSV4_EMIT_LIST", val, 1);
-    dsv4_model *m = NULL;
-    dsv4_state *s = NULL;
-    REQUIRE(dsv4_model_init(&m, &lm->w, &lm->be, &DSV4_NUMERICS_EXACT, 8, &err) == 0);
-    unsetenv("DSV4_EMIT_LIST");
-    REQUIRE(dsv4_state_new(&s, &lm->cfg, 0, &err) == 0);
-    int32_t tok[16];
-    make_tokens(tok, 16, 97, lm->cfg.vocab_size);
-    size_t V = (size_t)lm->cfg.vocab_size;
-    dsv4_fwd_item it = {.st = s, .tokens = tok, .n = 7, .logits = lg};
-    REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
-    for (int t = 0; t < 9; t++) {
-        it = (dsv4_fwd_item){.st = s, .tokens = tok + 7 + t, .n = 1, .logits = lg + (size_t)(t + 1) * V};
-        REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
-    }
-    dsv4_state_free(s);
-    dsv4_model_free(m);
-    lm->be.ops = g_el_cpu;
+    low_steps(lm, &ops, "DSV4_EMIT_LIST", val, 97, lg);
 }
 
 static void test_emit_list(void) {
