@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        poolpre
+#        pools
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -366,14 +366,20 @@ for stage in "${stages[@]}"; do
     # its A/B on the 20-layer model: ab of DSV4_EMIT_LIST=0 against the default (AB_ROUNDS, default 4), and with
     # EL_KT=1 the ktab of the two
     ab_kt el DSV4_EMIT_LIST=0 4 "${EL_KT:-}" ;;
-  poolpre)
-    # a pool of <= 16 device rows asking for every row at once (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab; built
-    # in stop 50, not yet run): its op test (the default kernel's bits), the tiny model end to end under it
-    # (flash-2 has no compressor), then ab (AB_ROUNDS, default 4) against the default on the 20-layer model
-    # and its ktab
-    tcase pp_ops "^FAIL|pool pre" 120 $bin/test_cuda_ops test_pool_pre test_pool_device
-    tcase pp_e2e "^FAIL" 400 DSV4_CUDA_POOL_PRE=1 $bin/test_cuda_e2e test_tiny_exact test_side_chain
-    ab_kt pp DSV4_CUDA_POOL_PRE=1 4 1 ;;
+  pools)
+    # the indexer layers' window-end pools (built in stop 50, not yet run): a pool's rows asked for at once
+    # (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in one launch (DSV4_POOL_MULTI=1,
+    # forward.c pool_flush, attn.cu cu_pool_multi). Their op tests (pool's bits), the tiny model end to end
+    # (test_emit_list compares both against the default; flash-2 has no compressor), then ab of each and both
+    # against the default (AB_ROUNDS, default 4) on the 20-layer model, and the ktab of both
+    tcase pl_ops "^FAIL|pool pre|pool_multi" 120 $bin/test_cuda_ops test_pool_pre test_pool_multi test_pool_device
+    tcase pl_e2e "^FAIL|emit list" 400 $bin/test_cuda_e2e test_emit_list
+    both=DSV4_CUDA_POOL_PRE=1,DSV4_POOL_MULTI=1
+    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=1 DSV4_POOL_MULTI=1 $both" OUT="$OUT/pl_ab" \
+      bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab median" "$OUT/pl_ab/summary.txt" >>"$summary"
+    KT_GREEDY=1 AB_ENVS="- $both" OUT="$OUT/pl_kt" bash "$0" ktab >/dev/null 2>&1
+    grep -vE "^==" "$OUT/pl_kt/summary.txt" | head -30 >>"$summary" ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and

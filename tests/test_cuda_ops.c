@@ -515,15 +515,22 @@ static void test_pool_device(void) {
  * second backend with it must give the default backend's bits for every n <= 16 (8: a ratio-4 window's two
  * halves) and width, rows out of order and unaligned as above; n 17 (the 256-entry table) the same kernel on
  * both. */
+/* a second CUDA backend made with DSV4_CUDA_POOL_PRE=1 (read at its init); 0 or -1 */
+static int pool_pre_backend(dsv4_backend *g2) {
+    dsv4_err err;
+    setenv("DSV4_CUDA_POOL_PRE", "1", 1);
+    int rc = dsv4_backend_cuda_init(g2, 0, &err);
+    unsetenv("DSV4_CUDA_POOL_PRE");
+    if (rc) fprintf(stderr, "  second backend: %s\n", err.msg);
+    return rc;
+}
+
 static void test_pool_pre(void) {
     NEED_GPU();
     enum { NMAX = 17, W = 520 };
     dsv4_backend g2;
     dsv4_err err;
-    setenv("DSV4_CUDA_POOL_PRE", "1", 1);
-    int rc = dsv4_backend_cuda_init(&g2, 0, &err);
-    unsetenv("DSV4_CUDA_POOL_PRE");
-    REQUIRE(rc == 0);
+    REQUIRE(pool_pre_backend(&g2) == 0);
     float *kvb = malloc(sizeof(float) * NMAX * W), *gb = malloc(sizeof(float) * (NMAX + 1) * W), a[W], g[W];
     REQUIRE(kvb && gb);
     fill(kvb, NMAX * W, 6);
@@ -565,6 +572,67 @@ static void test_pool_pre(void) {
     dsv4_backend_cuda_free(&g2);
     free(kvb);
     free(gb);
+}
+
+/* pool_multi (several window-end pools in one launch, k_pool_jobs): every job must have the bits of pool alone,
+ * on the default backend and on one with DSV4_CUDA_POOL_PRE=1; 2 jobs (a decode step's two compressors: 8
+ * entries of width 512 and of 128), 4 jobs of 1..16 entries, and cases that take pool for each job (17 entries,
+ * a host output). */
+static void pool_multi_case(dsv4_backend *be, const char *what, int nj, const int *ns, const int *ws, int host_out) {
+    enum { NMAX = 17, W = 520 };
+    float *kvb = malloc(sizeof(float) * NMAX * W), *gb = malloc(sizeof(float) * (NMAX + 1) * W);
+    float *ref = malloc(sizeof(float) * 4 * W), *got = malloc(sizeof(float) * 4 * W);
+    REQUIRE(kvb && gb && ref && got);
+    fill(kvb, NMAX * W, 8);
+    fill(gb, (NMAX + 1) * W, 9);
+    float *kv_d = be->ops->alloc(be, sizeof(float) * NMAX * W);
+    float *g_d = be->ops->alloc(be, sizeof(float) * (NMAX + 1) * W);
+    float *o_d = be->ops->alloc(be, sizeof(float) * 4 * W);
+    REQUIRE(kv_d && g_d && o_d);
+    be->ops->upload(be, kv_d, kvb, sizeof(float) * NMAX * W);
+    be->ops->upload(be, g_d, gb, sizeof(float) * (NMAX + 1) * W);
+    const float *kt[4][NMAX], *gt[4][NMAX];
+    const float *const *kp[4], *const *gp[4];
+    float *outs[4];
+    for (int j = 0; j < nj; j++) {
+        for (int t = 0; t < ns[j]; t++) { /* each job its own rows: shifted by j, reversed, odd gates unaligned */
+            kt[j][t] = kv_d + (size_t)((ns[j] - 1 - t + j) % NMAX) * W;
+            gt[j][t] = g_d + (size_t)((t + j) % NMAX) * W + (t & 1 ? 3 : 0);
+        }
+        kp[j] = kt[j], gp[j] = gt[j], outs[j] = host_out ? got + (size_t)j * W : o_d + (size_t)j * W;
+    }
+    for (int j = 0; j < nj; j++) be->ops->pool(be, o_d + (size_t)j * W, kt[j], gt[j], ns[j], ws[j]);
+    be->ops->download(be, ref, o_d, sizeof(float) * 4 * W);
+    for (size_t i = 0; i < 4 * W; i++) got[i] = NAN;
+    be->ops->upload(be, o_d, got, sizeof(float) * 4 * W);
+    be->ops->pool_multi(be, nj, outs, kp, gp, ns, ws);
+    dsv4_err err;
+    if (!host_out) be->ops->download(be, got, o_d, sizeof(float) * 4 * W); /* host outputs: valid on return */
+    int ok = be->ops->check(be, &err) == 0, same = 1;
+    for (int j = 0; j < nj; j++) same &= memcmp(ref + (size_t)j * W, got + (size_t)j * W, sizeof(float) * ws[j]) == 0;
+    printf("  pool_multi %s: %d jobs%s, %s pool's bits\n", what, nj, host_out ? " (host outputs)" : "",
+           same ? "with" : "NOT");
+    CHECK(ok && same);
+    be->ops->free(be, kv_d), be->ops->free(be, g_d), be->ops->free(be, o_d);
+    free(kvb), free(gb), free(ref), free(got);
+}
+
+static void test_pool_multi(void) {
+    NEED_GPU();
+    REQUIRE(gpu.ops->pool_multi != NULL);
+    dsv4_backend g2;
+    REQUIRE(pool_pre_backend(&g2) == 0);
+    static const int n2[] = {8, 8}, w2[] = {512, 128}, n4[] = {1, 16, 7, 2}, w4[] = {520, 128, 512, 300};
+    static const int n17[] = {8, 17}, w17[] = {512, 128};
+    dsv4_backend *be[2] = {&gpu, &g2};
+    const char *name[2] = {"default", "POOL_PRE"};
+    for (int k = 0; k < 2; k++) {
+        pool_multi_case(be[k], name[k], 2, n2, w2, 0);
+        pool_multi_case(be[k], name[k], 4, n4, w4, 0);
+        pool_multi_case(be[k], name[k], 2, n17, w17, 0);
+        pool_multi_case(be[k], name[k], 2, n2, w2, 1);
+    }
+    dsv4_backend_cuda_free(&g2);
 }
 
 /* ----- router and experts ----- */
@@ -1606,7 +1674,7 @@ static void test_evf_policy(void) {
 
 TEST_MAIN(test_matmul, test_matmul_grouped, test_embed, test_argmax_gather, test_norm_rope_scale,
           test_norm_rope_fused, test_sim_exact, test_mhc, test_sparse_attn, test_indexer_topk, test_attn_chain,
-          test_bad_pick_reported, test_pool, test_pool_device, test_pool_pre, test_route, test_moe,
-          test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
+          test_bad_pick_reported, test_pool, test_pool_device, test_pool_pre, test_pool_multi, test_route,
+          test_moe, test_route_moe_device, test_bad_expert_reported, test_zz_moe_release, test_errors_are_reported,
           test_oom_recovers, test_device_buffers, test_matmul_multi, test_copy_list_cyclic, test_op_list,
           test_kern_grouped, test_kern_hc, test_moe_wide, test_evf_policy, test_zz_release)

@@ -15,7 +15,8 @@
  * and a failed call undone (test_segments_and_checks, test_greedy).  qa's norm inside wq_b (matmul_rn) and
  * wq_b ahead of the first op list (DSV4_WQB_FIRST) give the op list's bits, with the calls each layer should
  * make (test_qa_norm_in_wqb).  A closed compressor window's tail in the op list (DSV4_EMIT_LIST) gives the bits
- * of the copy list and norm_rope op, with a norm task for every window a decode step closes (test_emit_list).
+ * of the copy list and norm_rope op, with a norm task for every window a decode step closes, and so do its pools
+ * in one pool_multi call (DSV4_POOL_MULTI) (test_emit_list).
  * The checkpoint is made by `$DSV4_BIN synth --config tiny` into a temp dir.
  */
 #include <stdint.h>
@@ -1295,14 +1296,15 @@ static void test_qa_norm_in_wqb(void) {
     low_close(&lm);
 }
 
-/* ----- a closed window's tail in the op list (DSV4_EMIT_LIST), below the engine -----
+/* ----- a closed window's tail in the op list (DSV4_EMIT_LIST), its pools in one call (DSV4_POOL_MULTI) -----
  * With an op list supplied (tasks run in order) and the CPU's norm_rope, the logits of a prefill and 9 decode
  * steps must be the bits of DSV4_EMIT_LIST=0 (the copy list and the norm_rope op), and the lists must have
  * carried one norm task for every window a decode step closed (each compressor of each layer) and none
- * with the switch off. */
+ * with the switch off.  With DSV4_POOL_MULTI=1 and a pool_multi supplied (each job through the CPU's pool)
+ * the same bits again, one pool_multi call of two jobs for every step that closes both of a layer's windows. */
 static const dsv4_backend_ops *g_el_cpu;
 static const dsv4_model_w *g_el_w;
-static long g_el_norms; /* norm_rope tasks in lists whose weight is a compressor's norm */
+static long g_el_norms, g_el_multi, g_el_jobs; /* compressor norms in lists; pool_multi calls, their jobs */
 
 static void el_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     for (int i = 0; i < n; i++) {
@@ -1312,37 +1314,53 @@ static void el_op_list(dsv4_backend *b, const dsv4_op_task *tasks, int n) {
     }
 }
 
-static void el_run(low_model *lm, const char *val, float *lg) {
+static void el_pool_multi(dsv4_backend *b, int n_jobs, float *const *outs, const float *const *const *kv,
+                          const float *const *const *gate, const int *ns, const int *widths) {
+    g_el_multi++, g_el_jobs += n_jobs;
+    for (int j = 0; j < n_jobs; j++) g_el_cpu->pool(b, outs[j], kv[j], gate[j], ns[j], widths[j]);
+}
+
+/* mode 0: DSV4_EMIT_LIST=0; 1: its default; 2: and DSV4_POOL_MULTI=1 with pool_multi */
+static void el_run(low_model *lm, int mode, float *lg) {
     dsv4_backend_ops ops = *g_el_cpu;
     ops.op_list = el_op_list;
-    low_steps(lm, &ops, "DSV4_EMIT_LIST", val, 97, lg);
+    if (mode == 2) ops.pool_multi = el_pool_multi;
+    low_steps(lm, &ops, mode == 0 ? "DSV4_EMIT_LIST" : mode == 2 ? "DSV4_POOL_MULTI" : NULL, mode ? "1" : "0", 97,
+              lg);
 }
 
 static void test_emit_list(void) {
     low_model lm;
     REQUIRE(low_open(&lm) == 0);
     g_el_cpu = lm.be.ops, g_el_w = &lm.w;
-    REQUIRE(g_el_cpu->norm_rope != NULL);
+    REQUIRE(g_el_cpu->norm_rope != NULL && g_el_cpu->pool_multi == NULL);
     size_t V = (size_t)lm.cfg.vocab_size;
-    long want = 0;
+    long want = 0, both = 0;
     for (int t = 0; t < 9; t++) /* decode positions 7..15 */
         for (int l = 0; l < lm.cfg.n_layers; l++) {
             const dsv4_layer_w *ly = &lm.w.layers[l];
-            want += ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0;
-            want += ly->has_indexer && (7 + t + 1) % ly->idx.comp.ratio == 0;
+            int c0 = ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0;
+            int c1 = ly->has_indexer && (7 + t + 1) % ly->idx.comp.ratio == 0;
+            want += c0 + c1, both += c0 && c1;
         }
     float *a = calloc(10 * V, sizeof(float)), *b = calloc(10 * V, sizeof(float));
-    REQUIRE(a && b && want > 0);
-    g_el_norms = 0;
-    el_run(&lm, "0", a);
-    long off = g_el_norms;
-    g_el_norms = 0;
-    el_run(&lm, "1", b);
-    int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
-    printf("  emit list: logits %s DSV4_EMIT_LIST=0's bits; %ld compressor norms in op lists (expected %ld; "
-           "off: %ld)\n", same ? "with" : "NOT", g_el_norms, want, off);
-    CHECK(same);
-    CHECKF(g_el_norms == want && off == 0, "%ld norms in lists, expected %ld (off: %ld)", g_el_norms, want, off);
+    REQUIRE(a && b && want > 0 && both > 0);
+    long norms[3];
+    for (int mode = 0; mode < 3; mode++) {
+        g_el_norms = g_el_multi = g_el_jobs = 0;
+        el_run(&lm, mode, mode ? b : a);
+        norms[mode] = g_el_norms;
+        if (!mode) continue;
+        int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
+        printf("  emit list mode %d: logits %s DSV4_EMIT_LIST=0's bits; %ld compressor norms in op lists (expected "
+               "%ld; off: %ld); %ld pool_multi calls of %ld jobs (expected %ld)\n", mode, same ? "with" : "NOT",
+               g_el_norms, want, norms[0], g_el_multi, g_el_jobs, mode == 2 ? both : 0L);
+        CHECK(same);
+        CHECKF(g_el_norms == want && norms[0] == 0, "%ld norms in lists, expected %ld (off: %ld)", g_el_norms, want,
+               norms[0]);
+        CHECKF(g_el_multi == (mode == 2 ? both : 0) && g_el_jobs == 2 * g_el_multi, "%ld pool_multi calls, %ld jobs",
+               g_el_multi, g_el_jobs);
+    }
     free(a), free(b);
     low_close(&lm);
 }

@@ -304,6 +304,11 @@ typedef struct dsv4_backend_ops {
      * just before this one and that no task reads or writes what that op writes or reads: a device
      * backend may then run the two side by side (the CUDA backend after a matmul_rn; docs/CUDA.md). */
     void (*op_list_beside)(dsv4_backend *b, const struct dsv4_op_task *tasks, int n);
+    /* ----- optional: pools of several outputs in one call (NULL: the forward pass calls pool for each) -----
+     * pool(outs[j], kv[j], gate[j], ns[j], widths[j]) for every j < n_jobs, the values of those calls bit for
+     * bit; no job's output is another's input (a device backend may run them side by side). */
+    void (*pool_multi)(dsv4_backend *b, int n_jobs, float *const *outs, const float *const *const *kv,
+                       const float *const *const *gate, const int *ns, const int *widths);
 } dsv4_backend_ops;
 
 /* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first

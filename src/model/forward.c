@@ -110,6 +110,13 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
+    /* pool_multi (DSV4_POOL_MULTI=1): a decode step's window-end pools held until the next flush of the op list
+     * (pool_flush), then issued as one call; n_pj held, each job's output, tables, entries and width */
+    int n_pj;
+    float *pj_out[4];
+    const float *pj_kv[4][16], *pj_g[4][16];
+    const float *const *pj_kvp[4], *const *pj_gp[4];
+    int pj_n[4], pj_w[4];
     void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
     const void **cl_src;
     size_t *cl_bytes;
@@ -129,6 +136,9 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
+    int pool_multi;         /* DSV4_POOL_MULTI ("1" on; built in stop 50, not yet run on a device): with
+                             * emit_list, a decode step's window-end pools of both compressors in one pool_multi
+                             * call, before the op list of their tails (pool_flush); same values */
     int emit_list;          /* DSV4_EMIT_LIST (default 1 since stop 50; "0" off): at a decode step a closed
                              * window's shift copies and its row's norm and RoPE go into one op list, the
                              * attention's compressor's held for the indexer's (run_compressor); same values */
@@ -332,6 +342,8 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->wqb_first = !(wf && !strcmp(wf, "0"));
     const char *el = getenv("DSV4_EMIT_LIST");
     m->emit_list = !(el && !strcmp(el, "0"));
+    const char *pm = getenv("DSV4_POOL_MULTI");
+    m->pool_multi = pm && !strcmp(pm, "1");
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -448,11 +460,20 @@ static void cl_flush(dsv4_model *m, int *n) {
     *n = 0;
 }
 
+/* The held window-end pools (DSV4_POOL_MULTI) as one pool_multi call (one held: pool); ol_flush calls it
+ * first, so a pool always precedes the op list that holds its shift and its row's norm */
+static void pool_flush(dsv4_model *m) {
+    if (m->n_pj == 1) OPS(m)->pool(B_(m), m->pj_out[0], m->pj_kv[0], m->pj_g[0], m->pj_n[0], m->pj_w[0]);
+    else if (m->n_pj > 1) OPS(m)->pool_multi(B_(m), m->n_pj, m->pj_out, m->pj_kvp, m->pj_gp, m->pj_n, m->pj_w);
+    m->n_pj = 0;
+}
+
 /* A window's end: pools the state rows into out, then (ratio 4, two halves) adds the shift of
  * the current window into the previous one's place to the copy list, or with `ol` to the op list, as copy
- * tasks (the caller flushes it before the state is written again). */
+ * tasks (the caller flushes it before the state is written again).  hold (<= 16 entries): the pool waits in
+ * the model's jobs for pool_flush instead of being issued here. */
 static void ol_add(dsv4_model *m, dsv4_op_task t);
-static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, int ol) {
+static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, int ol, int hold) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
     int n = 0;
     if (cs->coff == 2) {
@@ -471,7 +492,16 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, 
             m->poolg[n] = cs->score + (size_t)t * wd;
         }
     }
-    OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
+    if (hold && n <= 16) {
+        if (m->n_pj == 4) pool_flush(m);
+        int j = m->n_pj++;
+        memcpy(m->pj_kv[j], m->poolkv, sizeof(m->poolkv[0]) * (size_t)n);
+        memcpy(m->pj_g[j], m->poolg, sizeof(m->poolg[0]) * (size_t)n);
+        m->pj_kvp[j] = m->pj_kv[j], m->pj_gp[j] = m->pj_g[j];
+        m->pj_out[j] = out, m->pj_n[j] = n, m->pj_w[j] = d;
+    } else {
+        OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);
+    }
     if (cs->coff == 2 && ol) {
         size_t bytes = sizeof(float) * (size_t)r * wd;
         ol_add(m, (dsv4_op_task){.kind = DSV4_TASK_COPY, .out = cs->kv, .in = cs->kv + (size_t)r * wd, .n = bytes});
@@ -553,6 +583,7 @@ static int hc_post_pre_norm(dsv4_model *m, float *Xout, const float *R, const fl
  * flushing a full list in two, changes nothing. */
 static void ol_run(dsv4_model *m, const dsv4_op_task *t) { dsv4_op_task_run(OPS(m), B_(m), t); }
 static void ol_flush(dsv4_model *m) {
+    pool_flush(m);
     if (m->n_ol) OPS(m)->op_list(B_(m), m->ol, m->n_ol);
     m->n_ol = 0;
 }
@@ -608,13 +639,15 @@ static void comp_bias(dsv4_model *m, int layer, int is_idx, int nseg) {
  * list and a norm_rope op, one launch after the pools where there were two; they read only what the pool
  * before them wrote or read, so the list's order changes nothing.  keep: leave those tasks in the list for
  * the caller's next run_compressor (the attention's compressor's, held for the indexer's: one list for
- * both, whose ops in between touch neither). */
+ * both, whose ops in between touch neither).  hold (DSV4_POOL_MULTI=1 with el): the pools wait too, and go out
+ * as one pool_multi call just before that list (ol_flush). */
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg,
                            int staged, int keep) {
     const dsv4_config *c = m->cfg;
     const dsv4_numerics *nm = &m->num;
     const int el = staged && m->emit_list && OPS(m)->op_list && OPS(m)->norm_rope && !m->op_trace &&
                    !nm->act_bf16 && !(is_idx ? nm->indexer_sim_fp4 || nm->indexer_keys : nm->kv_sim_fp8);
+    const int hold = el && m->pool_multi && OPS(m)->pool_multi; /* the pools wait for the list's flush */
     float *K = is_idx ? m->ick : m->ck, *G = is_idx ? m->icg : m->cg;
     const float *ape = is_idx ? m->iape[layer] : m->ape[layer];
     int d = cw->dim, wd = cw->coff * d, r = cw->ratio;
@@ -666,7 +699,7 @@ static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw
             if (take > sg->n - sg->ci) take = sg->n - sg->ci;
             sg->ci += take;
             if ((p + take) % r == 0) /* the run closed its window */
-                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl, el);
+                comp_emit(m, cs, cs->rows + (size_t)(sg->cfirst + sg->cne++) * d, &ncl, el, hold);
         }
         cl_flush(m, &ncl);
     }

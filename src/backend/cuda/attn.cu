@@ -1764,16 +1764,14 @@ __global__ void k_pool_ptr(float *out, const float *const *kv, const float *cons
 template <int P> struct pool_tab {
     const float *kv[P], *g[P];
 };
+/* k_pool_tab's value at column c (n <= P entries of the tables kv, g): pool's arithmetic in k_pool's order */
 template <int P, int PRE>
-__global__ void k_pool_tab(float *out, const __grid_constant__ pool_tab<P> tb, int n, int width) {
-    pdl_enter();
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= width) return;
+__device__ __forceinline__ float d_pool_col(const float *const *kvt, const float *const *gt, int n, int c) {
     if constexpr (PRE) {
         static_assert(P <= 16, "k_pool_tab: PRE holds P rows in registers");
         float gv[P], kv[P];
 #pragma unroll
-        for (int t = 0; t < P; t++) gv[t] = t < n ? tb.g[t][c] : 0.0f, kv[t] = t < n ? tb.kv[t][c] : 0.0f;
+        for (int t = 0; t < P; t++) gv[t] = t < n ? gt[t][c] : 0.0f, kv[t] = t < n ? kvt[t][c] : 0.0f;
         float mx = -INFINITY;
 #pragma unroll
         for (int t = 0; t < P; t++)
@@ -1786,18 +1784,41 @@ __global__ void k_pool_tab(float *out, const __grid_constant__ pool_tab<P> tb, i
                 den += e;
                 acc += e * kv[t];
             }
-        out[c] = acc / den;
-        return;
+        return acc / den;
     }
     float mx = -INFINITY;
-    for (int t = 0; t < n; t++) mx = fmaxf(mx, tb.g[t][c]);
+    for (int t = 0; t < n; t++) mx = fmaxf(mx, gt[t][c]);
     float den = 0.0f, acc = 0.0f;
     for (int t = 0; t < n; t++) {
-        float e = expf(tb.g[t][c] - mx);
+        float e = expf(gt[t][c] - mx);
         den += e;
-        acc += e * tb.kv[t][c];
+        acc += e * kvt[t][c];
     }
-    out[c] = acc / den;
+    return acc / den;
+}
+
+template <int P, int PRE>
+__global__ void k_pool_tab(float *out, const __grid_constant__ pool_tab<P> tb, int n, int width) {
+    pdl_enter();
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    out[c] = d_pool_col<P, PRE>(tb.kv, tb.g, n, c);
+}
+
+/* pool_multi's jobs (<= POOL_JOBS of <= 16 entries each, device rows): job j = blockIdx.y, k_pool_tab<16>'s
+ * columns and arithmetic (so each output has that pool's bits) */
+enum { POOL_JOBS = 4 };
+struct pool_jobs {
+    const float *kv[POOL_JOBS][16], *g[POOL_JOBS][16];
+    float *out[POOL_JOBS];
+    int n[POOL_JOBS], width[POOL_JOBS];
+};
+template <int PRE>
+__global__ void k_pool_jobs(const __grid_constant__ pool_jobs pj) {
+    pdl_enter();
+    int j = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= pj.width[j]) return;
+    pj.out[j][c] = d_pool_col<16, PRE>(pj.kv[j], pj.g[j], pj.n[j], c);
 }
 
 template <int P>
@@ -1855,6 +1876,34 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
     dsv4_launch(k_pool, (width + 127) / 128, 128, 0, CI(b)->stream, od, d, d + (size_t)n * width, n, width);
     if (CKL(b)) return;
     dsv4_cuda_fetch(b, out, od, sizeof(float) * width);
+    dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
+}
+
+/* pool_multi (backend.h): one k_pool_jobs launch where every job has <= 16 entries in device memory and a
+ * device output (a decode step's two window-end pools of an indexer layer), else cu_pool for each job */
+void cu_pool_multi(dsv4_backend *b, int n_jobs, float *const *outs, const float *const *const *kv,
+                   const float *const *const *gate, const int *ns, const int *widths) {
+    int one = n_jobs >= 1 && n_jobs <= POOL_JOBS, wmax = 0;
+    for (int j = 0; j < n_jobs && one; j++) {
+        one = ns[j] >= 1 && ns[j] <= 16 && widths[j] > 0 && dsv4_cuda_is_dev(b, outs[j]);
+        for (int t = 0; t < ns[j] && one; t++) one = dsv4_cuda_is_dev(b, kv[j][t]) && dsv4_cuda_is_dev(b, gate[j][t]);
+        if (widths[j] > wmax) wmax = widths[j];
+    }
+    if (!one) {
+        for (int j = 0; j < n_jobs; j++) cu_pool(b, outs[j], kv[j], gate[j], ns[j], widths[j]);
+        return;
+    }
+    dsv4_cuda_op_begin(b);
+    pool_jobs pj;
+    memset(&pj, 0, sizeof pj);
+    for (int j = 0; j < n_jobs; j++) {
+        for (int t = 0; t < ns[j]; t++) pj.kv[j][t] = kv[j][t], pj.g[j][t] = gate[j][t];
+        pj.out[j] = outs[j], pj.n[j] = ns[j], pj.width[j] = widths[j];
+    }
+    dim3 grid((unsigned)((wmax + 127) / 128), (unsigned)n_jobs);
+    if (CI(b)->pool_pre) dsv4_launch(k_pool_jobs<1>, grid, 128, 0, CI(b)->stream, pj);
+    else dsv4_launch(k_pool_jobs<0>, grid, 128, 0, CI(b)->stream, pj);
+    if (CKL(b)) return;
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_POOL);
 }
 

@@ -66,6 +66,8 @@ void cu_add_cyclic(dsv4_backend *, float *, const float *, int, int, int, int);
 void cu_add_cyclic_pos(dsv4_backend *, float *, const float *, int, int, int, const int64_t *);
 void cu_op_list(dsv4_backend *, const dsv4_op_task *, int); /* oplist.cu */
 void cu_pool(dsv4_backend *, float *, const float *const *, const float *const *, int, int);
+void cu_pool_multi(dsv4_backend *, int, float *const *, const float *const *const *, const float *const *const *,
+                   const int *, const int *);
 void cu_route(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
               float);
 void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int, const int32_t *, const float *,
@@ -1095,6 +1097,7 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_matmul_rn,
     cu_matmul_rn_takes,
     cu_op_list_beside,
+    cu_pool_multi,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
