@@ -115,7 +115,6 @@ struct dsv4_model {
     int n_pj;
     float *pj_out[4];
     const float *pj_kv[4][16], *pj_g[4][16];
-    const float *const *pj_kvp[4], *const *pj_gp[4];
     int pj_n[4], pj_w[4];
     void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
     const void **cl_src;
@@ -463,8 +462,10 @@ static void cl_flush(dsv4_model *m, int *n) {
 /* The held window-end pools (DSV4_POOL_MULTI) as one pool_multi call (one held: pool); ol_flush calls it
  * first, so a pool always precedes the op list that holds its shift and its row's norm */
 static void pool_flush(dsv4_model *m) {
-    if (m->n_pj == 1) OPS(m)->pool(B_(m), m->pj_out[0], m->pj_kv[0], m->pj_g[0], m->pj_n[0], m->pj_w[0]);
-    else if (m->n_pj > 1) OPS(m)->pool_multi(B_(m), m->n_pj, m->pj_out, m->pj_kvp, m->pj_gp, m->pj_n, m->pj_w);
+    const float *const *kv[4], *const *g[4];
+    for (int j = 0; j < m->n_pj; j++) kv[j] = m->pj_kv[j], g[j] = m->pj_g[j];
+    if (m->n_pj == 1) OPS(m)->pool(B_(m), m->pj_out[0], kv[0], g[0], m->pj_n[0], m->pj_w[0]);
+    else if (m->n_pj > 1) OPS(m)->pool_multi(B_(m), m->n_pj, m->pj_out, kv, g, m->pj_n, m->pj_w);
     m->n_pj = 0;
 }
 
@@ -497,7 +498,6 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, 
         int j = m->n_pj++;
         memcpy(m->pj_kv[j], m->poolkv, sizeof(m->poolkv[0]) * (size_t)n);
         memcpy(m->pj_g[j], m->poolg, sizeof(m->poolg[0]) * (size_t)n);
-        m->pj_kvp[j] = m->pj_kv[j], m->pj_gp[j] = m->pj_g[j];
         m->pj_out[j] = out, m->pj_n[j] = n, m->pj_w[j] = d;
     } else {
         OPS(m)->pool(B_(m), out, m->poolkv, m->poolg, n, d);

@@ -35,7 +35,6 @@
  */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/norm.cuh"
-#include "backend/cuda/oplist.cuh"
 
 enum { LF_F32 = 0, LF_BF16 = 1, LF_FP8 = 2, LF_FP4 = 3 }; /* vector paths (FP4: MXFP4 and NVFP4) */
 
@@ -1485,17 +1484,7 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
 /* ----- matmul_rn (backend.h): qa's norm inside wq_b (docs/CUDA.md) -----
  * One row of an FP8 weight of 1024 columns with e8m0 scales, no flags, where k_gemv8 would take
  * it with a warp a row, CPT 2 and RPP 4 (Flash's wq_b): k_gemv8n.  Else rmsnorm into scratch,
- * then matmul: the same bits by either path.  DSV4_CUDA_RN=0 (read once): always the two kernels,
- * and matmul_rn_takes 0 (the forward pass keeps the old order). */
-static int rn_off(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DSV4_CUDA_RN");
-        v = e && !strcmp(e, "0");
-    }
-    return v;
-}
-
+ * then matmul: the same bits by either path (DSV4_CUDA_QA_FUSE=0 takes the op out, backend.cu). */
 /* 1 where k_gemv8n takes the weight (one row, x aligned): the geometry k_gemv8 would pick is its own */
 static int gemv8_rn_ok(int nsm, const dweight &w) {
     if (w.fmt != DSV4_WF_FP8 || w.cols != 1024 || w.scale_f32 || gemv8_old()) return 0;
@@ -1516,7 +1505,7 @@ static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &
 }
 
 int cu_matmul_rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flags) {
-    if (rows != 1 || flags || rn_off() || CI(b)->failed) return 0;
+    if (rows != 1 || flags || CI(b)->failed) return 0;
     dweight dw; /* the shape only (no upload here: the op maps the weight) */
     memset(&dw, 0, sizeof dw);
     dw.fmt = w->fmt, dw.rows = w->rows, dw.cols = w->cols, dw.scale_f32 = w->scale_f32;
@@ -1540,7 +1529,7 @@ void cu_matmul_rn(dsv4_backend *b, float *out, const float *x, int rows, const d
     float *od = (float *)dsv4_cuda_out(b, out, sizeof(float) * xout);
     if (!xd || !od) return;
     g8_rn rn = {nd, norm_w != NULL, norm_w ? rmsnorm_vw(norm_w, nd) : 0, norm_bf16, eps};
-    if (rows == 1 && !flags && !rn_off() && gemv8_rn(b, od, xd, dw, out_bf16, rn)) {
+    if (rows == 1 && !flags && gemv8_rn(b, od, xd, dw, out_bf16, rn)) {
         c->rn_fused++;
     } else {
         float *t = (float *)dsv4_cuda_scratch(b, sizeof(float) * xin);

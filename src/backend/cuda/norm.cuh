@@ -59,6 +59,11 @@ __device__ __forceinline__ float4 d_rmsnorm4(const float4 *xr, int dim, const dw
     return o;
 }
 
+/* norm.cu's choice of kernel for rmsnorm and norm_rope: 1 (and dim/4 threads in *th) when the vector
+ * kernels take dim at xd -> od; the weights' vector width for them (0: element loads) */
+int rmsnorm_vec_threads(int dim, const void *xd, const void *od, int *th);
+int rmsnorm_vw(const dsv4_weight *w, const dweight &dw);
+
 /* rmsnorm's launch (cu_rmsnorm without the op around it) on device rows xd -> od, dw the device form
  * of w (NULL: unweighted); 1 on error (sticky) */
 int dsv4_cuda_rmsnorm_dev(dsv4_backend *b, float *od, const float *xd, int rows, int dim, const dsv4_weight *w,

@@ -19,6 +19,7 @@
 #define DSV4_BACKEND_CUDA_OPLIST_CUH
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/norm.cuh" /* rmsnorm_vec_threads, rmsnorm_vw */
 
 enum { OL_MAX = 48, OL_POS = 64, OL_FREQ = 128 };
 enum { OL_RMSNORM = 1, OL_NORM_ROPE, OL_ROPE, OL_ADD_CYCLIC, OL_COPY16, OL_COPY1, OL_SCALE };
@@ -44,9 +45,5 @@ struct ol_params {
 
 /* launches k_op_list (norm.cu) over `blocks` blocks of `threads`; 1 on error (sticky) */
 int dsv4_cuda_op_list_launch(dsv4_backend *b, const ol_params &p, unsigned blocks, int threads);
-/* norm.cu's choice of kernel for rmsnorm and norm_rope: 1 (and dim/4 threads in *th) when the vector
- * kernels take dim at xd -> od; the weights' vector width for them (0: element loads) */
-int rmsnorm_vec_threads(int dim, const void *xd, const void *od, int *th);
-int rmsnorm_vw(const dsv4_weight *w, const dweight &dw);
 
 #endif
