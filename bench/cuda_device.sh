@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools gate
+#        pools pltest gate
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -75,7 +75,7 @@ for stage in "${stages[@]}"; do
   # checkout's dsv4 (a CI run's synth, 2026-12-02)
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
-  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest) ;; *) wait_synth ;; esac
+  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest) ;; *) wait_synth ;; esac
   case $stage in
   synthbg)
     if [ -d /dev/shm/flash20 ]; then note "synthbg: /dev/shm/flash20 already there"; continue; fi
@@ -366,6 +366,10 @@ for stage in "${stages[@]}"; do
     # its A/B on the 20-layer model: ab of DSV4_EMIT_LIST=0 against the default (AB_ROUNDS, default 4), and with
     # EL_KT=1 the ktab of the two
     ab_kt el DSV4_EMIT_LIST=0 4 "${EL_KT:-}" ;;
+  pltest)
+    # the pools stage's tests only (no 20-layer model needed)
+    tcase pl_ops "^FAIL|pool pre|pool_multi" 120 $bin/test_cuda_ops test_pool_pre test_pool_multi test_pool_device
+    tcase pl_e2e "^FAIL|emit list" 400 $bin/test_cuda_e2e test_emit_list ;;
   pools)
     # the indexer layers' window-end pools (built in stop 50, not yet run): a pool's rows asked for at once
     # (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in one launch (DSV4_POOL_MULTI=1,

@@ -585,4 +585,5 @@ static void test_zz_cleanup(void) {
 }
 
 TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
-          test_qa_fuse, test_emit_list, test_gate_route, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
+          test_qa_fuse, test_emit_list, test_gate_route, test_greedy, test_flash2, test_pro3, test_backend_errors,
+          test_zz_cleanup)

@@ -1068,7 +1068,8 @@ static void check_gate_route(dsv4_wfmt fmt, int K, int R, int with_bias, int has
         REQUIRE(!rm_alloc(&gpu, &a, lgs[c], x, R, NER) && !rm_alloc(&gpu, &f, lgs[c], x, R, NER));
         const float *in = gxd + (size_t)c * R * K;
         gpu.ops->matmul(&gpu, a.lg, in, R, &g.w, 0, 0);
-        gpu.ops->route_moe(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f, a.o, a.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0, 2.5f);
+        gpu.ops->route_moe(&gpu, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f, a.o, a.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
+                           2.5f);
         gpu.ops->gate_route_moe(&gpu, &g.w, in, f.lg, f.e, f.w, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f,
                                 0, 0, 0, 2.5f);
         rm_get(&gpu, &a, &sep[c], R);

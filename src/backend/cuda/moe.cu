@@ -3622,9 +3622,15 @@ static void gate_gemv_fmt(const route_dev *ra, const gate_epi &e, cudaStream_t s
 }
 static int gate_gemv_ok(const gemv_plan &p) { return p.rpp == 1 && (p.cpt == 1 || p.cpt == 2 || p.cpt == 4); }
 static void gate_gemv(const route_dev *ra, const gate_epi &e, cudaStream_t st) {
-    int f32 = ra->gp.fmt == LF_F32, cpt = ra->gp.cpt;
-    if (f32) (cpt == 1 ? gate_gemv_fmt<LF_F32, 1> : cpt == 2 ? gate_gemv_fmt<LF_F32, 2> : gate_gemv_fmt<LF_F32, 4>)(ra, e, st);
-    else (cpt == 1 ? gate_gemv_fmt<LF_BF16, 1> : cpt == 2 ? gate_gemv_fmt<LF_BF16, 2> : gate_gemv_fmt<LF_BF16, 4>)(ra, e, st);
+    int cpt = ra->gp.cpt;
+    if (ra->gp.fmt == LF_F32)
+        (cpt == 1   ? gate_gemv_fmt<LF_F32, 1>
+         : cpt == 2 ? gate_gemv_fmt<LF_F32, 2>
+                    : gate_gemv_fmt<LF_F32, 4>)(ra, e, st);
+    else
+        (cpt == 1   ? gate_gemv_fmt<LF_BF16, 1>
+         : cpt == 2 ? gate_gemv_fmt<LF_BF16, 2>
+                    : gate_gemv_fmt<LF_BF16, 4>)(ra, e, st);
 }
 
 /* The moe op on the slot kernels, after its expert table t (cu_moe, cu_route_moe): stages, plans,
@@ -4094,10 +4100,11 @@ void cu_gate_route_moe(dsv4_backend *b, const dsv4_weight *gate, const float *gx
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
         route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale))
         return;
+    /* r.npl is 8 here (the warp router: small kernels, no hash ids, k <= 32, <= 256 experts): moe_body's gate
+     * branch comes before the others */
     r.gw = &dw, r.gx = gx, r.go = logits, r.gp = gp;
-    if (r.npl != 8 || moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2,
-                               flags & DSV4_MOE_ACT_FP8, act_bf16, out_scale, &r,
-                               flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
+    if (moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, flags & DSV4_MOE_ACT_FP8,
+                 act_bf16, out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
         return;
     d->rp_calls[DSV4_RP_ALL]++;
     route_commit(b, experts, weights, &r);
