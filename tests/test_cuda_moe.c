@@ -1111,7 +1111,8 @@ static void test_gate_route(void) {
     check_gate_route(DSV4_WF_BF16, 1024, 1, 1, 0, 1); /* CPT 1, two rows a block (128 blocks) */
     check_gate_route(DSV4_WF_F32, 1024, 1, 1, 0, 1);  /* f32 CPT 1 */
     check_gate_route(DSV4_WF_BF16, DR, 2, 1, 0, 0);   /* two rows: matmul then route_moe */
-    check_gate_route(DSV4_WF_BF16, DR, 1, 0, 1, 0);   /* hash ids: likewise */
+    check_gate_route(DSV4_WF_BF16, DR, 1, 0, 1, 1);   /* one row of hash ids: k_route_plan_h's body */
+    check_gate_route(DSV4_WF_BF16, DR, 2, 0, 1, 0);   /* two rows of hash ids: the two ops */
     check_gate_route(DSV4_WF_FP8, DR, 1, 1, 0, 0);    /* FP8 gate: k_gemv8, not k_gemv */
     check_gate_route(DSV4_WF_F32, 8192, 1, 1, 0, 0);  /* 2048 vectors a row: past k_gemv */
     /* DSV4_CUDA_GATE_ROUTE=0, or route_moe out: the op is left out (the forward pass calls matmul, route_moe) */

@@ -2988,16 +2988,54 @@ __global__ void __launch_bounds__(32 * NPL)
                         has_shared, before_w2, tab, wbytes, flags, gmax);
 }
 
+/* route by hash ids, then plan, of one row (decode batch 1 in the first num_hash_layers layers) in
+ * one launch of one warp: k_route's outputs for a hash row bit for bit (the ids as given; lane j
+ * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed), and its
+ * weight by d_pick_weight), written to experts / weights and kept in shared memory, from which the lane plans
+ * (d_moe_plan_w: k_moe_plan_w's body, which flags and skips a bad id).  It replaces k_route +
+ * k_moe_plan_w, two dependent launches (3.5 + 4.2 us a call in the 20-layer Flash step's trace,
+ * 2026-12-04).  DSV4_CUDA_RP1=0 keeps the two ops. */
+__device__ __forceinline__ void d_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed,
+                                               const int32_t *hash_ids, float scale, group *groups, int *n_groups,
+                                               int max_groups, int32_t *order, float *cw, int k, int has_shared,
+                                               int before_w2, const dexpert *tab, unsigned long long *wbytes,
+                                               unsigned *flags, int gmax) {
+    __shared__ int32_t se[32];
+    __shared__ float sw[32];
+    const int lane = threadIdx.x;
+    if (lane >= 32) return; /* one warp (gate_epi's block has eight) */
+    const int32_t id = lane < k ? hash_ids[lane] : 0;
+    /* __ldcg: in gate_epi the logits are other blocks' writes of the same grid */
+    const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(__ldcg(logits + id)) : 0.0f;
+    const float w = d_pick_weight(sc, k, scale);
+    if (lane < k) experts[lane] = id, weights[lane] = w, se[lane] = id, sw[lane] = w;
+    __syncwarp();
+    d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
+                 flags, gmax);
+}
+
+__global__ void __launch_bounds__(32)
+    k_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed, const int32_t *hash_ids,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
+                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
+                   int gmax) {
+    pdl_enter();
+    d_route_plan_h(experts, weights, logits, n_routed, hash_ids, scale, groups, n_groups, max_groups, order, cw, k,
+                   has_shared, before_w2, tab, wbytes, flags, gmax);
+}
+
 /* The end of the router gate's k_gemv in gate_route_moe (cu_gate_route_moe): every block counts itself done
  * (its logits made visible first, the threadfence-reduction pattern) and the last one, with the whole logit
- * row in memory, runs k_route_plan_1<8>'s body (its 256 threads are k_gemv's).  That launch and its wait on
- * the gate are gone: k_route_plan_1 ended 3.8 us after the gate GEMV in stop 32's trace. */
+ * row in memory, runs k_route_plan_1<8>'s body (its 256 threads are k_gemv's) or, for a row of hash ids,
+ * k_route_plan_h's (one warp).  That launch and its wait on the gate are gone: k_route_plan_1 ended 3.8 us
+ * after the gate GEMV in stop 32's trace. */
 struct gate_epi {
     static constexpr bool on = true;
     unsigned *count; /* device word, 0 between launches: the blocks done (the last sets it back to 0) */
     int32_t *experts;
     float *weights;
     const float *logits, *bias;
+    const int32_t *hash_ids; /* one row of hash ids (k_route_plan_h's body), else NULL (k_route_plan_1<8>'s) */
     int n_routed, k, max_groups, has_shared, before_w2, gmax;
     float scale;
     group *groups;
@@ -3016,35 +3054,15 @@ struct gate_epi {
         if (!last) return;
         __threadfence();
         if (threadIdx.x == 0) *count = 0;
-        d_route_plan_1<8>(experts, weights, logits, n_routed, bias, scale, groups, n_groups, max_groups, order, cw, k,
-                          has_shared, before_w2, tab, wbytes, flags, gmax);
+        if (hash_ids)
+            d_route_plan_h(experts, weights, logits, n_routed, hash_ids, scale, groups, n_groups, max_groups, order, cw,
+                           k, has_shared, before_w2, tab, wbytes, flags, gmax);
+        else
+            d_route_plan_1<8>(experts, weights, logits, n_routed, bias, scale, groups, n_groups, max_groups, order, cw,
+                              k, has_shared, before_w2, tab, wbytes, flags, gmax);
     }
 };
 
-/* route by hash ids, then plan, of one row (decode batch 1 in the first num_hash_layers layers) in
- * one launch of one warp: k_route's outputs for a hash row bit for bit (the ids as given; lane j
- * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed), and its
- * weight by d_pick_weight), written to experts / weights and kept in shared memory, from which the lane plans
- * (d_moe_plan_w: k_moe_plan_w's body, which flags and skips a bad id).  It replaces k_route +
- * k_moe_plan_w, two dependent launches (3.5 + 4.2 us a call in the 20-layer Flash step's trace,
- * 2026-12-04).  DSV4_CUDA_RP1=0 keeps the two ops. */
-__global__ void __launch_bounds__(32)
-    k_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed, const int32_t *hash_ids,
-                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
-                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
-                   int gmax) {
-    __shared__ int32_t se[32];
-    __shared__ float sw[32];
-    pdl_enter();
-    const int lane = threadIdx.x;
-    const int32_t id = lane < k ? hash_ids[lane] : 0;
-    const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(logits[id]) : 0.0f;
-    const float w = d_pick_weight(sc, k, scale);
-    if (lane < k) experts[lane] = id, weights[lane] = w, se[lane] = id, sw[lane] = w;
-    __syncwarp();
-    d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
-                 flags, gmax);
-}
 
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
  * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
@@ -3687,16 +3705,16 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
-    if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
-        dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
-                    max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
-        ds->rp_calls[DSV4_RP_HASH]++;
-    } else if (ra && ra->gw) { /* gate_route_moe (cu_gate_route_moe checked these conditions): in the gate */
-        gate_epi e = {ds->gcount, ra->ed, ra->wd, ra->go, ra->bd, n_routed, k, max_groups, shared != NULL, before_w2,
-                      gmax, ra->scale, gd, ngd, orderd, cwd, t->dev, ds->wbytes, ds->flags};
+    if (ra && ra->gw) { /* gate_route_moe (cu_gate_route_moe checked the conditions): in the gate, hash ids or not */
+        gate_epi e = {ds->gcount, ra->ed, ra->wd, ra->go, ra->bd, ra->hd, n_routed, k, max_groups, shared != NULL,
+                      before_w2, gmax, ra->scale, gd, ngd, orderd, cwd, t->dev, ds->wbytes, ds->flags};
         gate_gemv(ra, e, c->stream);
         c->weight_bytes_read += ra->gp.bytes;
         ds->rp_calls[DSV4_RP_GATE]++;
+    } else if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
+        dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
+                    max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
+        ds->rp_calls[DSV4_RP_HASH]++;
     } else if (ra && rows == 1 && ds->rp1 && ra->npl == 8) { /* decode batch 1 (<= 256 experts): one launch */
         dsv4_launch(k_route_plan_1<8>, 1, 32 * 8, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->bd, ra->scale,
                     gd, ngd, max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags,
@@ -4067,11 +4085,11 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
 void cu_matmul(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* linear.cu */
 
 /* matmul(logits, gx, rows, gate, 0, 0) then route_moe(...) (backend.h, gate_route_moe).  One row that
- * cu_route_moe would route and plan with k_route_plan_1 (no hash ids, <= 256 experts, DSV4_CUDA_RP1 on), with
+ * cu_route_moe would route and plan with k_route_plan_1 or _h (<= 256 experts, DSV4_CUDA_RP1 on), with
  * gate, gx and logits on the device and a gate that matmul puts on k_gemv at one pass per block row group
  * (dsv4_cuda_gemv_plan: F32 or bf16, RPP 1): the gate's k_gemv instance, ending in gate_epi, replaces both the
- * matmul's launch and k_route_plan_1 (moe_body; the logits are matmul's bits, since the instance, grid and
- * arguments are matmul's, and the route reads them as k_route_plan_1 does).  Anything else is the two calls. */
+ * matmul's launch and k_route_plan_1 / _h (moe_body; the logits are matmul's bits, since the instance, grid and
+ * arguments are matmul's, and the route reads them as those kernels do).  Anything else is the two calls. */
 void cu_gate_route_moe(dsv4_backend *b, const dsv4_weight *gate, const float *gx, float *logits, int32_t *experts,
                        float *weights, int rows, int n_routed, int k, const float *bias, const int32_t *hash_ids,
                        float route_scale, float *out, const float *x, const dsv4_ffn_w *ffn,
@@ -4081,7 +4099,7 @@ void cu_gate_route_moe(dsv4_backend *b, const dsv4_weight *gate, const float *gx
     int gmin = dsv4_cuda_moe_gemm_min_rows();
     dweight dw;
     gemv_plan gp;
-    int fuse = d && small_kernels(d) && d->rp1 && rows == 1 && !hash_ids && n_routed > 0 && n_routed <= 256 &&
+    int fuse = d && small_kernels(d) && d->rp1 && rows == 1 && n_routed > 0 && n_routed <= 256 &&
                k > 0 && k <= 32 && gate->rows == n_routed && dsv4_cuda_is_dev(b, gx) && dsv4_cuda_is_dev(b, logits) &&
                !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
     /* the gate's device copy is looked up as cu_matmul does (uploaded on first use) */
@@ -4098,10 +4116,9 @@ void cu_gate_route_moe(dsv4_backend *b, const dsv4_weight *gate, const float *gx
     moe_table *t;
     route_dev r;
     if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
-        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, NULL, route_scale))
+        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, hash_ids, route_scale))
         return;
-    /* r.npl is 8 here (the warp router: small kernels, no hash ids, k <= 32, <= 256 experts): moe_body's gate
-     * branch comes before the others */
+    /* moe_body's gate branch comes before the others (r.hd: the hash ids, in place or staged) */
     r.gw = &dw, r.gx = gx, r.go = logits, r.gp = gp;
     if (moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, flags & DSV4_MOE_ACT_FP8,
                  act_bf16, out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
