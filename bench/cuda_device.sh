@@ -385,9 +385,10 @@ for stage in "${stages[@]}"; do
     KT_GREEDY=1 AB_ENVS="- $both" OUT="$OUT/pl_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/pl_kt/summary.txt" | head -30 >>"$summary" ;;
   gate)
-    # the router gate with the route and plan in its last block (gate_route_moe, moe.cu gate_epi; DSV4_CUDA_GATE_ROUTE=0
-    # off): its op test (the bits of matmul then route_moe, the path counted) and the 4-layer Flash end to end
-    # (logits identical with it off; layer 3 is the first the gate routes), the synth made here and removed after
+    # the router gate with the route and plan in its last block (gate_route_moe, moe.cu gate_epi; on with
+    # DSV4_CUDA_GATE_ROUTE=1, off by default until it has run here): its op test (the bits of matmul then
+    # route_moe, the path counted) and the 4-layer Flash end to end (logits identical with it on and off; three
+    # hash layers, one routed), the synth made here and removed after
     tcase gr_moe "^FAIL|gate_route_moe" 300 $bin/test_cuda_moe test_gate_route
     [ -d /dev/shm/flash4 ] ||
       timeout 200 $bin/dsv4 synth --config flash --layers 4 --mtp 0 --seed 1 --out /dev/shm/flash4 >/dev/null 2>&1

@@ -1110,8 +1110,9 @@ static const dsv4_backend_ops CUDA_OPS = {
  * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
  * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op),
  * DSV4_CUDA_ROUTE_PLAN=0 route_moe (route and moe as two ops: the router and plan two launches),
- * DSV4_CUDA_QA_FUSE=0 matmul_rn (qa's norm back in the op list before wq_b), DSV4_CUDA_GATE_ROUTE=0
- * gate_route_moe (the router gate a matmul of its own again; also out with route_moe).
+ * DSV4_CUDA_QA_FUSE=0 matmul_rn (qa's norm back in the op list before wq_b).  One goes in only when asked
+ * for: DSV4_CUDA_GATE_ROUTE=1 gate_route_moe (the route in the router gate's last block; never without
+ * route_moe).
  * Each backend keeps its own copy (cuda_impl.ops), read from the environment at init. */
 static int env_off(const char *name) {
     const char *v = getenv(name);
@@ -1124,7 +1125,9 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
-    if (env_off("DSV4_CUDA_GATE_ROUTE") || !o->route_moe) o->gate_route_moe = NULL;
+    /* off until it has run on a GPU (built in stop 51, docs/CUDA.md): DSV4_CUDA_GATE_ROUTE=1 turns it on */
+    const char *gr = getenv("DSV4_CUDA_GATE_ROUTE");
+    if (!(gr && !strcmp(gr, "1")) || !o->route_moe) o->gate_route_moe = NULL;
     if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
     if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL, o->matmul_rn_takes = NULL;
     if (!o->op_list) o->op_list_beside = NULL;
