@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest gate
+#        pools pltest
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -384,16 +384,6 @@ for stage in "${stages[@]}"; do
     grep -E "^ab median" "$OUT/pl_ab/summary.txt" >>"$summary"
     KT_GREEDY=1 AB_ENVS="- $both" OUT="$OUT/pl_kt" bash "$0" ktab >/dev/null 2>&1
     grep -vE "^==" "$OUT/pl_kt/summary.txt" | head -30 >>"$summary" ;;
-  gate)
-    # the router gate with the route and plan in its last block (gate_route_moe, moe.cu gate_epi; on with
-    # DSV4_CUDA_GATE_ROUTE=1, off by default until it has run here): its op test (the bits of matmul then
-    # route_moe, the path counted) and the 4-layer Flash end to end (logits identical with it on and off; three
-    # hash layers, one routed), the synth made here and removed after
-    tcase gr_moe "^FAIL|gate_route_moe" 300 $bin/test_cuda_moe test_gate_route
-    [ -d /dev/shm/flash4 ] ||
-      timeout 200 $bin/dsv4 synth --config flash --layers 4 --mtp 0 --seed 1 --out /dev/shm/flash4 >/dev/null 2>&1
-    tcase gr_e2e "^FAIL|gate routes" 400 DSV4_CUDA_FLASH4=/dev/shm/flash4 $bin/test_cuda_e2e test_gate_route
-    rm -rf /dev/shm/flash4 ;;
   hccomb)
     # the MoE's combine inside the next hc kernel (DSV4_CUDA_HC_COMB=1, docs/CUDA.md "The combine into hc"): its
     # op test (every output the separate combine's bits; taken only where nothing comes between) and

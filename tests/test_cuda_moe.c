@@ -1040,104 +1040,6 @@ static void test_hc_comb(void) {
         for (int R = 1; R <= 5; R++) check_hc_comb(R, bf);
 }
 
-/* ----- gate_route_moe: the router gate with the route and plan in its last block (gate_epi) ----- */
-
-/* gate_route_moe against matmul then route_moe on the same backend: the same bits in the logits, out, experts
- * and weights, and whether the gate's last block routed (DSV4_RP_GATE, `fused`).  Gate [NER x K] of fmt, input
- * gx of K (its own buffer: K may differ from the experts' DR); R rows; two calls in a row with different
- * inputs, so a count left behind by the first (gate_epi's) would leave the second unrouted and show. */
-static tw gr_gates[16]; /* freed after the backend: it keeps device copies by host address */
-static int gr_n;
-
-static void check_gate_route(dsv4_backend *gb, dsv4_wfmt fmt, int K, int R, int with_bias, int hash, int fused) {
-    static rm_out sep[2], fus[2];
-    static float lgs[2][8 * NER], lgf[2][8 * NER];
-    REQUIRE(gr_n < 16);
-    tw g = gr_gates[gr_n++] = make_w(fmt, NER, K, 0);
-    float *gx = malloc(sizeof(float) * 2 * R * K), *x = malloc(sizeof(float) * R * DR), bias[NER];
-    int32_t hid[8 * KR];
-    REQUIRE(gx && x && R <= 8 && gb->ops->gate_route_moe);
-    fill(gx, (size_t)2 * R * K, 1);
-    fill(x, (size_t)R * DR, 1);
-    fill(bias, NER, 0.1f);
-    for (int i = 0; i < R * KR; i++) hid[i] = (int32_t)((i / KR * 31 + (i % KR) * 7) % NER);
-    const float *bp = with_bias && !hash ? bias : NULL;
-    const int32_t *hp = hash ? hid : NULL;
-    float *gxd = gb->ops->alloc(gb, sizeof(float) * 2 * R * K);
-    REQUIRE(gxd);
-    gb->ops->upload(gb, gxd, gx, sizeof(float) * 2 * R * K);
-    long n0 = dsv4_cuda_route_plan_calls(gb, DSV4_RP_GATE);
-    for (int c = 0; c < 2; c++) {
-        rm_dev a, f;
-        REQUIRE(!rm_alloc(gb, &a, lgs[c], x, R, NER) && !rm_alloc(gb, &f, lgs[c], x, R, NER));
-        const float *in = gxd + (size_t)c * R * K;
-        gb->ops->matmul(gb, a.lg, in, R, &g.w, 0, 0);
-        gb->ops->route_moe(gb, a.e, a.w, a.lg, R, NER, KR, bp, hp, 1.5f, a.o, a.x, rm_ex, &rm_sh, 6.0f, 0, 0, 0,
-                           2.5f);
-        gb->ops->gate_route_moe(gb, &g.w, in, f.lg, f.e, f.w, R, NER, KR, bp, hp, 1.5f, f.o, f.x, rm_ex, &rm_sh, 6.0f,
-                                0, 0, 0, 2.5f);
-        rm_get(gb, &a, &sep[c], R);
-        rm_get(gb, &f, &fus[c], R);
-        gb->ops->download(gb, lgs[c], a.lg, sizeof(float) * R * NER);
-        gb->ops->download(gb, lgf[c], f.lg, sizeof(float) * R * NER);
-        rm_free(gb, &a);
-        rm_free(gb, &f);
-    }
-    long took = dsv4_cuda_route_plan_calls(gb, DSV4_RP_GATE) - n0;
-    dsv4_err gerr;
-    CHECKF(gb->ops->check(gb, &gerr) == 0, "gate_route_moe backend: %s", gerr.msg);
-    int same = 1, lsame = 1, differ = 0;
-    for (int c = 0; c < 2; c++) {
-        same &= rm_same(&sep[c], &fus[c], R);
-        lsame &= !memcmp(lgs[c], lgf[c], sizeof(float) * R * NER);
-    }
-    differ = memcmp(sep[0].e, sep[1].e, sizeof(int32_t) * R * KR) != 0; /* the two calls routed apart */
-    printf("  gate_route_moe %s [%d x %d], rows %d%s%s: %s (%ld of 2 calls in the gate), vs matmul then route_moe: "
-           "logits %s, out/experts/weights %s; the two calls' experts %s\n",
-           fmt == DSV4_WF_F32 ? "f32" : fmt == DSV4_WF_BF16 ? "bf16" : "fp8", NER, K, R, hash ? ", hash ids" : "",
-           bp ? ", bias" : "", took ? "routed in the gate" : "two ops", took, lsame ? "same bits" : "DIFFER",
-           same ? "same bits" : "DIFFER", differ ? "differ" : "same");
-    CHECK(same);
-    CHECK(lsame);
-    CHECKF(took == 2 * fused, "the gate routed %ld of 2 calls, expected %d", took, 2 * fused);
-    CHECK(differ || hash); /* hash rows: the ids are the table's either way */
-    gb->ops->free(gb, gxd);
-    free(gx), free(x);
-}
-
-static void test_gate_route(void) {
-    NEED_GPU();
-    make_rm();
-    /* the op is off by default until it has run on a GPU: a backend with DSV4_CUDA_GATE_ROUTE=1 */
-    dsv4_backend g1, g3;
-    REQUIRE(cuda_init_env(&g1, "DSV4_CUDA_GATE_ROUTE", "1") == 0);
-    dsv4_backend *g = &g1;
-    check_gate_route(g, DSV4_WF_BF16, DR, 1, 1, 0, 1);   /* Flash's gate: bf16 [256 x 4096], CPT 2, 256 blocks */
-    check_gate_route(g, DSV4_WF_BF16, DR, 1, 0, 0, 1);   /* no bias */
-    check_gate_route(g, DSV4_WF_F32, DR, 1, 1, 0, 1);    /* f32: CPT 4 */
-    check_gate_route(g, DSV4_WF_BF16, 2048, 1, 1, 0, 1); /* CPT 1, a block a row */
-    check_gate_route(g, DSV4_WF_BF16, 1024, 1, 1, 0, 1); /* CPT 1, two rows a block (128 blocks) */
-    check_gate_route(g, DSV4_WF_F32, 1024, 1, 1, 0, 1);  /* f32 CPT 1 */
-    check_gate_route(g, DSV4_WF_BF16, DR, 1, 0, 1, 1);   /* one row of hash ids: k_route_plan_h's body */
-    check_gate_route(g, DSV4_WF_BF16, DR, 2, 1, 0, 0);   /* two rows: matmul then route_moe */
-    check_gate_route(g, DSV4_WF_BF16, DR, 2, 0, 1, 0);   /* two rows of hash ids: likewise */
-    check_gate_route(g, DSV4_WF_FP8, DR, 1, 1, 0, 0);    /* FP8 gate: k_gemv8, not k_gemv */
-    check_gate_route(g, DSV4_WF_F32, 8192, 1, 1, 0, 0);  /* 2048 vectors a row: past k_gemv */
-    /* by default, and with route_moe out (DSV4_CUDA_ROUTE_PLAN=0), the op is left out (the forward pass calls
-     * matmul, then route_moe) */
-    setenv("DSV4_CUDA_GATE_ROUTE", "1", 1);
-    int rc3 = cuda_init_env(&g3, "DSV4_CUDA_ROUTE_PLAN", "0");
-    unsetenv("DSV4_CUDA_GATE_ROUTE");
-    REQUIRE(rc3 == 0);
-    CHECK(g1.ops->gate_route_moe != NULL);
-    CHECK(gpu.ops->gate_route_moe == NULL && gpu.ops->route_moe != NULL);
-    CHECK(g3.ops->gate_route_moe == NULL);
-    dsv4_backend_cuda_free(&g1);
-    dsv4_backend_cuda_free(&g3);
-    for (int i = 0; i < gr_n; i++) free_w(&gr_gates[i]);
-    gr_n = 0;
-}
-
 static void test_route_moe(void) {
     NEED_GPU();
     make_rm();
@@ -1164,4 +1066,4 @@ static void test_route_moe(void) {
 
 TEST_MAIN(test_moe_gemm, test_small_batch_keeps_slot_groups, test_bad_id_reported, test_one_row, test_one_row_mma_flash,
           test_one_row_e4m3, test_pro_moe, test_batch, test_hc_comb,
-          test_gate_route, test_route_moe)
+          test_route_moe)

@@ -309,15 +309,6 @@ typedef struct dsv4_backend_ops {
      * bit; no job's output is another's input (a device backend may run them side by side). */
     void (*pool_multi)(dsv4_backend *b, int n_jobs, float *const *outs, const float *const *const *kv,
                        const float *const *const *gate, const int *ns, const int *widths);
-    /* ----- optional: the router gate and route_moe in one call (NULL: matmul, then route_moe) -----
-     * matmul(logits, gx, rows, gate, 0, 0), then route_moe(experts, weights, logits, rows, ..., out_scale): the
-     * bits of those two calls in logits, experts, weights and out.  A device backend may route and plan in the
-     * gate GEMV's last block (the CUDA backend at one row; docs/CUDA.md), else it calls the two ops. */
-    void (*gate_route_moe)(dsv4_backend *b, const dsv4_weight *gate, const float *gx, float *logits,
-                           int32_t *experts, float *weights, int rows, int n_routed, int k, const float *bias,
-                           const int32_t *hash_ids, float route_scale, float *out, const float *x,
-                           const dsv4_ffn_w *ffn, const dsv4_ffn_w *shared, float limit, int before_w2, int flags,
-                           int act_bf16, float out_scale);
 } dsv4_backend_ops;
 
 /* argmax's rule on the host (the CPU backend's op, the forward pass's host picks): the first
@@ -397,7 +388,6 @@ typedef struct dsv4_backend_stats {
     long graph_launches, graph_updates, graph_inst;
     long side_forks, side_forced; /* side chains run beside the main one, and closed early (a wait inside) */
     long comb_fused, comb_alone;  /* MoE combines formed inside the next hc kernel / left pending, then run alone */
-    long gate_routes;             /* gate_route_moe calls routed and planned in the gate GEMV's last block */
     double wait_s;
     double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
     double issue_s;              /* cumulative host time inside ops (begin to end), timed or not */

@@ -1043,13 +1043,8 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * little to load before its wait), so the combine, the hc kernel and the next y projections
      * all launch early inside one graph */
     if (seg_at(m, next) == 2 && seg_first(m, next)) mark_segment(m, next);
-    /* the gate inside the route_moe call where the backend has gate_route_moe (the same bits; a device backend
-     * may route and plan in the gate GEMV's last block); the layer-diff trace keeps the separate ops */
-    int gate_in = op->gate_route_moe && op->route_moe && !m->op_trace;
-    if (!gate_in) {
-        op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
-        op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
-    }
+    op->matmul(b, m->rl, m->y, rows, &L->gate, 0, 0); /* fp32 router */
+    op_trace(m, "moe.router_logits", layer, rows, c->n_routed, m->rl, NULL, NULL, m->pos);
     int k = c->n_active;
     const int32_t *hash = NULL;
     if (L->is_hash && m->hash_slot[layer] >= 0) { /* a main layer: uploaded with this pass's embedding */
@@ -1068,11 +1063,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * traced between the two, but the layer-diff trace keeps the separate ops, as elsewhere */
     int mf = (a8 ? DSV4_MOE_ACT_FP8 : 0) | (nm->moe_dot_mma == 1 ? DSV4_MOE_DOT_MMA : 0) |
              (nm->moe_dot_mma == 2 ? DSV4_MOE_DOT_E4M3 : 0);
-    if (gate_in) {
-        op->gate_route_moe(b, &L->gate, m->y, m->rl, m->experts, m->wts, rows, c->n_routed, k, rbias, hash,
-                           router_scale, m->a, m->y, L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, mf,
-                           bf, out_scale);
-    } else if (op->route_moe && !m->op_trace) {
+    if (op->route_moe && !m->op_trace) {
         op->route_moe(b, m->experts, m->wts, m->rl, rows, c->n_routed, k, rbias, hash, router_scale, m->a, m->y,
                       L->experts, shared, (float)c->swiglu_limit, nm->moe_before_w2, mf, bf, out_scale);
     } else {

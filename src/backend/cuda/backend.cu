@@ -74,9 +74,6 @@ void cu_moe(dsv4_backend *, float *, const float *, int, const dsv4_ffn_w *, int
             int, const dsv4_ffn_w *, float, int, int, int, float);
 void cu_route_moe(dsv4_backend *, int32_t *, float *, const float *, int, int, int, const float *, const int32_t *,
                   float, float *, const float *, const dsv4_ffn_w *, const dsv4_ffn_w *, float, int, int, int, float);
-void cu_gate_route_moe(dsv4_backend *, const dsv4_weight *, const float *, float *, int32_t *, float *, int, int, int,
-                       const float *, const int32_t *, float, float *, const float *, const dsv4_ffn_w *,
-                       const dsv4_ffn_w *, float, int, int, int, float);
 
 /* host clock in milliseconds (per-op issue time, capture ends) */
 static double host_ms(void) {
@@ -543,7 +540,7 @@ void dsv4_cuda_op_end(dsv4_backend *b, int op) {
 static const char *OP_NAMES[DSV4_CUDA_N_OPS] = {
     "embed", "matmul", "matmul_grouped", "rmsnorm", "rope",  "scale", "sim",   "hc_pre",
     "hc_post", "hc_head", "sparse_attn", "indexer_scores", "topk", "pool", "route", "moe", "add_cyclic", "matmul_multi",
-    "op_list", "route_moe", "argmax", "gather_ids", "gate_route_moe"};
+    "op_list", "route_moe", "argmax", "gather_ids"};
 
 static void cu_profile(dsv4_backend *b, int on) {
     cuda_impl *c = CI(b);
@@ -590,7 +587,6 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->side_forced = c->side_forced;
     out->comb_fused = c->hc_comb_taken;
     out->comb_alone = c->hc_comb_flushed;
-    out->gate_routes = dsv4_cuda_route_plan_calls(b, DSV4_RP_GATE);
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
     out->issue_s = c->issue_s;
@@ -1102,7 +1098,6 @@ static const dsv4_backend_ops CUDA_OPS = {
     cu_matmul_rn_takes,
     cu_op_list_beside,
     cu_pool_multi,
-    cu_gate_route_moe,
 };
 
 /* The table less what the A/B switches take out (the forward pass then calls the separate ops:
@@ -1110,9 +1105,7 @@ static const dsv4_backend_ops CUDA_OPS = {
  * hc_post_pre_norm), DSV4_CUDA_HC_FUSE=0 hc_post_pre_norm, DSV4_CUDA_ATTN_FUSE=0
  * sparse_attn_rope and indexer_scores_rs, DSV4_CUDA_OPLIST=0 op_list (every task its own op),
  * DSV4_CUDA_ROUTE_PLAN=0 route_moe (route and moe as two ops: the router and plan two launches),
- * DSV4_CUDA_QA_FUSE=0 matmul_rn (qa's norm back in the op list before wq_b).  One goes in only when asked
- * for: DSV4_CUDA_GATE_ROUTE=1 gate_route_moe (the route in the router gate's last block; never without
- * route_moe).
+ * DSV4_CUDA_QA_FUSE=0 matmul_rn (qa's norm back in the op list before wq_b).
  * Each backend keeps its own copy (cuda_impl.ops), read from the environment at init. */
 static int env_off(const char *name) {
     const char *v = getenv(name);
@@ -1125,9 +1118,6 @@ static void ops_select(dsv4_backend_ops *o) {
     if (env_off("DSV4_CUDA_ATTN_FUSE")) o->sparse_attn_rope = NULL, o->indexer_scores_rs = NULL;
     if (env_off("DSV4_CUDA_OPLIST")) o->op_list = NULL;
     if (env_off("DSV4_CUDA_ROUTE_PLAN")) o->route_moe = NULL;
-    /* off until it has run on a GPU (built in stop 51, docs/CUDA.md): DSV4_CUDA_GATE_ROUTE=1 turns it on */
-    const char *gr = getenv("DSV4_CUDA_GATE_ROUTE");
-    if (!(gr && !strcmp(gr, "1")) || !o->route_moe) o->gate_route_moe = NULL;
     if (env_off("DSV4_CUDA_SIDE")) o->side = NULL, o->join = NULL;
     if (env_off("DSV4_CUDA_QA_FUSE")) o->matmul_rn = NULL, o->matmul_rn_takes = NULL;
     if (!o->op_list) o->op_list_beside = NULL;

@@ -9,7 +9,7 @@ enum {
     DSV4_CUDA_OP_ROPE, DSV4_CUDA_OP_SCALE, DSV4_CUDA_OP_SIM, DSV4_CUDA_OP_HC_PRE, DSV4_CUDA_OP_HC_POST,
     DSV4_CUDA_OP_HC_HEAD, DSV4_CUDA_OP_SPARSE_ATTN, DSV4_CUDA_OP_INDEXER, DSV4_CUDA_OP_TOPK, DSV4_CUDA_OP_POOL,
     DSV4_CUDA_OP_ROUTE, DSV4_CUDA_OP_MOE, DSV4_CUDA_OP_ADD, DSV4_CUDA_OP_MATMUL_MULTI, DSV4_CUDA_OP_LIST,
-    DSV4_CUDA_OP_ROUTE_MOE, DSV4_CUDA_OP_ARGMAX, DSV4_CUDA_OP_GATHER_IDS, DSV4_CUDA_OP_GATE_ROUTE_MOE,
+    DSV4_CUDA_OP_ROUTE_MOE, DSV4_CUDA_OP_ARGMAX, DSV4_CUDA_OP_GATHER_IDS,
     DSV4_CUDA_N_OPS
 };
 
@@ -42,9 +42,9 @@ long dsv4_cuda_moe_q8_calls(struct dsv4_backend *b);
 /* MoE calls of 2..32 rows that took k_moe_bnr on this backend */
 long dsv4_cuda_moe_bn_calls(struct dsv4_backend *b);
 /* route_moe calls that routed and planned in one launch on this backend: DSV4_RP_ALL every one
- * (k_route_plan_w, _1 or _h, or the gate's), DSV4_RP_ONE those on k_route_plan_1 (one row), DSV4_RP_HASH those on
- * k_route_plan_h (one row of hash ids), DSV4_RP_GATE gate_route_moe's in the gate GEMV's last block (one row) */
-enum { DSV4_RP_ALL, DSV4_RP_ONE, DSV4_RP_HASH, DSV4_RP_GATE, DSV4_RP_KINDS };
+ * (k_route_plan_w, _1 or _h), DSV4_RP_ONE those on k_route_plan_1 (one row), DSV4_RP_HASH those on
+ * k_route_plan_h (one row of hash ids) */
+enum { DSV4_RP_ALL, DSV4_RP_ONE, DSV4_RP_HASH, DSV4_RP_KINDS };
 long dsv4_cuda_route_plan_calls(struct dsv4_backend *b, int kind);
 /* MoE calls that took the many-row gathered GEMMs (moe_gemm.cu) on this backend */
 long dsv4_cuda_moe_gemm_calls(struct dsv4_backend *b);

@@ -61,7 +61,6 @@
 #include <stdlib.h>
 
 #include "backend/cuda/moe.cuh"
-#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/bm2_layout.h"
 
 extern "C" {
@@ -245,12 +244,6 @@ struct route_dev {
     const int32_t *hd;
     int rows, k, npl;
     float scale;
-    /* gate_route_moe at one row: the gate's weight, its input (device) and k_gemv's instance; ld is then the
-     * gate's output, which the route-and-plan launch writes first (gate_epi) */
-    const dweight *gw;
-    const float *gx;
-    float *go;
-    gemv_plan gp;
 };
 
 /* The bias's device copy; called before any staging, as a new copy ends a graph capture.  The
@@ -275,7 +268,6 @@ static int route_stage(dsv4_backend *b, const cuda_devside *d, route_dev *r, int
     r->ed = (int32_t *)dsv4_cuda_out(b, experts, sizeof(int32_t) * rows * k);
     r->wd = (float *)dsv4_cuda_out(b, weights, sizeof(float) * rows * k);
     r->rows = rows, r->k = k, r->scale = scale;
-    r->gw = NULL, r->gx = NULL, r->go = NULL;
     int npl = (n_routed + 31) / 32, warp = small_kernels(d) && !hash_ids && k <= 32;
     r->npl = warp && npl <= 8 ? 8 : warp && npl <= 16 ? 16 : 0;
     return !r->ld || (hash_ids && !r->hd) || !r->ed || !r->wd;
@@ -2937,20 +2929,20 @@ __global__ void __launch_bounds__(32 * RP_WARPS)
  * graph, it ended 5.7 us after the gate GEMV; k_route_plan_1 3.8 us after it, 68.4 against 93.3 us
  * a step exposed. */
 template <int NPL>
-__device__ __forceinline__ void d_route_plan_1(int32_t *experts, float *weights, const float *logits, int n_routed,
-                                               const float *bias, float scale, group *groups, int *n_groups,
-                                               int max_groups, int32_t *order, float *cw, int k, int has_shared,
-                                               int before_w2, const dexpert *tab, unsigned long long *wbytes,
-                                               unsigned *flags, int gmax) {
+__global__ void __launch_bounds__(32 * NPL)
+    k_route_plan_1(int32_t *experts, float *weights, const float *logits, int n_routed, const float *bias,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
+                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
+                   int gmax) {
     __shared__ unsigned skey[32 * NPL];
     __shared__ float ssc[32 * NPL];
     __shared__ unsigned long long sby[32 * NPL];
     __shared__ int32_t se[32];
     __shared__ float sw[32];
+    pdl_enter();
     int t = threadIdx.x, lane = t & 31;
     if (t < n_routed) {
-        /* __ldcg: in gate_epi the logits are other blocks' writes of the same grid (L2, not this SM's L1) */
-        float lv = __ldcg(logits + t), bv = bias ? bias[t] : 0.0f;
+        float lv = logits[t], bv = bias ? bias[t] : 0.0f;
         sby[t] = tab[t].bytes;
         float sc = d_sqrt_softplus(lv);
         ssc[t] = sc;
@@ -2977,17 +2969,6 @@ __device__ __forceinline__ void d_route_plan_1(int32_t *experts, float *weights,
                  flags, gmax, sby);
 }
 
-template <int NPL>
-__global__ void __launch_bounds__(32 * NPL)
-    k_route_plan_1(int32_t *experts, float *weights, const float *logits, int n_routed, const float *bias,
-                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
-                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
-                   int gmax) {
-    pdl_enter();
-    d_route_plan_1<NPL>(experts, weights, logits, n_routed, bias, scale, groups, n_groups, max_groups, order, cw, k,
-                        has_shared, before_w2, tab, wbytes, flags, gmax);
-}
-
 /* route by hash ids, then plan, of one row (decode batch 1 in the first num_hash_layers layers) in
  * one launch of one warp: k_route's outputs for a hash row bit for bit (the ids as given; lane j
  * forms the score of pick j, sqrt(softplus(logit)), 0 for an id outside [0, n_routed), and its
@@ -2995,74 +2976,23 @@ __global__ void __launch_bounds__(32 * NPL)
  * (d_moe_plan_w: k_moe_plan_w's body, which flags and skips a bad id).  It replaces k_route +
  * k_moe_plan_w, two dependent launches (3.5 + 4.2 us a call in the 20-layer Flash step's trace,
  * 2026-12-04).  DSV4_CUDA_RP1=0 keeps the two ops. */
-__device__ __forceinline__ void d_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed,
-                                               const int32_t *hash_ids, float scale, group *groups, int *n_groups,
-                                               int max_groups, int32_t *order, float *cw, int k, int has_shared,
-                                               int before_w2, const dexpert *tab, unsigned long long *wbytes,
-                                               unsigned *flags, int gmax) {
+__global__ void __launch_bounds__(32)
+    k_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed, const int32_t *hash_ids,
+                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
+                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
+                   int gmax) {
     __shared__ int32_t se[32];
     __shared__ float sw[32];
+    pdl_enter();
     const int lane = threadIdx.x;
-    if (lane >= 32) return; /* one warp (gate_epi's block has eight) */
     const int32_t id = lane < k ? hash_ids[lane] : 0;
-    /* __ldcg: in gate_epi the logits are other blocks' writes of the same grid */
-    const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(__ldcg(logits + id)) : 0.0f;
+    const float sc = lane < k && (unsigned)id < (unsigned)n_routed ? d_sqrt_softplus(logits[id]) : 0.0f;
     const float w = d_pick_weight(sc, k, scale);
     if (lane < k) experts[lane] = id, weights[lane] = w, se[lane] = id, sw[lane] = w;
     __syncwarp();
     d_moe_plan_w(groups, n_groups, max_groups, order, cw, se, sw, 1, k, n_routed, has_shared, before_w2, tab, wbytes,
                  flags, gmax);
 }
-
-__global__ void __launch_bounds__(32)
-    k_route_plan_h(int32_t *experts, float *weights, const float *logits, int n_routed, const int32_t *hash_ids,
-                   float scale, group *groups, int *n_groups, int max_groups, int32_t *order, float *cw, int k,
-                   int has_shared, int before_w2, const dexpert *tab, unsigned long long *wbytes, unsigned *flags,
-                   int gmax) {
-    pdl_enter();
-    d_route_plan_h(experts, weights, logits, n_routed, hash_ids, scale, groups, n_groups, max_groups, order, cw, k,
-                   has_shared, before_w2, tab, wbytes, flags, gmax);
-}
-
-/* The end of the router gate's k_gemv in gate_route_moe (cu_gate_route_moe): every block counts itself done
- * (its logits made visible first, the threadfence-reduction pattern) and the last one, with the whole logit
- * row in memory, runs k_route_plan_1<8>'s body (its 256 threads are k_gemv's) or, for a row of hash ids,
- * k_route_plan_h's (one warp).  That launch and its wait on the gate are gone: k_route_plan_1 ended 3.8 us
- * after the gate GEMV in stop 32's trace. */
-struct gate_epi {
-    static constexpr bool on = true;
-    unsigned *count; /* device word, 0 between launches: the blocks done (the last sets it back to 0) */
-    int32_t *experts;
-    float *weights;
-    const float *logits, *bias;
-    const int32_t *hash_ids; /* one row of hash ids (k_route_plan_h's body), else NULL (k_route_plan_1<8>'s) */
-    int n_routed, k, max_groups, has_shared, before_w2, gmax;
-    float scale;
-    group *groups;
-    int *n_groups;
-    int32_t *order;
-    float *cw;
-    const dexpert *tab;
-    unsigned long long *wbytes;
-    unsigned *flags;
-    __device__ void operator()() const {
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(count, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        if (threadIdx.x == 0) *count = 0;
-        if (hash_ids)
-            d_route_plan_h(experts, weights, logits, n_routed, hash_ids, scale, groups, n_groups, max_groups, order, cw,
-                           k, has_shared, before_w2, tab, wbytes, flags, gmax);
-        else
-            d_route_plan_1<8>(experts, weights, logits, n_routed, bias, scale, groups, n_groups, max_groups, order, cw,
-                              k, has_shared, before_w2, tab, wbytes, flags, gmax);
-    }
-};
-
 
 /* warps per feature group splitting K: double while the launch has fewer than ~8K warps
  * and each warp keeps at least two steps (steps: K / 1024, the FP4 count, the fewest) */
@@ -3096,7 +3026,6 @@ struct moe_table {
 struct cuda_devside {
     unsigned *flags;                /* device word: DSV4_DEVFLAG_* bits (sticky) */
     unsigned long long *wbytes;     /* device: routed weight bytes streamed since the last reset */
-    unsigned *gcount;               /* device word: gate_epi's count of the gate GEMV's blocks done (0 between) */
     moe_table *tab;
     int n_tab, cap_tab;
     int mb_grid;                    /* k_moe_bulk blocks (SMs x resident blocks); 0 = not set up, -1 = off */
@@ -3194,7 +3123,6 @@ static cuda_devside *devside(dsv4_backend *b) {
     }
     d->flags = (unsigned *)p;
     d->wbytes = (unsigned long long *)((uint8_t *)p + 8);
-    d->gcount = (unsigned *)((uint8_t *)p + 4);
     const char *rs = getenv("DSV4_CUDA_ROUTE_SMALL");
     d->small = !(rs && rs[0] == '0');
     const char *r1 = getenv("DSV4_CUDA_RP1");
@@ -3630,27 +3558,6 @@ void dsv4_cuda_hc_comb_counts(dsv4_backend *b, long *taken, long *flushed) {
     *flushed = CI(b)->hc_comb_flushed;
 }
 
-/* the router gate's k_gemv, the instance matmul launches (ra->gp, dsv4_cuda_gemv_plan), ending in gate_epi */
-template <int FMT, int CPT>
-static void gate_gemv_fmt(const route_dev *ra, const gate_epi &e, cudaStream_t st) {
-    const dweight &w = *ra->gw;
-    dsv4_launch(k_gemv<1, FMT, CPT, 1, gate_epi>, ra->gp.npass, 256, 0, st, ra->go, (int64_t)w.rows, ra->gx,
-                (int64_t)w.cols, 1, w, (int64_t)0, (int64_t)w.rows, (int64_t)w.rows, (int64_t)0, 0, 0,
-                ra->gp.tpr_log2, ra->gp.npass, dsv4_cuda_gemv_early, e);
-}
-static int gate_gemv_ok(const gemv_plan &p) { return p.rpp == 1 && (p.cpt == 1 || p.cpt == 2 || p.cpt == 4); }
-static void gate_gemv(const route_dev *ra, const gate_epi &e, cudaStream_t st) {
-    int cpt = ra->gp.cpt;
-    if (ra->gp.fmt == LF_F32)
-        (cpt == 1   ? gate_gemv_fmt<LF_F32, 1>
-         : cpt == 2 ? gate_gemv_fmt<LF_F32, 2>
-                    : gate_gemv_fmt<LF_F32, 4>)(ra, e, st);
-    else
-        (cpt == 1   ? gate_gemv_fmt<LF_BF16, 1>
-         : cpt == 2 ? gate_gemv_fmt<LF_BF16, 2>
-                    : gate_gemv_fmt<LF_BF16, 4>)(ra, e, st);
-}
-
 /* The moe op on the slot kernels, after its expert table t (cu_moe, cu_route_moe): stages, plans,
  * runs the experts and the combine, and commits out; the caller ends the op (0) or not (1: a
  * failure, sticky error set).  ra NULL: the plan reads the ids and weights e / wgt (k_moe_plan_w
@@ -3705,13 +3612,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
      * cuts groups of one slot, so an expert id repeated in the row (a hash table may repeat
      * one) is two groups, not a dropped slot */
     int gmax = bn ? bn_g : bulk && rows == 1 ? 1 : MOE_G;
-    if (ra && ra->gw) { /* gate_route_moe (cu_gate_route_moe checked the conditions): in the gate, hash ids or not */
-        gate_epi e = {ds->gcount, ra->ed, ra->wd, ra->go, ra->bd, ra->hd, n_routed, k, max_groups, shared != NULL,
-                      before_w2, gmax, ra->scale, gd, ngd, orderd, cwd, t->dev, ds->wbytes, ds->flags};
-        gate_gemv(ra, e, c->stream);
-        c->weight_bytes_read += ra->gp.bytes;
-        ds->rp_calls[DSV4_RP_GATE]++;
-    } else if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
+    if (ra && ra->hd) { /* one row of hash ids (cu_route_moe admits no other): one warp */
         dsv4_launch(k_route_plan_h, 1, 32, 0, c->stream, ra->ed, ra->wd, ra->ld, n_routed, ra->hd, ra->scale, gd, ngd,
                     max_groups, orderd, cwd, k, shared != NULL, before_w2, t->dev, ds->wbytes, ds->flags, gmax);
         ds->rp_calls[DSV4_RP_HASH]++;
@@ -4080,50 +3981,4 @@ void cu_route_moe(dsv4_backend *b, int32_t *experts, float *weights, const float
     d->rp_calls[DSV4_RP_ALL]++;
     route_commit(b, experts, weights, &r);
     dsv4_cuda_op_end(b, DSV4_CUDA_OP_ROUTE_MOE);
-}
-
-void cu_matmul(dsv4_backend *, float *, const float *, int, const dsv4_weight *, int, int); /* linear.cu */
-
-/* matmul(logits, gx, rows, gate, 0, 0) then route_moe(...) (backend.h, gate_route_moe).  One row that
- * cu_route_moe would route and plan with k_route_plan_1 or _h (<= 256 experts, DSV4_CUDA_RP1 on), with
- * gate, gx and logits on the device and a gate that matmul puts on k_gemv at one pass per block row group
- * (dsv4_cuda_gemv_plan: F32 or bf16, RPP 1): the gate's k_gemv instance, ending in gate_epi, replaces both the
- * matmul's launch and k_route_plan_1 / _h (moe_body; the logits are matmul's bits, since the instance, grid and
- * arguments are matmul's, and the route reads them as those kernels do).  Anything else is the two calls. */
-void cu_gate_route_moe(dsv4_backend *b, const dsv4_weight *gate, const float *gx, float *logits, int32_t *experts,
-                       float *weights, int rows, int n_routed, int k, const float *bias, const int32_t *hash_ids,
-                       float route_scale, float *out, const float *x, const dsv4_ffn_w *ffn,
-                       const dsv4_ffn_w *shared, float limit, int before_w2, int flags, int act_bf16,
-                       float out_scale) {
-    cuda_devside *d = CI(b)->failed ? NULL : devside(b);
-    int gmin = dsv4_cuda_moe_gemm_min_rows();
-    dweight dw;
-    gemv_plan gp;
-    int fuse = d && small_kernels(d) && d->rp1 && rows == 1 && n_routed > 0 && n_routed <= 256 &&
-               k > 0 && k <= 32 && gate->rows == n_routed && dsv4_cuda_is_dev(b, gx) && dsv4_cuda_is_dev(b, logits) &&
-               !(gmin > 0 && rows >= gmin && dsv4_cuda_moe_gemm_takes(ffn, n_routed, shared));
-    /* the gate's device copy is looked up as cu_matmul does (uploaded on first use) */
-    if (fuse) fuse = !dsv4_cuda_weight(b, gate, &dw) && dsv4_cuda_gemv_plan(b, dw, gx, &gp) && gate_gemv_ok(gp);
-    if (!fuse) {
-        if (CI(b)->failed) return;
-        cu_matmul(b, logits, gx, rows, gate, 0, 0);
-        cu_route_moe(b, experts, weights, logits, rows, n_routed, k, bias, hash_ids, route_scale, out, x, ffn, shared,
-                     limit, before_w2, flags, act_bf16, out_scale);
-        return;
-    }
-    dsv4_cuda_op_begin(b);
-    const float *bd;
-    moe_table *t;
-    route_dev r;
-    if (route_bias_dev(b, d, bias, n_routed, &bd) || !(t = expert_table(b, ffn, n_routed, shared)) ||
-        route_stage(b, d, &r, experts, weights, logits, rows, n_routed, k, bd, hash_ids, route_scale))
-        return;
-    /* moe_body's gate branch comes before the others (r.hd: the hash ids, in place or staged) */
-    r.gw = &dw, r.gx = gx, r.go = logits, r.gp = gp;
-    if (moe_body(b, t, out, x, rows, ffn, n_routed, NULL, NULL, k, shared, limit, before_w2, flags & DSV4_MOE_ACT_FP8,
-                 act_bf16, out_scale, &r, flags & (DSV4_MOE_DOT_MMA | DSV4_MOE_DOT_E4M3)))
-        return;
-    d->rp_calls[DSV4_RP_ALL]++;
-    route_commit(b, experts, weights, &r);
-    dsv4_cuda_op_end(b, DSV4_CUDA_OP_GATE_ROUTE_MOE);
 }
