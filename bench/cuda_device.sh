@@ -52,6 +52,11 @@ ab_kt() {
   KT_GREEDY=1 AB_ENVS="- $2" OUT="$OUT/$1_kt" bash "$0" ktab >/dev/null 2>&1
   grep -vE "^==" "$OUT/$1_kt/summary.txt" | head -30 >>"$summary"
 }
+# the window-end pools' tests (stages pltest, pools): their op tests (pool's bits) and the tiny model end to end
+pool_tests() {
+  tcase pl_ops "^FAIL|pool pre|pool_multi" 120 $bin/test_cuda_ops test_pool_pre test_pool_multi test_pool_device
+  tcase pl_e2e "^FAIL|emit list" 400 $bin/test_cuda_e2e test_emit_list
+}
 # the median (min, max) of the second column of FILE's lines whose first column is KEY (ab's and abbin's ms/step)
 median_of() {
   awk -v s="$1" '$1 == s {print $2}' "$2" | sort -n |
@@ -368,16 +373,14 @@ for stage in "${stages[@]}"; do
     ab_kt el DSV4_EMIT_LIST=0 4 "${EL_KT:-}" ;;
   pltest)
     # the pools stage's tests only (no 20-layer model needed)
-    tcase pl_ops "^FAIL|pool pre|pool_multi" 120 $bin/test_cuda_ops test_pool_pre test_pool_multi test_pool_device
-    tcase pl_e2e "^FAIL|emit list" 400 $bin/test_cuda_e2e test_emit_list ;;
+    pool_tests ;;
   pools)
     # the indexer layers' window-end pools (built in stop 50, not yet run): a pool's rows asked for at once
     # (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in one launch (DSV4_POOL_MULTI=1,
     # forward.c pool_flush, attn.cu cu_pool_multi). Their op tests (pool's bits), the tiny model end to end
     # (test_emit_list compares both against the default; flash-2 has no compressor), then ab of each and both
     # against the default (AB_ROUNDS, default 4) on the 20-layer model, and the ktab of both
-    tcase pl_ops "^FAIL|pool pre|pool_multi" 120 $bin/test_cuda_ops test_pool_pre test_pool_multi test_pool_device
-    tcase pl_e2e "^FAIL|emit list" 400 $bin/test_cuda_e2e test_emit_list
+    pool_tests
     both=DSV4_CUDA_POOL_PRE=1,DSV4_POOL_MULTI=1
     AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=1 DSV4_POOL_MULTI=1 $both" OUT="$OUT/pl_ab" \
       bash "$0" ab >/dev/null 2>&1

@@ -48,6 +48,10 @@ typedef struct segment {
     int64_t cfirst;         /* run_compressor: the state's compressed rows before this call */
 } segment;
 
+/* pool_multi's jobs held at a decode step (forward side: a fifth flushes the four), and the entries a held pool may
+ * have (a ratio-4 window's two halves: 8); a larger pool is issued at once */
+enum { PJ_JOBS = 4, PJ_ROWS = 16 };
+
 struct dsv4_model {
     const dsv4_model_w *w;
     const dsv4_config *cfg;
@@ -113,9 +117,9 @@ struct dsv4_model {
     /* pool_multi (DSV4_POOL_MULTI=1): a decode step's window-end pools held until the next flush of the op list
      * (pool_flush), then issued as one call; n_pj held, each job's output, tables, entries and width */
     int n_pj;
-    float *pj_out[4];
-    const float *pj_kv[4][16], *pj_g[4][16];
-    int pj_n[4], pj_w[4];
+    float *pj_out[PJ_JOBS];
+    const float *pj_kv[PJ_JOBS][PJ_ROWS], *pj_g[PJ_JOBS][PJ_ROWS];
+    int pj_n[PJ_JOBS], pj_w[PJ_JOBS];
     void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
     const void **cl_src;
     size_t *cl_bytes;
@@ -462,7 +466,7 @@ static void cl_flush(dsv4_model *m, int *n) {
 /* The held window-end pools (DSV4_POOL_MULTI) as one pool_multi call (one held: pool); ol_flush calls it
  * first, so a pool always precedes the op list that holds its shift and its row's norm */
 static void pool_flush(dsv4_model *m) {
-    const float *const *kv[4], *const *g[4];
+    const float *const *kv[PJ_JOBS], *const *g[PJ_JOBS];
     for (int j = 0; j < m->n_pj; j++) kv[j] = m->pj_kv[j], g[j] = m->pj_g[j];
     if (m->n_pj == 1) OPS(m)->pool(B_(m), m->pj_out[0], kv[0], g[0], m->pj_n[0], m->pj_w[0]);
     else if (m->n_pj > 1) OPS(m)->pool_multi(B_(m), m->n_pj, m->pj_out, kv, g, m->pj_n, m->pj_w);
@@ -471,8 +475,8 @@ static void pool_flush(dsv4_model *m) {
 
 /* A window's end: pools the state rows into out, then (ratio 4, two halves) adds the shift of
  * the current window into the previous one's place to the copy list, or with `ol` to the op list, as copy
- * tasks (the caller flushes it before the state is written again).  hold (<= 16 entries): the pool waits in
- * the model's jobs for pool_flush instead of being issued here. */
+ * tasks (the caller flushes it before the state is written again).  hold (<= PJ_ROWS entries): the pool waits
+ * in the model's jobs for pool_flush instead of being issued here. */
 static void ol_add(dsv4_model *m, dsv4_op_task t);
 static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, int ol, int hold) {
     int r = cs->ratio, d = cs->dim, wd = cs->coff * d;
@@ -493,8 +497,8 @@ static void comp_emit(dsv4_model *m, dsv4_comp_state *cs, float *out, int *ncl, 
             m->poolg[n] = cs->score + (size_t)t * wd;
         }
     }
-    if (hold && n <= 16) {
-        if (m->n_pj == 4) pool_flush(m);
+    if (hold && n <= PJ_ROWS) {
+        if (m->n_pj == PJ_JOBS) pool_flush(m);
         int j = m->n_pj++;
         memcpy(m->pj_kv[j], m->poolkv, sizeof(m->poolkv[0]) * (size_t)n);
         memcpy(m->pj_g[j], m->poolg, sizeof(m->poolg[0]) * (size_t)n);
