@@ -375,14 +375,15 @@ for stage in "${stages[@]}"; do
     # the pools stage's tests only (no 20-layer model needed)
     pool_tests ;;
   pools)
-    # the indexer layers' window-end pools (built in stop 50, not yet run): a pool's rows asked for at once
-    # (DSV4_CUDA_POOL_PRE=1, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in one launch (DSV4_POOL_MULTI=1,
-    # forward.c pool_flush, attn.cu cu_pool_multi). Their op tests (pool's bits), the tiny model end to end
-    # (test_emit_list compares both against the default; flash-2 has no compressor), then ab of each and both
-    # against the default (AB_ROUNDS, default 4) on the 20-layer model, and the ktab of both
+    # the indexer layers' window-end pools (built in stop 50, first run and made the default in stop 52): a
+    # pool's rows asked for at once (DSV4_CUDA_POOL_PRE, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in
+    # one launch (DSV4_POOL_MULTI, forward.c pool_flush, attn.cu cu_pool_multi). Their op tests (pool's bits),
+    # the tiny model end to end (test_emit_list compares each against its =0; flash-2 has no compressor), then
+    # ab of each off and both off against the default (AB_ROUNDS, default 4) on the 20-layer model, and the
+    # ktab of both off
     pool_tests
-    both=DSV4_CUDA_POOL_PRE=1,DSV4_POOL_MULTI=1
-    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=1 DSV4_POOL_MULTI=1 $both" OUT="$OUT/pl_ab" \
+    both=DSV4_CUDA_POOL_PRE=0,DSV4_POOL_MULTI=0
+    AB_ROUNDS=${AB_ROUNDS:-4} AB_ENVS="- DSV4_CUDA_POOL_PRE=0 DSV4_POOL_MULTI=0 $both" OUT="$OUT/pl_ab" \
       bash "$0" ab >/dev/null 2>&1
     grep -E "^ab median" "$OUT/pl_ab/summary.txt" >>"$summary"
     KT_GREEDY=1 AB_ENVS="- $both" OUT="$OUT/pl_kt" bash "$0" ktab >/dev/null 2>&1

@@ -511,14 +511,14 @@ static void test_pool_device(void) {
     free(gb);
 }
 
-/* DSV4_CUDA_POOL_PRE=1 (read at a backend's init): k_pool_tab<16> asks for all its rows before its math.  A
- * second backend with it must give the default backend's bits for every n <= 16 (8: a ratio-4 window's two
- * halves) and width, rows out of order and unaligned as above; n 17 (the 256-entry table) the same kernel on
- * both. */
-/* a second CUDA backend made with DSV4_CUDA_POOL_PRE=1 (read at its init); 0 or -1 */
+/* DSV4_CUDA_POOL_PRE (read at a backend's init; on by default since stop 52): k_pool_tab<16> asks for all its
+ * rows before its math.  A second backend with DSV4_CUDA_POOL_PRE=0 (the plain loops) must give the default
+ * backend's bits for every n <= 16 (8: a ratio-4 window's two halves) and width, rows out of order and
+ * unaligned as above; n 17 (the 256-entry table) the same kernel on both. */
+/* a second CUDA backend made with DSV4_CUDA_POOL_PRE=0 (read at its init); 0 or -1 */
 static int pool_pre_backend(dsv4_backend *g2) {
     dsv4_err err;
-    setenv("DSV4_CUDA_POOL_PRE", "1", 1);
+    setenv("DSV4_CUDA_POOL_PRE", "0", 1);
     int rc = dsv4_backend_cuda_init(g2, 0, &err);
     unsetenv("DSV4_CUDA_POOL_PRE");
     if (rc) fprintf(stderr, "  second backend: %s\n", err.msg);
@@ -564,7 +564,7 @@ static void test_pool_pre(void) {
             CHECK(gpu_ok() && g2.ops->check(&g2, &err) == 0);
             if (memcmp(a, g, sizeof(float) * w)) differ++, printf("  pool pre n %d width %d: bits differ\n", n, w);
         }
-    printf("  pool pre: %d of %d shapes differ from the default kernel's bits\n", differ,
+    printf("  pool pre: %d of %d shapes differ from DSV4_CUDA_POOL_PRE=0's bits\n", differ,
            (int)(sizeof ns / sizeof ns[0] * sizeof ws / sizeof ws[0]));
     CHECK(differ == 0);
     for (int i = 0; i < 2; i++)
@@ -575,7 +575,7 @@ static void test_pool_pre(void) {
 }
 
 /* pool_multi (several window-end pools in one launch, k_pool_jobs): every job must have the bits of pool alone,
- * on the default backend and on one with DSV4_CUDA_POOL_PRE=1; 2 jobs (a decode step's two compressors: 8
+ * on the default backend and on one with DSV4_CUDA_POOL_PRE=0; 2 jobs (a decode step's two compressors: 8
  * entries of width 512 and of 128), 4 jobs of 1..16 entries, and cases that take pool for each job (17 entries,
  * a host output). */
 static void pool_multi_case(dsv4_backend *be, const char *what, int nj, const int *ns, const int *ws, int host_out) {
@@ -625,7 +625,7 @@ static void test_pool_multi(void) {
     static const int n2[] = {8, 8}, w2[] = {512, 128}, n4[] = {1, 16, 7, 2}, w4[] = {520, 128, 512, 300};
     static const int n17[] = {8, 17}, w17[] = {512, 128};
     dsv4_backend *be[2] = {&gpu, &g2};
-    const char *name[2] = {"default", "POOL_PRE"};
+    const char *name[2] = {"default", "POOL_PRE=0"};
     for (int k = 0; k < 2; k++) {
         pool_multi_case(be[k], name[k], 2, n2, w2, 0);
         pool_multi_case(be[k], name[k], 4, n4, w4, 0);

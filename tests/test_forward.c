@@ -1300,8 +1300,9 @@ static void test_qa_norm_in_wqb(void) {
  * With an op list supplied (tasks run in order) and the CPU's norm_rope, the logits of a prefill and 9 decode
  * steps must be the bits of DSV4_EMIT_LIST=0 (the copy list and the norm_rope op), and the lists must have
  * carried one norm task for every window a decode step closed (each compressor of each layer) and none
- * with the switch off.  With DSV4_POOL_MULTI=1 and a pool_multi supplied (each job through the CPU's pool)
- * the same bits again, one pool_multi call of two jobs for every step that closes both of a layer's windows. */
+ * with the switch off.  With a pool_multi supplied (each job through the CPU's pool) the same bits again: by
+ * default (DSV4_POOL_MULTI on since stop 52) one pool_multi call of two jobs for every step that closes both of
+ * a layer's windows, with DSV4_POOL_MULTI=0 none. */
 static const dsv4_backend_ops *g_el_cpu;
 static const dsv4_model_w *g_el_w;
 static long g_el_norms, g_el_multi, g_el_jobs; /* compressor norms in lists; pool_multi calls, their jobs */
@@ -1320,13 +1321,13 @@ static void el_pool_multi(dsv4_backend *b, int n_jobs, float *const *outs, const
     for (int j = 0; j < n_jobs; j++) g_el_cpu->pool(b, outs[j], kv[j], gate[j], ns[j], widths[j]);
 }
 
-/* mode 0: DSV4_EMIT_LIST=0; 1: its default; 2: and DSV4_POOL_MULTI=1 with pool_multi */
+/* mode 0: DSV4_EMIT_LIST=0; 1: its default (no pool_multi op); 2: and a pool_multi op (DSV4_POOL_MULTI's
+ * default); 3: the op with DSV4_POOL_MULTI=0 */
 static void el_run(low_model *lm, int mode, float *lg) {
     dsv4_backend_ops ops = *g_el_cpu;
     ops.op_list = el_op_list;
-    if (mode == 2) ops.pool_multi = el_pool_multi;
-    low_steps(lm, &ops, mode == 0 ? "DSV4_EMIT_LIST" : mode == 2 ? "DSV4_POOL_MULTI" : NULL, mode ? "1" : "0", 97,
-              lg);
+    if (mode >= 2) ops.pool_multi = el_pool_multi;
+    low_steps(lm, &ops, mode == 0 ? "DSV4_EMIT_LIST" : mode == 3 ? "DSV4_POOL_MULTI" : NULL, "0", 97, lg);
 }
 
 static void test_emit_list(void) {
@@ -1345,8 +1346,8 @@ static void test_emit_list(void) {
         }
     float *a = calloc(10 * V, sizeof(float)), *b = calloc(10 * V, sizeof(float));
     REQUIRE(a && b && want > 0 && both > 0);
-    long norms[3];
-    for (int mode = 0; mode < 3; mode++) {
+    long norms[4];
+    for (int mode = 0; mode < 4; mode++) {
         g_el_norms = g_el_multi = g_el_jobs = 0;
         el_run(&lm, mode, mode ? b : a);
         norms[mode] = g_el_norms;

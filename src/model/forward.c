@@ -114,7 +114,7 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
-    /* pool_multi (DSV4_POOL_MULTI=1): a decode step's window-end pools held until the next flush of the op list
+    /* pool_multi (DSV4_POOL_MULTI, on by default): a decode step's window-end pools held until the next flush of the op list
      * (pool_flush), then issued as one call; n_pj held, each job's output, tables, entries and width */
     int n_pj;
     float *pj_out[PJ_JOBS];
@@ -139,9 +139,9 @@ struct dsv4_model {
                              * indexer as a side chain beside wq_b (ops->side / ops->join) */
     int hc_defer;           /* DSV4_HC_DEFER ("1" on): an hc_pre whose comb the fused hc_post_pre_norm reads
                              * leaves Sinkhorn to that op (DSV4_HC_COMB_LOGITS, backend.h); same values */
-    int pool_multi;         /* DSV4_POOL_MULTI ("1" on; built in stop 50, not yet run on a device): with
-                             * emit_list, a decode step's window-end pools of both compressors in one pool_multi
-                             * call, before the op list of their tails (pool_flush); same values */
+    int pool_multi;         /* DSV4_POOL_MULTI (default 1 since stop 52; "0" off): with emit_list, a decode
+                             * step's window-end pools of both compressors in one pool_multi call, before the
+                             * op list of their tails (pool_flush); same values */
     int emit_list;          /* DSV4_EMIT_LIST (default 1 since stop 50; "0" off): at a decode step a closed
                              * window's shift copies and its row's norm and RoPE go into one op list, the
                              * attention's compressor's held for the indexer's (run_compressor); same values */
@@ -346,7 +346,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     const char *el = getenv("DSV4_EMIT_LIST");
     m->emit_list = !(el && !strcmp(el, "0"));
     const char *pm = getenv("DSV4_POOL_MULTI");
-    m->pool_multi = pm && !strcmp(pm, "1");
+    m->pool_multi = !(pm && !strcmp(pm, "0"));
     m->hc_ready = -1;
     int half = c->rope_dim / 2;
     m->freq_main = malloc(sizeof(double) * (size_t)(half ? half : 1));
@@ -643,7 +643,7 @@ static void comp_bias(dsv4_model *m, int layer, int is_idx, int nseg) {
  * list and a norm_rope op, one launch after the pools where there were two; they read only what the pool
  * before them wrote or read, so the list's order changes nothing.  keep: leave those tasks in the list for
  * the caller's next run_compressor (the attention's compressor's, held for the indexer's: one list for
- * both, whose ops in between touch neither).  hold (DSV4_POOL_MULTI=1 with el): the pools wait too, and go out
+ * both, whose ops in between touch neither).  hold (DSV4_POOL_MULTI, on by default, with el): the pools wait too, and go out
  * as one pool_multi call just before that list (ol_flush). */
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg,
                            int staged, int keep) {

@@ -1180,10 +1180,10 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
      * stop 45, same bits); DSV4_CUDA_HC_DIST=0: block 0 alone forms them, as before */
     const char *hcd = getenv("DSV4_CUDA_HC_DIST");
     c->hc_dist = !(hcd && !strcmp(hcd, "0"));
-    /* DSV4_CUDA_POOL_PRE=1: a pool of <= 16 device rows asks for all its rows at once (attn.cu k_pool_tab; same
-     * bits by construction, built in stop 50 and not yet run on a device) */
+    /* DSV4_CUDA_POOL_PRE (default 1 since stop 52; "0" off): a pool of <= 16 device rows asks for all its rows
+     * at once (attn.cu k_pool_tab; the default kernel's bits, test_cuda_ops test_pool_pre) */
     const char *pp = getenv("DSV4_CUDA_POOL_PRE");
-    c->pool_pre = pp && !strcmp(pp, "1");
+    c->pool_pre = !(pp && !strcmp(pp, "0"));
     /* DSV4_CUDA_ATTN_SC_MB: sparse attention's scratch per launch in MB (default 256; tests set 1
      * to cut small calls into row chunks) */
     const char *am = getenv("DSV4_CUDA_ATTN_SC_MB");

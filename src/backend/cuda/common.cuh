@@ -170,7 +170,7 @@ struct cuda_impl {
      * pending combine's inputs), 0 after it */
     int hc_comb;                /* the switch (read at init; dsv4_cuda_set_hc_comb for the tests) */
     int hc_dist;                /* DSV4_CUDA_HC_DIST=1: k_hc_dec's y and norm spread over its blocks (mhc.cu) */
-    int pool_pre;               /* DSV4_CUDA_POOL_PRE=1: k_pool_tab<16> loads every row before its math (attn.cu) */
+    int pool_pre;               /* DSV4_CUDA_POOL_PRE (default on): k_pool_tab<16> loads every row first (attn.cu) */
     long hc_dist_n;             /* counter (tests): k_hc_dec launches that took it */
     struct comb_pending {
         int on;
