@@ -114,8 +114,8 @@ struct dsv4_model {
     int *n_keys;
     int max_keys;
     const float *poolkv[1024], *poolg[1024]; /* pointers for one compressor emit */
-    /* pool_multi (DSV4_POOL_MULTI, on by default): a decode step's window-end pools held until the next flush of the op list
-     * (pool_flush), then issued as one call; n_pj held, each job's output, tables, entries and width */
+    /* pool_multi (DSV4_POOL_MULTI, on by default): a decode step's window-end pools held until the next flush of
+     * the op list (pool_flush), then issued as one call; n_pj held, each job's output, tables, entries and width */
     int n_pj;
     float *pj_out[PJ_JOBS];
     const float *pj_kv[PJ_JOBS][PJ_ROWS], *pj_g[PJ_JOBS][PJ_ROWS];
@@ -643,8 +643,8 @@ static void comp_bias(dsv4_model *m, int layer, int is_idx, int nseg) {
  * list and a norm_rope op, one launch after the pools where there were two; they read only what the pool
  * before them wrote or read, so the list's order changes nothing.  keep: leave those tasks in the list for
  * the caller's next run_compressor (the attention's compressor's, held for the indexer's: one list for
- * both, whose ops in between touch neither).  hold (DSV4_POOL_MULTI, on by default, with el): the pools wait too, and go out
- * as one pool_multi call just before that list (ol_flush). */
+ * both, whose ops in between touch neither).  hold (DSV4_POOL_MULTI, on by default, with el): the pools wait
+ * too, and go out as one pool_multi call just before that list (ol_flush). */
 static void run_compressor(dsv4_model *m, int layer, const dsv4_compressor_w *cw, int is_idx, int rows, int nseg,
                            int staged, int keep) {
     const dsv4_config *c = m->cfg;

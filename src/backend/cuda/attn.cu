@@ -1755,12 +1755,12 @@ __global__ void k_pool_ptr(float *out, const float *const *kv, const float *cons
 /* the same with the pointer tables as a kernel parameter (n <= P): no host-to-device copy.  A
  * decode step's window-end pools (ratio 4: 8 entries, ratio 128: 128) had each staged two
  * 64-byte tables, and in the kernel traces the pool started 3-50 us after those copies.
- * PRE (P <= 16, DSV4_CUDA_POOL_PRE, on by default since stop 52): a thread asks for its n gate and n kv values at once into
- * registers, then runs the same loops over them (the same operations in the same order, so the same
- * bits).  Why: a decode step's window-end pool is one of a few dependent kernels of the indexer layers'
- * side chain, which ran 9.3 us past the main chain at the steps that close a window in stop 50's trace;
- * the plain loops' loads come in a few unrolled groups, each a round trip (~6 us after the wait for 8
- * rows there, while wq_b streams). */
+ * PRE (P <= 16, DSV4_CUDA_POOL_PRE, on by default since stop 52): a thread asks for its n gate and
+ * n kv values at once into registers, then runs the same loops over them (the same operations in the
+ * same order, so the same bits).  Why: a decode step's window-end pool is one of a few dependent
+ * kernels of the indexer layers' side chain, which ran 9.3 us past the main chain at the steps that
+ * close a window in stop 50's trace; the plain loops' loads come in a few unrolled groups, each a
+ * round trip (~6 us after the wait for 8 rows there, while wq_b streams). */
 template <int P> struct pool_tab {
     const float *kv[P], *g[P];
 };
