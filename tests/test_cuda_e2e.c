@@ -380,14 +380,17 @@ static void test_emit_list(void) {
     dsv4_engine_perf_info p0, p1, q;
     int ex = ab_logits("exact", "DSV4_EMIT_LIST", "0", 29, 40, 13, &p0, &p1, &q);
     int rf = ab_logits("reference", "DSV4_EMIT_LIST", "0", 29, 40, 13, &p0, &p1, &q);
+    long pj0 = dsv4_cuda_pool_multi_calls();
     int pm = ab_logits("exact", "DSV4_POOL_MULTI", "0", 29, 40, 13, &p0, &p1, &q);
+    long pj = dsv4_cuda_pool_multi_calls() - pj0; /* the default engine's: k_pool_jobs issued */
     int pp = ab_logits("exact", "DSV4_CUDA_POOL_PRE", "0", 29, 40, 13, &p0, &p1, &q);
     printf("  emit list: logits identical to DSV4_EMIT_LIST=0 over a prefill, 40 decode and 3 batched steps: exact "
-           "%s, reference %s; to DSV4_POOL_MULTI=0: %s; to DSV4_CUDA_POOL_PRE=0: %s\n", ex ? "yes" : "NO",
-           rf ? "yes" : "NO", pm ? "yes" : "NO", pp ? "yes" : "NO");
+           "%s, reference %s; to DSV4_POOL_MULTI=0: %s (%ld k_pool_jobs launches); to DSV4_CUDA_POOL_PRE=0: %s\n",
+           ex ? "yes" : "NO", rf ? "yes" : "NO", pm ? "yes" : "NO", pj, pp ? "yes" : "NO");
     CHECK(ex);
     CHECK(rf);
     CHECK(pm);
+    CHECKF(pj > 0, "no pool_multi call took k_pool_jobs (%ld)", pj);
     CHECK(pp);
 }
 

@@ -1881,6 +1881,8 @@ void cu_pool(dsv4_backend *b, float *out, const float *const *kv, const float *c
 
 /* pool_multi (backend.h): one k_pool_jobs launch where every job has <= 16 entries in device memory and a
  * device output (a decode step's two window-end pools of an indexer layer), else cu_pool for each job */
+static long pool_jobs_calls; /* k_pool_jobs launches, for the tests (dsv4_cuda_pool_multi_calls) */
+extern "C" long dsv4_cuda_pool_multi_calls(void) { return pool_jobs_calls; }
 void cu_pool_multi(dsv4_backend *b, int n_jobs, float *const *outs, const float *const *const *kv,
                    const float *const *const *gate, const int *ns, const int *widths) {
     int one = n_jobs >= 1 && n_jobs <= POOL_JOBS, wmax = 0;
@@ -1901,6 +1903,7 @@ void cu_pool_multi(dsv4_backend *b, int n_jobs, float *const *outs, const float 
         pj.out[j] = outs[j], pj.n[j] = ns[j], pj.width[j] = widths[j];
     }
     dim3 grid((unsigned)((wmax + 127) / 128), (unsigned)n_jobs);
+    pool_jobs_calls++;
     if (CI(b)->pool_pre) dsv4_launch(k_pool_jobs<1>, grid, 128, 0, CI(b)->stream, pj);
     else dsv4_launch(k_pool_jobs<0>, grid, 128, 0, CI(b)->stream, pj);
     if (CKL(b)) return;

@@ -66,6 +66,9 @@ void dsv4_cuda_set_aq_fuse(int mask);
 long dsv4_cuda_aq_fused_calls(void);
 /* launches of k_gemv_mma (linear.dot=mma, gemv_mma.cu) since the process started */
 long dsv4_cuda_gemv_mma_calls(void);
+/* pool_multi calls issued as one k_pool_jobs launch (attn.cu), all backends of the process (a graph's replay
+ * does not call the op: a captured step counts once) */
+long dsv4_cuda_pool_multi_calls(void);
 /* grouped matmuls (wo_a) of many rows that took the SGEMM (gemm.cu), all backends of the process */
 long dsv4_cuda_sgemm_grouped_calls(void);
 /* op_list (oplist.cu), all backends of the process: k_op_list launches, and tasks that ran alone
