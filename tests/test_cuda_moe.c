@@ -313,16 +313,18 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
 
-/* backends with DSV4_CUDA_MOE_BM=2 (bm2_run) and =3 (bm3_run), read at each one's first MoE call */
-static dsv4_backend g_form[2];
-static const char *const form_env[2] = {"2", "3"};
+/* backends with DSV4_CUDA_MOE_BM=2 (bm2_run), =3 (bm3_run) and =4 (bm3_run with the records staged), read at
+ * each one's first MoE call */
+enum { NFORM = 3 };
+static dsv4_backend g_form[NFORM];
+static const char *const form_env[NFORM] = {"2", "3", "4"};
 
 /* the one-row MoE under moe.dot=mma on each g_form backend must give ref, bm_run's output on the
  * default backend, bit for bit, and must have taken that backend's form */
 static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, int ne, const int32_t *e,
                        const float *w, const dsv4_ffn_w *sh, float lim, int before_w2, int act_fp8, int act_bf16,
                        int d) {
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NFORM; f++) {
         dsv4_backend *gb = &g_form[f];
         const char *form = form_env[f];
         float *g = malloc(sizeof(float) * (size_t)d);
@@ -357,14 +359,13 @@ static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, i
  * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
  * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
  * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on
- * backends with DSV4_CUDA_MOE_BM=2 and =3 (bm2_run, bm3_run): their outputs must be bm_run's, bit
- * for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16
+ * backends with DSV4_CUDA_MOE_BM=2, =3 and =4 (bm2_run, bm3_run, bm3_run with staged records): their outputs
+ * must be bm_run's, bit for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16
  * too, and with an MXFP4 shared expert (the forms take both its halves). */
 static void test_one_row_mma_flash(void) {
     NEED_GPU();
     dsv4_err e2;
-    REQUIRE(dsv4_backend_cuda_init(&g_form[0], 0, &e2) == 0);
-    REQUIRE(dsv4_backend_cuda_init(&g_form[1], 0, &e2) == 0);
+    for (int f = 0; f < NFORM; f++) REQUIRE(dsv4_backend_cuda_init(&g_form[f], 0, &e2) == 0);
     enum { DF = 4096, IF = 2048, NEF = 8 };
     tw parts[3 * NEF + 3];
     dsv4_ffn_w ex[NEF], sh;
@@ -420,8 +421,7 @@ static void test_one_row_mma_flash(void) {
     CHECKF(r <= 1e-5, "mma flash, MXFP4 shared: rel %g", r);
     forms_same(g, x, ex, NEF, e, w, &sh, 6.0f, 0, 0, 0, DF);
     for (int i = 0; i < 3 * NEF + 3; i++) free_w(&parts[i]);
-    dsv4_backend_cuda_free(&g_form[0]);
-    dsv4_backend_cuda_free(&g_form[1]);
+    for (int f = 0; f < NFORM; f++) dsv4_backend_cuda_free(&g_form[f]);
     free(x), free(a), free(g);
 }
 

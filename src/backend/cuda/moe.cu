@@ -1942,9 +1942,17 @@ __device__ __forceinline__ void bm2_run(uint8_t *sm, const mb_half (&W)[2], int6
  * through L1 (__ldg: the row's records are read by every warp of the SM), a slice's loads issued before
  * its wait; 50 KB of shared memory, at most 64 registers (__launch_bounds__(256, 4)). */
 enum { BM3_NST = 4, BM3_ROWS = 64 };
-#define BM3_SMEM(cv) (8 * BM3_NST * BM2_SLICE + BM3_ROWS * ((cv) + 4) * 2 + BM3_ROWS * 2 * 4)
+/* NST stages of 1 KB a warp, the scale table, the parts; REC (bm4: DSV4_CUDA_MOE_BM=4) the row's B records */
+#define BM3_SMEM_F(cv, NST, REC) \
+    (8 * (NST) * BM2_SLICE + BM3_ROWS * ((cv) + 4) * 2 + BM3_ROWS * 2 * 4 + (REC) * (cv) * 13 * 16)
+#define BM3_SMEM(cv) BM3_SMEM_F(cv, BM3_NST, 0)
 
-template <int UP>
+/* NST, REC: bm3_run's 4 stages with the B records through L1 (MMA = 3), or (MMA = 4, stop 53) 3 stages with the
+ * row's whole records staged in shared memory once, after the PDL wait (cp.async), so that no slice waits on
+ * an L1 load: stop 53's ncu put bm3_run's gate/up at 14.65 M instructions, 44 % issue and 8.2 cycles an issued
+ * instruction of long_scoreboard (H100).  Three blocks an SM (67 KB each at K 4096); the same operations on
+ * the same values, so bm_run's bits. */
+template <int UP, int NST = BM3_NST, int REC = 0>
 __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16, uint4 *hf) {
     constexpr int NH = UP ? 2 : 1, FP = BM3_ROWS / NH;
@@ -1952,9 +1960,10 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
     const int rg = warp & 3, kp = warp >> 2;
     const int cv = W[0].rowb / 16, NSL = cv / 8, sst = cv + 4, kb0 = kp * (cv / 2); /* slices of the warp's half */
     const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
-    uint8_t *stg = sm + warp * (BM3_NST * BM2_SLICE);
-    uint16_t *sct = (uint16_t *)(sm + 8 * BM3_NST * BM2_SLICE);
+    uint8_t *stg = sm + warp * (NST * BM2_SLICE);
+    uint16_t *sct = (uint16_t *)(sm + 8 * NST * BM2_SLICE);
     float *part = (float *)((uint8_t *)sct + BM3_ROWS * sst * 2);
+    uint4 *rec = (uint4 *)(part + BM3_ROWS * 2); /* REC: the row's cv records of 13 vectors */
     const int hh = 16 * rg / FP, fl0 = 16 * rg % FP;
     const int crow = bm2_copy_row(lane);
     const uint32_t cd0 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 0)),
@@ -1964,35 +1973,42 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
                          32 * (lane & 1);
     const uint32_t sbase = d_smem_addr(stg);
 #pragma unroll
-    for (int s = 0; s < BM3_NST - 1; s++) { /* slices of the warp's k half */
+    for (int s = 0; s < NST - 1; s++) { /* slices of the warp's k half */
         bm2_copy(sbase, cd0, cd1, src, s, s, NSL, cok);
         d_cp_commit();
     }
     bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM3_ROWS, cv);
     pdl_wait(); /* the records are the previous kernel's */
+    if (REC) {
+        for (int i = tid; i < cv * 13; i += 256) d_cp_async16(rec + i, xf + i);
+        d_cp_commit();
+        d_cp_wait<0>();
+    }
     __syncthreads();
     const uint32_t la0 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 0)),
                    la1 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 1));
-    const uint4 *rb = xf + (int64_t)kb0 * 13; /* record kb0 + 4 s + j: rb + 13 (4 s + j) */
+    const uint4 *rb = (REC ? rec : xf) + (int64_t)kb0 * 13; /* record kb0 + 4 s + j: rb + 13 (4 s + j) */
     const uint2 *sg = (const uint2 *)(sct + (16 * rg + g) * sst + kb0),
                 *sg8 = (const uint2 *)(sct + (16 * rg + g + 8) * sst + kb0);
     float acc0 = 0.0f, acc1 = 0.0f;
-    for (int s = 0, qc = 0, qn = BM3_NST - 1; s < NSL; s++) {
+    for (int s = 0, qc = 0, qn = NST - 1; s < NSL; s++) {
         uint4 bf[4];
         float pk[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) { /* through L1, before the wait */
-            bf[j] = lane < 12 ? __ldg(rb + 13 * (4 * s + j) + lane) : make_uint4(0, 0, 0, 0);
-            pk[j] = __ldg((const float *)(rb + 13 * (4 * s + j) + 12));
+        for (int j = 0; j < 4; j++) { /* through L1 (REC: shared memory), before the wait */
+            bf[j] = lane < 12 ? (REC ? rb[13 * (4 * s + j) + lane] : __ldg(rb + 13 * (4 * s + j) + lane))
+                              : make_uint4(0, 0, 0, 0);
+            const float *pp = (const float *)(rb + 13 * (4 * s + j) + 12);
+            pk[j] = REC ? *pp : __ldg(pp);
         }
         __syncwarp();
-        bm2_copy(sbase, cd0, cd1, src, s + BM3_NST - 1, qn, NSL, cok);
+        bm2_copy(sbase, cd0, cd1, src, s + NST - 1, qn, NSL, cok);
         d_cp_commit();
-        d_cp_wait<BM3_NST - 1>();
+        d_cp_wait<NST - 1>();
         __syncwarp();
         const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
-        qc = qc == BM3_NST - 1 ? 0 : qc + 1;
-        qn = qn == BM3_NST - 1 ? 0 : qn + 1;
+        qc = qc == NST - 1 ? 0 : qc + 1;
+        qn = qn == NST - 1 ? 0 : qn + 1;
         bm2_slice(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1);
     }
     bm2_part<NH>(part, acc0, acc1, fl0, hh, nfeat, kp);
@@ -2062,7 +2078,10 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         return;
     }
     const group &G = groups[gi];
-    if (MMA == 3 && W[0].fmt == DSV4_WF_MXFP4)
+    if (MMA == 4 && W[0].fmt == DSV4_WF_MXFP4)
+        bm3_run<UP, 3, 1>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
+                          act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    else if (MMA == 3 && W[0].fmt == DSV4_WF_MXFP4)
         bm3_run<UP>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit, act_bf16,
                     UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else if (MMA == 2 && W[0].fmt == DSV4_WF_MXFP4)
@@ -3044,8 +3063,9 @@ struct cuda_devside {
     long mma_calls;                 /* moe calls that took k_moe_b1r's MMA instances */
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
-    int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run
-                                     * (DSV4_CUDA_MOE_BM=2 / 3, its shared memory granted); 0 bm_run */
+    int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run, 4 bm3_run
+                                     * with the records staged (DSV4_CUDA_MOE_BM=2 / 3 / 4, its shared memory
+                                     * granted); 0 bm_run */
     long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
@@ -3264,9 +3284,10 @@ static int bm_smem(int up) {
  * shared memory of k_moe_b1r with MMA = 3 (bm3_run's or b1f_run's at M 16, the larger) and with
  * MMA = 2 (bm2_run's or b1f_run's at M 32) */
 enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
-static int bm3_smem(int up) {
+static int bm3_smem(int up, int rec = 0) {
     int f = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
-    int m = up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN);
+    int m = rec ? (up ? BM3_SMEM_F(BM2_CV_UP, 3, 1) : BM3_SMEM_F(BM2_CV_DN, 3, 1))
+                : (up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN));
     return f > m ? f : m;
 }
 static int bm2_smem(int up) {
@@ -3341,20 +3362,22 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
      * (error cleared) */
     const char *bmv = getenv("DSV4_CUDA_MOE_BM");
     d->bm_form = 0;
-    if (bmv && (bmv[0] == '2' || bmv[0] == '3')) {
-        int three = bmv[0] == '3';
-        const void *b2f[2] = {three ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
-                                    : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
-                              three ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>
-                                    : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
+    if (bmv && (bmv[0] == '2' || bmv[0] == '3' || bmv[0] == '4')) {
+        int form = bmv[0] - '0', three = form >= 3;
+        const void *b2f[2] = {form == 4 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
+                              : three   ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
+                                        : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
+                              form == 4 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
+                              : three   ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>
+                                        : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
         int ok = 1;
         for (int i = 0; i < 2 && ok; i++)
             ok = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      three ? bm3_smem(1 - i) : bm2_smem(1 - i)) == cudaSuccess &&
+                                      three ? bm3_smem(1 - i, form == 4) : bm2_smem(1 - i)) == cudaSuccess &&
                  cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared) == cudaSuccess;
         if (!ok) (void)cudaGetLastError();
-        d->bm_form = ok ? 2 + three : 0;
+        d->bm_form = ok ? form : 0;
     }
     if (off && off[0] == '0') return -1; /* switched off for this process (A/B runs) */
     /* one row: k_moe_b1r / k_moe_b1_prev (1 + the geometry) unless DSV4_CUDA_MOE_BULK=2 asks for k_moe_bulk (A/B runs) */
@@ -3772,7 +3795,11 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2 && ds->bm_form == 3)
+        if (!CKL(b) && mma2 && ds->bm_form == 4)
+            dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>, b1_gu, 256, (size_t)bm3_smem(1, 1), c->stream, gd, ngd,
+                        t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
+                        (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
+        else if (!CKL(b) && mma2 && ds->bm_form == 3)
             dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256, (size_t)bm3_smem(1), c->stream, gd, ngd, t->dev,
                         xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
                         (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
@@ -3859,7 +3886,11 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 3)
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 4)
+            dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>, b1_gd, 256, (size_t)bm3_smem(0, 1), c->stream, gd, ngd,
+                        t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
+                        (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
+        else if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 3)
             dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256, (size_t)bm3_smem(0), c->stream, gd, ngd, t->dev,
                         xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
                         (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
