@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest
+#        pools pltest bmforms
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -374,6 +374,30 @@ for stage in "${stages[@]}"; do
   pltest)
     # the pools stage's tests only (no 20-layer model needed)
     pool_tests ;;
+  bmforms)
+    # moe.dot=mma's kernel forms (stop 53): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
+    # 3, 4), then ncu of the one-row MoE (gate/up and down, 8 calls each) with BM_FORMS (default "4 3", each under
+    # --set moe.dot=mma) and the fp32 default: duration, warp instructions, issue slots, the main stall reasons
+    # (min .. max over the calls), on the 2-layer Flash synth
+    tcase bmf_test "^FAIL|differ|rel" 300 $bin/test_cuda_moe test_one_row_mma_flash
+    m=/dev/shm/flash2
+    [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
+    command -v ncu >/dev/null 2>&1 || { note "bmforms: ncu not installed"; continue; }
+    mets='regex:smsp__average_warps_issue_stalled_(long_scoreboard|wait|not_selected|math_pipe_throttle|barrier)'
+    mets+="_per_issue_active.ratio,smsp__inst_executed.sum,gpu__time_duration.sum"
+    mets+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
+    for f in ${BM_FORMS:-4 3} 0; do
+      set_mma=(); [ "$f" = 0 ] || set_mma=(--set moe.dot=mma)
+      DSV4_CUDA_MOE_BM=$f timeout 200 ncu --clock-control none --graph-profiling node -k regex:k_moe_b1r -c 8 \
+        --metrics "$mets" $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 6 --op-profile 0 \
+        "${set_mma[@]}" >"$OUT/bmf_ncu$f.log" 2>&1
+      note "bmforms ncu DSV4_CUDA_MOE_BM=$f ${set_mma[*]} rc=$?"
+      awk '/k_moe_b1r</ {k=$2" "$3" "$4" "$5" "$6" "$7" "$8} /duration|inst_executed.sum|issue_active|stalled/ {
+             n=$1; sub(/smsp__average_warps_issue_stalled_/, "", n); sub(/_per_issue_active.ratio/, "", n); v=$NF
+             gsub(/,/, "", v); v += 0; key=k" | "n
+             if (!(key in lo) || v < lo[key]) lo[key]=v; if (!(key in hi) || v > hi[key]) hi[key]=v }
+           END {for (key in lo) print "  " key " " lo[key] " .. " hi[key]}' "$OUT/bmf_ncu$f.log" | sort >>"$summary"
+    done ;;
   pools)
     # the indexer layers' window-end pools (built in stop 50, first run and made the default in stop 52): a
     # pool's rows asked for at once (DSV4_CUDA_POOL_PRE, attn.cu k_pool_tab / k_pool_jobs) and a step's pools in
