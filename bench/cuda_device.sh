@@ -376,7 +376,7 @@ for stage in "${stages[@]}"; do
     pool_tests ;;
   bmforms)
     # moe.dot=mma's kernel forms (stop 53): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
-    # 3, 4), then ncu of the one-row MoE (gate/up and down, 8 calls each) with BM_FORMS (default "4 3", each under
+    # 3, 4), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
     # --set moe.dot=mma) and the fp32 default: duration, warp instructions, issue slots, the main stall reasons
     # (min .. max over the calls), on the 2-layer Flash synth
     tcase bmf_test "^FAIL|differ|rel" 300 $bin/test_cuda_moe test_one_row_mma_flash

@@ -318,6 +318,7 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
 enum { NFORM = 3 };
 static dsv4_backend g_form[NFORM];
 static const char *const form_env[NFORM] = {"2", "3", "4"};
+static const char *const form_name[NFORM] = {"bm2_run", "bm3_run", "bm3_run, records staged"};
 
 /* the one-row MoE under moe.dot=mma on each g_form backend must give ref, bm_run's output on the
  * default backend, bit for bit, and must have taken that backend's form */
@@ -343,13 +344,13 @@ static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, i
                 if (first < 0) first = i;
                 diff++;
             }
-        printf("    bm%s_run (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
+        printf("    %s (before_w2 %d, act_fp8 %d, act_bf16 %d): %d of %d outputs differ from bm_run's%s, "
                "calls %ld\n",
-               form, before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
+               form_name[f], before_w2, act_fp8, act_bf16, diff, d, diff ? " (first below)" : "", took);
         if (first >= 0) printf("    [%d] %.9g against %.9g\n", first, g[first], ref[first]);
-        CHECKF(rc == 0, "bm%s: %s", form, rc ? err.msg : "");
-        CHECKF(took == 1, "bm%s_run ran %ld times, expected once", form, took);
-        CHECKF(diff == 0, "bm%s_run: %d outputs differ from bm_run's", form, diff);
+        CHECKF(rc == 0, "DSV4_CUDA_MOE_BM=%s: %s", form, rc ? err.msg : "");
+        CHECKF(took == 1, "%s ran %ld times, expected once", form_name[f], took);
+        CHECKF(diff == 0, "%s: %d outputs differ from bm_run's", form_name[f], diff);
         free(g);
     }
 }
@@ -359,9 +360,9 @@ static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, i
  * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
  * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
  * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on
- * backends with DSV4_CUDA_MOE_BM=2, =3 and =4 (bm2_run, bm3_run, bm3_run with staged records): their outputs
- * must be bm_run's, bit for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16
- * too, and with an MXFP4 shared expert (the forms take both its halves). */
+ * backends with DSV4_CUDA_MOE_BM=2, =3 and =4 (bm2_run, bm3_run, bm3_run with staged records): their
+ * outputs must be bm_run's, bit for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with
+ * before_w2 and act_bf16 too, and with an MXFP4 shared expert (the forms take both its halves). */
 static void test_one_row_mma_flash(void) {
     NEED_GPU();
     dsv4_err e2;
