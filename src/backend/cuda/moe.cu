@@ -3067,7 +3067,7 @@ struct cuda_devside {
     int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run, 4 bm3_run
                                      * with the records staged (DSV4_CUDA_MOE_BM=2 / 3 / 4, its shared memory
                                      * granted); 0 bm_run */
-    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 instances) */
+    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -3282,8 +3282,8 @@ static int bm_smem(int up) {
 }
 
 /* the shapes bm2_run and bm3_run take (Flash's: K 4096 for gate/up, 2048 for down) and the dynamic
- * shared memory of k_moe_b1r with MMA = 3 (bm3_run's or b1f_run's at M 16, the larger) and with
- * MMA = 2 (bm2_run's or b1f_run's at M 32) */
+ * shared memory of k_moe_b1r with MMA = 3 (rec 0) or 4 (rec 1: bm3_run with its records staged), bm3_run's or
+ * b1f_run's at M 16, the larger, and with MMA = 2 (bm2_run's or b1f_run's at M 32) */
 enum { BM2_M = 32, BM2_CV_UP = 128, BM2_CV_DN = 64 };
 static int bm3_smem(int up, int rec = 0) {
     int f = up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1);
@@ -3796,14 +3796,13 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2 && ds->bm_form == 4)
-            dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>, b1_gu, 256, (size_t)bm3_smem(1, 1), c->stream, gd, ngd,
-                        t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
-                        (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
-        else if (!CKL(b) && mma2 && ds->bm_form == 3)
-            dsv4_launch(k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256, (size_t)bm3_smem(1), c->stream, gd, ngd, t->dev,
-                        xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
-                        (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
+        if (!CKL(b) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 */
+            const int rec = ds->bm_form == 4;
+            dsv4_launch(rec ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256,
+                        (size_t)bm3_smem(1, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
+                        limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL,
+                        ldfd);
+        }
         else if (!CKL(b) && mma2) {
             int cru = (int)b1_chunks(&experts[0].w1, t->inter, BM2_M),
                 csu = shared ? (int)b1_chunks(&shared->w1, shared->w1.rows, BM2_M) : 0;
@@ -3887,14 +3886,12 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 4)
-            dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>, b1_gd, 256, (size_t)bm3_smem(0, 1), c->stream, gd, ngd,
-                        t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
-                        (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
-        else if ((hrec || !CKL(b)) && mma2 && ds->bm_form == 3)
-            dsv4_launch(k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256, (size_t)bm3_smem(0), c->stream, gd, ngd, t->dev,
-                        xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
-                        (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 */
+            const int rec = ds->bm_form == 4;
+            dsv4_launch(rec ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256,
+                        (size_t)bm3_smem(0, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
+                        limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
+        }
         else if ((hrec || !CKL(b)) && mma2) {
             int crd = (int)b1_chunks(&experts[0].w2, dim, BM2_M),
                 csd = shared ? (int)b1_chunks(&shared->w2, dim, BM2_M) : 0;
