@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms
+#        pools pltest bmforms bmsrc
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -80,7 +80,10 @@ for stage in "${stages[@]}"; do
   # checkout's dsv4 (a CI run's synth, 2026-12-02)
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
-  case $stage in synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest) ;; *) wait_synth ;; esac
+  case $stage in
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc) ;;
+  *) wait_synth ;;
+  esac
   case $stage in
   synthbg)
     if [ -d /dev/shm/flash20 ]; then note "synthbg: /dev/shm/flash20 already there"; continue; fi
@@ -397,6 +400,34 @@ for stage in "${stages[@]}"; do
              gsub(/,/, "", v); v += 0; key=k" | "n
              if (!(key in lo) || v < lo[key]) lo[key]=v; if (!(key in hi) || v > hi[key]) hi[key]=v }
            END {for (key in lo) print "  " key " " lo[key] " .. " hi[key]}' "$OUT/bmf_ncu$f.log" | sort >>"$summary"
+    done ;;
+  bmsrc)
+    # where moe.dot=mma's gate/up (DSV4_CUDA_MOE_BM=BMSRC_FORM, default 4) and the fp32 gate/up spend their time
+    # (stop 54): the SASS of both instances (bmsrc_sass*.txt), then ncu of each on the 2-layer Flash synth (2 calls)
+    # with its launch statistics, occupancy (waves an SM), warp states and source counters (stall samples an
+    # instruction): the details page into the summary, the per-instruction page as CSV, the reports packed
+    f=${BMSRC_FORM:-4}
+    m=/dev/shm/flash2
+    [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
+    command -v ncu >/dev/null 2>&1 || { note "bmsrc: ncu not installed"; continue; }
+    for inst in "$f" 0; do
+      kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E"
+      cuobjdump -sass $bin/dsv4 2>/dev/null |
+        awk -v k="$kn" '/Function : / {p = index($0, k) > 0} p' >"$OUT/bmsrc_sass$inst.txt"
+      note "bmsrc sass $kn: $(grep -cE '^ +/\*[0-9a-f]{4}\*/' "$OUT/bmsrc_sass$inst.txt") instructions"
+      set_mma=(); [ "$inst" = 0 ] || set_mma=(--set moe.dot=mma)
+      DSV4_CUDA_MOE_BM=$f timeout 300 ncu --clock-control none --graph-profiling node --kernel-name-base mangled \
+        -k regex:"$kn" -c 2 --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SourceCounters --section SpeedOfLight --section MemoryWorkloadAnalysis -o "$OUT/bmsrc$inst" -f \
+        $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 6 --op-profile 0 "${set_mma[@]}" \
+        >"$OUT/bmsrc_run$inst.log" 2>&1
+      note "bmsrc ncu $kn rc=$?"
+      ncu -i "$OUT/bmsrc$inst.ncu-rep" --page details >"$OUT/bmsrc_det$inst.txt" 2>&1
+      pat="Duration|Waves Per SM|Block Limit|Occupancy|Registers Per|Shared Memory Conf|Dynamic Shared|Grid Size"
+      grep -E "$pat|Issued Ipc|Warp Cycles Per Issued|Memory Throughput|DRAM Throughput" "$OUT/bmsrc_det$inst.txt" |
+        head -40 | sed 's/^/  /' >>"$summary"
+      ncu -i "$OUT/bmsrc$inst.ncu-rep" --page source --csv --print-source sass >"$OUT/bmsrc_src$inst.csv" 2>&1
+      note "bmsrc source page rc=$? $(wc -l <"$OUT/bmsrc_src$inst.csv") lines"
     done ;;
   pools)
     # the indexer layers' window-end pools (built in stop 50, first run and made the default in stop 52): a
