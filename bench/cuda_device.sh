@@ -381,12 +381,10 @@ for stage in "${stages[@]}"; do
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;
   bmforms)
-    # moe.dot=mma's kernel forms (stops 53-54): their bits against bm_run (test_one_row_mma_flash:
-    # DSV4_CUDA_MOE_BM=2, 3, 4, 5), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS
-    # (default "5 4", each under --set moe.dot=mma; "5:3" is =5 with DSV4_CUDA_MOE_BMQ_NST=3; 6 and 7 =4's decode
-    # variants) and the fp32
-    # default: duration, warp instructions, issue slots, the main stall reasons (min .. max over the calls), on
-    # the 2-layer Flash synth
+    # moe.dot=mma's kernel forms (stop 53): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
+    # 3, 4), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
+    # --set moe.dot=mma) and the fp32 default: duration, warp instructions, issue slots, the main stall reasons
+    # (min .. max over the calls), on the 2-layer Flash synth
     tcase bmf_test "^FAIL|differ|rel" 300 $bin/test_cuda_moe test_one_row_mma_flash
     m=/dev/shm/flash2
     [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
@@ -394,37 +392,32 @@ for stage in "${stages[@]}"; do
     mets='regex:smsp__average_warps_issue_stalled_(long_scoreboard|wait|not_selected|math_pipe_throttle|barrier)'
     mets+="_per_issue_active.ratio,smsp__inst_executed.sum,gpu__time_duration.sum"
     mets+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
-    # BM_PIPES=1: each pipe's busy share too (stop 54: which pipe the decode fills)
+    # BM_PIPES=1: each pipe's share of its peak too (stop 54: which pipe the decode fills)
     [ "${BM_PIPES:-0}" = 1 ] && mets+=",regex:sm__inst_executed_pipe_[a-z0-9_]*\.avg\.pct_of_peak_sustained_active"
-    for fa in ${BM_FORMS:-5 4} 0; do
-      f=${fa%%:*} nst=4; [ "$f" = "$fa" ] || nst=${fa#*:}
+    for f in ${BM_FORMS:-4 3} 0; do
       set_mma=(); [ "$f" = 0 ] || set_mma=(--set moe.dot=mma)
-      DSV4_CUDA_MOE_BMQ_NST=$nst DSV4_CUDA_MOE_BM=$f timeout 200 ncu --clock-control none --graph-profiling node \
-        -k regex:'k_moe_b1[rq]' -c 8 \
+      DSV4_CUDA_MOE_BM=$f timeout 200 ncu --clock-control none --graph-profiling node -k regex:k_moe_b1r -c 8 \
         --metrics "$mets" $bin/dsv4 bench --model $m --backend cuda --prompt 256 --gen 6 --op-profile 0 \
-        "${set_mma[@]}" >"$OUT/bmf_ncu$f.$nst.log" 2>&1
-      note "bmforms ncu DSV4_CUDA_MOE_BM=$f DSV4_CUDA_MOE_BMQ_NST=$nst ${set_mma[*]} rc=$?"
-      awk '/k_moe_b1[rq]</ {k=$2" "$3" "$4" "$5" "$6" "$7" "$8} /duration|inst_executed|issue_active|stalled/ {
+        "${set_mma[@]}" >"$OUT/bmf_ncu$f.log" 2>&1
+      note "bmforms ncu DSV4_CUDA_MOE_BM=$f ${set_mma[*]} rc=$?"
+      awk '/k_moe_b1r</ {k=$2" "$3" "$4" "$5" "$6" "$7" "$8} /duration|inst_executed|issue_active|stalled/ {
              n=$1; sub(/smsp__average_warps_issue_stalled_/, "", n); sub(/_per_issue_active.ratio/, "", n); v=$NF
              gsub(/,/, "", v); v += 0; key=k" | "n
              if (!(key in lo) || v < lo[key]) lo[key]=v; if (!(key in hi) || v > hi[key]) hi[key]=v }
-           END {for (key in lo) print "  " key " " lo[key] " .. " hi[key]}' "$OUT/bmf_ncu$f.$nst.log" | sort >>"$summary"
+           END {for (key in lo) print "  " key " " lo[key] " .. " hi[key]}' "$OUT/bmf_ncu$f.log" | sort >>"$summary"
     done ;;
   bmsrc)
-    # where moe.dot=mma's gate/up (DSV4_CUDA_MOE_BM=BMSRC_FORM, default 5) and the fp32 gate/up spend their time
+    # where moe.dot=mma's gate/up (DSV4_CUDA_MOE_BM=BMSRC_FORM, default 4) and the fp32 gate/up spend their time
     # (stop 54): the SASS of both instances (bmsrc_sass*.txt), then ncu of each on the 2-layer Flash synth (2 calls)
     # with its launch statistics, occupancy (waves an SM), warp states and source counters (stall samples an
     # instruction): the details page into the summary, the per-instruction page as CSV, the reports packed
-    f=${BMSRC_FORM:-5}
+    f=${BMSRC_FORM:-4}
     m=/dev/shm/flash2
     [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
     command -v ncu >/dev/null 2>&1 || { note "bmsrc: ncu not installed"; continue; }
     for inst in "$f" 0; do
-      case $inst in
-      0) kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" ;; # the fp32 gate/up (DEC 3)
-      5) kn="k_moe_b1qILi1ELi2ELi4ELi2ELi16ELi4E" ;;
-      *) kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E" ;;
-      esac
+      kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E"
+      [ "$inst" = 0 ] && kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" # the fp32 gate/up (DEC 3)
       cuobjdump -sass $bin/dsv4 2>/dev/null |
         awk -v k="$kn" '/Function : / {p = index($0, k) > 0} p' >"$OUT/bmsrc_sass$inst.txt"
       note "bmsrc sass $kn: $(grep -cE '^ +/\*[0-9a-f]{4}\*/' "$OUT/bmsrc_sass$inst.txt") instructions"

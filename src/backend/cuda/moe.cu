@@ -1231,15 +1231,6 @@ static unsigned b1_chunks(const dsv4_weight *w, int64_t rows, int m) {
  * instead of 46.2 us on Flash), down at 4 blocks per SM 19.8 instead of 24.9 us (the geometry
  * table below). */
 enum { B1F_MXFP4 = 0, B1F_NVFP4 = 1, B1F_FP8 = 2 };
-
-/* Q (k_moe_b1q, below): the block is four sub-blocks of 256 threads, each one k_moe_b1r block's work; a
- * thread's index within its sub-block, and the sub-block's barrier (named barrier 1 + sub, 256 threads).
- * Q = 0: the whole block (k_moe_b1r's 256 threads), __syncthreads. */
-template <int Q> __device__ __forceinline__ int q_tid() { return Q ? (int)(threadIdx.x & 255u) : (int)threadIdx.x; }
-template <int Q> __device__ __forceinline__ void q_sync() {
-    if (Q) asm volatile("bar.sync %0, 256;" ::"r"(1 + (int)(threadIdx.x >> 8)) : "memory");
-    else __syncthreads();
-}
 #define B1F_SMEM(S, V, M, NH) ((S) * (V) * 256 * 16 + 256 * (M) * 2 * (NH) + 8 * (M) * (NH) * 4)
 
 /* bf16 bits of the e8m0 scale c: exactly d_e8m0_to_f32(c) once shifted into an f32 */
@@ -1354,14 +1345,14 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
  * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
  * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
  * (fsc), FP4 the block's table in shared memory (tile; read after the caller's barrier). */
-template <int UP, int FMT, int S, int V, int M, int HINT, int Q = 0>
+template <int UP, int FMT, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
                                           int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2]) {
     constexpr int NH = UP ? 2 : 1, U = V / NH;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
-    uint4 *sd = (uint4 *)sm + q_tid<Q>(); /* this thread's slot of stage vector 0 */
+    uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
     uint8_t *tile = sm + S * V * 256 * 16;
-    int tid = q_tid<Q>();
+    int tid = threadIdx.x;
     int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv;
     nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
     nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
@@ -1449,7 +1440,7 @@ __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32
 }
 
 /* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
-template <int UP, int FMT, int DEC, int S, int V, int M, int HINT, int Q = 0>
+template <int UP, int FMT, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16) {
     constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
@@ -1457,15 +1448,15 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     constexpr int DC = DEC == 3 ? 2 : DEC;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
     static_assert(V % NH == 0 && M % U == 0 && NIT % S == 0 && NV <= 32 && M % 16 == 0, "b1 geometry");
-    uint4 *sd = (uint4 *)sm + q_tid<Q>(); /* this thread's slot of stage vector 0 */
+    uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
     uint8_t *tile = sm + S * V * 256 * 16;
     float *part = (float *)(tile + 256 * M * 2 * NH);
-    int tid = q_tid<Q>(), lane = tid & 31;
+    int tid = threadIdx.x, lane = tid & 31;
     int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv, kw = cv / 32, kwi = c >> 5;
     int nfeat, nv;
     const uint8_t *g0, *g1;
     float fsc[2];
-    b1f_start<UP, FMT, S, V, M, HINT, Q>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
+    b1f_start<UP, FMT, S, V, M, HINT>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     /* everything above reads weights only (copies, scales) or the plan's groups, which were
      * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
      * common.cuh's PDL); x is the previous kernel's output */
@@ -1477,7 +1468,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         float4 v = __ldg(xp + j);
         xr[4 * j] = v.x, xr[4 * j + 1] = v.y, xr[4 * j + 2] = v.z, xr[4 * j + 3] = v.w;
     }
-    q_sync<Q>();
+    __syncthreads();
     const uint32_t *t32 = (const uint32_t *)tile + tid;
     const uint16_t *t16 = (const uint16_t *)tile + tid;
     for (int it0 = 0; it0 < NIT; it0 += S) {
@@ -1530,21 +1521,21 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
             }
         }
     }
-    q_sync<Q>();
+    __syncthreads();
     b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16);
 }
 
 /* b1f_run in the instance of the group's weight format (w1 and w3 share one: the expert table
  * checks it) */
-template <int UP, int DEC, int S, int V, int M, int HINT, int Q = 0>
+template <int UP, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs,
                                            int64_t f0, float *out, float pre, float limit, int act_bf16) {
     if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT, Q>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT, Q>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT, Q>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
 
 /* ----- one row on tensor cores (moe.dot=mma: k_moe_b1r's MMA instances, below) -----
@@ -1606,35 +1597,6 @@ __device__ __forceinline__ void bm_e4m3(uint32_t w, uint32_t &lo, uint32_t &hi) 
     hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
-/* The decode variants of bm3_run's word (DV, stop 54; k_moe_b1r's MMA = 6 and 7, DSV4_CUDA_MOE_BM=6 / 7).  Stop
- * 54's source counters (H200) put =4's loop at 192 instructions a slice of 64 codes a lane, ~135 of them on the
- * integer pipe (LOP3, SHF, IADD3, and the 32 F2FP, which pipe_probe ran at a quarter of the issue rate) and its
- * stalls at 23 % math_pipe_throttle.  DV 1: bm_e4m3's shifts and the scale entry's shift as multiplies by
- * numbers the compiler cannot see (bm_kmul, constant memory), so ptxas emits IMAD / IMAD.HI, which the FMA pipe
- * runs: the same integers.  DV 2: no e4m3 step and no cvt: the f16 of a code is (sign << 15) | (magnitude << 9),
- * its value times 2^-14 exactly (magnitude 1 is f16's subnormal 2^-15, codes 2..7 its normals); a byte
- * permutation puts codes 0, 2 (1, 3) of the word at bits 0..3 (4..7) and 16..19 (20..23), then two multiplies
- * and two LOP3 make each f16 pair.  Products 2^-8 times DV 0's, exact, so its sums are DV 0's times 2^-8 (bits
- * the same but for subnormal sums; test_one_row_mma_flash checks), and bm2_part scales by 1 instead of 2^-8. */
-__constant__ uint32_t bm_kmul[6] = {4u, 16u, 65536u, 1u << 30, 512u, 32u};
-__device__ __forceinline__ void bm_e4m3_imad(uint32_t w, uint32_t &lo, uint32_t &hi) {
-    lo = ((w & 0x07070707u) * bm_kmul[0]) | ((w & 0x08080808u) * bm_kmul[1]);
-    hi = (__umulhi(w, bm_kmul[3]) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-}
-/* the f16 pairs of codes (2j, 2j + 2) at bits 0..3 and 16..19 of p (r = 0: times 512 and 4096) or (2j + 1,
- * 2j + 3) at bits 4..7 and 20..23 (r = 1: times 32 and 256); p's bytes 1 and 3 are zero */
-template <int R>
-__device__ __forceinline__ uint32_t bm_f16p(uint32_t p) {
-    const uint32_t m = R ? bm_kmul[5] : bm_kmul[4];
-    return ((p * m) & 0x0E000E00u) | ((p * (m * 8u)) & 0x80008000u);
-}
-/* DV 2's A registers of word w: f[0] codes (0, 2), f[1] (4, 6), f[2] (1, 3), f[3] (5, 7) (bm_f16x2 of bm_e4m3's
- * lo, lo >> 16, hi, hi >> 16, times 2^-8) */
-__device__ __forceinline__ void bm_f16w(uint32_t w, uint32_t (&f)[4]) {
-    const uint32_t p = __byte_perm(w, 0u, 0x4140u), q = __byte_perm(w, 0u, 0x4342u);
-    f[0] = bm_f16p<0>(p), f[1] = bm_f16p<0>(q), f[2] = bm_f16p<1>(p), f[3] = bm_f16p<1>(q);
-}
-
 /* cp.async.wait_group min(n, BM_NST - 1) (the count must be an immediate; n is one in the
  * unrolled loop of bm_run) */
 __device__ __forceinline__ void bm_wait(int n) {
@@ -1661,10 +1623,9 @@ __device__ __forceinline__ float bm_exp2i(int e) { return __uint_as_float((uint3
 /* The MXFP4 scale table of a pass (bm_run) or block (bm2_run): nr weight rows, row r the half r / FP
  * at feature fb + r % FP of the block's (rows past nfeat: zero), each row's cv e8m0 codes as bf16
  * bits (b1_e8m0_bf16: 0 and 255 exact) at sst entries a row; every thread of the block takes part */
-template <int Q = 0>
 __device__ __forceinline__ void bm_scales(uint16_t *sct, int sst, const mb_half (&W)[2], int64_t f0, int fb, int FP,
                                           int nfeat, int nr, int cv) {
-    for (int i = q_tid<Q>(); i * 16 < nr * cv; i += 256) {
+    for (int i = threadIdx.x; i * 16 < nr * cv; i += 256) {
         int r = i * 16 / cv, kb = i * 16 % cv, hh = r / FP, fl = fb + r % FP;
         const uint8_t *sp = (hh ? W[1].scale : W[0].scale) + (f0 + fl) * W[0].srow + kb;
         uint4 q = fl < nfeat ? __ldg((const uint4 *)sp) : make_uint4(0, 0, 0, 0);
@@ -1713,29 +1674,15 @@ __device__ __forceinline__ void bm_record(float v, uint4 *dst, uint32_t (*pw)[32
 /* one 32-wide block of rows g, g + 8: words wa, wb (word t of each row's vector), B fragment bf,
  * the block's 2^(E + 14) pk and the rows' scales (bf16 bits in the high half), into acc0, acc1 (bm_run
  * and bm2_run: one expression for both, so both give the same bits) */
-template <int DV = 0>
 __device__ __forceinline__ void bm_block(uint32_t wa, uint32_t wb, const uint4 &bf, float pk, uint32_t s0,
                                           uint32_t s1, float &acc0, float &acc1) {
     const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float d0[4], d1[4];
-    if (DV == 2) {
-        uint32_t fa[4], fb[4];
-        bm_f16w(wa, fa);
-        bm_f16w(wb, fb);
-        d_mma_f16(d0, fa[0], fb[0], fa[1], fb[1], bf.x, bf.y, z);
-        d_mma_f16(d1, fa[2], fb[2], fa[3], fb[3], bf.z, bf.w, d0);
-    } else {
-        uint32_t la, ha, lb, hb;
-        if (DV == 1) {
-            bm_e4m3_imad(wa, la, ha);
-            bm_e4m3_imad(wb, lb, hb);
-        } else {
-            bm_e4m3(wa, la, ha);
-            bm_e4m3(wb, lb, hb);
-        }
-        d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
-        d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
-    }
+    uint32_t la, ha, lb, hb;
+    bm_e4m3(wa, la, ha);
+    bm_e4m3(wb, lb, hb);
+    d_mma_f16(d0, bm_f16x2<0>(la), bm_f16x2<0>(lb), bm_f16x2<1>(la), bm_f16x2<1>(lb), bf.x, bf.y, z);
+    d_mma_f16(d1, bm_f16x2<0>(ha), bm_f16x2<0>(hb), bm_f16x2<1>(ha), bm_f16x2<1>(hb), bf.z, bf.w, d0);
     acc0 = fmaf(d1[0] + d1[1], __uint_as_float(s0) * pk, acc0);
     acc1 = fmaf(d1[2] + d1[3], __uint_as_float(s1) * pk, acc1);
 }
@@ -1883,7 +1830,6 @@ __device__ __forceinline__ void bm2_copy(uint32_t sbase, uint32_t cd0, uint32_t 
 
 /* the 4 blocks of the slice in stage st: fragments by two ldmatrix.x4 (lane addresses la0, la1), the
  * rows' 4 scale entries sa (row g), sb (row g + 8), the blocks' B fragments bf and factors pk */
-template <int DV = 0>
 __device__ __forceinline__ void bm2_slice(uint32_t st, uint32_t la0, uint32_t la1, uint2 sa, uint2 sb,
                                           const uint4 (&bf)[4], const float (&pk)[4], float &acc0, float &acc1) {
     uint32_t w[8];
@@ -1892,17 +1838,15 @@ __device__ __forceinline__ void bm2_slice(uint32_t st, uint32_t la0, uint32_t la
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         uint32_t ea = j < 2 ? sa.x : sa.y, eb = j < 2 ? sb.x : sb.y;
-        uint32_t s0 = j & 1 ? ea & 0xffff0000u : DV ? ea * bm_kmul[2] : ea << 16,
-                 s1 = j & 1 ? eb & 0xffff0000u : DV ? eb * bm_kmul[2] : eb << 16;
+        uint32_t s0 = j & 1 ? ea & 0xffff0000u : ea << 16, s1 = j & 1 ? eb & 0xffff0000u : eb << 16;
         /* w[2 j], w[2 j + 1]: word t of vector j of rows g, g + 8 */
-        bm_block<DV>(w[2 * j], w[2 * j + 1], bf[j], pk[j], s0, s1, acc0, acc1);
+        bm_block(w[2 * j], w[2 * j + 1], bf[j], pk[j], s0, s1, acc0, acc1);
     }
 }
 
 /* rows g, g + 8's sums a0, a1 (columns hi + mid on lane t = 0, lo on t = 1) into part as bm_run's part kp
- * of their features, times 2^-8 (the codes' 2^-6 against the records' 2^-14; DV 2's codes are times 2^-14:
- * times 1) */
-template <int NH, int DV = 0>
+ * of their features, times 2^-8 (the codes' 2^-6 against the records' 2^-14) */
+template <int NH>
 __device__ __forceinline__ void bm2_part(float *part, float a0, float a1, int fl0, int hh, int nfeat, int kp) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
     a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
@@ -1911,7 +1855,7 @@ __device__ __forceinline__ void bm2_part(float *part, float a0, float a1, int fl
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int fl = fl0 + g + 8 * i;
-            if (fl < nfeat) part[(fl * NH + hh) * 2 + kp] = DV == 2 ? (i ? a1 : a0) : (i ? a1 : a0) * 0.00390625f;
+            if (fl < nfeat) part[(fl * NH + hh) * 2 + kp] = (i ? a1 : a0) * 0.00390625f;
         }
     }
 }
@@ -2009,20 +1953,18 @@ enum { BM3_NST = 4, BM3_ROWS = 64 };
  * instruction of long_scoreboard (H100).  Three blocks an SM (67 KB each at K 4096); the same operations on
  * the same values, so bm_run's bits (test_one_row_mma_flash, H100, stop 53).  Measured there (ncu): down 18.2-18.9
  * us against 20.3-21.0 for the fp32 kernel, gate/up 39.7-40.8 against bm3_run's 39.5-41.0 (30.2-30.9 fp32). */
-template <int UP, int NST = BM3_NST, int REC = 0, int Q = 0, int DV = 0>
+template <int UP, int NST = BM3_NST, int REC = 0>
 __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
-                                        float *out, float pre, float limit, int act_bf16, uint4 *hf,
-                                        uint4 *rq = nullptr) {
+                                        float *out, float pre, float limit, int act_bf16, uint4 *hf) {
     constexpr int NH = UP ? 2 : 1, FP = BM3_ROWS / NH;
-    const int tid = q_tid<Q>(), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int rg = warp & 3, kp = warp >> 2;
     const int cv = W[0].rowb / 16, NSL = cv / 8, sst = cv + 4, kb0 = kp * (cv / 2); /* slices of the warp's half */
     const int nfeat = (int)(rows - f0 < (int64_t)FP ? rows - f0 : (int64_t)FP);
     uint8_t *stg = sm + warp * (NST * BM2_SLICE);
     uint16_t *sct = (uint16_t *)(sm + 8 * NST * BM2_SLICE);
     float *part = (float *)((uint8_t *)sct + BM3_ROWS * sst * 2);
-    /* REC 1: the row's cv records of 13 vectors after the parts; REC 2 (k_moe_b1q): the block's, at rq */
-    uint4 *rec = REC == 2 ? rq : (uint4 *)(part + BM3_ROWS * 2);
+    uint4 *rec = (uint4 *)(part + BM3_ROWS * 2); /* REC: the row's cv records of 13 vectors */
     const int hh = 16 * rg / FP, fl0 = 16 * rg % FP;
     const int crow = bm2_copy_row(lane);
     const uint32_t cd0 = (uint32_t)bm2_slot_off(crow, bm2_copy_vec(lane, 0)),
@@ -2036,35 +1978,27 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
         bm2_copy(sbase, cd0, cd1, src, s, s, NSL, cok);
         d_cp_commit();
     }
-    bm_scales<Q>(sct, sst, W, f0, 0, FP, nfeat, BM3_ROWS, cv);
+    bm_scales(sct, sst, W, f0, 0, FP, nfeat, BM3_ROWS, cv);
     pdl_wait(); /* the records are the previous kernel's */
-    if (REC) { /* REC 2: by the whole block (its four sub-blocks take the same records), then its barrier */
-        for (int i = REC == 2 ? (int)threadIdx.x : tid; i < cv * 13; i += REC == 2 ? (int)blockDim.x : 256)
-            d_cp_async16(rec + i, xf + i);
+    if (REC) {
+        for (int i = tid; i < cv * 13; i += 256) d_cp_async16(rec + i, xf + i);
         d_cp_commit();
         d_cp_wait<0>();
     }
-    if (REC == 2) __syncthreads();
-    else q_sync<Q>();
+    __syncthreads();
     const uint32_t la0 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 0)),
                    la1 = (uint32_t)bm2_slot_off(bm2_ldm_row(lane), bm2_ldm_vec(lane, 1));
     const uint4 *rb = (REC ? rec : xf) + (int64_t)kb0 * 13; /* record kb0 + 4 s + j: rb + 13 (4 s + j) */
     const uint2 *sg = (const uint2 *)(sct + (16 * rg + g) * sst + kb0),
                 *sg8 = (const uint2 *)(sct + (16 * rg + g + 8) * sst + kb0);
     float acc0 = 0.0f, acc1 = 0.0f;
-    /* DV >= 1: lanes 12..31's B fragments zero once, outside the loop (no zeroing a slice) */
-    uint4 bz[4] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
     for (int s = 0, qc = 0, qn = NST - 1; s < NSL; s++) {
         uint4 bf[4];
         float pk[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) { /* through L1 (REC: shared memory), before the wait */
-            if (DV && REC) {
-                if (lane < 12) bz[j] = rb[13 * (4 * s + j) + lane];
-                bf[j] = bz[j];
-            } else
-                bf[j] = lane < 12 ? (REC ? rb[13 * (4 * s + j) + lane] : __ldg(rb + 13 * (4 * s + j) + lane))
-                                  : make_uint4(0, 0, 0, 0);
+            bf[j] = lane < 12 ? (REC ? rb[13 * (4 * s + j) + lane] : __ldg(rb + 13 * (4 * s + j) + lane))
+                              : make_uint4(0, 0, 0, 0);
             const float *pp = (const float *)(rb + 13 * (4 * s + j) + 12);
             pk[j] = REC ? *pp : __ldg(pp);
         }
@@ -2076,10 +2010,10 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
         const uint32_t st = sbase + (uint32_t)qc * BM2_SLICE;
         qc = qc == NST - 1 ? 0 : qc + 1;
         qn = qn == NST - 1 ? 0 : qn + 1;
-        bm2_slice<DV>(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1);
+        bm2_slice(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1);
     }
-    bm2_part<NH, DV>(part, acc0, acc1, fl0, hh, nfeat, kp);
-    q_sync<Q>();
+    bm2_part<NH>(part, acc0, acc1, fl0, hh, nfeat, kp);
+    __syncthreads();
     b1_write<UP>(part, 2, nfeat, tid, f0, out, pre, limit, act_bf16);
     if (UP && hf && warp * 32 < nfeat)
         bm_record(out[f0 + tid], hf + (f0 / 32 + warp) * 13, (uint32_t(*)[32])stg, lane);
@@ -2116,8 +2050,7 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * MMA = 1 (moe.dot=mma): the MXFP4 groups go to bm_run (the others keep b1f_format) with the B
  * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
- * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four), 4 on bm3_run
- * with the records staged, 6 and 7 that with bm3_run's decode variants DV 1 and 2 (DSV4_CUDA_MOE_BM=6 / 7); the
+ * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four); the
  * host checks their shapes.  MMA = 0 ignores the four. */
 template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
@@ -2146,10 +2079,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         return;
     }
     const group &G = groups[gi];
-    if ((MMA == 6 || MMA == 7) && W[0].fmt == DSV4_WF_MXFP4) /* =4 with decode variant DV 1 / 2 */
-        bm3_run<UP, 3, 1, 0, MMA - 5>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0],
-                                      limit, act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
-    else if (MMA == 4 && W[0].fmt == DSV4_WF_MXFP4)
+    if (MMA == 4 && W[0].fmt == DSV4_WF_MXFP4)
         bm3_run<UP, 3, 1>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                           act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else if (MMA == 3 && W[0].fmt == DSV4_WF_MXFP4)
@@ -2163,56 +2093,6 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else
         b1f_format<UP, DEC, S, V, M, B1_HINT>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
-}
-
-/* k_moe_b1q (DSV4_CUDA_MOE_BM=5, moe.dot=mma; stop 54): k_moe_b1r's MMA = 4 work in blocks of four.  A block
- * of 1024 threads is four sub-blocks of 256; sub-block q does k_moe_b1r's block 4 blockIdx.x + q (the same
- * tile, the same operations, so the same bits) with its own shared memory and named barrier.  Why:
- * =4's gate/up holds the row's B records (26 KB at K 4096) in every block, so three blocks fit an SM; its 512
- * blocks (Flash: 384 MXFP4 tiles of the routed experts, 128 FP8 tiles of the shared one) ran in 1.29 waves
- * with 24 warps an SM and 2 KB of weights in flight a warp (H200, stop 54: 33.7-34.3 us against the fp32
- * kernel's 29.3-29.7).  Here the records are held once a block, so four tiles an SM fit (one wave) with 32
- * warps at 4 stages (3 KB in flight a warp).  The host takes it only where a routed expert's and the shared
- * expert's chunk counts are multiples of 4, so the four tiles of a block are one group's: one format and one
- * row of records a block (gi is block-uniform).  Layout: MXFP4 blocks the records (cv 13 uint4), then four
- * regions of BM3_SMEM_F(cv, 4, 0); the others four regions of B1F_SMEM(S, V, M, 1 + UP).  NST: bm3_run's
- * stages a warp (4, or 3 for an A/B: DSV4_CUDA_MOE_BMQ_NST=3; fewer registers). */
-template <int UP, int DEC, int S, int V, int M, int NST = 4>
-__global__ void __launch_bounds__(1024, 1) k_moe_b1q(const group *groups, const int *n_groups, const dexpert *tab,
-                                                    const float *x, const float *xq, float *h, int64_t ldh, float *y,
-                                                    int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
-                                                    int cs, int hs, const uint4 *xf, int64_t ldf, uint4 *hf,
-                                                    int64_t ldhf) {
-    if (UP) pdl_enter();
-    else pdl_trigger();
-    extern __shared__ __align__(128) uint8_t b1s[];
-    const int sub = (int)(threadIdx.x >> 8);
-    int nr = *n_groups - hs, b = 4 * (int)blockIdx.x + sub, gi = -1, chunk = 0;
-    if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
-    else if (nr >= 0 && b - nr * cr < cs) gi = nr, chunk = b - nr * cr;
-    if (gi < 0) { /* block-uniform: the four tiles are one group's */
-        if (!UP) pdl_wait();
-        return;
-    }
-    const group &G = groups[gi];
-    mb_half W[2];
-    int64_t rows, f0;
-    const float *xs;
-    float *out;
-    /* a tile past the group's features still runs bm3_run (no weight reads, nothing written: every
-     * read and write there is bounded by its feature count, here <= 0), for the block's barrier */
-    const int ok = b1_group<UP, M>(G, tab[G.ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out, f0, chunk);
-    if (W[0].fmt == DSV4_WF_MXFP4) {
-        const int cv = W[0].rowb / 16;
-        uint4 *rq = (uint4 *)b1s;
-        bm3_run<UP, NST, 2, 1>(b1s + cv * 13 * 16 + sub * BM3_SMEM_F(cv, 4, 0), W, rows,
-                             xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit, act_bf16,
-                             UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL, rq);
-    } else if (ok)
-        b1f_format<UP, DEC, S, V, M, B1_HINT, 1>(b1s + sub * B1F_SMEM(S, V, M, 1 + UP), W, rows, xs, f0, out, G.pre[0],
-                                                 limit, act_bf16);
-    else if (!UP)
-        pdl_wait();
 }
 
 /* ----- one row on e4m3 tensor cores (moe.dot=e4m3, under linear.act=fp8: k_moe_q8x, k_moe_q8) -----
@@ -3185,10 +3065,9 @@ struct cuda_devside {
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run, 4 bm3_run
-                                     * with the records staged, 5 k_moe_b1q, 6 / 7 =4 with bm3_run's decode DV 1 / 2
-                                     * (DSV4_CUDA_MOE_BM=2..7, its shared memory granted); 0 bm_run */
-    int bmq3;                       /* k_moe_b1q at 3 stages a warp (DSV4_CUDA_MOE_BMQ_NST=3), else 4 */
-    long bm_form_calls;             /* moe calls that took bm2_run, bm3_run or k_moe_b1q (DSV4_CUDA_MOE_BM) */
+                                     * with the records staged (DSV4_CUDA_MOE_BM=2 / 3 / 4, its shared memory
+                                     * granted); 0 bm_run */
+    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -3412,12 +3291,6 @@ static int bm3_smem(int up, int rec = 0) {
                 : (up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN));
     return f > m ? f : m;
 }
-/* k_moe_b1q's (DSV4_CUDA_MOE_BM=5): the records and four bm3_run regions, or four b1f_run ones, the larger */
-static int bmq_smem(int up) {
-    int cv = up ? BM2_CV_UP : BM2_CV_DN, f = 4 * (up ? B1F_SMEM(4, 2, B1_MUP, 2) : B1F_SMEM(4, 2, B1_MUP, 1)),
-        m = cv * 13 * 16 + 4 * BM3_SMEM_F(cv, 4, 0);
-    return f > m ? f : m;
-}
 static int bm2_smem(int up) {
     int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1);
     int m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
@@ -3488,31 +3361,20 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     d->hrec = !(hr && hr[0] == '0');
     /* bm2_run / bm3_run (DSV4_CUDA_MOE_BM=2 / 3): their instances' shared memory, else bm_run stays
      * (error cleared) */
-    const char *bmv = getenv("DSV4_CUDA_MOE_BM"), *bmq = getenv("DSV4_CUDA_MOE_BMQ_NST");
+    const char *bmv = getenv("DSV4_CUDA_MOE_BM");
     d->bm_form = 0;
-    d->bmq3 = bmq && bmq[0] == '3' && !bmq[1];
-    if (bmv && bmv[0] >= '2' && bmv[0] <= '7' && !bmv[1]) {
-        int form = bmv[0] - '0', three = form >= 3, rec = form == 4 || form >= 6;
-        const void *b2f[2] = {form == 5   ? (d->bmq3 ? (const void *)k_moe_b1q<1, 2, 4, 2, B1_MUP, 3>
-                                                     : (const void *)k_moe_b1q<1, 2, 4, 2, B1_MUP>)
-                              : form == 6 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 6>
-                              : form == 7 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 7>
-                              : form == 4 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
+    if (bmv && (bmv[0] == '2' || bmv[0] == '3' || bmv[0] == '4')) {
+        int form = bmv[0] - '0', three = form >= 3;
+        const void *b2f[2] = {form == 4 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
                               : three   ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
                                         : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
-                              form == 5   ? (d->bmq3 ? (const void *)k_moe_b1q<0, 2, 4, 2, B1_MUP, 3>
-                                                     : (const void *)k_moe_b1q<0, 2, 4, 2, B1_MUP>)
-                              : form == 6 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 6>
-                              : form == 7 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 7>
-                              : form == 4 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
+                              form == 4 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
                               : three   ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>
                                         : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
         int ok = 1;
         for (int i = 0; i < 2 && ok; i++)
             ok = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      form == 5 ? bmq_smem(1 - i)
-                                      : three   ? bm3_smem(1 - i, rec)
-                                                : bm2_smem(1 - i)) == cudaSuccess &&
+                                      three ? bm3_smem(1 - i, form == 4) : bm2_smem(1 - i)) == cudaSuccess &&
                  cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared) == cudaSuccess;
         if (!ok) (void)cudaGetLastError();
@@ -3879,6 +3741,7 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         xfd = (uint4 *)dsv4_cuda_scratch(b, sizeof(uint4) * (size_t)(S * ldfd));
         if (!xfu || !xfd) return 1;
         ds->mma_calls++;
+        ds->bm_form_calls += mma2;
     }
     unsigned b1_up = 0, b1_dn = 0;
     int b1_cru = 0, b1_csu = 0, b1_crd = 0, b1_csd = 0, b1_hs = shared != NULL; /* k_moe_b1r's chunk counts */
@@ -3900,11 +3763,6 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         b1_gu = bg->real ? dim3((unsigned)(nrs * b1_cru + b1_csu)) : dim3(b1_up, max_groups);
         b1_gd = bg->real ? dim3((unsigned)(nrs * b1_crd + b1_csd)) : dim3(b1_dn, max_groups);
     }
-    /* k_moe_b1q (=5) only where a block's four tiles are one group's (every chunk count a multiple of 4),
-     * else bm_run */
-    int quad = mma2 && ds->bm_form == 5;
-    if (quad && (b1_cru % 4 || b1_csu % 4 || b1_crd % 4 || b1_csd % 4)) mma2 = quad = 0;
-    if (mma) ds->bm_form_calls += mma2;
     /* k_moe_b1_prev's arguments, in its parameter order and types */
     const group *b1g = gd;
     const int *b1n = ngd;
@@ -3938,17 +3796,9 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && quad)
-            dsv4_launch(ds->bmq3 ? k_moe_b1q<1, 2, 4, 2, B1_MUP, 3> : k_moe_b1q<1, 2, 4, 2, B1_MUP>, dim3((unsigned)((nrs * b1_cru + b1_csu) / 4)), 1024,
-                        (size_t)bmq_smem(1), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit,
-                        act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
-        else if (!CKL(b) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4, 6 and 7 */
-            const int f = ds->bm_form, rec = f == 4 || f >= 6;
-            dsv4_launch(f == 6   ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 6>
-                        : f == 7 ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 7>
-                        : rec    ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
-                                 : k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>,
-                        b1_gu, 256,
+        if (!CKL(b) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 */
+            const int rec = ds->bm_form == 4;
+            dsv4_launch(rec ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>, b1_gu, 256,
                         (size_t)bm3_smem(1, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
                         limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL,
                         ldfd);
@@ -4036,17 +3886,9 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && quad)
-            dsv4_launch(ds->bmq3 ? k_moe_b1q<0, 2, 4, 2, B1_MUP, 3> : k_moe_b1q<0, 2, 4, 2, B1_MUP>, dim3((unsigned)((nrs * b1_crd + b1_csd) / 4)), 1024,
-                        (size_t)bmq_smem(0), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit,
-                        act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
-        else if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4, 6 and 7 */
-            const int f = ds->bm_form, rec = f == 4 || f >= 6;
-            dsv4_launch(f == 6   ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 6>
-                        : f == 7 ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 7>
-                        : rec    ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
-                                 : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>,
-                        b1_gd, 256,
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 */
+            const int rec = ds->bm_form == 4;
+            dsv4_launch(rec ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>, b1_gd, 256,
                         (size_t)bm3_smem(0, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
                         limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
         }
