@@ -420,7 +420,7 @@ for stage in "${stages[@]}"; do
       [ "$inst" = 0 ] && kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" # the fp32 gate/up (DEC 3)
       cuobjdump -sass $bin/dsv4 2>/dev/null |
         awk -v k="$kn" '/Function : / {p = index($0, k) > 0} p' >"$OUT/bmsrc_sass$inst.txt"
-      note "bmsrc sass $kn: $(grep -cE '^ +/\*[0-9a-f]{4}\*/' "$OUT/bmsrc_sass$inst.txt") instructions"
+      note "bmsrc sass $kn: $(grep -cE '^ +/\*[0-9a-f]{4,}\*/' "$OUT/bmsrc_sass$inst.txt") instructions"
       set_mma=(); [ "$inst" = 0 ] || set_mma=(--set moe.dot=mma)
       DSV4_CUDA_MOE_BM=$f timeout 300 ncu --clock-control none --graph-profiling node --kernel-name-base mangled \
         -k regex:"$kn" -c 2 --section LaunchStats --section Occupancy --section WarpStateStats \
