@@ -2061,7 +2061,7 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
  * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four), 4 on bm3_run
- * with the records staged (three), 8 that with two slices a loop trip (MINB 3: up to 85 registers); the
+ * with the records staged (three), 8 that with two slices a loop trip (MINB 3: 80 registers); the
  * host checks their shapes.  MMA = 0 ignores the four. */
 template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
@@ -3081,7 +3081,7 @@ struct cuda_devside {
     int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run, 4 bm3_run
                                      * with the records staged, 8 that two slices a trip (DSV4_CUDA_MOE_BM=2, 3, 4, 8,
                                      * its shared memory granted); 0 bm_run */
-    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 instances) */
+    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 / 8 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
