@@ -361,9 +361,10 @@ static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, i
  * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
  * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
  * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on
- * backends with DSV4_CUDA_MOE_BM=2, 3, 4, 8 (bm2_run, bm3_run, bm3_run with staged records, two slices a trip): their
- * outputs must be bm_run's, bit for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with
- * before_w2 and act_bf16 too, and with an MXFP4 shared expert (the forms take both its halves). */
+ * backends with DSV4_CUDA_MOE_BM=2, 3, 4, 8 (bm2_run, bm3_run, bm3_run with staged records, two slices a
+ * trip): their outputs must be bm_run's, bit for bit, and the form must have run
+ * (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16 too, and with an MXFP4 shared expert (the forms
+ * take both its halves). */
 static void test_one_row_mma_flash(void) {
     NEED_GPU();
     dsv4_err e2;

@@ -3305,6 +3305,14 @@ static int bm3_smem(int up, int rec = 0) {
                 : (up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN));
     return f > m ? f : m;
 }
+/* k_moe_b1r's instance for bm3_run's forms (DSV4_CUDA_MOE_BM=3, 4, 8), gate/up (up) or down: the one choice of
+ * mb_setup's shared-memory grant and of moe_body's two launches */
+typedef decltype(&k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>) b1r_fn;
+static b1r_fn bm3_kernel(int up, int form) {
+    if (form == 8) return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 3, 8> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 3, 8>;
+    if (form == 4) return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>;
+    return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>;
+}
 static int bm2_smem(int up) {
     int f = up ? B1F_SMEM(4, 2, BM2_M, 2) : B1F_SMEM(4, 2, BM2_M, 1);
     int m = up ? BM2_SMEM(BM2_CV_UP) : BM2_SMEM(BM2_CV_DN);
@@ -3379,14 +3387,10 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
     d->bm_form = 0;
     if (bmv && (bmv[0] == '2' || bmv[0] == '3' || bmv[0] == '4' || bmv[0] == '8')) {
         int form = bmv[0] - '0', three = form >= 3;
-        const void *b2f[2] = {form == 8   ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 3, 8>
-                              : form == 4 ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
-                              : three   ? (const void *)k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>
-                                        : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
-                              form == 8   ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 3, 8>
-                              : form == 4 ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
-                              : three   ? (const void *)k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>
-                                        : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
+        const void *b2f[2] = {three ? (const void *)bm3_kernel(1, form)
+                                    : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
+                              three ? (const void *)bm3_kernel(0, form)
+                                    : (const void *)k_moe_b1r<0, 2, 4, 2, BM2_M, 2, 2>};
         int ok = 1;
         for (int i = 0; i < 2 && ok; i++)
             ok = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -3812,16 +3816,10 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 and 8 */
-            const int rec = ds->bm_form >= 4;
-            dsv4_launch(ds->bm_form == 8 ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 3, 8>
-                        : rec            ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4>
-                                         : k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>,
-                        b1_gu, 256,
-                        (size_t)bm3_smem(1, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
-                        limit, act_bf16, b1_cru, b1_csu, b1_hs, (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL,
-                        ldfd);
-        }
+        if (!CKL(b) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 and 8 */
+            dsv4_launch(bm3_kernel(1, ds->bm_form), b1_gu, 256, (size_t)bm3_smem(1, ds->bm_form >= 4), c->stream, gd,
+                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
+                        (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
         else if (!CKL(b) && mma2) {
             int cru = (int)b1_chunks(&experts[0].w1, t->inter, BM2_M),
                 csu = shared ? (int)b1_chunks(&shared->w1, shared->w1.rows, BM2_M) : 0;
@@ -3905,15 +3903,10 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) { /* bm3_run, its records staged at 4 and 8 */
-            const int rec = ds->bm_form >= 4;
-            dsv4_launch(ds->bm_form == 8 ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 3, 8>
-                        : rec            ? k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>
-                                         : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>,
-                        b1_gd, 256,
-                        (size_t)bm3_smem(0, rec), c->stream, gd, ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8,
-                        limit, act_bf16, b1_crd, b1_csd, b1_hs, (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
-        }
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 and 8 */
+            dsv4_launch(bm3_kernel(0, ds->bm_form), b1_gd, 256, (size_t)bm3_smem(0, ds->bm_form >= 4), c->stream, gd,
+                        ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
+                        (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
         else if ((hrec || !CKL(b)) && mma2) {
             int crd = (int)b1_chunks(&experts[0].w2, dim, BM2_M),
                 csd = shared ? (int)b1_chunks(&shared->w2, dim, BM2_M) : 0;
