@@ -64,6 +64,13 @@ median_of() {
 }
 # the ms/step of FILE's first line matching PATTERN ("decode batch": the step API's; "greedy decode batch")
 ms_of() { grep -E "$1" "$2" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head -1; }
+# flash2_ncu STAGE: the 2-layer Flash synth's path (made if missing) for STAGE's ncu runs; fails (noted) without ncu
+flash2_ncu() {
+  local m=/dev/shm/flash2
+  [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
+  command -v ncu >/dev/null 2>&1 || { note "$1: ncu not installed" >/dev/null; return 1; }
+  echo $m
+}
 synth_pid=
 wait_synth() {
   [ -n "$synth_pid" ] || return 0
@@ -381,14 +388,12 @@ for stage in "${stages[@]}"; do
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;
   bmforms)
-    # moe.dot=mma's kernel forms (stop 53): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
-    # 3, 4), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
+    # moe.dot=mma's kernel forms (stops 53-54): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
+    # 3, 4, 8), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
     # --set moe.dot=mma) and the fp32 default: duration, warp instructions, issue slots, the main stall reasons
     # (min .. max over the calls), on the 2-layer Flash synth
     tcase bmf_test "^FAIL|differ|rel" 300 $bin/test_cuda_moe test_one_row_mma_flash
-    m=/dev/shm/flash2
-    [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
-    command -v ncu >/dev/null 2>&1 || { note "bmforms: ncu not installed"; continue; }
+    m=$(flash2_ncu bmforms) || continue
     mets='regex:smsp__average_warps_issue_stalled_(long_scoreboard|wait|not_selected|math_pipe_throttle|barrier)'
     mets+="_per_issue_active.ratio,smsp__inst_executed.sum,gpu__time_duration.sum"
     mets+=",smsp__issue_active.avg.pct_of_peak_sustained_active"
@@ -412,12 +417,13 @@ for stage in "${stages[@]}"; do
     # with its launch statistics, occupancy (waves an SM), warp states and source counters (stall samples an
     # instruction): the details page into the summary, the per-instruction page as CSV, the reports packed
     f=${BMSRC_FORM:-4}
-    m=/dev/shm/flash2
-    [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
-    command -v ncu >/dev/null 2>&1 || { note "bmsrc: ncu not installed"; continue; }
+    m=$(flash2_ncu bmsrc) || continue
     for inst in "$f" 0; do
-      kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E"
-      [ "$inst" = 0 ] && kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" # the fp32 gate/up (DEC 3)
+      case $inst in # the gate/up instance's mangled template arguments (UP, DEC, S, V, M, MINB, MMA)
+      0) kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" ;; # the fp32 kernel (DEC 3)
+      8) kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi3ELi8E" ;; # MINB 3
+      *) kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E" ;;
+      esac
       cuobjdump -sass $bin/dsv4 2>/dev/null |
         awk -v k="$kn" '/Function : / {p = index($0, k) > 0} p' >"$OUT/bmsrc_sass$inst.txt"
       note "bmsrc sass $kn: $(grep -cE '^ +/\*[0-9a-f]{4,}\*/' "$OUT/bmsrc_sass$inst.txt") instructions"
