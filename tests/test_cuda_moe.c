@@ -313,13 +313,12 @@ static void check_one_row(dsv4_wfmt rfmt, dsv4_wfmt sfmt, int64_t ri, int sf32, 
     for (int i = 0; i < 3 * NE1 + 3; i++) free_w(&s.parts[i]);
 }
 
-/* backends with DSV4_CUDA_MOE_BM=2 (bm2_run), =3 (bm3_run), =4 (bm3_run with the records staged) and =8 (=4 with
- * two slices a loop trip), read at each one's first MoE call */
-enum { NFORM = 4 };
+/* backends with DSV4_CUDA_MOE_BM=2 (bm2_run), =3 (bm3_run) and =4 (bm3_run with the records staged), read at
+ * each one's first MoE call */
+enum { NFORM = 3 };
 static dsv4_backend g_form[NFORM];
-static const char *const form_env[NFORM] = {"2", "3", "4", "8"};
-static const char *const form_name[NFORM] = {"bm2_run", "bm3_run", "bm3_run, records staged",
-                                             "bm3_run, records staged, two slices a trip"};
+static const char *const form_env[NFORM] = {"2", "3", "4"};
+static const char *const form_name[NFORM] = {"bm2_run", "bm3_run", "bm3_run, records staged"};
 
 /* the one-row MoE under moe.dot=mma on each g_form backend must give ref, bm_run's output on the
  * default backend, bit for bit, and must have taken that backend's form */
@@ -361,10 +360,9 @@ static void forms_same(const float *ref, const float *x, const dsv4_ffn_w *ex, i
  * 32-wide block: the three f16 parts after the block's power-of-two scale must still carry
  * fp32's precision), against the CPU op; also a NaN in x under act_fp8 (every output NaN, as
  * the CPU's: the SwiGLU clamp must keep a NaN, which fminf did not).  Each case runs again on
- * backends with DSV4_CUDA_MOE_BM=2, 3, 4, 8 (bm2_run, bm3_run, bm3_run with staged records, two slices a
- * trip): their outputs must be bm_run's, bit for bit, and the form must have run
- * (dsv4_cuda_moe_bm_form_calls); with before_w2 and act_bf16 too, and with an MXFP4 shared expert (the forms
- * take both its halves). */
+ * backends with DSV4_CUDA_MOE_BM=2, 3 and 4 (bm2_run, bm3_run, bm3_run with staged records): their outputs
+ * must be bm_run's, bit for bit, and the form must have run (dsv4_cuda_moe_bm_form_calls); with before_w2 and
+ * act_bf16 too, and with an MXFP4 shared expert (the forms take both its halves). */
 static void test_one_row_mma_flash(void) {
     NEED_GPU();
     dsv4_err e2;

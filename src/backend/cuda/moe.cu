@@ -1953,7 +1953,7 @@ enum { BM3_NST = 4, BM3_ROWS = 64 };
  * instruction of long_scoreboard (H100).  Three blocks an SM (67 KB each at K 4096); the same operations on
  * the same values, so bm_run's bits (test_one_row_mma_flash, H100, stop 53).  Measured there (ncu): down 18.2-18.9
  * us against 20.3-21.0 for the fp32 kernel, gate/up 39.7-40.8 against bm3_run's 39.5-41.0 (30.2-30.9 fp32). */
-template <int UP, int NST = BM3_NST, int REC = 0, int UNR = 1>
+template <int UP, int NST = BM3_NST, int REC = 0>
 __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const uint4 *xf, int64_t f0,
                                         float *out, float pre, float limit, int act_bf16, uint4 *hf) {
     constexpr int NH = UP ? 2 : 1, FP = BM3_ROWS / NH;
@@ -1992,8 +1992,7 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
     const uint2 *sg = (const uint2 *)(sct + (16 * rg + g) * sst + kb0),
                 *sg8 = (const uint2 *)(sct + (16 * rg + g + 8) * sst + kb0);
     float acc0 = 0.0f, acc1 = 0.0f;
-    int qc = 0, qn = NST - 1;
-    auto slice = [&](int s) {
+    for (int s = 0, qc = 0, qn = NST - 1; s < NSL; s++) {
         uint4 bf[4];
         float pk[4];
 #pragma unroll
@@ -2012,15 +2011,6 @@ __device__ __forceinline__ void bm3_run(uint8_t *sm, const mb_half (&W)[2], int6
         qc = qc == NST - 1 ? 0 : qc + 1;
         qn = qn == NST - 1 ? 0 : qn + 1;
         bm2_slice(st, la0, la1, sg[s], sg8[s], bf, pk, acc0, acc1);
-    };
-    /* UNR 2 (MMA = 8, stop 54): two slices a trip, so the scheduler may overlap one slice's decode and MMAs with
-     * the other's (NSL is even: 16 or 8); the same operations in the same order.  UNR 1 leaves the loop to the
-     * compiler as before (no unroll pragma). */
-    if constexpr (UNR == 1) {
-        for (int s = 0; s < NSL; s++) slice(s);
-    } else {
-#pragma unroll UNR
-        for (int s = 0; s < NSL; s++) slice(s);
     }
     bm2_part<NH>(part, acc0, acc1, fl0, hh, nfeat, kp);
     __syncthreads();
@@ -2061,8 +2051,7 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * records of the gate/up input rows (up: row G.row[0] of xf) or of h (down: row G.slot[0]), ldf
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
  * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four), 4 on bm3_run
- * with the records staged (three), 8 that with two slices a loop trip (MINB 3: 80 registers); the
- * host checks their shapes.  MMA = 0 ignores the four. */
+ * with the records staged (three); the host checks their shapes.  MMA = 0 ignores the four. */
 template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
@@ -2090,10 +2079,7 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
         return;
     }
     const group &G = groups[gi];
-    if (MMA == 8 && W[0].fmt == DSV4_WF_MXFP4) /* =4 with two slices a trip (k_moe_b1r's MINB 3) */
-        bm3_run<UP, 3, 1, 2>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
-                             act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
-    else if (MMA == 4 && W[0].fmt == DSV4_WF_MXFP4)
+    if (MMA == 4 && W[0].fmt == DSV4_WF_MXFP4)
         bm3_run<UP, 3, 1>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                           act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
     else if (MMA == 3 && W[0].fmt == DSV4_WF_MXFP4)
@@ -3079,9 +3065,9 @@ struct cuda_devside {
     long q8_calls;                  /* moe calls that took k_moe_q8 (moe.dot=e4m3) */
     int hrec;                       /* 1: the MMA gate/up writes h's B records (DSV4_CUDA_MOE_HREC=0: 0) */
     int bm_form;                    /* moe.dot=mma's kernel where its shapes fit: 2 bm2_run, 3 bm3_run, 4 bm3_run
-                                     * with the records staged, 8 that two slices a trip (DSV4_CUDA_MOE_BM=2, 3, 4, 8,
-                                     * its shared memory granted); 0 bm_run */
-    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 / 8 instances) */
+                                     * with the records staged (DSV4_CUDA_MOE_BM=2 / 3 / 4, its shared memory
+                                     * granted); 0 bm_run */
+    long bm_form_calls;             /* moe calls that took bm2_run or bm3_run (MMA = 2 / 3 / 4 instances) */
     long rp_calls[DSV4_RP_KINDS];   /* route_moe calls by cuda.h's DSV4_RP_* (the one-launch kernels) */
     int rp1;                        /* 1: one row takes k_route_plan_1 (DSV4_CUDA_RP1=0: k_route_plan_w) */
     int small;                      /* 1: the warp router, one-warp plan and prefetching combine
@@ -3305,11 +3291,10 @@ static int bm3_smem(int up, int rec = 0) {
                 : (up ? BM3_SMEM(BM2_CV_UP) : BM3_SMEM(BM2_CV_DN));
     return f > m ? f : m;
 }
-/* k_moe_b1r's instance for bm3_run's forms (DSV4_CUDA_MOE_BM=3, 4, 8), gate/up (up) or down: the one choice of
+/* k_moe_b1r's instance for bm3_run's forms (DSV4_CUDA_MOE_BM=3, 4), gate/up (up) or down: the one choice of
  * mb_setup's shared-memory grant and of moe_body's two launches */
 typedef decltype(&k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3>) b1r_fn;
 static b1r_fn bm3_kernel(int up, int form) {
-    if (form == 8) return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 3, 8> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 3, 8>;
     if (form == 4) return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 4> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 4>;
     return up ? k_moe_b1r<1, 2, 4, 2, B1_MUP, 4, 3> : k_moe_b1r<0, 2, 4, 2, B1_MUP, 4, 3>;
 }
@@ -3385,7 +3370,7 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
      * (error cleared) */
     const char *bmv = getenv("DSV4_CUDA_MOE_BM");
     d->bm_form = 0;
-    if (bmv && (bmv[0] == '2' || bmv[0] == '3' || bmv[0] == '4' || bmv[0] == '8')) {
+    if (bmv && (bmv[0] == '2' || bmv[0] == '3' || bmv[0] == '4')) {
         int form = bmv[0] - '0', three = form >= 3;
         const void *b2f[2] = {three ? (const void *)bm3_kernel(1, form)
                                     : (const void *)k_moe_b1r<1, 2, 4, 2, BM2_M, 2, 2>,
@@ -3394,7 +3379,7 @@ static int mb_setup(dsv4_backend *b, cuda_devside *d) {
         int ok = 1;
         for (int i = 0; i < 2 && ok; i++)
             ok = cudaFuncSetAttribute(b2f[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      three ? bm3_smem(1 - i, form >= 4) : bm2_smem(1 - i)) == cudaSuccess &&
+                                      three ? bm3_smem(1 - i, form == 4) : bm2_smem(1 - i)) == cudaSuccess &&
                  cudaFuncSetAttribute(b2f[i], cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared) == cudaSuccess;
         if (!ok) (void)cudaGetLastError();
@@ -3816,8 +3801,8 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
         const float *xsrc = act_fp8 && t->q1_any ? xq : xd;
         dsv4_launch(k_moe_xsplit, dim3((unsigned)((dim + 255) / 256), (unsigned)rows), 256, 0, c->stream, xfu, ldfu,
                     xsrc, dim, rows, (int)dim, (int)dim);
-        if (!CKL(b) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 and 8 */
-            dsv4_launch(bm3_kernel(1, ds->bm_form), b1_gu, 256, (size_t)bm3_smem(1, ds->bm_form >= 4), c->stream, gd,
+        if (!CKL(b) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 */
+            dsv4_launch(bm3_kernel(1, ds->bm_form), b1_gu, 256, (size_t)bm3_smem(1, ds->bm_form == 4), c->stream, gd,
                         ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_cru, b1_csu, b1_hs,
                         (const uint4 *)xfu, ldfu, hrec ? xfd : (uint4 *)NULL, ldfd);
         else if (!CKL(b) && mma2) {
@@ -3903,8 +3888,8 @@ static int moe_body(dsv4_backend *b, moe_table *t, float *out, const float *x, i
             dsv4_launch(k_moe_xsplit, dim3((unsigned)((inter_max + 255) / 256), (unsigned)S), 256, 0, c->stream, xfd,
                         ldfd, (const float *)h, inter_max, nrs, (int)t->inter,
                         (int)(shared ? shared->w1.rows : t->inter));
-        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 and 8 */
-            dsv4_launch(bm3_kernel(0, ds->bm_form), b1_gd, 256, (size_t)bm3_smem(0, ds->bm_form >= 4), c->stream, gd,
+        if ((hrec || !CKL(b)) && mma2 && ds->bm_form >= 3) /* bm3_run, its records staged at 4 */
+            dsv4_launch(bm3_kernel(0, ds->bm_form), b1_gd, 256, (size_t)bm3_smem(0, ds->bm_form == 4), c->stream, gd,
                         ngd, t->dev, xd, xq, h, inter_max, y, dim, act_fp8, limit, act_bf16, b1_crd, b1_csd, b1_hs,
                         (const uint4 *)xfd, ldfd, (uint4 *)NULL, (int64_t)0);
         else if ((hrec || !CKL(b)) && mma2) {
