@@ -389,7 +389,7 @@ for stage in "${stages[@]}"; do
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;
   bmforms)
     # moe.dot=mma's kernel forms (stops 53-54): their bits against bm_run (test_one_row_mma_flash: DSV4_CUDA_MOE_BM=2,
-    # 3, 4, 8), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
+    # 3, 4), then ncu of the one-row MoE (8 calls: gate/up and down 4 each) with BM_FORMS (default "4 3", each under
     # --set moe.dot=mma) and the fp32 default: duration, warp instructions, issue slots, the main stall reasons
     # (min .. max over the calls), on the 2-layer Flash synth
     tcase bmf_test "^FAIL|differ|rel" 300 $bin/test_cuda_moe test_one_row_mma_flash
@@ -415,14 +415,15 @@ for stage in "${stages[@]}"; do
     # where moe.dot=mma's gate/up (DSV4_CUDA_MOE_BM=BMSRC_FORM, default 4) and the fp32 gate/up spend their time
     # (stop 54): the SASS of both instances (bmsrc_sass*.txt), then ncu of each on the 2-layer Flash synth (2 calls)
     # with its launch statistics, occupancy (waves an SM), warp states and source counters (stall samples an
-    # instruction): the details page into the summary, the per-instruction page as CSV, the reports packed
-    f=${BMSRC_FORM:-4}
+    # instruction): the details page into the summary, the per-instruction page as CSV, the reports packed.
+    # BMSRC_UP=0: the two down instances instead (stop 55: the fp32 down at ~41 % of the copy rate, 55 % issue)
+    f=${BMSRC_FORM:-4}; up=${BMSRC_UP:-1}
     m=$(flash2_ncu bmsrc) || continue
     for inst in "$f" 0; do
-      case $inst in # the gate/up instance's mangled template arguments (UP, DEC, S, V, M, MINB, MMA)
-      0) kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" ;; # the fp32 kernel (DEC 3)
-      8) kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi3ELi8E" ;; # MINB 3
-      *) kn="k_moe_b1rILi1ELi2ELi4ELi2ELi16ELi4ELi${inst}E" ;;
+      case $up$inst in # the instance's mangled template arguments (UP, DEC, S, V, M, MINB, MMA)
+      10) kn="k_moe_b1rILi1ELi3ELi4ELi2ELi16ELi4ELi0E" ;; # the fp32 gate/up (DEC 3)
+      00) kn="k_moe_b1rILi0ELi2ELi4ELi2ELi16ELi4ELi0E" ;; # the fp32 down (DEC 2)
+      *) kn="k_moe_b1rILi${up}ELi2ELi4ELi2ELi16ELi4ELi${inst}E" ;;
       esac
       cuobjdump -sass $bin/dsv4 2>/dev/null |
         awk -v k="$kn" '/Function : / {p = index($0, k) > 0} p' >"$OUT/bmsrc_sass$inst.txt"
