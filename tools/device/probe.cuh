@@ -1,5 +1,5 @@
 /* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu,
- * stream_probe.cu, l2_probe.cu, moe_probe.cu, smem_probe.cu) share: a CUDA call checked, the process
+ * stream_probe.cu, l2_probe.cu, moe_probe.cu, smem_probe.cu, phase_probe.cu) share: a CUDA call checked, the process
  * ending with the call and its error on failure; 16-byte stream loads; a captured graph made ready and
  * timed. */
 #pragma once
