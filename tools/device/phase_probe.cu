@@ -9,6 +9,8 @@
  *   L+G    both as two PDL launches (G's first row in registers before its wait, as the decode GEMVs do);
  *   fused  one cooperative kernel: block 0 runs L and then releases a flag; the other blocks stage up to
  *          STAGE_KB of their rows in shared memory (cp.async) before they wait for it, then compute.
+ * The fused iterations run in stream order (a cooperative launch takes no PDL attribute here), so each pays
+ * the launch that the pair's PDL hides: the comparison leans against the fused form.
  * W rotates over NW copies (134 MB), so no iteration finds its weights in the 50 MB L2.  Every form's y
  * is checked against the host's sums first.  The rewrite pays only if "fused" takes most of L's time
  * off "L+G".
