@@ -67,8 +67,8 @@ ms_of() { grep -E "$1" "$2" | sed -n 's/.* = \([0-9.]*\) ms\/step.*/\1/p' | head
 # flash2_ncu STAGE: the 2-layer Flash synth's path (made if missing) for STAGE's ncu runs; fails (noted) without ncu
 flash2_ncu() {
   local m=/dev/shm/flash2
-  [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
   command -v ncu >/dev/null 2>&1 || { note "$1: ncu not installed" >/dev/null; return 1; }
+  [ -d $m ] || timeout 200 $bin/dsv4 synth --config flash --layers 2 --mtp 0 --seed 1 --out $m >/dev/null 2>&1
   echo $m
 }
 synth_pid=

@@ -48,19 +48,12 @@ enum { DIM = 4096, INTER = 2048, NSEL = 6, NEXP = 96, RUN = 16 };
 #define EXPS ((size_t)2 * INTER * SROW)
 #define XPAD 36               /* floats a 32-column block of x takes in shared memory */
 
-/* f32 pair of the e4m3 bytes 0, 1 (H 0) or 2, 3 (H 1) of w (exact: cuda_fp8.h's e4m3x2 -> f16x2) */
-template <int H>
-__device__ __forceinline__ float2 e4m3x2_f32(uint32_t w) {
-    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * H)), __NV_E4M3);
-    return __half22float2(__half2(r));
-}
-
 /* the 8 codes of word w against x columns c0..c0+7 (x8: those floats), added to a chain: values
  * times 2^-6 (the e4m3 bytes' exponent offset), the caller scales the block's sum */
 __device__ __forceinline__ float word_dot(uint32_t w, const float4 &xa, const float4 &xb, float acc) {
     uint32_t lo = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4); /* codes 0, 2, 4, 6 */
     uint32_t hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);        /* codes 1, 3, 5, 7 */
-    float2 l0 = e4m3x2_f32<0>(lo), l1 = e4m3x2_f32<1>(lo), h0 = e4m3x2_f32<0>(hi), h1 = e4m3x2_f32<1>(hi);
+    float2 l0 = probe_e4m3x2_f32<0>(lo), l1 = probe_e4m3x2_f32<1>(lo), h0 = probe_e4m3x2_f32<0>(hi), h1 = probe_e4m3x2_f32<1>(hi);
     acc = fmaf(l0.x, xa.x, acc); /* code 0 */
     acc = fmaf(h0.x, xa.y, acc); /* code 1 */
     acc = fmaf(l0.y, xa.z, acc); /* code 2 */

@@ -16,11 +16,7 @@
  * off "L+G".
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/phase_probe.cu -o phase_probe
  *   ./phase_probe [D round trips, default 48] [STAGE_KB, default 80] */
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 #include "probe.cuh"
 
@@ -32,9 +28,7 @@ __device__ __forceinline__ float dot16(uint4 v, const float *xs) {
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] & 0xffffu), __NV_E4M3);
-        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> 16), __NV_E4M3);
-        float2 l = __half22float2(__half2(lo)), h = __half22float2(__half2(hi));
+        float2 l = probe_e4m3x2_f32<0>(w[i]), h = probe_e4m3x2_f32<1>(w[i]);
         a = fmaf(l.x, xs[4 * i], a);
         a = fmaf(l.y, xs[4 * i + 1], a);
         a = fmaf(h.x, xs[4 * i + 2], a);

@@ -1,9 +1,12 @@
 /* tools/device/probe.cuh: what the stand-alone device probes (pdl_probe.cu, gridbar_probe.cu,
- * stream_probe.cu, l2_probe.cu, moe_probe.cu, smem_probe.cu, phase_probe.cu) share: a CUDA call checked, the process
- * ending with the call and its error on failure; 16-byte stream loads; a captured graph made ready and
- * timed. */
+ * stream_probe.cu, l2_probe.cu, moe_probe.cu, smem_probe.cu, phase_probe.cu) share: a CUDA call checked,
+ * the process ending with the call and its error on failure; 16-byte stream loads; the e4m3 decode; a
+ * captured graph made ready and timed. */
 #pragma once
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -27,6 +30,13 @@ __device__ __forceinline__ uint4 probe_ld_stream(const void *p) {
 
 /* the same load, allocating in L1 as a plain read-only load does */
 __device__ __forceinline__ uint4 probe_ld_nc(const void *p) { return __ldg((const uint4 *)p); }
+
+/* f32 pair of the e4m3 bytes 0, 1 (H 0) or 2, 3 (H 1) of w (exact: cuda_fp8.h's e4m3x2 -> f16x2) */
+template <int H>
+__device__ __forceinline__ float2 probe_e4m3x2_f32(uint32_t w) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * H)), __NV_E4M3);
+    return __half22float2(__half2(r));
+}
 
 /* ends the capture on st, instantiates its graph (the graph itself is no longer needed) and
  * launches it once as a warm-up, waited for */
