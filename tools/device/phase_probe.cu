@@ -9,8 +9,8 @@
  *          below: one or two rows' loads in flight a warp);
  *   L+G    both as two PDL launches (G's first rows in registers before its wait);
  *   fused  one cooperative kernel: block 0 runs L and then releases a flag; the other blocks stage up to
- *          STAGE_KB of their rows in shared memory (cp.async), and the next in registers, before they
- *          wait for it, then compute.
+ *          STAGE_KB of their rows in shared memory (cp.async), and the next (two with ROWS2) in registers,
+ *          before they wait for it, then compute.
  * The fused iterations run in stream order (a cooperative launch takes no PDL attribute here), so each pays
  * the launch that the pair's PDL hides: the comparison leans against the fused form.
  * W rotates over NW copies (134 MB), so no iteration finds its weights in the 50 MB L2.  Every form's y
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(THREADS, BPS) k_fused(float *y, const uint8_t 
                 cp16(st + (size_t)i * K + 16 * (lane + 32 * j), W + (size_t)r * K + 16 * (lane + 32 * j));
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
-    int r1 = gw + ns * nw; /* the first row not staged: it and the next in registers before the wait */
+    int r1 = gw + ns * nw; /* the first row not staged: it (and with ROWS2 the next) in registers before the wait */
     uint4 v[VPL], u[VPL];
     rows_first(v, u, W, r1, nw);
     if (threadIdx.x == 0) {
