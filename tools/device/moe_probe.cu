@@ -53,7 +53,8 @@ enum { DIM = 4096, INTER = 2048, NSEL = 6, NEXP = 96, RUN = 16 };
 __device__ __forceinline__ float word_dot(uint32_t w, const float4 &xa, const float4 &xb, float acc) {
     uint32_t lo = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4); /* codes 0, 2, 4, 6 */
     uint32_t hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);        /* codes 1, 3, 5, 7 */
-    float2 l0 = probe_e4m3x2_f32<0>(lo), l1 = probe_e4m3x2_f32<1>(lo), h0 = probe_e4m3x2_f32<0>(hi), h1 = probe_e4m3x2_f32<1>(hi);
+    float2 l0 = probe_e4m3x2_f32<0>(lo), l1 = probe_e4m3x2_f32<1>(lo);
+    float2 h0 = probe_e4m3x2_f32<0>(hi), h1 = probe_e4m3x2_f32<1>(hi);
     acc = fmaf(l0.x, xa.x, acc); /* code 0 */
     acc = fmaf(h0.x, xa.y, acc); /* code 1 */
     acc = fmaf(l0.y, xa.z, acc); /* code 2 */
