@@ -10,7 +10,9 @@
  *   L+G    both as two PDL launches (G's first rows in registers before its wait);
  *   fused  one cooperative kernel: block 0 runs L and then releases a flag; the other blocks stage up to
  *          STAGE_KB of their rows in shared memory (cp.async), and the next (two with ROWS2) in registers,
- *          before they wait for it, then compute.
+ *          before they wait for it, then compute;
+ *   L+Gs   the PDL pair with G's blocks staging as the fused kernel's do before their wait: the same gain
+ *          within today's launch chain, if G's blocks become resident while L runs.
  * The fused iterations run in stream order (a cooperative launch takes no PDL attribute here), so each pays
  * the launch that the pair's PDL hides: the comparison leans against the fused form.
  * W rotates over NW copies (134 MB), so no iteration finds its weights in the 50 MB L2.  Every form's y
@@ -138,6 +140,47 @@ __device__ __forceinline__ void cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
+/* a GEMV warp's part once its first ns rows (ns a warp, st its staging area) are asked for by cp.async
+ * and the next (two with ROWS2) in registers: WAIT 0 waits for flag = it (the fused kernel), WAIT 1 for
+ * the PDL primary (griddepcontrol.wait); then x into shared memory and the rows */
+template <int WAIT>
+__device__ __forceinline__ void gemv_staged(float *y, const uint8_t *W, const float *x, float *xs, uint8_t *st,
+                                            int gw, int nw, int ns, const unsigned *flag, unsigned it) {
+    int lane = threadIdx.x & 31;
+    for (int i = 0; i < ns; i++) {
+        int r = gw + i * nw;
+        if (r < R)
+#pragma unroll
+            for (int j = 0; j < VPL; j++)
+                cp16(st + (size_t)i * K + 16 * (lane + 32 * j), W + (size_t)r * K + 16 * (lane + 32 * j));
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    int r1 = gw + ns * nw; /* the first row not staged: it (and with ROWS2 the next) in registers before the wait */
+    uint4 v[VPL], u[VPL];
+    rows_first(v, u, W, r1, nw);
+    if (WAIT == 1) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;");
+    } else {
+        if (threadIdx.x == 0) {
+            unsigned f;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flag) : "memory");
+            while (f != it);
+        }
+        __syncthreads();
+    }
+    for (int k = threadIdx.x; k < K; k += THREADS) xs[(k & 15) * XS + (k >> 4)] = __ldcg(x + k);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    for (int i = 0, r = gw; i < ns && r < R; i++, r += nw) {
+        uint4 w[VPL];
+#pragma unroll
+        for (int j = 0; j < VPL; j++) w[j] = *(const uint4 *)(st + (size_t)i * K + 16 * (lane + 32 * j));
+        row_out(w, xs, y, r);
+    }
+    rows_run(v, u, W, xs, y, r1, nw);
+}
+
 /* fused: block 0 runs the latency phase and releases flag = it; block b > 0 is GEMV block b - 1 of
  * gridDim.x - 1: each warp stages its first ns rows (ns a warp, from the dynamic shared memory's size)
  * before it waits, the rest after */
@@ -154,37 +197,20 @@ __global__ void __launch_bounds__(THREADS, BPS) k_fused(float *y, const uint8_t 
         }
         return;
     }
-    float *xs = (float *)sm;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
     uint8_t *st = sm + XS_FLOATS * sizeof(float) + (size_t)warp * ns * K; /* XS_FLOATS * 4: a 16-byte multiple */
     int nw = (gridDim.x - 1) * WARPS, gw = (blockIdx.x - 1) * WARPS + warp;
-    for (int i = 0; i < ns; i++) {
-        int r = gw + i * nw;
-        if (r < R)
-#pragma unroll
-            for (int j = 0; j < VPL; j++)
-                cp16(st + (size_t)i * K + 16 * (lane + 32 * j), W + (size_t)r * K + 16 * (lane + 32 * j));
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    int r1 = gw + ns * nw; /* the first row not staged: it (and with ROWS2 the next) in registers before the wait */
-    uint4 v[VPL], u[VPL];
-    rows_first(v, u, W, r1, nw);
-    if (threadIdx.x == 0) {
-        unsigned f;
-        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flag) : "memory");
-        while (f != it);
-    }
-    __syncthreads();
-    for (int k = threadIdx.x; k < K; k += THREADS) xs[(k & 15) * XS + (k >> 4)] = __ldcg(x + k);
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
-    for (int i = 0, r = gw; i < ns && r < R; i++, r += nw) {
-        uint4 w[VPL];
-#pragma unroll
-        for (int j = 0; j < VPL; j++) w[j] = *(const uint4 *)(st + (size_t)i * K + 16 * (lane + 32 * j));
-        row_out(w, xs, y, r);
-    }
-    rows_run(v, u, W, xs, y, r1, nw);
+    gemv_staged<0>(y, W, x, (float *)sm, st, gw, nw, ns, flag, it);
+}
+
+/* the same staging in today's form, a PDL pair: G's blocks become resident beside L's one block once it
+ * lets its dependents launch, stage their first rows, then wait for L's grid (no cooperative launch) */
+__global__ void __launch_bounds__(THREADS, BPS) k_gemv_st(float *y, const uint8_t *W, const float *x, int ns) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    int warp = threadIdx.x >> 5;
+    uint8_t *st = sm + XS_FLOATS * sizeof(float) + (size_t)warp * ns * K;
+    int nw = gridDim.x * WARPS, gw = blockIdx.x * WARPS + warp;
+    gemv_staged<1>(y, W, x, (float *)sm, st, gw, nw, ns, NULL, 0);
 }
 
 static float e4m3_host(uint8_t b) {
@@ -261,16 +287,27 @@ int main(int argc, char **argv) {
     int fgrid = per * sms; /* every block resident (a cooperative launch requires it) */
     printf("fused: %d blocks an SM, grid %d (1 latency block + %d GEMV blocks)\n", per, fgrid, fgrid - 1);
     if (fgrid < 2) return fprintf(stderr, "fused: no room for its blocks\n"), 1;
+    CKP(cudaFuncSetAttribute((const void *)k_gemv_st, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsm));
+    int sper = 0;
+    CKP(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sper, k_gemv_st, THREADS, fsm));
+    int sgrid = sper * sms;
+    printf("L+G staged (PDL): %d blocks an SM, grid %d\n", sper, sgrid);
+    if (sgrid < 1) return fprintf(stderr, "staged pair: no room for its blocks\n"), 1;
     cudaStream_t st;
     CKP(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     unsigned epoch = 0;
-    /* one iteration of a form on weight copy c: 0 L, 1 G, 2 L+G, 3 fused */
+    /* one iteration of a form on weight copy c: 0 L, 1 G, 2 L+G, 3 fused, 4 L+G with G's rows staged */
     auto run = [&](int form, int c) {
         const uint8_t *wc = W + (size_t)c * wb;
         void *al[] = {&x, &xsrc, &next, &d};
         void *ag[] = {&y, &wc, &x};
         if (form == 0 || form == 2) launch((const void *)k_lat, 1, 0, st, form == 2, 0, al);
         if (form == 1 || form == 2) launch((const void *)k_gemv, BPS * sms, 0, st, form == 2, 0, ag);
+        if (form == 4) {
+            void *as[] = {&y, &wc, &x, &ns};
+            launch((const void *)k_lat, 1, 0, st, 1, 0, al);
+            launch((const void *)k_gemv_st, sgrid, fsm, st, 1, 0, as);
+        }
         if (form == 3) {
             epoch++;
             void *af[] = {&y, &wc, &x, &xsrc, &next, &d, &flag, &epoch, &ns};
@@ -290,9 +327,9 @@ int main(int argc, char **argv) {
         }
         hy[r] = (float)a, hs[r] = m;
     }
-    const char *names[4] = {"L", "G", "L+G (PDL)", "fused"};
+    const char *names[5] = {"L", "G", "L+G (PDL)", "fused", "L+Gs (PDL)"};
     int bad = 0;
-    for (int form = 1; form < 4; form++) {
+    for (int form = 1; form < 5; form++) {
         CKP(cudaMemset(y, 0, R * sizeof(float)));
         CKP(cudaMemcpy(x, hx, K * sizeof(float), cudaMemcpyHostToDevice));
         run(form, 0);
@@ -304,14 +341,14 @@ int main(int argc, char **argv) {
             double e = fabs((double)gy[r] - hy[r]) / (hs[r] + 1.0);
             if (!(e <= worst)) worst = e;
         }
-        printf("check %-10s worst |y - host| / (sum |w x| + 1) = %.3g%s\n", names[form], worst,
+        printf("check %-11s worst |y - host| / (sum |w x| + 1) = %.3g%s\n", names[form], worst,
                worst < 1e-5 ? "" : " BAD");
         bad |= !(worst < 1e-5);
         free(gy);
     }
     if (bad) return fprintf(stderr, "a form's y differs from the host's: no timing\n"), 1;
     const int N = 200;
-    for (int form = 0; form < 4; form++) {
+    for (int form = 0; form < 5; form++) {
         float best = 1e30f;
         for (int rep = 0; rep < 5; rep++) {
             cudaEvent_t e0, e1;
@@ -329,7 +366,7 @@ int main(int argc, char **argv) {
             CKP(cudaEventDestroy(e1));
         }
         double us = best * 1000.0 / N;
-        printf("%-10s %8.2f us an iteration", names[form], us);
+        printf("%-11s %8.2f us an iteration", names[form], us);
         if (form == 1) printf("  (%.0f GB/s)", (double)wb / (us * 1e3));
         printf("\n");
     }
