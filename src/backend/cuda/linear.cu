@@ -992,8 +992,14 @@ static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cuda
     if (nst > 0 && !attr) {
         int mx = 0;
         while (mx < G8X_STAGE_MAX && (mx + 1) * pass_b <= 96 * 1024) mx++;
+        /* and all of L1 as shared memory: two blocks an SM of up to 96 KB each need ~195 KB of it */
         attr = cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(mx * pass_b)) == cudaSuccess ? 1 : -1;
+                                    (int)(mx * pass_b)) == cudaSuccess &&
+                       cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            (int)cudaSharedmemCarveoutMaxShared) == cudaSuccess
+                   ? 1
+                   : -1;
+        if (attr < 0) (void)cudaGetLastError(); /* not taken: unstaged from here on, the error not left behind */
     }
     if (attr < 0) nst = 0;
     if (nst > 0) g8x_staged_n++;
