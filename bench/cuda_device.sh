@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest
+#        pools pltest bmforms bmsrc moetest phase g8xtest g8x
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|g8xtest) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -384,6 +384,29 @@ for stage in "${stages[@]}"; do
   pltest)
     # the pools stage's tests only (no 20-layer model needed)
     pool_tests ;;
+  phase)
+    # the persistent layer's premise (tools/device/phase_probe.cu, stops 55-57; built here with the device's
+    # nvcc): both forms (ROWS2 0: one row in flight a warp, 2 blocks an SM; 1: two rows, 1 block) at each
+    # PHASE_ARGS "D:STAGE_KB" (default "48:80 16:80 96:80 48:0"); every form's y is checked against the host's
+    # first; the forms' us an iteration into the summary
+    for r in 0 1; do
+      if ! nvcc -O3 -DROWS2=$r -gencode=arch=compute_90a,code=sm_90a tools/device/phase_probe.cu -o "$OUT/pp$r" \
+          >"$OUT/pp_build$r.log" 2>&1; then note "phase ROWS2=$r: build failed"; continue; fi
+      for a in ${PHASE_ARGS:-48:80 16:80 96:80 48:0}; do
+        timeout 60 "$OUT/pp$r" ${a/:/ } >"$OUT/pp${r}_${a/:/_}.log" 2>&1
+        note "phase ROWS2=$r D ${a%%:*} STAGE_KB ${a##*:} rc=$?"
+        grep -E "BAD|staged|blocks an SM|us an iteration" "$OUT/pp${r}_${a/:/_}.log" | sed 's/^/  /' >>"$summary"
+      done
+      rm -f "$OUT/pp$r"
+    done ;;
+  g8xtest)
+    # k_gemv8x's staged passes (DSV4_CUDA_G8X_STAGE, stop 57): every N's bits against none, and test_gemv8
+    tcase g8x_test "^FAIL|stage|DIFFER" 200 $bin/test_cuda_linear test_g8x_stage test_gemv8 ;;
+  g8x)
+    # their A/B on the 20-layer model (after synthbg or f20): ab of N = 3 and 1 against none (AB_ROUNDS, default 3)
+    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_CUDA_G8X_STAGE=3 DSV4_CUDA_G8X_STAGE=1" OUT="$OUT/g8x_ab" bash "$0" ab \
+      >/dev/null 2>&1
+    grep -E "^ab" "$OUT/g8x_ab/summary.txt" >>"$summary" ;;
   moetest)
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;
