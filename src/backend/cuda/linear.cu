@@ -988,7 +988,9 @@ static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cuda
     const size_t pass_b = (size_t)RPP * 2 * 256 * sizeof(uint4); /* CPT 2 */
     int nst = dsv4_cuda_g8x_stage();
     while (nst > 0 && nst * pass_b > 96 * 1024) nst--;
-    static int attr; /* one per instance: its largest staging allowed once */
+    static int attr, attr_dev = -1; /* one per instance: its largest staging allowed once (a device) */
+    int dev = 0;
+    if (nst > 0 && cudaGetDevice(&dev) == cudaSuccess && dev != attr_dev) attr = 0, attr_dev = dev;
     if (nst > 0 && !attr) {
         int mx = 0;
         while (mx < G8X_STAGE_MAX && (mx + 1) * pass_b <= 96 * 1024) mx++;
