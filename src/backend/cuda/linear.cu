@@ -770,8 +770,26 @@ template <int CPT, int RPP> struct g8x_buf {
     uint32_t s[CPT]; /* scale words as loaded (e8m0 byte or f32 bits), decoded at the math */
 };
 
-/* the weight vectors and scale words of the pass whose slot starts at row rb (rows past the
- * end re-read the last row, never written; the pass's rows share one scale row) */
+/* row r of the weight (rows past the end re-read the last row, never written), and the scale row
+ * of the pass whose slot starts at row rb (the pass's rows share one) */
+__device__ __forceinline__ const uint8_t *g8x_row(const uint8_t *__restrict__ wd, int K, int64_t o0, int64_t no,
+                                                  int64_t r) {
+    return wd + (o0 + (r < no ? r : no - 1)) * (int64_t)K;
+}
+__device__ __forceinline__ int64_t g8x_srow(int64_t o0, int64_t no, int64_t rb, int blk_log2, int scols) {
+    return ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+}
+/* a scale word's address (for a prefetch), and the word as loaded (e8m0 byte or f32 bits) */
+template <int SCL>
+__device__ __forceinline__ const void *g8x_sp(const uint8_t *__restrict__ ws, int sf32, int64_t srow, int sc) {
+    return SCL != 0 && sf32 ? (const void *)((const unsigned int *)ws + srow + sc) : (const void *)(ws + srow + sc);
+}
+template <int SCL>
+__device__ __forceinline__ uint32_t g8x_sword(const uint8_t *__restrict__ ws, int sf32, int64_t srow, int sc) {
+    return SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + sc) : __ldg(ws + srow + sc);
+}
+
+/* the weight vectors and scale words of the pass whose slot starts at row rb */
 template <int SCL, int CPT, int RPP>
 __device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__restrict__ wd,
                                          const uint8_t *__restrict__ ws, int K, int sf32, int blk_log2, int scols,
@@ -779,14 +797,13 @@ __device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__
                                          const int (&scol)[CPT]) {
 #pragma unroll
     for (int j = 0; j < RPP; j++) {
-        const uint8_t *rp = wd + (o0 + (rb + j < no ? rb + j : no - 1)) * (int64_t)K;
+        const uint8_t *rp = g8x_row(wd, K, o0, no, rb + j);
 #pragma unroll
         for (int i = 0; i < CPT; i++) b.v[j][i] = d_ld_stream16(rp + kcol[i]);
     }
-    const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
 #pragma unroll
-    for (int i = 0; i < CPT; i++)
-        b.s[i] = SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + scol[i]) : __ldg(ws + srow + scol[i]);
+    for (int i = 0; i < CPT; i++) b.s[i] = g8x_sword<SCL>(ws, sf32, srow, scol[i]);
 }
 
 /* one pass: x for its group (loaded when the group changes), the RPP sums, their reduction
@@ -853,16 +870,13 @@ __device__ __forceinline__ void g8x_stage(uint4 *stg, int s, const uint8_t *__re
                                           int64_t o0, int64_t no, int64_t rb, const int (&kcol)[CPT],
                                           const int (&scol)[CPT]) {
 #pragma unroll
-    for (int j = 0; j < RPP; j++) {
-        const uint8_t *rp = wd + (o0 + (rb + j < no ? rb + j : no - 1)) * (int64_t)K;
+    for (int j = 0; j < RPP; j++)
 #pragma unroll
-        for (int i = 0; i < CPT; i++) d_cp_async16(stg + ((s * RPP + j) * CPT + i) * 256 + threadIdx.x, rp + kcol[i]);
-    }
-    const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+        for (int i = 0; i < CPT; i++)
+            d_cp_async16(stg + ((s * RPP + j) * CPT + i) * 256 + threadIdx.x, g8x_row(wd, K, o0, no, rb + j) + kcol[i]);
+    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
 #pragma unroll
-    for (int i = 0; i < CPT; i++)
-        d_prefetch_l2(SCL != 0 && sf32 ? (const void *)((const unsigned int *)ws + srow + scol[i])
-                                       : (const void *)(ws + srow + scol[i]));
+    for (int i = 0; i < CPT; i++) d_prefetch_l2(g8x_sp<SCL>(ws, sf32, srow, scol[i]));
 }
 
 /* staged pass s of the slot's rows from rb into b: the vectors from shared memory, the scale words
@@ -876,10 +890,9 @@ __device__ __forceinline__ void g8x_unstage(g8x_buf<CPT, RPP> &b, const uint4 *s
     for (int j = 0; j < RPP; j++)
 #pragma unroll
         for (int i = 0; i < CPT; i++) b.v[j][i] = stg[((s * RPP + j) * CPT + i) * 256 + threadIdx.x];
-    const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
+    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
 #pragma unroll
-    for (int i = 0; i < CPT; i++)
-        b.s[i] = SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + scol[i]) : __ldg(ws + srow + scol[i]);
+    for (int i = 0; i < CPT; i++) b.s[i] = g8x_sword<SCL>(ws, sf32, srow, scol[i]);
 }
 
 template <int SCL, int CPT, int RPP, int XBF>
