@@ -404,9 +404,7 @@ for stage in "${stages[@]}"; do
     tcase g8x_test "^FAIL|stage|DIFFER" 200 $bin/test_cuda_linear test_g8x_stage test_gemv8 ;;
   g8x)
     # their A/B on the 20-layer model (after synthbg or f20): ab of N = 3 and 1 against none (AB_ROUNDS, default 3)
-    AB_ROUNDS=${AB_ROUNDS:-3} AB_ENVS="- DSV4_CUDA_G8X_STAGE=3 DSV4_CUDA_G8X_STAGE=1" OUT="$OUT/g8x_ab" bash "$0" ab \
-      >/dev/null 2>&1
-    grep -E "^ab" "$OUT/g8x_ab/summary.txt" >>"$summary" ;;
+    ab_kt g8x "DSV4_CUDA_G8X_STAGE=3 DSV4_CUDA_G8X_STAGE=1" 3 ;;
   moetest)
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;

@@ -998,25 +998,17 @@ extern "C" long dsv4_cuda_g8x_staged_calls(void) { return g8x_staged_n; }
 
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    const size_t pass_b = (size_t)RPP * 2 * 256 * sizeof(uint4); /* CPT 2 */
-    int nst = dsv4_cuda_g8x_stage();
-    while (nst > 0 && nst * pass_b > 96 * 1024) nst--;
-    static int attr, attr_dev = -1; /* one per instance: its largest staging allowed once (a device) */
-    int dev = 0;
-    if (nst > 0 && cudaGetDevice(&dev) == cudaSuccess && dev != attr_dev) attr = 0, attr_dev = dev;
-    if (nst > 0 && !attr) {
-        int mx = 0;
-        while (mx < G8X_STAGE_MAX && (mx + 1) * pass_b <= 96 * 1024) mx++;
-        /* and all of L1 as shared memory: two blocks an SM of up to 96 KB each need ~195 KB of it */
-        attr = cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(mx * pass_b)) == cudaSuccess &&
-                       cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            (int)cudaSharedmemCarveoutMaxShared) == cudaSuccess
-                   ? 1
-                   : -1;
-        if (attr < 0) (void)cudaGetLastError(); /* not taken: unstaged from here on, the error not left behind */
+    constexpr size_t pass_b = (size_t)RPP * 2 * 256 * sizeof(uint4), cap = 96 * 1024; /* CPT 2; two blocks an SM */
+    constexpr int mx = cap / pass_b < G8X_STAGE_MAX ? (int)(cap / pass_b) : G8X_STAGE_MAX;
+    const int nst = dsv4_cuda_g8x_stage() < mx ? dsv4_cuda_g8x_stage() : mx;
+    static int set; /* the instance's attributes, once: mx passes, and all of L1 as shared memory (~195 KB an SM) */
+    if (nst > 0 && !set) { /* a refusal stays the last error, which the caller's launch check reports */
+        set = 1;
+        if (cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)(mx * pass_b)) == cudaSuccess)
+            cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
     }
-    if (attr < 0) nst = 0;
     if (nst > 0) g8x_staged_n++;
     dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, nst * pass_b, st, a.out, a.x, a.w.data, a.w.scale,
                 (int)a.w.cols, a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass,
