@@ -389,8 +389,10 @@ for stage in "${stages[@]}"; do
     # nvcc): both forms (ROWS2 0: one row in flight a warp, 2 blocks an SM; 1: two rows, 1 block) at each
     # PHASE_ARGS "D:STAGE_KB" (default "48:80 16:80 96:80 48:0"); every form's y is checked against the host's
     # first; the forms' us an iteration into the summary
+    # PP_BIN=DIR: the probe's two builds made beforehand (DIR/pp0, DIR/pp1: the same nvcc line), no nvcc run here
     for r in 0 1; do
-      if ! nvcc -O3 -DROWS2=$r -gencode=arch=compute_90a,code=sm_90a tools/device/phase_probe.cu -o "$OUT/pp$r" \
+      if [ -n "${PP_BIN:-}" ] && cp "$PP_BIN/pp$r" "$OUT/pp$r"; then :
+      elif ! nvcc -O3 -DROWS2=$r -gencode=arch=compute_90a,code=sm_90a tools/device/phase_probe.cu -o "$OUT/pp$r" \
           >"$OUT/pp_build$r.log" 2>&1; then note "phase ROWS2=$r: build failed"; continue; fi
       for a in ${PHASE_ARGS:-48:80 16:80 96:80 48:0}; do
         timeout 60 "$OUT/pp$r" ${a/:/ } >"$OUT/pp${r}_${a/:/_}.log" 2>&1
