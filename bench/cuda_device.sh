@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase g8xtest g8x
+#        pools pltest bmforms bmsrc moetest phase
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|g8xtest) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -401,12 +401,6 @@ for stage in "${stages[@]}"; do
       done
       rm -f "$OUT/pp$r"
     done ;;
-  g8xtest)
-    # k_gemv8x's staged passes (DSV4_CUDA_G8X_STAGE, stop 57): every N's bits against none, and test_gemv8
-    tcase g8x_test "^FAIL|stage|DIFFER" 200 $bin/test_cuda_linear test_g8x_stage test_gemv8 ;;
-  g8x)
-    # their A/B on the 20-layer model (after synthbg or f20): ab of N = 3 and 1 against none (AB_ROUNDS, default 3)
-    ab_kt g8x "DSV4_CUDA_G8X_STAGE=3 DSV4_CUDA_G8X_STAGE=1" 3 ;;
   moetest)
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;

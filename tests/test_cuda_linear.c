@@ -14,8 +14,6 @@
  *   test_fused_input: grouped wo_a's bf16 input rounded inside k_gemv8x and its bf16 weights
  *     factored where exact: the same bits as the copy and the per-weight rounding, the counter
  *     proving the fused path ran, shapes it declines, a low scale code that keeps SCL 2;
- *   test_g8x_stage: k_gemv8x with passes staged in shared memory before its PDL wait
- *     (DSV4_CUDA_G8X_STAGE 1..3) bit for bit against none, the counter proving the staged launch;
  *   test_batched: the GEMV of 2..8 rows a launch (k_gemvn) at rows 2, 3, 5, 8, 13, 32 (see there);
  *   test_other_shapes: rows 5, 7, 8, odd shapes (element-wise path), few features, 32 KB
  *     rows, MXFP4, split-K, a group size that is not a multiple of 8, grouped rows 7.
@@ -289,58 +287,6 @@ static void test_fused_input(void) {
     fused_pair(1024, 4096, 8, 1, "wo_a lo sc");
     fused_pair(1024, 1024, 8, 0, "grp K 1024");
     fp_low_scale = 0;
-}
-
-/* DSV4_CUDA_G8X_STAGE (linear.cu): k_gemv8x with 1..3 passes a block staged in shared memory before its PDL
- * wait gives the same bits as with none, on plain and grouped weights (G 0: matmul), e8m0 and f32 scales,
- * bf16 input and output, a tail row, groups that change inside a block, and blocks with fewer passes than
- * the staging asks for (4096 x 8192: 3 or 4 passes a block on 132 SMs); the counter proves the staged
- * launch ran (and that none ran at 0) */
-static void stage_pair(int G, int64_t O, int64_t K, int sf32, int in_bf16, int out_bf16, const char *what) {
-    int64_t R = G ? (int64_t)G * O : O, xc = G ? (int64_t)G * K : K;
-    tw t = make_w(DSV4_WF_FP8, R, K, sf32);
-    float *x = malloc(sizeof(float) * xc), *a = malloc(sizeof(float) * R), *g[4];
-    REQUIRE(x && a);
-    fill(x, xc, 2);
-    if (G) cpu.ops->matmul_grouped(&cpu, a, x, 1, &t.w, G, in_bf16, out_bf16, 0);
-    else cpu.ops->matmul(&cpu, a, x, 1, &t.w, 0, out_bf16);
-    const int st0 = dsv4_cuda_g8x_stage();
-    int same = 1, ok = 1;
-    long took[4];
-    for (int n = 0; n < 4; n++) {
-        g[n] = malloc(sizeof(float) * R);
-        REQUIRE(g[n]);
-        for (int64_t i = 0; i < R; i++) g[n][i] = NAN;
-        dsv4_cuda_set_g8x_stage(n);
-        long c0 = dsv4_cuda_g8x_staged_calls();
-        if (G) gpu.ops->matmul_grouped(&gpu, g[n], x, 1, &t.w, G, in_bf16, out_bf16, 0);
-        else gpu.ops->matmul(&gpu, g[n], x, 1, &t.w, 0, out_bf16);
-        ok &= gpu_ok();
-        took[n] = dsv4_cuda_g8x_staged_calls() - c0;
-        if (n) same &= !memcmp(g[0], g[n], sizeof(float) * R);
-    }
-    dsv4_cuda_set_g8x_stage(st0);
-    double r = rel(g[0], a, R), tol = in_bf16 || out_bf16 ? 4e-3 : 2e-6;
-    printf("  %-14s %d x [%5lld x %5lld]%s in/out_bf16 %d/%d: staged calls %ld %ld %ld %ld, bits %s, rel %.2e\n", what,
-           G, (long long)O, (long long)K, sf32 ? " f32s" : "", in_bf16, out_bf16, took[0], took[1], took[2], took[3],
-           same ? "identical" : "DIFFER", r);
-    CHECKF(ok && same && took[0] == 0 && took[1] == 1 && took[2] == 1 && took[3] == 1 && r <= tol,
-           "g8x stage %s [%lld x %lld]", what, (long long)O, (long long)K);
-    for (int n = 0; n < 4; n++) free(g[n]);
-    free(x), free(a);
-    free_w(&t);
-}
-
-static void test_g8x_stage(void) {
-    NEED_GPU();
-    stage_pair(0, 8192, 4096, 0, 0, 0, "x t128 r4");
-    stage_pair(0, 8192, 4096, 1, 0, 0, "x t128 r4");
-    stage_pair(0, 4096, 8192, 0, 0, 0, "wo_b");
-    stage_pair(0, 4096, 8192, 1, 0, 1, "wo_b out_bf16");
-    stage_pair(0, 4097, 8192, 0, 0, 0, "x r1 tail");
-    stage_pair(8, 1024, 4096, 0, 0, 0, "wo_a");
-    stage_pair(8, 1024, 4096, 0, 1, 1, "wo_a bf16");
-    stage_pair(6, 1022, 4096, 0, 0, 0, "x grp 1022");
 }
 
 /* k_gemvn (2..8 rows a launch; larger batches in chunks of 8, 13 = 8 + 5, 32 = 4 x 8): FP8 with
@@ -646,4 +592,4 @@ static void test_pro_shapes(void) {
 }
 
 TEST_MAIN(test_stream_shapes, test_pro_shapes, test_gemv8, test_matmul_rn, test_list_beside, test_gemv_mma,
-          test_fused_input, test_g8x_stage, test_batched, test_other_shapes, test_fresh_weights, test_timing)
+          test_fused_input, test_batched, test_other_shapes, test_fresh_weights, test_timing)

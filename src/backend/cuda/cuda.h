@@ -64,11 +64,6 @@ enum { DSV4_CUDA_AQ_MULTI = 2, DSV4_CUDA_AQ_WOA = 4, DSV4_CUDA_AQ_MOE = 8, DSV4_
 int dsv4_cuda_aq_fuse(void);
 void dsv4_cuda_set_aq_fuse(int mask);
 long dsv4_cuda_aq_fused_calls(void);
-/* passes a block k_gemv8x stages in shared memory before its PDL wait (0..3; DSV4_CUDA_G8X_STAGE read once,
- * default 0; the same bits at every value), set for the process (the tests' A/B), and its staged launches */
-int dsv4_cuda_g8x_stage(void);
-void dsv4_cuda_set_g8x_stage(int n);
-long dsv4_cuda_g8x_staged_calls(void);
 /* launches of k_gemv_mma (linear.dot=mma, gemv_mma.cu) since the process started */
 long dsv4_cuda_gemv_mma_calls(void);
 /* pool_multi calls issued as one k_pool_jobs launch (attn.cu), all backends of the process (a graph's replay

@@ -770,26 +770,8 @@ template <int CPT, int RPP> struct g8x_buf {
     uint32_t s[CPT]; /* scale words as loaded (e8m0 byte or f32 bits), decoded at the math */
 };
 
-/* row r of the weight (rows past the end re-read the last row, never written), and the scale row
- * of the pass whose slot starts at row rb (the pass's rows share one) */
-__device__ __forceinline__ const uint8_t *g8x_row(const uint8_t *__restrict__ wd, int K, int64_t o0, int64_t no,
-                                                  int64_t r) {
-    return wd + (o0 + (r < no ? r : no - 1)) * (int64_t)K;
-}
-__device__ __forceinline__ int64_t g8x_srow(int64_t o0, int64_t no, int64_t rb, int blk_log2, int scols) {
-    return ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
-}
-/* a scale word's address (for a prefetch), and the word as loaded (e8m0 byte or f32 bits) */
-template <int SCL>
-__device__ __forceinline__ const void *g8x_sp(const uint8_t *__restrict__ ws, int sf32, int64_t srow, int sc) {
-    return SCL != 0 && sf32 ? (const void *)((const unsigned int *)ws + srow + sc) : (const void *)(ws + srow + sc);
-}
-template <int SCL>
-__device__ __forceinline__ uint32_t g8x_sword(const uint8_t *__restrict__ ws, int sf32, int64_t srow, int sc) {
-    return SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + sc) : __ldg(ws + srow + sc);
-}
-
-/* the weight vectors and scale words of the pass whose slot starts at row rb */
+/* the weight vectors and scale words of the pass whose slot starts at row rb (rows past the
+ * end re-read the last row, never written; the pass's rows share one scale row) */
 template <int SCL, int CPT, int RPP>
 __device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__restrict__ wd,
                                          const uint8_t *__restrict__ ws, int K, int sf32, int blk_log2, int scols,
@@ -797,13 +779,14 @@ __device__ __forceinline__ void g8x_load(g8x_buf<CPT, RPP> &b, const uint8_t *__
                                          const int (&scol)[CPT]) {
 #pragma unroll
     for (int j = 0; j < RPP; j++) {
-        const uint8_t *rp = g8x_row(wd, K, o0, no, rb + j);
+        const uint8_t *rp = wd + (o0 + (rb + j < no ? rb + j : no - 1)) * (int64_t)K;
 #pragma unroll
         for (int i = 0; i < CPT; i++) b.v[j][i] = d_ld_stream16(rp + kcol[i]);
     }
-    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
+    const int64_t srow = ((o0 + (rb < no ? rb : no - 1)) >> blk_log2) * scols;
 #pragma unroll
-    for (int i = 0; i < CPT; i++) b.s[i] = g8x_sword<SCL>(ws, sf32, srow, scol[i]);
+    for (int i = 0; i < CPT; i++)
+        b.s[i] = SCL != 0 && sf32 ? __ldg((const unsigned int *)ws + srow + scol[i]) : __ldg(ws + srow + scol[i]);
 }
 
 /* one pass: x for its group (loaded when the group changes), the RPP sums, their reduction
@@ -854,54 +837,12 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
     if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
 }
 
-/* the staged passes (DSV4_CUDA_G8X_STAGE, below): a block's passes pb + 1 .. pb + ns asked for by
- * cp.async into shared memory before its PDL wait, when its blocks are resident beside the kernel
- * before (a latency-bound one: attention's p.V before wo_a) and would otherwise hold only pass pb in
- * registers.  Each thread reads back only the vectors it copied (complete for it after its wait_all),
- * so no barrier.  Their scale words are only asked of L2 then (a prefetch: registers held across the
- * wait made the RPP 4 kernels spill) and loaded one pass ahead as the unstaged ones are.  Layout: pass
- * s, row j, column i at stg[((s * RPP + j) * CPT + i) * 256 + threadIdx.x] (consecutive threads,
- * consecutive 16 bytes). */
-enum { G8X_STAGE_MAX = 3 };
-
-template <int SCL, int CPT, int RPP>
-__device__ __forceinline__ void g8x_stage(uint4 *stg, int s, const uint8_t *__restrict__ wd,
-                                          const uint8_t *__restrict__ ws, int K, int sf32, int blk_log2, int scols,
-                                          int64_t o0, int64_t no, int64_t rb, const int (&kcol)[CPT],
-                                          const int (&scol)[CPT]) {
-#pragma unroll
-    for (int j = 0; j < RPP; j++)
-#pragma unroll
-        for (int i = 0; i < CPT; i++)
-            d_cp_async16(stg + ((s * RPP + j) * CPT + i) * 256 + threadIdx.x, g8x_row(wd, K, o0, no, rb + j) + kcol[i]);
-    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
-#pragma unroll
-    for (int i = 0; i < CPT; i++) d_prefetch_l2(g8x_sp<SCL>(ws, sf32, srow, scol[i]));
-}
-
-/* staged pass s of the slot's rows from rb into b: the vectors from shared memory, the scale words
- * as g8x_load reads them */
-template <int SCL, int CPT, int RPP>
-__device__ __forceinline__ void g8x_unstage(g8x_buf<CPT, RPP> &b, const uint4 *stg, int s,
-                                            const uint8_t *__restrict__ ws, int sf32, int blk_log2, int scols,
-                                            int64_t o0, int64_t no, int64_t rb, const int (&scol)[CPT]) {
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < RPP; j++)
-#pragma unroll
-        for (int i = 0; i < CPT; i++) b.v[j][i] = stg[((s * RPP + j) * CPT + i) * 256 + threadIdx.x];
-    const int64_t srow = g8x_srow(o0, no, rb, blk_log2, scols);
-#pragma unroll
-    for (int i = 0; i < CPT; i++) b.s[i] = g8x_sword<SCL>(ws, sf32, srow, scol[i]);
-}
-
 template <int SCL, int CPT, int RPP, int XBF>
 __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
-                                                 int64_t xg, int out_bf16, int tpr_log2, int npass, int nst) {
+                                                 int64_t xg, int out_bf16, int tpr_log2, int npass) {
     __shared__ float red[2][8][RPP];
-    extern __shared__ uint4 stg[]; /* nst staged passes (g8x_stage) */
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
     int kcol[CPT], scol[CPT];
@@ -914,24 +855,12 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
     int64_t xgrp = -1;
     int buf = 0;
     g8x_buf<CPT, RPP> ba, bb;
-    const int ns = pe - pb - 1 < nst ? (int)(pe - pb - 1) : nst; /* passes pb + 1 .. pb + ns staged */
-#define G8X_RB(P) (((int64_t)(P) * slots + slot) * RPP)
-#define G8X_LOAD(B, P)                                                                                  \
-    do {                                                                                                \
-        if ((P) - pb - 1 < ns)                                                                          \
-            g8x_unstage<SCL, CPT, RPP>(B, stg, (int)((P) - pb - 1), ws, sf32, blk_log2, scols, o0, no,   \
-                                       G8X_RB(P), scol);                                                \
-        else g8x_load<SCL, CPT, RPP>(B, wd, ws, K, sf32, blk_log2, scols, o0, no, G8X_RB(P), kcol, scol); \
-    } while (0)
+#define G8X_LOAD(B, P) g8x_load<SCL, CPT, RPP>(B, wd, ws, K, sf32, blk_log2, scols, o0, no, \
+                                               ((int64_t)(P) * slots + slot) * RPP, kcol, scol)
 #define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP, XBF>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
                                                     tpr_log2, P, kcol)
-    if (pb < pe) g8x_load<SCL, CPT, RPP>(ba, wd, ws, K, sf32, blk_log2, scols, o0, no, G8X_RB(pb), kcol, scol);
-#pragma unroll
-    for (int t = 0; t < G8X_STAGE_MAX; t++)
-        if (t < ns)
-            g8x_stage<SCL, CPT, RPP>(stg, t, wd, ws, K, sf32, blk_log2, scols, o0, no, G8X_RB(pb + 1 + t), kcol,
-                                     scol);
-    pdl_enter(); /* the first pass's weights (and the staged passes') are in flight while the kernel before ends */
+    if (pb < pe) G8X_LOAD(ba, pb);
+    pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
     for (int64_t p = pb; p < pe; p += 2) { /* loads of pass p + 1 in flight during pass p */
         if (p + 1 < pe) G8X_LOAD(bb, p + 1);
         G8X_PASS(ba, p);
@@ -939,7 +868,6 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
         if (p + 2 < pe) G8X_LOAD(ba, p + 2);
         G8X_PASS(bb, p + 1);
     }
-#undef G8X_RB
 #undef G8X_LOAD
 #undef G8X_PASS
 }
@@ -979,40 +907,10 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
-/* DSV4_CUDA_G8X_STAGE=N (0..3, read once; dsv4_cuda_set_g8x_stage for the tests' A/B): k_gemv8x
- * stages N passes a block in shared memory before its PDL wait (g8x_stage), at most ~96 KB a block
- * (2 blocks an SM).  The same loads, products and sums, so the same bits (test_cuda_linear's
- * test_g8x_stage); timing only.  Default 0 until a bench says otherwise. */
-static int g8x_stage_v = -1;
-extern "C" int dsv4_cuda_g8x_stage(void) {
-    if (g8x_stage_v < 0) {
-        const char *e = getenv("DSV4_CUDA_G8X_STAGE");
-        int v = e && *e ? atoi(e) : 0;
-        g8x_stage_v = v < 0 ? 0 : v > G8X_STAGE_MAX ? G8X_STAGE_MAX : v;
-    }
-    return g8x_stage_v;
-}
-extern "C" void dsv4_cuda_set_g8x_stage(int n) { g8x_stage_v = n < 0 ? 0 : n > G8X_STAGE_MAX ? G8X_STAGE_MAX : n; }
-static long g8x_staged_n;
-extern "C" long dsv4_cuda_g8x_staged_calls(void) { return g8x_staged_n; }
-
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    constexpr size_t pass_b = (size_t)RPP * 2 * 256 * sizeof(uint4), cap = 96 * 1024; /* CPT 2; two blocks an SM */
-    constexpr int mx = cap / pass_b < G8X_STAGE_MAX ? (int)(cap / pass_b) : G8X_STAGE_MAX;
-    const int nst = dsv4_cuda_g8x_stage() < mx ? dsv4_cuda_g8x_stage() : mx;
-    static int set; /* the instance's attributes, once: mx passes, and all of L1 as shared memory (~195 KB an SM) */
-    if (nst > 0 && !set) { /* a refusal stays the last error, which the caller's launch check reports */
-        set = 1;
-        if (cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)(mx * pass_b)) == cudaSuccess)
-            cudaFuncSetAttribute(k_gemv8x<SCL, 2, RPP, XBF>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)cudaSharedmemCarveoutMaxShared);
-    }
-    if (nst > 0) g8x_staged_n++;
-    dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, nst * pass_b, st, a.out, a.x, a.w.data, a.w.scale,
-                (int)a.w.cols, a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass,
-                nst);
+    dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
 }
 
 template <int SCL, int XBF>
