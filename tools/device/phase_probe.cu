@@ -17,7 +17,8 @@
  * the launch that the pair's PDL hides: the comparison leans against the fused form.
  * W rotates over NW copies (134 MB), so no iteration finds its weights in the 50 MB L2.  Every form's y
  * is checked against the host's sums first.  The rewrite pays only if "fused" takes most of L's time
- * off "L+G".
+ * off "L+G".  Measured on an H100 (stop 58, docs/PERFORMANCE.md): it does not; neither "fused" nor "L+Gs"
+ * hid more than the pair's 1.5-2.1 us in any of the eight settings run.
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a [-DROWS2=1] tools/device/phase_probe.cu -o phase_probe
  *   ./phase_probe [D round trips, default 48] [STAGE_KB, default 80] */
 #include <math.h>
