@@ -25,6 +25,11 @@ start: the time programmatic dependent launch gives its blocks to run what prece
 GEMV's first weight loads), as the mean head start a call, the share of its calls that had none, and the
 kernel that ended last before it most often (the one whose tail it overlaps, or waits for), for every
 kernel (--top 0 leaves the per-kernel time table out).
+--layers PATTERN N: the decode steps cut into layers at every N-th launch of the kernel whose name contains
+PATTERN (Flash: k_hc_dec 2, the attention's hc and the MoE's), layers grouped by their sequence of kernels
+(the indexer's layers apart from the others), and per group each kernel's median start and end, in us from
+the end of the layer's first launch, ordered by end, with the median end's lead over the row before: where a
+layer's time goes on its critical path (the weight streams against the latency-bound links between them).
 """
 import lzma, subprocess, sys, collections
 
@@ -130,11 +135,45 @@ def overlap(sel, steps, label):
         w = who.most_common(1)[0][0] if who else "-"
         print("  %-58s %6.1f %8.2f %5.0f %%  after %s" % (k[:58], n / steps, h / n / 1e3, 100.0 * z / n, w[:50]))
 
+def layers(recs, starts, steps, label, pat, every):
+    """per group of layers with one kernel sequence: each kernel's median start and end (us) from the end of
+    the layer's first boundary launch, by end; a kernel's n-th launch in the layer is its own row (name #n).
+    The boundaries are counted from each step's start, so a layer begins at the same launch in every step; the
+    step's last layer runs to the next step's first boundary launch"""
+    groups = collections.defaultdict(list)
+    bnd = []  # per step, the boundary launches' record indices
+    for k, s0 in enumerate(starts[-steps:]):
+        s1 = starts[len(starts) - steps + k + 1] if k + 1 < steps else len(recs)
+        bnd.append([i for i in range(s0, s1) if recs[i][2] == "K" and pat in label(recs[i])][::every])
+    for k, b in enumerate(bnd):
+        ends = b[1:] + (bnd[k + 1][:1] if k + 1 < steps else [])
+        for a, e in zip(b, ends):
+            lay = [r for r in recs[a:e + 1] if r[2] == "K"]  # through the next boundary (its end closes the layer)
+            t0, seen, rows = lay[0][1], collections.Counter(), []
+            for r in lay[1:]:
+                lab = label(r)
+                seen[lab] += 1
+                rows.append(("%s #%d" % (lab, seen[lab]) if seen[lab] > 1 else lab, (r[0] - t0) / 1e3,
+                             (r[1] - t0) / 1e3))
+            groups[tuple(x[0] for x in rows)].append(rows)
+    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
+    print("layers: cut at every %d-th launch of %s; %d layers in %d steps, %d kinds" % (every, pat, sum(
+        len(g) for g in groups.values()), steps, len(groups)))
+    for sig, ls in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        cols = [(sig[i], med([l[i][1] for l in ls]), med([l[i][2] for l in ls])) for i in range(len(sig))]
+        cols.sort(key=lambda c: c[2])
+        print("  %d layers (%.1f a step), %d kernels; us from the end of the first %s:" % (len(ls), len(ls) / steps,
+                                                                                          len(sig), pat))
+        prev = 0.0
+        for name, s0, e0 in cols:
+            print("    %-56s start %7.1f  end %7.1f  %+6.1f" % (name[:56], s0, e0, e0 - prev))
+            prev = max(prev, e0)
+
 def main():
     a = sys.argv[1:]
     if not a or a[0].startswith("--"): sys.exit(__doc__.strip().split("\n")[2])
     path = a[0]; steps = 16; marker = "k_embed"; top = 60; timeline = False; whole = False; gap_us = None; vs = None
-    split_args = None; ovl = False
+    split_args = None; ovl = False; lay = None
     i = 1
     while i < len(a):
         if a[i] == "--steps": steps = int(a[i + 1]); i += 2
@@ -146,6 +185,7 @@ def main():
         elif a[i] == "--vs": vs = a[i + 1]; i += 2
         elif a[i] == "--split": split_args = (float(a[i + 1]), float(a[i + 2])); i += 3
         elif a[i] == "--overlap": ovl = True; i += 1
+        elif a[i] == "--layers": lay = (a[i + 1], int(a[i + 2])); i += 3
         else: sys.exit("unknown argument " + a[i])
     if vs is not None:
         compare(load(path, steps, marker, whole), load(vs, steps, marker, whole), path, vs, steps, top)
@@ -162,6 +202,8 @@ def main():
         split(tot, steps, busy, split_args[0], split_args[1])
     if ovl:
         overlap(sel, steps, label)
+    if lay is not None:
+        layers(recs, starts, steps, label, lay[0], lay[1])
     if gap_us is not None:
         gaps = collections.defaultdict(lambda: [0, 0])
         last_end = sel[0][1]
