@@ -157,7 +157,7 @@ def layers(recs, starts, steps, label, pat, every):
                              (r[1] - t0) / 1e3))
             groups[tuple(x[0] for x in rows)].append(rows)
     med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
-    print("layers: cut at every %d-th launch of %s; %d layers in %d steps, %d kinds" % (every, pat, sum(
+    print("layers: cut every %d launches of %s; %d layers in %d steps, %d kinds" % (every, pat, sum(
         len(g) for g in groups.values()), steps, len(groups)))
     for sig, ls in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         cols = [(sig[i], med([l[i][1] for l in ls]), med([l[i][2] for l in ls])) for i in range(len(sig))]
