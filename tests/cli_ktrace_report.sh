@@ -38,6 +38,11 @@ if [ $? = 0 ] && echo "$out" | grep -Eq "^k_hc +4\.0 "; then ok ktrace_table; el
 out=$(python3 $R "$tmp/t.csv" --layer k_hc 2 2>&1)
 if [ $? != 0 ] && echo "$out" | grep -q "unknown argument --layer"; then ok ktrace_bad_arg
 else bad ktrace_bad_arg "$out"; fi
+for args in "--layers k_hc" "--layers k_hc 0" "--layers k_hc two"; do
+  out=$(python3 $R "$tmp/t.csv" $args 2>&1)
+  if [ $? != 0 ] && echo "$out" | grep -q "^--layers needs a kernel name pattern and a count N >= 1"; then
+    ok "ktrace_bad_layers ($args)"; else bad "ktrace_bad_layers ($args)" "$out"; fi
+done
 out=$(python3 $R "$tmp/t.csv" --steps 3 2>&1)
 if [ $? != 0 ] && echo "$out" | grep -q "only 2 passes start with k_embed"; then ok ktrace_few_steps
 else bad ktrace_few_steps "$out"; fi

@@ -31,7 +31,7 @@ PATTERN (Flash: k_hc_dec 2, the attention's hc and the MoE's), layers grouped by
 the end of the layer's first launch, ordered by end, with the median end's lead over the row before: where a
 layer's time goes on its critical path (the weight streams against the latency-bound links between them).
 """
-import lzma, subprocess, sys, collections
+import lzma, subprocess, sys, collections, statistics
 
 def demangle(names):
     try:
@@ -156,7 +156,7 @@ def layers(recs, starts, steps, label, pat, every):
                 rows.append(("%s #%d" % (lab, seen[lab]) if seen[lab] > 1 else lab, (r[0] - t0) / 1e3,
                              (r[1] - t0) / 1e3))
             groups[tuple(x[0] for x in rows)].append(rows)
-    med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
+    med = statistics.median
     print("layers: cut every %d launches of %s; %d layers in %d steps, %d kinds" % (every, pat, sum(
         len(g) for g in groups.values()), steps, len(groups)))
     for sig, ls in sorted(groups.items(), key=lambda kv: -len(kv[1])):
@@ -185,7 +185,10 @@ def main():
         elif a[i] == "--vs": vs = a[i + 1]; i += 2
         elif a[i] == "--split": split_args = (float(a[i + 1]), float(a[i + 2])); i += 3
         elif a[i] == "--overlap": ovl = True; i += 1
-        elif a[i] == "--layers": lay = (a[i + 1], int(a[i + 2])); i += 3
+        elif a[i] == "--layers":
+            if i + 2 >= len(a) or not a[i + 2].isdigit() or int(a[i + 2]) < 1:
+                sys.exit("--layers needs a kernel name pattern and a count N >= 1 (e.g. --layers k_hc_dec 2)")
+            lay = (a[i + 1], int(a[i + 2])); i += 3
         else: sys.exit("unknown argument " + a[i])
     if vs is not None:
         compare(load(path, steps, marker, whole), load(vs, steps, marker, whole), path, vs, steps, top)
