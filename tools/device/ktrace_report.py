@@ -156,11 +156,11 @@ def layers(recs, starts, steps, label, pat, every):
                 rows.append(("%s #%d" % (lab, seen[lab]) if seen[lab] > 1 else lab, (r[0] - t0) / 1e3,
                              (r[1] - t0) / 1e3))
             groups[tuple(x[0] for x in rows)].append(rows)
-    med = statistics.median
     print("layers: cut every %d launches of %s; %d layers in %d steps, %d kinds" % (every, pat, sum(
         len(g) for g in groups.values()), steps, len(groups)))
     for sig, ls in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        cols = [(sig[i], med([l[i][1] for l in ls]), med([l[i][2] for l in ls])) for i in range(len(sig))]
+        cols = [(sig[i], statistics.median(l[i][1] for l in ls), statistics.median(l[i][2] for l in ls))
+                for i in range(len(sig))]
         cols.sort(key=lambda c: c[2])
         print("  %d layers (%.1f a step), %d kernels; us from the end of the first %s:" % (len(ls), len(ls) / steps,
                                                                                           len(sig), pat))
