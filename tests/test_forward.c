@@ -1434,7 +1434,8 @@ static void test_side_chain(void) {
 static struct {
     long argmax, gather, checks, logit_dl;
     long layer_marks; /* segment marks keyed by a layer >= 1 (a graph that starts at that layer) */
-    int n_layers;
+    long l0_marks;    /* layer 0's own marks: its start (key 0), before its wq_b and its MoE half (n_all + 3, + 2) */
+    int n_layers, n_all; /* the config's layers; the weights' (MTP included): n_all keys the head's marks */
     int fail_at;
     size_t vocab_bytes;
 } g_gr;
@@ -1460,6 +1461,7 @@ static void gr_gather(dsv4_backend *b, int32_t *dst, const int32_t *tok, int row
 static void gr_segment(dsv4_backend *b, int key) { /* the CPU table has no segment op */
     (void)b;
     g_gr.layer_marks += key >= 1 && key < g_gr.n_layers;
+    g_gr.l0_marks += key == 0 || key == g_gr.n_all + 2 || key == g_gr.n_all + 3;
 }
 static void gr_noop_trace(void *user, const dsv4_op_info *info) { (void)user, (void)info; }
 
@@ -1497,7 +1499,8 @@ static void test_greedy(void) {
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     int32_t first = dsv4_argmax_row(lg, V);
     /* greedy on the device path */
-    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers;
+    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers,
+                        g_gr.n_all = lm.w.n_layers;
     REQUIRE(dsv4_forward_greedy(m, g, first, N, out, &err) == 0);
     int every = (int)g->snapshot_every, ckpts = (P + N) / every - P / every;
     /* the default segments: 4 layers after layer 0 in the greedy loop (layers 1, 5, 9, ... start
@@ -1511,6 +1514,9 @@ static void test_greedy(void) {
            g_gr.argmax, g_gr.gather, n_hash, g_gr.checks, ckpts, g_gr.logit_dl, gmarks, want_g, cfg.n_layers, G);
     CHECK(cfg.n_layers > 2 && want_g < want_h); /* the tiny model shows the difference */
     CHECK_EQ_INT(gmarks, (long)N * want_g);
+    /* the greedy loop keeps layer 0 in the step's first graph (its host runs ahead: no split needed) */
+    printf("  greedy: %ld marks of layer 0's own segments (0 expected)\n", g_gr.l0_marks);
+    CHECK_EQ_INT(g_gr.l0_marks, 0);
     CHECK(ckpts >= 1);
     CHECK_EQ_INT(g_gr.argmax, N);
     CHECK_EQ_INT(g_gr.gather, (long)N * n_hash);
@@ -1519,7 +1525,7 @@ static void test_greedy(void) {
     CHECK_EQ_INT(g->len, P + N);
     /* the host loop */
     int32_t tok = first;
-    g_gr.layer_marks = 0;
+    g_gr.layer_marks = 0, g_gr.l0_marks = 0;
     for (int s = 0; s < N; s++) {
         it = (dsv4_fwd_item){.st = r, .tokens = &tok, .n = 1, .logits = lr};
         REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
@@ -1527,6 +1533,8 @@ static void test_greedy(void) {
     }
     printf("  the host loop: %ld graphs starting at a layer >= 1 (%ld a step expected)\n", g_gr.layer_marks, want_h);
     CHECK_EQ_INT(g_gr.layer_marks, (long)N * want_h);
+    printf("  the host loop: %ld marks of layer 0's own segments (%d expected)\n", g_gr.l0_marks, 3 * N);
+    CHECK_EQ_INT(g_gr.l0_marks, 3L * N);
     int same = !memcmp(out, host, sizeof out), distinct = 0;
     for (int s = 1; s < N; s++) distinct += out[s] != out[s - 1];
     printf("  greedy picks %s the host loop's (%d changes of token in %d)\n", same ? "equal" : "DIFFER from", distinct,
@@ -1541,6 +1549,27 @@ static void test_greedy(void) {
     it.st = r, it.logits = lr;
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     CHECK(!memcmp(lg, lr, sizeof(float) * (size_t)V));
+    /* DSV4_GREEDY_L0_SPLIT=1 (read at init): layer 0's three segments in the greedy loop too, the same picks */
+    {
+        REQUIRE(!getenv("DSV4_GREEDY_L0_SPLIT"));
+        setenv("DSV4_GREEDY_L0_SPLIT", "1", 1);
+        dsv4_model *m2 = NULL;
+        REQUIRE(dsv4_model_init(&m2, &lm.w, &lm.be, &DSV4_NUMERICS_EXACT, 64, &err) == 0);
+        unsetenv("DSV4_GREEDY_L0_SPLIT");
+        dsv4_state *s2 = NULL;
+        REQUIRE(dsv4_state_new(&s2, &cfg, 16, &err) == 0);
+        it = (dsv4_fwd_item){.st = s2, .tokens = prompt, .n = P, .logits = lr};
+        REQUIRE(dsv4_forward(m2, &it, 1, &err) == 0);
+        memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers,
+                        g_gr.n_all = lm.w.n_layers;
+        REQUIRE(dsv4_forward_greedy(m2, s2, first, N, out2, &err) == 0);
+        printf("  DSV4_GREEDY_L0_SPLIT=1: %ld marks of layer 0's own segments (%d expected), picks %s\n",
+               g_gr.l0_marks, 3 * N, memcmp(out2, out, sizeof out) ? "DIFFER" : "equal");
+        CHECK_EQ_INT(g_gr.l0_marks, 3L * N);
+        CHECK(!memcmp(out2, out, sizeof out));
+        dsv4_state_free(s2);
+        dsv4_model_free(m2);
+    }
     /* under an op trace: host picks, the same tokens */
     dsv4_model_set_op_trace(m, gr_noop_trace, NULL);
     memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V;

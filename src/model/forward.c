@@ -120,9 +120,10 @@ struct dsv4_model {
     float *pj_out[PJ_JOBS];
     const float *pj_kv[PJ_JOBS][PJ_ROWS], *pj_g[PJ_JOBS][PJ_ROWS];
     int pj_n[PJ_JOBS], pj_w[PJ_JOBS];
-    void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
+    void **cl_dst;          /* [cl_cap = 2R] a copy list (copy_list): destinations, sources, sizes */
     const void **cl_src;
     size_t *cl_bytes;
+    int cl_cap;
     dsv4_op_task *ol;       /* [ol_cap] an op list (op_list): independent small ops issued as one call */
     int n_ol, ol_cap;
     int *done;              /* [done_cap] tokens consumed per item of the current call */
@@ -131,6 +132,11 @@ struct dsv4_model {
     int seg_layers_greedy;  /* the same inside dsv4_forward_greedy's device loop (DSV4_GREEDY_SEG_LAYERS,
                              * default 4): the host runs ahead of the device there, so fewer graph
                              * boundaries cost no idle time (docs/CUDA.md, "CUDA graphs") */
+    int l0_split;           /* layer 0 in three segments of its own (its attention from wq_b and its MoE half
+                             * apart): 1 in the step API, whose host builds each step while the device waits;
+                             * 0 in the greedy loop (DSV4_GREEDY_L0_SPLIT=1: 1 there too), whose host runs
+                             * ahead, so that the embedding and layer 0 up to layer 1's first mark are one graph */
+    int l0_split_greedy;
     int seg_at_hc;          /* DSV4_SEG_AT_HC: where a segment after layer 0 starts: 0 at its own y
                              * projections, 1 at the previous layer's last hc_post (fused with its hc_pre),
                              * 2 (the default) at the previous layer's router gate, 3 as 2 but layer 1
@@ -333,6 +339,9 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
      * with 4 (3.23-3.42 against 3.14-3.22) and 20 (4.15-4.41) */
     const char *sg = getenv("DSV4_GREEDY_SEG_LAYERS");
     m->seg_layers_greedy = sg && atoi(sg) >= 1 && atoi(sg) <= 64 ? atoi(sg) : 4;
+    m->l0_split = 1;
+    const char *l0 = getenv("DSV4_GREEDY_L0_SPLIT");
+    m->l0_split_greedy = l0 && !strcmp(l0, "1");
     const char *sh = getenv("DSV4_SEG_AT_HC");
     /* default 2 since 2026-12-04: 3.210 against 3.260 ms a step on the H200, logits identical to
      * graphs off (test_cuda_e2e) and flash-2's unchanged; "0" gives the old placement */
@@ -408,6 +417,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     /* a decode step's longest lists: 2 tasks + 2 copies per row per compressor (lists 1 and 2), 2 copies and a
      * norm per row per compressor (the closed windows' tails, emit_list) */
     m->ol_cap = (int)(6 * R + 8);
+    m->cl_cap = (int)(2 * R);
     if (!(m->hash_slot = malloc(sizeof(int) * (size_t)(m->n_all > 0 ? m->n_all : 1)))) goto oom;
     m->n_hash = 0;
     for (int l = 0; l < m->n_all; l++) m->hash_slot[l] = l < c->n_layers && w->layers[l].is_hash ? m->n_hash++ : -1;
@@ -461,6 +471,12 @@ static void cl_flush(dsv4_model *m, int *n) {
     else
         for (int i = 0; i < *n; i++) op->copy(B_(m), m->cl_dst[i], m->cl_src[i], m->cl_bytes[i]);
     *n = 0;
+}
+/* cl_add for lists of any length: flushes the entries held first when the list is full (the
+ * entries' ranges must not overlap one another, as for copy_list) */
+static void cl_push(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
+    if (*n == m->cl_cap) cl_flush(m, n);
+    cl_add(m, n, dst, src, bytes);
 }
 
 /* The held window-end pools (DSV4_POOL_MULTI) as one pool_multi call (one held: pool); ol_flush calls it
@@ -916,7 +932,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
          * 2026-12-02 08:01Z): 12 us idle at the step's start instead of 39, but 15 us here while
          * the host built wq_b and the attention; a split before the attention instead (branch
          * next-split) has not run on a device */
-        if (layer == 0) mark_segment(m, m->n_all + 3);
+        if (layer == 0 && m->l0_split) mark_segment(m, m->n_all + 3);
         if (side) {
             op->side(b, 1);
             if (L->has_comp) comp_bias(m, layer, 0, nseg);
@@ -1030,7 +1046,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * layer's attention while the host is still building the rest (the device idles at the
      * start of a step until the first segment is built); it starts with the attention half's
      * hc_post, which the MoE half's hc_pre may be fused into */
-    if (layer == 0) mark_segment(m, m->n_all + 2);
+    if (layer == 0 && m->l0_split) mark_segment(m, m->n_all + 2);
     /* comb holds logits iff hc_defers; fcomb's reader is the next layer's fused op, or the last hc_post */
     if (!hc_post_pre_norm(m, m->Xb, m->X, m->post, m->comb, hc_defers(m), rows, &L->hc_ffn_fn, &L->hc_ffn_base,
                           &L->hc_ffn_scale, &L->ffn_norm, m->fpost, m->fcomb, next >= 0 && hc_defers(m))) {
@@ -1280,10 +1296,11 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         FWD_LAP(0);
         mark_segment(m, m->n_all + 1);
         OPS(m)->embed(B_(m), m->y, m->tok, rows, &m->w->embed);
+        int ncl = 0; /* y into each stream: one copy_list launch, not rows x hc_mult copies */
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < c->hc_mult; k++)
-                OPS(m)->copy(B_(m), m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
-                             sizeof(float) * c->dim);
+                cl_push(m, &ncl, m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim, sizeof(float) * c->dim);
+        cl_flush(m, &ncl);
         if (m->n_hash) { /* every hash layer's ids of this pass, one upload */
             size_t per = (size_t)rows * c->n_active;
             for (int l = 0; l < c->n_layers; l++)
@@ -1312,17 +1329,17 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             segment *sg = &m->segs[s];
             dsv4_fwd_item *it = &items[sg->item];
             for (int j = 0; j < sg->n; j++) sg->st->tokens[sg->pos0 + j] = sg->tok[j];
-            OPS(m)->copy(B_(m), sg->st->last_x, m->X + (size_t)(sg->row0 + sg->n - 1) * hcd, sizeof(float) * hcd);
+            cl_push(m, &ncl, sg->st->last_x, m->X + (size_t)(sg->row0 + sg->n - 1) * hcd, sizeof(float) * hcd);
             for (int j = 0; j < sg->n; j++) {
                 int global = done[sg->item] + j;
                 if (!it->logits) continue;
                 if (!it->all_logits && global != it->n - 1) continue;
-                OPS(m)->copy(B_(m), m->Xs + (size_t)nl * hcd, m->X + (size_t)(sg->row0 + j) * hcd,
-                             sizeof(float) * hcd);
+                cl_push(m, &ncl, m->Xs + (size_t)nl * hcd, m->X + (size_t)(sg->row0 + j) * hcd, sizeof(float) * hcd);
                 m->cpos[nl] = (int64_t)sg->item * ((int64_t)1 << 32) + global; /* where the row goes */
                 nl++;
             }
         }
+        cl_flush(m, &ncl); /* the states' last rows and the head's rows: one copy_list launch */
         FWD_LAP(4);
         if (nl) {
             mark_segment(m, m->n_all);
@@ -1446,23 +1463,26 @@ static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_ste
         m->segs[0] = (segment){.item = 0, .st = st, .tok = &m->tok[0], .n = 1, .row0 = 0, .pos0 = len};
         mark_segment(m, m->n_all + 1);
         op->embed(b, m->y, m->gtok + s, 1, &m->w->embed);
-        for (int j = 0; j < c->hc_mult; j++)
-            op->copy(b, m->X + (size_t)j * c->dim, m->y, sizeof(float) * c->dim);
+        int ncl = 0; /* y into each stream: one copy_list launch (kernels chain early; copies do not) */
+        for (int j = 0; j < c->hc_mult; j++) cl_push(m, &ncl, m->X + (size_t)j * c->dim, m->y, sizeof(float) * c->dim);
+        cl_flush(m, &ncl);
         for (int l = 0; l < c->n_layers; l++)
             if (m->hash_slot[l] >= 0)
                 op->gather_ids(b, m->hash_dev + (size_t)m->hash_slot[l] * k, m->gtok + s, 1,
                                &m->w->layers[l].tid2eid, k);
         m->hc_ready = -1;
         for (int l = 0; l < c->n_layers && !rc; l++) {
-            if (l == 0 || (seg_first(m, l) && seg_at(m, l) == 0)) mark_segment(m, l);
+            if ((l == 0 && m->l0_split) || (seg_first(m, l) && seg_at(m, l) == 0)) mark_segment(m, l);
             rc = layer_forward(m, l, 1, 1, l + 1 < c->n_layers ? l + 1 : -1, err);
         }
         mark_segment(m, -1);
         if (rc) break;
-        op->copy(b, st->last_x, m->X, sizeof(float) * hcd);
-        op->copy(b, m->Xs, m->X, sizeof(float) * hcd);
+        /* the head's segment starts with the state's last row (a copy_list launch, so the head's first
+         * kernel starts early behind it) and reads X itself: nothing writes X before the next step */
         mark_segment(m, m->n_all);
-        head_rows(m, m->Xs, 1, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
+        cl_push(m, &ncl, st->last_x, m->X, sizeof(float) * hcd);
+        cl_flush(m, &ncl);
+        head_rows(m, m->X, 1, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
         op->argmax(b, m->gtok + s + 1, m->logits, 1, c->vocab_size);
         st->len++;
         if (st->len % st->snapshot_every == 0) { /* its copies wait for the device anyway */
@@ -1500,8 +1520,10 @@ int dsv4_forward_greedy(dsv4_model *m, dsv4_state *st, int32_t first, int n_step
     if (!op->argmax || !op->gather_ids || m->trace || m->op_trace) return greedy_host(m, st, first, n_steps, out, err);
     int keep = m->seg_layers; /* segments change only where graphs begin, never an op */
     m->seg_layers = m->seg_layers_greedy;
+    m->l0_split = m->l0_split_greedy;
     int rc = greedy_device(m, st, first, n_steps, out, err);
     m->seg_layers = keep;
+    m->l0_split = 1;
     return rc;
 }
 
