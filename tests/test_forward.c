@@ -1499,8 +1499,8 @@ static void test_greedy(void) {
     REQUIRE(dsv4_forward(m, &it, 1, &err) == 0);
     int32_t first = dsv4_argmax_row(lg, V);
     /* greedy on the device path */
-    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers,
-                        g_gr.n_all = lm.w.n_layers;
+    memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers;
+    g_gr.n_all = lm.w.n_layers;
     REQUIRE(dsv4_forward_greedy(m, g, first, N, out, &err) == 0);
     int every = (int)g->snapshot_every, ckpts = (P + N) / every - P / every;
     /* the default segments: 4 layers after layer 0 in the greedy loop (layers 1, 5, 9, ... start
@@ -1560,8 +1560,8 @@ static void test_greedy(void) {
         REQUIRE(dsv4_state_new(&s2, &cfg, 16, &err) == 0);
         it = (dsv4_fwd_item){.st = s2, .tokens = prompt, .n = P, .logits = lr};
         REQUIRE(dsv4_forward(m2, &it, 1, &err) == 0);
-        memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers,
-                        g_gr.n_all = lm.w.n_layers;
+        memset(&g_gr, 0, sizeof g_gr), g_gr.vocab_bytes = sizeof(float) * (size_t)V, g_gr.n_layers = cfg.n_layers;
+        g_gr.n_all = lm.w.n_layers;
         REQUIRE(dsv4_forward_greedy(m2, s2, first, N, out2, &err) == 0);
         printf("  DSV4_GREEDY_L0_SPLIT=1: %ld marks of layer 0's own segments (%d expected), picks %s\n",
                g_gr.l0_marks, 3 * N, memcmp(out2, out, sizeof out) ? "DIFFER" : "equal");
