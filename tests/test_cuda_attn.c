@@ -416,7 +416,9 @@ static void test_indexer(void) {
 }
 
 /* ids and counts must equal the CPU's exactly; dev: outputs in device memory */
-static void check_topk(const char *name, const float *score, int rows, int stride, const int *n, int k, int dev) {
+/* topk on backend g (the CPU's ids and counts required, bit for bit) */
+static void check_topk_on(dsv4_backend *g, const char *name, const float *score, int rows, int stride, const int *n,
+                          int k, int dev) {
     int32_t *ia = malloc(sizeof(int32_t) * rows * k), *ig = malloc(sizeof(int32_t) * rows * k);
     int *na = malloc(sizeof(int) * rows), *ng = malloc(sizeof(int) * rows);
     REQUIRE(ia && ig && na && ng);
@@ -431,22 +433,26 @@ static void check_topk(const char *name, const float *score, int rows, int strid
         int32_t *guard = malloc(sizeof(int32_t) * TG);
         REQUIRE(guard);
         memset(guard, 0xff, sizeof(int32_t) * TG);
-        float *s_d = dev_copy(score, sizeof(float) * rows * stride);
-        int32_t *g_d = gpu.ops->alloc(&gpu, sizeof(int32_t) * ((size_t)TG + (size_t)rows * k)), *i_d = g_d + TG;
-        int *n_d = gpu.ops->alloc(&gpu, sizeof(int) * rows);
+        float *s_d = g->ops->alloc(g, sizeof(float) * rows * stride); /* g's own memory: a backend knows only its own */
+        if (s_d) g->ops->upload(g, s_d, score, sizeof(float) * rows * stride);
+        int32_t *g_d = g->ops->alloc(g, sizeof(int32_t) * ((size_t)TG + (size_t)rows * k)), *i_d = g_d + TG;
+        int *n_d = g->ops->alloc(g, sizeof(int) * rows);
         REQUIRE(s_d && g_d && n_d);
-        gpu.ops->upload(&gpu, g_d, guard, sizeof(int32_t) * TG);
-        gpu.ops->topk(&gpu, i_d, n_d, s_d, rows, stride, n, k);
-        gpu.ops->download(&gpu, ig, i_d, sizeof(int32_t) * rows * k);
-        gpu.ops->download(&gpu, ng, n_d, sizeof(int) * rows);
-        gpu.ops->download(&gpu, guard, g_d, sizeof(int32_t) * TG);
+        g->ops->upload(g, g_d, guard, sizeof(int32_t) * TG);
+        g->ops->topk(g, i_d, n_d, s_d, rows, stride, n, k);
+        g->ops->download(g, ig, i_d, sizeof(int32_t) * rows * k);
+        g->ops->download(g, ng, n_d, sizeof(int) * rows);
+        g->ops->download(g, guard, g_d, sizeof(int32_t) * TG);
         for (int i = 0; i < TG; i++) guard_ok &= guard[i] == -1;
-        gpu.ops->free(&gpu, s_d), gpu.ops->free(&gpu, g_d), gpu.ops->free(&gpu, n_d);
+        g->ops->free(g, s_d), g->ops->free(g, g_d), g->ops->free(g, n_d);
         free(guard);
     } else {
-        gpu.ops->topk(&gpu, ig, ng, score, rows, stride, n, k);
+        g->ops->topk(g, ig, ng, score, rows, stride, n, k);
     }
-    CHECK(gpu_ok());
+    dsv4_err gerr;
+    int g_ok = !g->ops->check(g, &gerr);
+    if (!g_ok) fprintf(stderr, "  cuda error: %s\n", gerr.msg);
+    CHECK(g_ok);
     int same = 1;
     for (int r = 0; r < rows && same; r++) {
         same = na[r] == ng[r];
@@ -456,6 +462,10 @@ static void check_topk(const char *name, const float *score, int rows, int strid
            guard_ok ? "" : ", WROTE BEFORE THE OUTPUT");
     CHECKF(same && guard_ok, "topk %s", name);
     free(ia), free(ig), free(na), free(ng);
+}
+
+static void check_topk(const char *name, const float *score, int rows, int stride, const int *n, int k, int dev) {
+    check_topk_on(&gpu, name, score, rows, stride, n, k, dev);
 }
 
 static void test_topk(void) {
@@ -518,6 +528,48 @@ static void test_topk(void) {
     for (size_t i = 0; i < (size_t)3 * S; i++) sc[i] = (float)(urand() % 4) - 1.5f;
     check_topk("pro: 4 values, 1100 / 4100 / 8192 keys, k 1024", sc, 3, S, np1, 1024, 1);
     free(sc);
+}
+
+/* DSV4_CUDA_TOPK_R16=1 (read at backend init): rows of 8193..16384 entries on k_topk_r<16> instead of
+ * k_topk_s.  On a second backend with the switch: the CPU's ids for rows just past 8192 (32K context), up to
+ * 16384 (64K) and mixed rows, random values, ties across the cut (5 values) and all equal, k 512 and 1024, device
+ * and host outputs; the kernel taken exactly where a row's count lies in that range (its call counter), and rows
+ * outside it (8192, 16385) on the kernels they take without the switch. */
+static void test_topk_r16(void) {
+    NEED_GPU();
+    dsv4_backend g2;
+    if (cuda_init_env(&g2, "DSV4_CUDA_TOPK_R16", "1")) {
+        CHECKF(0, "a backend with DSV4_CUDA_TOPK_R16=1");
+        return;
+    }
+    enum { S = 16400 };
+    float *sc = malloc(sizeof(float) * 3 * S);
+    REQUIRE(sc);
+    long c0 = dsv4_cuda_topk_r16_calls(&g2);
+    int n1[1] = {8193}, n3[3] = {8198, 12000, 16384}, nout[2] = {8192, 16385};
+    for (int pass = 0; pass < 3; pass++) {
+        const char *what = pass == 0 ? "random" : pass == 1 ? "5 values" : "all equal";
+        for (size_t i = 0; i < (size_t)3 * S; i++)
+            sc[i] = pass == 0 ? frand() * 3.0f : pass == 1 ? (float)(urand() % 5) - 2.0f : 0.5f;
+        char nm[96];
+        snprintf(nm, sizeof nm, "r16 %s, 8193 keys, k 512", what);
+        check_topk_on(&g2, nm, sc, 1, S, n1, ITK, 1);
+        snprintf(nm, sizeof nm, "r16 %s, 8198 / 12000 / 16384 keys, k 512", what);
+        check_topk_on(&g2, nm, sc, 3, S, n3, ITK, 1);
+        snprintf(nm, sizeof nm, "r16 %s, 8198 / 12000 / 16384 keys, k 1024", what);
+        check_topk_on(&g2, nm, sc, 3, S, n3, 1024, pass == 0 ? 0 : 1);
+    }
+    long c1 = dsv4_cuda_topk_r16_calls(&g2);
+    fill(sc, (size_t)3 * S, 2);
+    check_topk_on(&g2, "r16 random, 8192 and 16385 keys (outside its range)", sc, 2, S, nout, ITK, 1);
+    long c2 = dsv4_cuda_topk_r16_calls(&g2);
+    printf("  k_topk_r<16> calls: %ld in range (9 expected), %ld outside it (0 expected); without the switch %ld\n",
+           c1 - c0, c2 - c1, dsv4_cuda_topk_r16_calls(&gpu));
+    CHECK_EQ_INT(c1 - c0, 9);
+    CHECK_EQ_INT(c2 - c1, 0);
+    CHECK_EQ_INT(dsv4_cuda_topk_r16_calls(&gpu), 0);
+    free(sc);
+    dsv4_backend_cuda_free(&g2);
 }
 
 /* ----- the fused forms: sparse_attn_rope, indexer_scores_rs ----- */
@@ -975,10 +1027,11 @@ static void test_zz_bench(void) {
     bench_indexer(1, 516); /* 2K context: 516 compressed rows, k 512 */
     bench_indexer(1, 2052); /* 8K context */
     bench_indexer(1, 4100); /* 16K context */
-    bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 */
+    bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 (k_topk_s; with
+                             * DSV4_CUDA_TOPK_R16=1 k_topk_r<16>) */
     bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes,
-          test_staged_arrays, test_bad_picks, test_indexer, test_topk, test_attn_rope, test_row_chunks,
+          test_staged_arrays, test_bad_picks, test_indexer, test_topk, test_topk_r16, test_attn_rope, test_row_chunks,
           test_indexer_rs, test_attn_fuse_switch, test_zz_bench)

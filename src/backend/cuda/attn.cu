@@ -733,6 +733,7 @@ extern "C" size_t dsv4_cuda_set_attn_scratch(dsv4_backend *b, size_t bytes) {
     return old;
 }
 extern "C" long dsv4_cuda_attn_parts(dsv4_backend *b) { return CI(b)->attn_parts; }
+extern "C" long dsv4_cuda_topk_r16_calls(dsv4_backend *b) { return CI(b)->topk_r16_calls; }
 
 /* sparse_attn, and with rope_dim > 0 the inverse RoPE of its output in k_attn_pv's epilogue: one
  * launch pair per part of at most attn_rows_per_call rows (each part with its rows' positions) */
@@ -1544,13 +1545,17 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
     if (t == 0) n_out[r] = k;
 }
 
-/* Rows of n <= TK_THREADS TK_PER (the decode case: a few hundred to 8192 candidates): the
+/* Rows of n <= TK_THREADS PER (the decode case: a few hundred to 8192 candidates at PER = TK_PER): the
  * same selection with each thread's keys (entries t + TK_THREADS u) read once into
  * registers, and the radix passes stop as soon as the digit holding the k-th largest is
  * taken whole (its count equals what is still needed): then every entry whose determined
  * bits are above the prefix and every one equal to it is taken, the same set as after all
- * four passes.  Output as k_topk (ascending index order). */
+ * four passes.  Output as k_topk (ascending index order).  PER 16 (DSV4_CUDA_TOPK_R16=1) takes
+ * rows of up to 16384 entries, which k_topk_s takes otherwise: the first 32K trace (stop 59, H100) had
+ * k_topk_s end 12.0-12.6 us after the indexer's scores at 8193-8196 entries, where k_topk_r ended
+ * ~3.4 us after them at 2K's ~516.  Built, not yet run on a device. */
 #define TK_PER 8
+template <int PER>
 __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out, const float *score, int stride,
                                                        const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
@@ -1563,10 +1568,10 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
     const float *s = score + (int64_t)r * stride;
     int32_t *ir = idx + (int64_t)r * k;
     if (tk_whole(ir, n_out, r, nr, k)) return;
-    int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* <= TK_PER, uniform */
-    uint32_t key[TK_PER];
+    int nu = (nr + TK_THREADS - 1) / TK_THREADS; /* <= PER, uniform */
+    uint32_t key[PER];
 #pragma unroll
-    for (int u = 0; u < TK_PER; u++) {
+    for (int u = 0; u < PER; u++) {
         int i = u * TK_THREADS + t;
         key[u] = u < nu && i < nr ? tk_key(s[i]) : 0u;
     }
@@ -1576,7 +1581,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
         if (t < 256) hist[t] = 0;
         __syncthreads();
 #pragma unroll
-        for (int u = 0; u < TK_PER; u++) {
+        for (int u = 0; u < PER; u++) {
             if (u >= nu) break; /* uniform */
             int i = u * TK_THREADS + t;
             int dg = (i < nr && (key[u] & mask) == prefix) ? (int)((key[u] >> shift) & 255u) : 256;
@@ -1591,7 +1596,7 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
      * to it, in index order (after an early stop all of the equal ones: need = their count) */
     int gt_base = 0, eq_base = 0;
 #pragma unroll
-    for (int u = 0; u < TK_PER; u++) {
+    for (int u = 0; u < PER; u++) {
         if (u >= nu) break;
         int i = u * TK_THREADS + t;
         uint32_t km = key[u] & mask;
@@ -1702,12 +1707,15 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
-    if (maxn >= tk_smem_min() && maxn <= TK_SMAX) {
+    if (c->topk_r16 && maxn > TK_THREADS * TK_PER && maxn <= TK_THREADS * 2 * TK_PER) {
+        dsv4_launch(k_topk_r<2 * TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
+        c->topk_r16_calls++;
+    } else if (maxn >= tk_smem_min() && maxn <= TK_SMAX) {
         size_t sm = sizeof(uint32_t) * (size_t)maxn;
         if (CK(b, cudaFuncSetAttribute(k_topk_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;
         dsv4_launch(k_topk_s, rows, TK_THREADS, sm, c->stream, id, no, sd, stride, nd, rp, k);
     } else if (maxn <= TK_THREADS * TK_PER)
-        dsv4_launch(k_topk_r, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
+        dsv4_launch(k_topk_r<TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     else
         dsv4_launch(k_topk, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
     if (CKL(b)) return;
