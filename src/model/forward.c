@@ -120,10 +120,9 @@ struct dsv4_model {
     float *pj_out[PJ_JOBS];
     const float *pj_kv[PJ_JOBS][PJ_ROWS], *pj_g[PJ_JOBS][PJ_ROWS];
     int pj_n[PJ_JOBS], pj_w[PJ_JOBS];
-    void **cl_dst;          /* [cl_cap = 2R] a copy list (copy_list): destinations, sources, sizes */
+    void **cl_dst;          /* [2R] a copy list (copy_list): destinations, sources, sizes */
     const void **cl_src;
     size_t *cl_bytes;
-    int cl_cap;
     dsv4_op_task *ol;       /* [ol_cap] an op list (op_list): independent small ops issued as one call */
     int n_ol, ol_cap;
     int *done;              /* [done_cap] tokens consumed per item of the current call */
@@ -417,7 +416,6 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     /* a decode step's longest lists: 2 tasks + 2 copies per row per compressor (lists 1 and 2), 2 copies and a
      * norm per row per compressor (the closed windows' tails, emit_list) */
     m->ol_cap = (int)(6 * R + 8);
-    m->cl_cap = (int)(2 * R);
     if (!(m->hash_slot = malloc(sizeof(int) * (size_t)(m->n_all > 0 ? m->n_all : 1)))) goto oom;
     m->n_hash = 0;
     for (int l = 0; l < m->n_all; l++) m->hash_slot[l] = l < c->n_layers && w->layers[l].is_hash ? m->n_hash++ : -1;
@@ -472,10 +470,10 @@ static void cl_flush(dsv4_model *m, int *n) {
         for (int i = 0; i < *n; i++) op->copy(B_(m), m->cl_dst[i], m->cl_src[i], m->cl_bytes[i]);
     *n = 0;
 }
-/* cl_add for lists of any length: flushes the entries held first when the list is full (the
- * entries' ranges must not overlap one another, as for copy_list) */
+/* cl_add for lists of any length: flushes the entries held first when the list (2 max_rows) is full
+ * (the entries' ranges must not overlap one another, as for copy_list) */
 static void cl_push(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
-    if (*n == m->cl_cap) cl_flush(m, n);
+    if (*n == 2 * m->max_rows) cl_flush(m, n);
     cl_add(m, n, dst, src, bytes);
 }
 

@@ -167,7 +167,7 @@ def layers(recs, starts, steps, label, pat, every):
         prev = 0.0
         for name, s0, e0 in cols:
             print("    %-56s start %7.1f  end %7.1f  %+6.1f" % (name[:56], s0, e0, e0 - prev))
-            prev = max(prev, e0)
+            prev = e0
 
 def main():
     a = sys.argv[1:]
