@@ -456,9 +456,12 @@ static int ensure_scores(dsv4_model *m, int rows, int need_keys, dsv4_err *err) 
 /* ----- compressor (spec §2.5) ----- */
 /* Pools the window that position p closes from the decode-state buffers into `out`
  * (backend memory), then, for ratio 4, moves the current window to the previous one. */
-/* the copy list (m->cl_*): entry n, then its flush (copy_list where the backend has it, else
- * one copy each) */
+/* the copy list (m->cl_*, 2 max_rows entries): entry n, then its flush (copy_list where the backend
+ * has it, else one copy each); a full list is flushed before the next entry, so a list of any length
+ * works (its entries' ranges must not overlap one another, as for copy_list) */
+static void cl_flush(dsv4_model *m, int *n);
 static void cl_add(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
+    if (*n == 2 * m->max_rows) cl_flush(m, n);
     m->cl_dst[*n] = dst, m->cl_src[*n] = src, m->cl_bytes[*n] = bytes;
     (*n)++;
 }
@@ -469,12 +472,6 @@ static void cl_flush(dsv4_model *m, int *n) {
     else
         for (int i = 0; i < *n; i++) op->copy(B_(m), m->cl_dst[i], m->cl_src[i], m->cl_bytes[i]);
     *n = 0;
-}
-/* cl_add for lists of any length: flushes the entries held first when the list (2 max_rows) is full
- * (the entries' ranges must not overlap one another, as for copy_list) */
-static void cl_push(dsv4_model *m, int *n, void *dst, const void *src, size_t bytes) {
-    if (*n == 2 * m->max_rows) cl_flush(m, n);
-    cl_add(m, n, dst, src, bytes);
 }
 
 /* The held window-end pools (DSV4_POOL_MULTI) as one pool_multi call (one held: pool); ol_flush calls it
@@ -1297,7 +1294,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         int ncl = 0; /* y into each stream: one copy_list launch, not rows x hc_mult copies */
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < c->hc_mult; k++)
-                cl_push(m, &ncl, m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
+                cl_add(m, &ncl, m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
                         sizeof(float) * c->dim);
         cl_flush(m, &ncl);
         if (m->n_hash) { /* every hash layer's ids of this pass, one upload */
@@ -1328,12 +1325,12 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
             segment *sg = &m->segs[s];
             dsv4_fwd_item *it = &items[sg->item];
             for (int j = 0; j < sg->n; j++) sg->st->tokens[sg->pos0 + j] = sg->tok[j];
-            cl_push(m, &ncl, sg->st->last_x, m->X + (size_t)(sg->row0 + sg->n - 1) * hcd, sizeof(float) * hcd);
+            cl_add(m, &ncl, sg->st->last_x, m->X + (size_t)(sg->row0 + sg->n - 1) * hcd, sizeof(float) * hcd);
             for (int j = 0; j < sg->n; j++) {
                 int global = done[sg->item] + j;
                 if (!it->logits) continue;
                 if (!it->all_logits && global != it->n - 1) continue;
-                cl_push(m, &ncl, m->Xs + (size_t)nl * hcd, m->X + (size_t)(sg->row0 + j) * hcd, sizeof(float) * hcd);
+                cl_add(m, &ncl, m->Xs + (size_t)nl * hcd, m->X + (size_t)(sg->row0 + j) * hcd, sizeof(float) * hcd);
                 m->cpos[nl] = (int64_t)sg->item * ((int64_t)1 << 32) + global; /* where the row goes */
                 nl++;
             }
@@ -1463,7 +1460,7 @@ static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_ste
         mark_segment(m, m->n_all + 1);
         op->embed(b, m->y, m->gtok + s, 1, &m->w->embed);
         int ncl = 0; /* y into each stream: one copy_list launch (kernels chain early; copies do not) */
-        for (int j = 0; j < c->hc_mult; j++) cl_push(m, &ncl, m->X + (size_t)j * c->dim, m->y, sizeof(float) * c->dim);
+        for (int j = 0; j < c->hc_mult; j++) cl_add(m, &ncl, m->X + (size_t)j * c->dim, m->y, sizeof(float) * c->dim);
         cl_flush(m, &ncl);
         for (int l = 0; l < c->n_layers; l++)
             if (m->hash_slot[l] >= 0)
@@ -1479,7 +1476,7 @@ static int greedy_device(dsv4_model *m, dsv4_state *st, int32_t first, int n_ste
         /* the head's segment starts with the state's last row (a copy_list launch, so the head's first
          * kernel starts early behind it) and reads X itself: nothing writes X before the next step */
         mark_segment(m, m->n_all);
-        cl_push(m, &ncl, st->last_x, m->X, sizeof(float) * hcd);
+        cl_add(m, &ncl, st->last_x, m->X, sizeof(float) * hcd);
         cl_flush(m, &ncl);
         head_rows(m, m->X, 1, &m->w->hc_head_fn, &m->w->hc_head_base, &m->w->hc_head_scale, &m->w->norm);
         op->argmax(b, m->gtok + s + 1, m->logits, 1, c->vocab_size);
