@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topk16
+#        pools pltest bmforms bmsrc moetest phase topk16 iqrn
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -401,6 +401,16 @@ for stage in "${stages[@]}"; do
       done
       rm -f "$OUT/pp$r"
     done ;;
+  iqrn)
+    # DSV4_IQ_RN (stop 61): k_gemv8n at the indexer wq_b's geometry against rmsnorm + matmul (test_matmul_rn) and
+    # the lists beside it; the 20-layer model with DSV4_IQ_RN=0 and without (test_iq_rn: identical logits, the
+    # fused calls counted; after synthbg); then the step at 2K (AB_ROUNDS, default 2) and at 32K (1 round)
+    tcase iqrn_lin "^FAIL|  rn " 200 $bin/test_cuda_linear test_matmul_rn test_list_beside
+    wait_synth
+    tcase iqrn_e2e "^FAIL|indexer's q" 300 DSV4_CUDA_FLASH3=/dev/shm/flash20 $bin/test_cuda_e2e test_iq_rn
+    ab_kt iqrn "DSV4_IQ_RN=0" 2
+    AB_ROUNDS=1 AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_IQ_RN=0" OUT="$OUT/iqrn32_ab" bash "$0" ab >/dev/null 2>&1
+    grep -E "^ab" "$OUT/iqrn32_ab/summary.txt" >>"$summary" ;;
   topk16)
     # DSV4_CUDA_TOPK_R16=1 (stop 59: built, not yet run): test_cuda_attn whole (test_topk_r16 runs a second backend
     # with the switch against the CPU's ids), the top-k alone at 8198 entries without and with it (test_zz_bench's
