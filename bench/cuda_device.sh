@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topk16 iqrn
+#        pools pltest bmforms bmsrc moetest phase topkw iqrn
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topk16) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|iqrn) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -411,22 +411,24 @@ for stage in "${stages[@]}"; do
     ab_kt iqrn "DSV4_IQ_RN=0" 2
     AB_ROUNDS=1 AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_IQ_RN=0" OUT="$OUT/iqrn32_ab" bash "$0" ab >/dev/null 2>&1
     grep -E "^ab" "$OUT/iqrn32_ab/summary.txt" >>"$summary" ;;
-  topk16)
-    # DSV4_CUDA_TOPK_R16=1 (stop 59: built, not yet run): test_cuda_attn whole (test_topk_r16 runs a second backend
-    # with the switch against the CPU's ids), the top-k alone at 8198 entries without and with it (test_zz_bench's
-    # indexer+topk line at 8198 keys), then the 20-layer step at 32K, 2 rounds (ab, greedy medians; after synthbg)
-    tcase attn_all "^FAIL|r16" 300 $bin/test_cuda_attn
+  topkw)
+    # DSV4_CUDA_TOPK_W=1 (stop 61): test_cuda_attn's top-k cases (test_topk_w runs a second backend with the switch
+    # against the CPU's ids), the indexer and top-k alone at 516 and 8198 entries without and with it (test_zz_bench,
+    # graph times on), then the 20-layer step at 32K and 2K (AB_ROUNDS, default 2 at 32K, 1 at 2K; after synthbg)
+    tcase topkw_test "^FAIL|topk_w|k_topk_w" 300 $bin/test_cuda_attn test_topk test_topk_w
     for v in 0 1; do
-      tcase "attn_bench_r16_$v" "8198 keys" 120 DSV4_ATTN_BENCH=1 DSV4_CUDA_TOPK_R16=$v \
+      tcase "topkw_bench_$v" "(516|8198) keys" 200 DSV4_ATTN_BENCH=1 DSV4_CUDA_GRAPH_TIMES=1 DSV4_CUDA_TOPK_W=$v \
         $bin/test_cuda_attn test_zz_bench
     done
     wait_synth
     if [ -d /dev/shm/flash20 ]; then
-      AB_ROUNDS=${AB_ROUNDS:-2} AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_CUDA_TOPK_R16=1" OUT="$OUT/topk16_ab" \
+      AB_ROUNDS=${AB_ROUNDS:-2} AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_CUDA_TOPK_W=1" OUT="$OUT/topkw32_ab" \
         bash "$0" ab >/dev/null 2>&1
-      grep -E "^ab" "$OUT/topk16_ab/summary.txt" >>"$summary"
+      grep -E "^ab" "$OUT/topkw32_ab/summary.txt" >>"$summary"
+      AB_ROUNDS=1 AB_ENVS="- DSV4_CUDA_TOPK_W=1" OUT="$OUT/topkw2_ab" bash "$0" ab >/dev/null 2>&1
+      grep -E "^ab" "$OUT/topkw2_ab/summary.txt" >>"$summary"
     else
-      note "topk16: no /dev/shm/flash20 (run synthbg first): no 32K A/B"
+      note "topkw: no /dev/shm/flash20 (run synthbg first): no A/B"
     fi ;;
   moetest)
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)

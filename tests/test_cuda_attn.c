@@ -530,45 +530,54 @@ static void test_topk(void) {
     free(sc);
 }
 
-/* DSV4_CUDA_TOPK_R16=1 (read at backend init): rows of 8193..16384 entries on k_topk_r<16> instead of
- * k_topk_s.  On a second backend with the switch: the CPU's ids for rows just past 8192 (32K context), up to
- * 16384 (64K) and mixed rows, random values, ties across the cut (5 values) and all equal, k 512 and 1024, device
- * and host outputs; the kernel taken exactly where a row's count lies in that range (its call counter), and rows
- * outside it (8192, 16385) on the kernels they take without the switch. */
-static void test_topk_r16(void) {
+/* DSV4_CUDA_TOPK_W=1 (read at backend init): rows of up to 16384 entries on k_topk_w instead of k_topk_r /
+ * k_topk_s.  On a second backend with the switch: the CPU's ids for the decode shapes (516 at 2K, 2052, 8192 at
+ * 32K, 8193 and 8198 just past it, 12000, 16384 at 64K, mixed rows), random values, ties across the cut (5
+ * values), all equal, and scores of one sign with many exact zeros (relu'd sums), k 512 and 1024, device and host
+ * outputs, n <= k taken whole; the kernel taken exactly where the longest row has at most 16384 entries (its call
+ * counter), and rows past it (16385) on the kernels they take without the switch. */
+static void test_topk_w(void) {
     NEED_GPU();
     dsv4_backend g2;
-    if (cuda_init_env(&g2, "DSV4_CUDA_TOPK_R16", "1")) {
-        CHECKF(0, "a backend with DSV4_CUDA_TOPK_R16=1");
+    if (cuda_init_env(&g2, "DSV4_CUDA_TOPK_W", "1")) {
+        CHECKF(0, "a backend with DSV4_CUDA_TOPK_W=1");
         return;
     }
     enum { S = 16400 };
     float *sc = malloc(sizeof(float) * 3 * S);
     REQUIRE(sc);
-    long c0 = dsv4_cuda_topk_r16_calls(&g2);
-    int n1[1] = {8193}, n3[3] = {8198, 12000, 16384}, nout[2] = {8192, 16385};
-    for (int pass = 0; pass < 3; pass++) {
-        const char *what = pass == 0 ? "random" : pass == 1 ? "5 values" : "all equal";
-        for (size_t i = 0; i < (size_t)3 * S; i++)
-            sc[i] = pass == 0 ? frand() * 3.0f : pass == 1 ? (float)(urand() % 5) - 2.0f : 0.5f;
+    long c0 = dsv4_cuda_topk_w_calls(&g2);
+    int n1[3] = {516, 2052, 8192}, n3[3] = {8198, 12000, 16384}, n4[2] = {8193, 300};
+    int calls = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        const char *what = pass == 0 ? "random" : pass == 1 ? "5 values" : pass == 2 ? "all equal" : "zeros";
+        for (size_t i = 0; i < (size_t)3 * S; i++) {
+            float z = frand();
+            sc[i] = pass == 0 ? z * 3.0f : pass == 1 ? (float)(urand() % 5) - 2.0f : pass == 2 ? 0.5f
+                  : urand() % 3 ? 0.0f : fabsf(z) * 0.01f; /* two thirds exact zeros, the rest small positives */
+        }
         char nm[96];
-        snprintf(nm, sizeof nm, "r16 %s, 8193 keys, k 512", what);
-        check_topk_on(&g2, nm, sc, 1, S, n1, ITK, 1);
-        snprintf(nm, sizeof nm, "r16 %s, 8198 / 12000 / 16384 keys, k 512", what);
+        snprintf(nm, sizeof nm, "topk_w %s, 516 / 2052 / 8192 keys, k 512", what);
+        check_topk_on(&g2, nm, sc, 3, S, n1, ITK, 1);
+        snprintf(nm, sizeof nm, "topk_w %s, 8193 and 300 keys, k 512", what);
+        check_topk_on(&g2, nm, sc, 2, S, n4, ITK, 0);
+        snprintf(nm, sizeof nm, "topk_w %s, 8198 / 12000 / 16384 keys, k 512", what);
         check_topk_on(&g2, nm, sc, 3, S, n3, ITK, 1);
-        snprintf(nm, sizeof nm, "r16 %s, 8198 / 12000 / 16384 keys, k 1024", what);
+        snprintf(nm, sizeof nm, "topk_w %s, 8198 / 12000 / 16384 keys, k 1024", what);
         check_topk_on(&g2, nm, sc, 3, S, n3, 1024, pass == 0 ? 0 : 1);
+        calls += 4;
     }
-    long c1 = dsv4_cuda_topk_r16_calls(&g2);
+    long c1 = dsv4_cuda_topk_w_calls(&g2);
     fill(sc, (size_t)3 * S, 2);
-    check_topk_on(&g2, "r16 random, 8192 and 16385 keys (outside its range)", sc, 2, S, nout, ITK, 1);
-    long c2 = dsv4_cuda_topk_r16_calls(&g2);
-    printf("  k_topk_r<16> calls: %ld in range (9 expected), %ld outside it (0 expected); without the switch %ld\n",
-           c1 - c0, c2 - c1, dsv4_cuda_topk_r16_calls(&gpu));
-    CHECK_EQ_INT(c1 - c0, 9);
+    int nout[2] = {8192, 16385};
+    check_topk_on(&g2, "topk_w random, 8192 and 16385 keys (past its range)", sc, 2, S, nout, ITK, 1);
+    long c2 = dsv4_cuda_topk_w_calls(&g2);
+    printf("  k_topk_w calls: %ld in range (%d expected), %ld past it (0 expected); without the switch %ld\n",
+           c1 - c0, calls, c2 - c1, dsv4_cuda_topk_w_calls(&gpu));
+    CHECK_EQ_INT(c1 - c0, calls);
     CHECK_EQ_INT(c2 - c1, 0);
     /* with the switch in the process's environment the default backend takes the kernel too */
-    if (!getenv("DSV4_CUDA_TOPK_R16")) CHECK_EQ_INT(dsv4_cuda_topk_r16_calls(&gpu), 0);
+    if (!getenv("DSV4_CUDA_TOPK_W")) CHECK_EQ_INT(dsv4_cuda_topk_w_calls(&gpu), 0);
     free(sc);
     dsv4_backend_cuda_free(&g2);
 }
@@ -1029,10 +1038,10 @@ static void test_zz_bench(void) {
     bench_indexer(1, 2052); /* 8K context */
     bench_indexer(1, 4100); /* 16K context */
     bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 (k_topk_s; with
-                             * DSV4_CUDA_TOPK_R16=1 k_topk_r<16>) */
+                             * DSV4_CUDA_TOPK_W=1 k_topk_w) */
     bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
 TEST_MAIN(test_flash_picks, test_flash_no_picks, test_pro_picks, test_flash_deterministic, test_odd_shapes,
-          test_staged_arrays, test_bad_picks, test_indexer, test_topk, test_topk_r16, test_attn_rope, test_row_chunks,
+          test_staged_arrays, test_bad_picks, test_indexer, test_topk, test_topk_w, test_attn_rope, test_row_chunks,
           test_indexer_rs, test_attn_fuse_switch, test_zz_bench)

@@ -41,7 +41,8 @@
  *   straight into the caller's device buffers.  O(n) per row.  Rows of <= 8192 entries
  *   keep their keys in registers and stop the passes once the digit holding the k-th
  *   largest is taken whole (k_topk_r); rows of up to 49152 in shared memory, the same way,
- *   with one scan over contiguous runs at the end (k_topk_s).
+ *   with one scan over contiguous runs at the end (k_topk_s).  DSV4_CUDA_TOPK_W=1 (A/B): rows of
+ *   up to 16384 on k_topk_w (11-bit digits, runs in registers, no per-entry warp match).
  * pool: one thread per channel, softmax over the window in entry order.
  * Target: sm_90a.
  */
@@ -733,7 +734,7 @@ extern "C" size_t dsv4_cuda_set_attn_scratch(dsv4_backend *b, size_t bytes) {
     return old;
 }
 extern "C" long dsv4_cuda_attn_parts(dsv4_backend *b) { return CI(b)->attn_parts; }
-extern "C" long dsv4_cuda_topk_r16_calls(dsv4_backend *b) { return CI(b)->topk_r16_calls; }
+extern "C" long dsv4_cuda_topk_w_calls(dsv4_backend *b) { return CI(b)->topk_w_calls; }
 
 /* sparse_attn, and with rope_dim > 0 the inverse RoPE of its output in k_attn_pv's epilogue: one
  * launch pair per part of at most attn_rows_per_call rows (each part with its rows' positions) */
@@ -1550,10 +1551,10 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, c
  * registers, and the radix passes stop as soon as the digit holding the k-th largest is
  * taken whole (its count equals what is still needed): then every entry whose determined
  * bits are above the prefix and every one equal to it is taken, the same set as after all
- * four passes.  Output as k_topk (ascending index order).  PER 16 (DSV4_CUDA_TOPK_R16=1) takes
- * rows of up to 16384 entries, which k_topk_s takes otherwise: the first 32K trace (stop 59, H100) had
- * k_topk_s end 12.0-12.6 us after the indexer's scores at 8193-8196 entries, where k_topk_r ended
- * ~3.4 us after them at 2K's ~516.  Built, not yet run on a device. */
+ * four passes.  Output as k_topk (ascending index order).  PER 16 (stop 59's DSV4_CUDA_TOPK_R16=1, rows of
+ * 8193..16384 entries) ran in stop 61 on an H200: the same ids as the CPU in every case of its test, but the
+ * top-k alone at 8198 entries took 21.7 us a call against k_topk_s's 18.2 (per op, synchronised each) and the
+ * 20-layer greedy step at 32K 3.06 against 3.04 ms (one round), so it was removed for k_topk_w below. */
 #define TK_PER 8
 template <int PER>
 __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out, const float *score, int stride,
@@ -1604,6 +1605,98 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
     }
     if (t == 0) n_out[r] = k;
 }
+
+/* k_topk_w<PER> (DSV4_CUDA_TOPK_W=1, an A/B switch, off: stop 61): rows of up to TK_THREADS PER entries
+ * (PER 8 or 16) with each thread's keys a contiguous run of entries in registers, and neither the per-entry
+ * __match_any_sync nor the per-1024-entry block scans of k_topk_r.  Why: one block on one SM selects a row,
+ * and the H200's 32K greedy trace (stop 61) put k_topk_s at 25.8 us a call, 12.3 of them exposed, 111 us a
+ * step in all (k_topk_r at 2K: 28.9), the largest part of what 32K adds to the step.
+ *   - Three radix passes of 11, 11 and 10 bits (2048, 2048 and 1024 shared bins) instead of up to four of 8,
+ *     each entry counted by a plain shared atomicAdd; a thread first merges its run's equal digits (so a row
+ *     of equal values costs one add a thread, not one a key).
+ *   - The bin holding the need-th largest: every thread takes 2 (1) bins from the top and one block scan
+ *     gives each the count above them, where k_topk_r's warp 0 walks 256 bins alone.
+ *   - The passes stop once that bin's entries are exactly what is still needed (as k_topk_r), and the
+ *     entries go out as k_topk_s's: a run's counts, one block scan, each run in index order.
+ * The same set in the same order as k_topk_r / k_topk_s (every key above the cut, then the lowest-index ties;
+ * the digits' widths do not change which key is the k-th), so the same ids: test_cuda_attn test_topk_w against
+ * the CPU's. */
+#define TK_WBINS 2048
+template <int PER>
+__global__ void __launch_bounds__(TK_THREADS) k_topk_w(int32_t *idx, int *n_out, const float *score, int stride,
+                                                       const int *n, const __grid_constant__ row_params rp, int k) {
+    pdl_enter();
+    __shared__ int hist[TK_WBINS];
+    __shared__ unsigned wsum[32];
+    __shared__ int s_need, s_done;
+    __shared__ uint32_t s_prefix;
+    const int r = blockIdx.x, t = threadIdx.x;
+    const int nr = n ? n[r] : rp.n[r];
+    const float *s = score + (int64_t)r * stride;
+    int32_t *ir = idx + (int64_t)r * k;
+    if (tk_whole(ir, n_out, r, nr, k)) return;
+    const int per = (nr + TK_THREADS - 1) / TK_THREADS, i0 = t * per; /* per <= PER, uniform */
+    const int cnt = max(0, min(per, nr - i0));                         /* this run's entries */
+    uint32_t key[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) key[u] = u < cnt ? tk_key(s[i0 + u]) : 0u;
+    uint32_t prefix = 0, mask = 0;
+    int need = k;
+    for (int pass = 0; pass < 3; pass++) {
+        const int sh = pass == 0 ? 21 : pass == 1 ? 10 : 0, nb = pass == 2 ? TK_WBINS / 2 : TK_WBINS;
+        for (int b = t; b < nb; b += TK_THREADS) hist[b] = 0;
+        __syncthreads();
+        int cur = -1, run = 0; /* the run's digits, equal neighbours merged into one add */
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int dg = u < cnt && (key[u] & mask) == prefix ? (int)((key[u] >> sh) & (uint32_t)(nb - 1)) : -1;
+            if (dg >= 0 && dg == cur) {
+                run++;
+            } else if (dg >= 0) {
+                if (run) atomicAdd(&hist[cur], run);
+                cur = dg, run = 1;
+            }
+        }
+        if (run) atomicAdd(&hist[cur], run);
+        __syncthreads();
+        /* this thread's bins, from the top: nb / TK_THREADS of them; the entries in every higher bin by one scan */
+        const int bpt = nb / TK_THREADS, top = nb - 1 - t * bpt;
+        const int c0 = hist[top], c1 = bpt == 2 ? hist[top - 1] : 0;
+        unsigned tot;
+        const int above = (int)tk_scan((unsigned)(c0 + c1), wsum, &tot);
+        if (above < need && need <= above + c0 + c1) { /* exactly one thread: the bins hold >= need entries */
+            const int in0 = need <= above + c0, before = in0 ? above : above + c0, c = in0 ? c0 : c1;
+            s_prefix = prefix | ((uint32_t)(in0 ? top : top - 1) << sh);
+            s_need = need - before;
+            s_done = before + c == need;
+        }
+        __syncthreads();
+        prefix = s_prefix, need = s_need;
+        mask |= (uint32_t)(nb - 1) << sh;
+        if (s_done) break; /* uniform */
+    }
+    int gt = 0, eq = 0;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint32_t km = key[u] & mask;
+        gt += u < cnt && km > prefix;
+        eq += u < cnt && km == prefix;
+    }
+    unsigned utot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &utot); /* <= nr < 2^16 a field */
+    int g = (int)(ex & 0xffffu), e = (int)(ex >> 16);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint32_t km = key[u] & mask;
+        if (u >= cnt) break;
+        if (km > prefix) ir[g++ + min(e, need)] = i0 + u;
+        else if (km == prefix) {
+            if (e < need) ir[g + e] = i0 + u;
+            e++;
+        }
+    }
+    if (t == 0) n_out[r] = k;
+}
+static_assert(TK_THREADS * 16 < 65536, "k_topk_w packs two counts of up to 16 TK_THREADS into 16 bits each");
 
 /* Rows above k_topk_r's 8192 entries (decode past 32K context) up to TK_SMAX: k_topk_r's
  * selection with the keys read once into shared memory (dynamic, 4 bytes an entry) instead
@@ -1707,9 +1800,12 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
-    if (c->topk_r16 && maxn > TK_THREADS * TK_PER && maxn <= TK_THREADS * 2 * TK_PER) {
-        dsv4_launch(k_topk_r<2 * TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
-        c->topk_r16_calls++;
+    if (c->topk_w && maxn <= TK_THREADS * 2 * TK_PER) {
+        if (maxn <= TK_THREADS * TK_PER)
+            dsv4_launch(k_topk_w<TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
+        else
+            dsv4_launch(k_topk_w<2 * TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
+        c->topk_w_calls++;
     } else if (maxn >= tk_smem_min() && maxn <= TK_SMAX) {
         size_t sm = sizeof(uint32_t) * (size_t)maxn;
         if (CK(b, cudaFuncSetAttribute(k_topk_s, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm))) return;

@@ -1181,11 +1181,11 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
      * stop 45, same bits); DSV4_CUDA_HC_DIST=0: block 0 alone forms them, as before */
     const char *hcd = getenv("DSV4_CUDA_HC_DIST");
     c->hc_dist = !(hcd && !strcmp(hcd, "0"));
-    /* DSV4_CUDA_TOPK_R16=1 (an A/B switch, off: built in stop 59, not yet run on a device): top-k rows of 8193 to
-     * 16384 entries (decode from 32K to 64K context) on k_topk_r with 16 keys a thread in registers instead of
-     * k_topk_s (attn.cu cu_topk; the same set and order by construction, test_cuda_attn test_topk_r16) */
-    const char *tr = getenv("DSV4_CUDA_TOPK_R16");
-    c->topk_r16 = tr && !strcmp(tr, "1");
+    /* DSV4_CUDA_TOPK_W=1 (an A/B switch, off: built in stop 61): top-k rows of up to 16384 entries (decode to
+     * 64K context) on k_topk_w instead of k_topk_r / k_topk_s (attn.cu cu_topk; the same set and order by
+     * construction, test_cuda_attn test_topk_w) */
+    const char *tw = getenv("DSV4_CUDA_TOPK_W");
+    c->topk_w = tw && !strcmp(tw, "1");
     /* DSV4_CUDA_POOL_PRE (default 1 since stop 52; "0" off): a pool of <= 16 device rows asks for all its rows
      * at once (attn.cu k_pool_tab; the default kernel's bits, test_cuda_ops test_pool_pre) */
     const char *pp = getenv("DSV4_CUDA_POOL_PRE");

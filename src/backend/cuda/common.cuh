@@ -69,8 +69,8 @@ struct cuda_impl {
     long recovered;        /* failures reported and recovered from (dsv4_cuda_recovered) */
     size_t attn_sc_max;    /* sparse attention's scratch per launch (attn.cu attn_rows_per_call; bytes) */
     long attn_parts;       /* sparse attention launches (a call cut into row chunks counts each) */
-    int topk_r16;          /* DSV4_CUDA_TOPK_R16=1: rows of 8193..16384 entries on k_topk_r<16> (attn.cu cu_topk) */
-    long topk_r16_calls;   /* topk calls that took k_topk_r<16> (dsv4_cuda_topk_r16_calls) */
+    int topk_w;            /* DSV4_CUDA_TOPK_W=1: rows of up to 16384 entries on k_topk_w (attn.cu cu_topk) */
+    long topk_w_calls;     /* topk calls that took k_topk_w (dsv4_cuda_topk_w_calls) */
     /* weight map: open addressing on the host data pointer */
     wentry *map;
     size_t map_cap, map_n;
