@@ -404,7 +404,7 @@ for stage in "${stages[@]}"; do
   iqrn)
     # DSV4_IQ_RN (stop 61): k_gemv8n at the indexer wq_b's geometry against rmsnorm + matmul (test_matmul_rn) and
     # the lists beside it; a 3-layer Flash synth (11 GB: two engines of the 20-layer one do not fit a GPU) with
-    # DSV4_IQ_RN=0 and without (test_iq_rn: identical logits, the fused calls counted); then the 20-layer step at
+    # DSV4_IQ_RN=1 and without (test_iq_rn: identical logits, the fused calls counted); then the 20-layer step at
     # 2K (AB_ROUNDS, default 2) and at 32K (1 round; both after synthbg)
     tcase iqrn_lin "^FAIL|  rn " 200 $bin/test_cuda_linear test_matmul_rn test_list_beside
     [ -d /dev/shm/flash3 ] || timeout 100 $bin/dsv4 synth --config flash --layers 3 --mtp 0 --seed 1 \
@@ -412,8 +412,8 @@ for stage in "${stages[@]}"; do
     tcase iqrn_e2e "^FAIL|indexer's q" 300 DSV4_CUDA_FLASH3=/dev/shm/flash3 $bin/test_cuda_e2e test_iq_rn
     rm -rf /dev/shm/flash3
     wait_synth
-    ab_kt iqrn "DSV4_IQ_RN=0" 2
-    AB_ROUNDS=1 AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_IQ_RN=0" OUT="$OUT/iqrn32_ab" bash "$0" ab >/dev/null 2>&1
+    ab_kt iqrn "DSV4_IQ_RN=1" 2
+    AB_ROUNDS=1 AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_IQ_RN=1" OUT="$OUT/iqrn32_ab" bash "$0" ab >/dev/null 2>&1
     grep -E "^ab" "$OUT/iqrn32_ab/summary.txt" >>"$summary" ;;
   topkw)
     # DSV4_CUDA_TOPK_W=1 (stop 61): test_cuda_attn's top-k cases (test_topk_w runs a second backend with the switch

@@ -534,8 +534,8 @@ static void test_qa_fuse(void) {
     CHECK(first);
 }
 
-/* qa's norm inside the indexer's q projection and wq_b (DSV4_IQ_RN, forward.c) must not change a bit either: the
- * same steps with DSV4_IQ_RN=0 and without give identical logits, and the default fused the norm in two more
+/* qa's norm inside the indexer's q projection and wq_b (DSV4_IQ_RN=1, forward.c) must not change a bit either: the
+ * same steps with DSV4_IQ_RN=1 and without give identical logits, and the switch fused the norm in two more
  * calls a decode step in every indexer layer (the rn counter).  Needs a Flash synth with an indexer layer (its
  * third): $DSV4_CUDA_FLASH3 names one of 3 or more layers (`synth --config flash --layers 3 --mtp 0`, or the
  * 20-layer one); flash-2 has none. */
@@ -548,16 +548,16 @@ static void test_iq_rn(void) {
     dsv4_engine_perf_info p0, p1, q;
     const int D = 8;
     ab_model = dir;
-    int same = ab_logits("exact", "DSV4_IQ_RN", "0", 20, D, 31, &p0, &p1, &q);
+    int same = ab_logits("exact", "DSV4_IQ_RN", "1", 20, D, 31, &p0, &p1, &q);
     ab_model = NULL;
-    /* one-row decode steps fuse a plain layer's wq_b on either side, the indexer layers' two only on the default
-     * side (the batched steps none); the A side's count is all its plain layers' */
-    long on = p1.rn_fused - p0.rn_fused, off = q.rn_fused, extra = on - off;
-    printf("  qa's norm inside the indexer's q projection and wq_b, %s exact: logits identical to DSV4_IQ_RN=0 over a "
+    /* one-row decode steps fuse a plain layer's wq_b on either side, the indexer layers' two only with the switch
+     * (the batched steps none); the default side's count over the decode steps is its plain layers' */
+    long on = q.rn_fused, off = p1.rn_fused - p0.rn_fused, extra = on - off;
+    printf("  qa's norm inside the indexer's q projection and wq_b, %s exact: logits identical to DSV4_IQ_RN=1 over a "
            "prefill, %d decode and 3 batched steps: %s; fused calls %ld against %ld (%ld more, %ld an indexer layer "
            "and step)\n", dir, D, same ? "yes" : "NO", on, off, extra, 2L);
     CHECK(same);
-    CHECKF(off > 0 && extra > 0 && extra % (2 * D) == 0, "fused calls %ld with DSV4_IQ_RN, %ld without", on, off);
+    CHECKF(off > 0 && extra > 0 && extra % (2 * D) == 0, "fused calls %ld with DSV4_IQ_RN=1, %ld without", on, off);
 }
 
 static void test_greedy(void) {

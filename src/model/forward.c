@@ -153,9 +153,9 @@ struct dsv4_model {
     int wqb_first;          /* DSV4_WQB_FIRST (default 1 since stop 50; "0" off): at a decode step wq_b
                              * (matmul_rn) ahead of the first op list, the list beside it (op_list_beside); same
                              * values */
-    int iq_rn;              /* DSV4_IQ_RN (default 1 since stop 61; "0" off): in an indexer layer at a decode step
-                             * qa's norm inside the indexer's q projection and wq_b, the first ahead of list 1
-                             * (with DSV4_WQB_FIRST); same values */
+    int iq_rn;              /* DSV4_IQ_RN=1 (A/B, off: stop 61 measured it no faster): in an indexer layer at a
+                             * decode step qa's norm inside the indexer's q projection and wq_b, the first ahead
+                             * of list 1 (with DSV4_WQB_FIRST); same values */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -355,7 +355,7 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     const char *wf = getenv("DSV4_WQB_FIRST");
     m->wqb_first = !(wf && !strcmp(wf, "0"));
     const char *ir = getenv("DSV4_IQ_RN");
-    m->iq_rn = !(ir && !strcmp(ir, "0"));
+    m->iq_rn = ir && !strcmp(ir, "1");
     const char *el = getenv("DSV4_EMIT_LIST");
     m->emit_list = !(el && !strcmp(el, "0"));
     const char *pm = getenv("DSV4_POOL_MULTI");
@@ -918,11 +918,14 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * wq_b's blocks start as y's projections end instead of behind the list.  The list reads only y's
      * projections and writes kv and the state rows, none of which wq_b touches */
     int first = rn && m->wqb_first && op->op_list_beside;
-    /* irn (DSV4_IQ_RN, on by default, and DSV4_WQB_FIRST): in an indexer layer qa's norm inside both of its
-     * readers, the indexer's q projection ahead of list 1 (the list beside it, as wq_b above) and wq_b in the
-     * main chain after it, where both are weights matmul_rn_takes (Flash's).  The side chain forks after list 1
-     * as before, so the scores start behind iq without iq's launch in the main chain between the list and wq_b;
-     * the same bits (test_forward test_qa_norm_in_wqb, test_cuda_e2e test_iq_rn) */
+    /* irn (DSV4_IQ_RN=1, an A/B switch, off; and DSV4_WQB_FIRST): in an indexer layer qa's norm inside both of
+     * its readers, the indexer's q projection ahead of list 1 (the list beside it, as wq_b above) and wq_b in
+     * the main chain after it, where both are weights matmul_rn_takes (Flash's).  The side chain forks after
+     * list 1 as before, so the scores start behind iq without iq's launch in the main chain between the list and
+     * wq_b; the same bits (test_forward test_qa_norm_in_wqb, test_cuda_e2e test_iq_rn).  Measured on an H100
+     * (stop 61, 20 layers, greedy): 3.15 ms a step at 2K against 3.13 without (two rounds), 3.32 against 3.29
+     * at 32K (one), so it is off; a reading, not measured: wq_b's launch now norms qa in each block after its
+     * wait, in the main chain, where the plain matmul read the list's normed qa */
     int irn = dec && L->has_indexer && m->wqb_first && m->iq_rn && op->matmul_rn && op->matmul_rn_takes &&
               op->op_list_beside && !m->op_trace && !lf && op->matmul_rn_takes(b, &L->idx.wq_b, rows, lf) &&
               op->matmul_rn_takes(b, &L->wq_b, rows, lf);
