@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topkw iqrn
+#        pools pltest bmforms bmsrc moetest phase topkw
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|iqrn) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -401,20 +401,6 @@ for stage in "${stages[@]}"; do
       done
       rm -f "$OUT/pp$r"
     done ;;
-  iqrn)
-    # DSV4_IQ_RN (stop 61): k_gemv8n at the indexer wq_b's geometry against rmsnorm + matmul (test_matmul_rn) and
-    # the lists beside it; a 3-layer Flash synth (11 GB: two engines of the 20-layer one do not fit a GPU) with
-    # DSV4_IQ_RN=1 and without (test_iq_rn: identical logits, the fused calls counted); then the 20-layer step at
-    # 2K (AB_ROUNDS, default 2) and at 32K (1 round; both after synthbg)
-    tcase iqrn_lin "^FAIL|  rn " 200 $bin/test_cuda_linear test_matmul_rn test_list_beside
-    [ -d /dev/shm/flash3 ] || timeout 100 $bin/dsv4 synth --config flash --layers 3 --mtp 0 --seed 1 \
-      --out /dev/shm/flash3 >/dev/null 2>&1
-    tcase iqrn_e2e "^FAIL|indexer's q" 300 DSV4_CUDA_FLASH3=/dev/shm/flash3 $bin/test_cuda_e2e test_iq_rn
-    rm -rf /dev/shm/flash3
-    wait_synth
-    ab_kt iqrn "DSV4_IQ_RN=1" 2
-    AB_ROUNDS=1 AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_IQ_RN=1" OUT="$OUT/iqrn32_ab" bash "$0" ab >/dev/null 2>&1
-    grep -E "^ab" "$OUT/iqrn32_ab/summary.txt" >>"$summary" ;;
   topkw)
     # DSV4_CUDA_TOPK_W=1 (stop 61): test_cuda_attn's top-k cases (test_topk_w runs a second backend with the switch
     # against the CPU's ids), the indexer and top-k alone at 516 and 8198 entries without and with it (test_zz_bench,

@@ -20,8 +20,7 @@
  * likewise exact with linear.dot=mma (the one-row FP8 linears wq_b, wo_a and wo_b on f16 tensor
  * cores; gemv_mma.cu; its launch counter must move).
  * Bit for bit between two CUDA engines: graphs on / off, side chains on / off, Sinkhorn deferred or not
- * (DSV4_HC_DEFER), qa's norm inside wq_b or in the op list (DSV4_CUDA_QA_FUSE; on flash-2 too), inside the indexer's
- * q projection too or not (DSV4_IQ_RN; on $DSV4_CUDA_FLASH3, a Flash synth of 3 or more layers), a closed
+ * (DSV4_HC_DEFER), qa's norm inside wq_b or in the op list (DSV4_CUDA_QA_FUSE; on flash-2 too), a closed
  * window's tail in one op list or not (DSV4_EMIT_LIST), greedy's device picks against host picks.
  * What each op does is held tight in test_cuda_ops.
  * Without a device the binary prints SKIP and reports no tests. */
@@ -534,32 +533,6 @@ static void test_qa_fuse(void) {
     CHECK(first);
 }
 
-/* qa's norm inside the indexer's q projection and wq_b (DSV4_IQ_RN=1, forward.c) must not change a bit either: the
- * same steps with DSV4_IQ_RN=1 and without give identical logits, and the switch fused the norm in two more
- * calls a decode step in every indexer layer (the rn counter).  Needs a Flash synth with an indexer layer (its
- * third): $DSV4_CUDA_FLASH3 names one of 3 or more layers (`synth --config flash --layers 3 --mtp 0`, or the
- * 20-layer one); flash-2 has none. */
-static void test_iq_rn(void) {
-    if (!have_device()) return;
-    const char *dir = getenv("DSV4_CUDA_FLASH3");
-    if (!dir || !*dir) {
-        SKIP_TEST("iq_rn: set DSV4_CUDA_FLASH3 to a `synth --config flash --layers 3 --mtp 0` directory (or more)");
-    }
-    dsv4_engine_perf_info p0, p1, q;
-    const int D = 8;
-    ab_model = dir;
-    int same = ab_logits("exact", "DSV4_IQ_RN", "1", 20, D, 31, &p0, &p1, &q);
-    ab_model = NULL;
-    /* one-row decode steps fuse a plain layer's wq_b on either side, the indexer layers' two only with the switch
-     * (the batched steps none); the default side's count over the decode steps is its plain layers' */
-    long on = q.rn_fused, off = p1.rn_fused - p0.rn_fused, extra = on - off;
-    printf("  qa's norm inside the indexer's q projection and wq_b, %s exact: logits identical to DSV4_IQ_RN=1 over a "
-           "prefill, %d decode and 3 batched steps: %s; fused calls %ld against %ld (%ld more, %ld an indexer layer "
-           "and step)\n", dir, D, same ? "yes" : "NO", on, off, extra, 2L);
-    CHECK(same);
-    CHECKF(off > 0 && extra > 0 && extra % (2 * D) == 0, "fused calls %ld with DSV4_IQ_RN=1, %ld without", on, off);
-}
-
 static void test_greedy(void) {
     if (!have_device()) return;
     REQUIRE(make_tiny());
@@ -586,4 +559,4 @@ static void test_zz_cleanup(void) {
 }
 
 TEST_MAIN(test_tiny_exact, test_tiny_reference, test_graphs_identical, test_side_chain, test_hc_defer, test_hc_comb,
-          test_qa_fuse, test_iq_rn, test_emit_list, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)
+          test_qa_fuse, test_emit_list, test_greedy, test_flash2, test_pro3, test_backend_errors, test_zz_cleanup)

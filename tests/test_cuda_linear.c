@@ -28,8 +28,8 @@
  *   bf16 compressors, weights_proj and the 129280 x 7168 head) at rows 1, 2, 4, 8 (head 1, 4),
  *   and with linear.dot=mma at one row (taken or declined);
  * test_matmul_rn: matmul_rn (qa's norm inside wq_b) against the GPU's rmsnorm then matmul bit for bit and
- *   the CPU's two ops (tolerances as above), on the fused kernel at both geometries (wq_b's and the indexer
- *   wq_b's; norm weights bf16 / f32 / none, the bf16 roundings, a partial last pass) and on shapes it declines; counters prove each path, and
+ *   the CPU's two ops (tolerances as above), on the fused kernel (norm weights bf16 / f32 / none, the bf16
+ *   roundings, a partial last pass) and on shapes the kernel declines; counters prove each path, and
  *   matmul_rn_takes must say which.
  * test_list_beside: op_list_beside after a waiting matmul_rn (DSV4_WQB_FIRST's order): early where nothing
  *   is shared, late where a task reads the matmul's output or writes its input or where no matmul_rn is
@@ -494,11 +494,7 @@ static void test_matmul_rn(void) {
     /* what the kernel does not take: the two kernels, the same bits */
     check_rn(DSV4_WF_FP8, 32770, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "rows % 4 != 0");
     check_rn(DSV4_WF_FP8, 32768, 1024, 1, 1, DSV4_WF_BF16, 0, 0, 0, 'a', "f32 scales");
-    /* Flash's indexer wq_b: k_gemv8 takes it at two warps a row (CPT 1), and so does the fused kernel */
-    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'f', "idx wq_b");
-    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, steps, 0, 0, 'f', "idx wq_b steps");
-    check_rn(DSV4_WF_FP8, 8200, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'f', "idx 513 passes");
-    check_rn(DSV4_WF_FP8, 4096, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "fewer passes");
+    check_rn(DSV4_WF_FP8, 8192, 1024, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "fewer passes");
     check_rn(DSV4_WF_FP8, 32768, 1024, 1, 0, DSV4_WF_BF16, 0, 0, DSV4_LIN_ACT_FP8, 'a', "act_fp8");
     check_rn(DSV4_WF_FP8, 32768, 1024, 2, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "two rows");
     check_rn(DSV4_WF_FP8, 16384, 1536, 1, 0, DSV4_WF_BF16, 0, 0, 0, 'a', "K 1536");

@@ -1205,8 +1205,7 @@ static void sc_run(low_model *lm, const char *mode, float *lg) {
  * in order, matmul_rn norms into a copy and multiplies, taking every one-row call without flags), counts the
  * calls, and requires the logits of a prefill and 9 decode steps to be the bits of the run without
  * matmul_rn: with it (in every layer without an indexer or a side chain at that step), DSV4_WQB_FIRST=0, and
- * with DSV4_WQB_FIRST's default (the list after it through op_list_beside), and with DSV4_IQ_RN=1 as well
- * (in an indexer layer the indexer's q projection and wq_b as matmul_rn, the first ahead of the list). */
+ * with DSV4_WQB_FIRST's default (the list after it through op_list_beside). */
 static const dsv4_backend_ops *g_rn_cpu;
 static long g_rn_calls, g_rn_beside; /* matmul_rn calls; op_list_beside calls */
 
@@ -1260,14 +1259,13 @@ static void low_steps(low_model *lm, const dsv4_backend_ops *ops, const char *va
 }
 
 /* mode 0: op_list only; 1: matmul_rn as well, DSV4_WQB_FIRST=0; 2: and op_list_beside (DSV4_WQB_FIRST's
- * default); 3: as 2 with DSV4_IQ_RN=1 */
+ * default) */
 static void rn_run(low_model *lm, int mode, float *lg) {
     dsv4_backend_ops ops = *g_rn_cpu;
     ops.op_list = rn_op_list;
     if (mode >= 1) ops.matmul_rn = rn_matmul_rn, ops.matmul_rn_takes = rn_takes;
-    if (mode >= 2) ops.op_list_beside = rn_beside;
-    low_steps(lm, &ops, mode == 1 ? "DSV4_WQB_FIRST" : mode == 3 ? "DSV4_IQ_RN" : NULL, mode == 3 ? "1" : "0", 93,
-              lg);
+    if (mode == 2) ops.op_list_beside = rn_beside;
+    low_steps(lm, &ops, mode == 1 ? "DSV4_WQB_FIRST" : NULL, "0", 93, lg);
 }
 
 static void test_qa_norm_in_wqb(void) {
@@ -1275,27 +1273,24 @@ static void test_qa_norm_in_wqb(void) {
     REQUIRE(low_open(&lm) == 0);
     g_rn_cpu = lm.be.ops;
     size_t V = (size_t)lm.cfg.vocab_size;
-    int L = lm.cfg.n_layers, want = 0, idx = 0; /* the trunk (the MTP layers run in no dsv4_forward) */
+    int L = lm.cfg.n_layers, want = 0; /* the trunk (the MTP layers run in no dsv4_forward) */
     for (int t = 0; t < 9; t++) /* decode steps at positions 7..15: layers without an indexer or a side chain */
         for (int l = 0; l < L; l++) {
             const dsv4_layer_w *ly = &lm.w.layers[l];
             want += !ly->has_indexer && !(ly->has_comp && (7 + t + 1) % ly->comp.ratio == 0);
-            idx += ly->has_indexer; /* and the indexer layers' steps (DSV4_IQ_RN) */
         }
     float *a = calloc(10 * V, sizeof(float)), *b = calloc(10 * V, sizeof(float));
-    REQUIRE(a && b && want > 0 && idx > 0);
+    REQUIRE(a && b && want > 0);
     rn_run(&lm, 0, a);
-    for (int mode = 1; mode <= 3; mode++) {
+    for (int mode = 1; mode <= 2; mode++) {
         g_rn_calls = g_rn_beside = 0;
         rn_run(&lm, mode, b);
         int same = memcmp(a, b, sizeof(float) * 10 * V) == 0;
-        /* calls: one a plain layer, two an indexer layer under DSV4_IQ_RN; a list beside each layer's first */
-        long calls = want + (mode == 3 ? 2 * idx : 0), beside = mode == 1 ? 0 : want + (mode == 3 ? idx : 0);
-        printf("  matmul_rn mode %d: logits %s the op list's bits; %ld calls, %ld lists beside (expected %ld, %ld)\n",
-               mode, same ? "with" : "NOT", g_rn_calls, g_rn_beside, calls, beside);
+        printf("  matmul_rn mode %d: logits %s the op list's bits; %ld calls, %ld lists beside (expected %d)\n", mode,
+               same ? "with" : "NOT", g_rn_calls, g_rn_beside, want);
         CHECK(same);
-        CHECKF(g_rn_calls == calls && g_rn_beside == beside, "mode %d: %ld calls, %ld beside, expected %ld, %ld",
-               mode, g_rn_calls, g_rn_beside, calls, beside);
+        CHECKF(g_rn_calls == want && g_rn_beside == (mode == 2 ? want : 0),
+               "mode %d: %ld calls, %ld beside, expected %d", mode, g_rn_calls, g_rn_beside, want);
     }
     free(a), free(b);
     low_close(&lm);

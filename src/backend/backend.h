@@ -388,7 +388,6 @@ typedef struct dsv4_backend_stats {
     long graph_launches, graph_updates, graph_inst;
     long side_forks, side_forced; /* side chains run beside the main one, and closed early (a wait inside) */
     long comb_fused, comb_alone;  /* MoE combines formed inside the next hc kernel / left pending, then run alone */
-    long rn_fused;               /* matmul_rn calls that formed the norm inside the matmul's kernel */
     double wait_s;
     double graph_gpu_s;          /* cumulative device time inside launched graphs (events around each) */
     double issue_s;              /* cumulative host time inside ops (begin to end), timed or not */

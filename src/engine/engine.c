@@ -197,7 +197,6 @@ void dsv4_engine_perf(dsv4_engine *e, dsv4_engine_perf_info *out) {
     out->side_forced = st.side_forced;
     out->comb_fused = st.comb_fused;
     out->comb_alone = st.comb_alone;
-    out->rn_fused = st.rn_fused;
     out->wait_s = st.wait_s;
     out->graph_gpu_s = st.graph_gpu_s;
     out->issue_s = st.issue_s;

@@ -185,7 +185,6 @@ typedef struct dsv4_engine_perf_info {
     long graph_launches, graph_updates, graph_inst; /* cumulative (CUDA graphs of decode segments) */
     long side_forks, side_forced; /* cumulative: side chains on a second stream, and closed early */
     long comb_fused, comb_alone; /* cumulative: MoE combines inside the next hc kernel / pending, then alone */
-    long rn_fused;              /* cumulative: matmul_rn calls with the norm inside the matmul's kernel */
     double wait_s;              /* cumulative seconds the host waited for the device */
     double graph_gpu_s;         /* cumulative device seconds inside CUDA graphs */
     double issue_s, segment_s;  /* cumulative host seconds inside ops / ending graph captures */

@@ -153,9 +153,6 @@ struct dsv4_model {
     int wqb_first;          /* DSV4_WQB_FIRST (default 1 since stop 50; "0" off): at a decode step wq_b
                              * (matmul_rn) ahead of the first op list, the list beside it (op_list_beside); same
                              * values */
-    int iq_rn;              /* DSV4_IQ_RN=1 (A/B, off: stop 61 measured it no faster): in an indexer layer at a
-                             * decode step qa's norm inside the indexer's q projection and wq_b, the first ahead
-                             * of list 1 (with DSV4_WQB_FIRST); same values */
     double fwd_t[6];        /* host seconds per section of dsv4_forward (DSV4_FWD_TIMES) */
     double lay_t[6];        /* host seconds per section of layer_forward */
     long fwd_calls;
@@ -354,8 +351,6 @@ int dsv4_model_init(dsv4_model **out, const dsv4_model_w *w, dsv4_backend *be, c
     m->hc_defer = hd && !strcmp(hd, "1");
     const char *wf = getenv("DSV4_WQB_FIRST");
     m->wqb_first = !(wf && !strcmp(wf, "0"));
-    const char *ir = getenv("DSV4_IQ_RN");
-    m->iq_rn = ir && !strcmp(ir, "1");
     const char *el = getenv("DSV4_EMIT_LIST");
     m->emit_list = !(el && !strcmp(el, "0"));
     const char *pm = getenv("DSV4_POOL_MULTI");
@@ -918,25 +913,13 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
      * wq_b's blocks start as y's projections end instead of behind the list.  The list reads only y's
      * projections and writes kv and the state rows, none of which wq_b touches */
     int first = rn && m->wqb_first && op->op_list_beside;
-    /* irn (DSV4_IQ_RN=1, an A/B switch, off; and DSV4_WQB_FIRST): in an indexer layer qa's norm inside both of
-     * its readers, the indexer's q projection ahead of list 1 (the list beside it, as wq_b above) and wq_b in
-     * the main chain after it, where both are weights matmul_rn_takes (Flash's).  The side chain forks after
-     * list 1 as before, so the scores start behind iq without iq's launch in the main chain between the list and
-     * wq_b; the same bits (test_forward test_qa_norm_in_wqb, test_cuda_e2e test_iq_rn).  Measured on an H100
-     * (stop 61, 20 layers, greedy): 3.15 ms a step at 2K against 3.13 without (two rounds), 3.32 against 3.29
-     * at 32K (one), so it is off; a reading, not measured: wq_b's launch now norms qa in each block after its
-     * wait, in the main chain, where the plain matmul read the list's normed qa */
-    int irn = dec && L->has_indexer && m->wqb_first && m->iq_rn && op->matmul_rn && op->matmul_rn_takes &&
-              op->op_list_beside && !m->op_trace && !lf && op->matmul_rn_takes(b, &L->idx.wq_b, rows, lf) &&
-              op->matmul_rn_takes(b, &L->wq_b, rows, lf);
     if (dec) {
         if (first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf);
-        if (irn) op->matmul_rn(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf, &L->q_norm, eps, bf);
-        if (!rn && !irn) ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
+        if (!rn) ol_add(m, qa_norm); /* list 1: y's projections -> qa, kv, the compressors' state rows */
         ol_add(m, kv_rope);
         if (L->has_comp) comp_stage(m, layer, 0, nseg);
         if (L->has_indexer) comp_stage(m, layer, 1, nseg);
-        if ((first || irn) && m->n_ol) op->op_list_beside(b, m->ol, m->n_ol), m->n_ol = 0;
+        if (first && m->n_ol) op->op_list_beside(b, m->ol, m->n_ol), m->n_ol = 0;
         ol_flush(m);
         /* layer 0's attention half is two segments at a decode step: the device starts on y's
          * projections while the host builds the rest (the device waits at the start of a step until
@@ -952,12 +935,10 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
             ol_flush(m);
             if (L->has_comp) run_compressor(m, layer, &L->comp, 0, rows, nseg, dec, L->has_indexer);
             if (L->has_indexer) run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec, 0);
-            if (!irn) op->side(b, 0);
+            op->side(b, 0);
             if (L->has_indexer) {
-                if (!irn) { /* iq in the main chain, then the scores after it and the indexer's new keys */
-                    op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
-                    op->side(b, 1);
-                }
+                op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
+                op->side(b, 1); /* the scores after iq and the indexer's new keys */
                 if (indexer_picks(m, layer, L, rows, err)) {
                     op->join(b);
                     return -1;
@@ -965,7 +946,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
                 op->side(b, 0);
             }
         }
-        if ((rn && !first) || irn) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf);
+        if (rn && !first) op->matmul_rn(b, m->q, m->qa, rows, &L->wq_b, lf, bf, &L->q_norm, eps, bf);
         else if (!rn) op->matmul(b, m->q, m->qa, rows, &L->wq_b, lf, bf);
         if (nm->kv_sim_fp8) op->sim(b, m->kvc, rows, hd, 0, hd - rd, DSV4_SIM_FP8_B64);
         ol_add(m, q_rope); /* list 2: q, the state rows' position biases, the ring rows */
@@ -999,7 +980,7 @@ static int layer_forward(dsv4_model *m, int layer, int rows, int nseg, int next,
     int topk = c->index_topk;
     if (L->has_indexer && !side) {
         run_compressor(m, layer, &L->idx.comp, 1, rows, nseg, dec, 0);
-        if (!irn) op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
+        op->matmul(b, m->iq, m->qa, rows, &L->idx.wq_b, lf, bf);
         if (indexer_picks(m, layer, L, rows, err)) return -1;
     }
 

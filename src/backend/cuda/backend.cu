@@ -587,7 +587,6 @@ static void cu_stats(dsv4_backend *b, dsv4_backend_stats *out) {
     out->side_forced = c->side_forced;
     out->comb_fused = c->hc_comb_taken;
     out->comb_alone = c->hc_comb_flushed;
-    out->rn_fused = c->rn_fused;
     out->wait_s = c->wait_s;
     out->graph_gpu_s = c->graph_gpu_s;
     out->issue_s = c->issue_s;

@@ -1483,30 +1483,23 @@ void cu_matmul(dsv4_backend *b, float *out, const float *x, int rows, const dsv4
 
 /* ----- matmul_rn (backend.h): qa's norm inside wq_b (docs/CUDA.md) -----
  * One row of an FP8 weight of 1024 columns with e8m0 scales, no flags, where k_gemv8 would take
- * it at RPP 4 with a warp a row and CPT 2 (Flash's wq_b) or two warps a row and CPT 1 (Flash's
- * indexer wq_b, 8192 rows): k_gemv8n at that geometry.  Else rmsnorm into scratch, then matmul:
- * the same bits by either path (DSV4_CUDA_QA_FUSE=0 takes the op out, backend.cu). */
-/* the tpr k_gemv8n runs the weight at (one row, x aligned): that of the geometry k_gemv8 would pick where it is
- * one of k_gemv8n's two, else 0 */
-static int gemv8_rn_tpr(int nsm, const dweight &w) {
+ * it with a warp a row, CPT 2 and RPP 4 (Flash's wq_b): k_gemv8n.  Else rmsnorm into scratch,
+ * then matmul: the same bits by either path (DSV4_CUDA_QA_FUSE=0 takes the op out, backend.cu). */
+/* 1 where k_gemv8n takes the weight (one row, x aligned): the geometry k_gemv8 would pick is its own */
+static int gemv8_rn_ok(int nsm, const dweight &w) {
     if (w.fmt != DSV4_WF_FP8 || w.cols != 1024 || w.scale_f32 || gemv8_old()) return 0;
     lin_args a = {NULL, w.rows, NULL, w.cols, 1, w, 0, w.rows, w.rows, 0, 0, 0, w.cols, NULL, 1, 0};
     int tpr, cpt, rpp;
-    if (!gemv8_geometry(a, nsm, &tpr, &cpt, &rpp) || rpp != 4 || (w.rows + 15) / 16 > (1 << 30)) return 0;
-    return (tpr == 32 && cpt == 2) || (tpr == 64 && cpt == 1) ? tpr : 0;
+    return gemv8_geometry(a, nsm, &tpr, &cpt, &rpp) && tpr == 32 && cpt == 2 && rpp == 4 &&
+           (w.rows + 31) / 32 <= (1 << 30);
 }
 
 static int gemv8_rn(dsv4_backend *b, float *od, const float *xd, const dweight &w, int out_bf16, const g8_rn &rn) {
     cuda_impl *c = CI(b);
-    int tpr = ((uintptr_t)xd & 15) ? 0 : gemv8_rn_tpr(c->nsm, w);
-    if (!tpr) return 0;
-    int64_t per = 256 / tpr * 4, np = (w.rows + per - 1) / per; /* 256 / tpr slots of RPP 4 rows a pass */
-    if (tpr == 32)
-        dsv4_launch(k_gemv8n<2, 4>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block), w.rows,
-                    out_bf16, 5, (int)np, rn);
-    else
-        dsv4_launch(k_gemv8n<1, 4>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block), w.rows,
-                    out_bf16, 6, (int)np, rn);
+    if (((uintptr_t)xd & 15) || !gemv8_rn_ok(c->nsm, w)) return 0;
+    int64_t np = (w.rows + 31) / 32; /* 8 slots of RPP 4 rows a pass */
+    dsv4_launch(k_gemv8n<2, 4>, (unsigned)np, 256, 0, c->stream, od, xd, w.data, w.scale, ilog2(w.block), w.rows,
+                out_bf16, 5, (int)np, rn);
     if (!CKL(b)) c->weight_bytes_read += wbytes_rows(w, w.rows);
     return 1;
 }
@@ -1517,7 +1510,7 @@ int cu_matmul_rn_takes(dsv4_backend *b, const dsv4_weight *w, int rows, int flag
     memset(&dw, 0, sizeof dw);
     dw.fmt = w->fmt, dw.rows = w->rows, dw.cols = w->cols, dw.scale_f32 = w->scale_f32;
     dw.block = w->block > 0 ? w->block : 128;
-    return gemv8_rn_tpr(CI(b)->nsm, dw) != 0;
+    return gemv8_rn_ok(CI(b)->nsm, dw);
 }
 
 void dsv4_cuda_rn_counts(dsv4_backend *b, long *fused, long *alone) {
