@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topkw
+#        pools pltest bmforms bmsrc moetest phase topkw topkwkt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|topkwkt) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -420,6 +420,21 @@ for stage in "${stages[@]}"; do
     else
       note "topkw: no /dev/shm/flash20 (run synthbg first): no A/B"
     fi ;;
+  topkwkt)
+    # DSV4_CUDA_TOPK_W in the decode graphs without the 20-layer model: a 3-layer Flash synth (layer 2 has the
+    # indexer; 11 GB, ~10 s), greedy decode at 32K context with the switch off and on under the kernel tracer, each
+    # trace into $OUT/kt3_w<v>.csv.xz (ktrace_report.py --vs of the two: k_topk_s against k_topk_w)
+    m3=/dev/shm/flash3
+    [ -d $m3 ] || timeout 100 $bin/dsv4 synth --config flash --layers 3 --mtp 0 --seed 1 --out $m3 >/dev/null 2>&1
+    [ -f $carry/lib/ktrace.so ] || { note "topkwkt: $carry/lib/ktrace.so missing"; continue; }
+    for v in 0 1; do
+      DSV4_CUDA_TOPK_W=$v CUDA_INJECTION64_PATH=$PWD/$carry/lib/ktrace.so KTRACE_OUT=/tmp/kt3_$v.csv timeout 120 \
+        $bin/dsv4 bench --model $m3 --backend cuda --prompt 32768 --gen 16 --op-profile 0 --greedy 1 \
+        >"$OUT/kt3_w$v.log" 2>&1
+      note "topkwkt W=$v rc=$? $(grep -E 'greedy decode batch' "$OUT/kt3_w$v.log" | sed 's/.*: 16 steps/16 steps/')"
+      xz -T4 -c /tmp/kt3_$v.csv >"$OUT/kt3_w$v.csv.xz"
+    done
+    rm -rf $m3 ;;
   moetest)
     # test_cuda_moe whole (its every case against the CPU op, the forms' bits)
     tcase moe_all "^FAIL|differ" 300 $bin/test_cuda_moe ;;
