@@ -425,8 +425,8 @@ for stage in "${stages[@]}"; do
     # indexer; 11 GB, ~10 s), greedy decode at 32K context with the switch off and on under the kernel tracer, each
     # trace into $OUT/kt3_w<v>.csv.xz (ktrace_report.py --vs of the two: k_topk_s against k_topk_w)
     m3=/dev/shm/flash3
-    [ -d $m3 ] || timeout 100 $bin/dsv4 synth --config flash --layers 3 --mtp 0 --seed 1 --out $m3 >/dev/null 2>&1
     [ -f $carry/lib/ktrace.so ] || { note "topkwkt: $carry/lib/ktrace.so missing"; continue; }
+    [ -d $m3 ] || timeout 100 $bin/dsv4 synth --config flash --layers 3 --mtp 0 --seed 1 --out $m3 >/dev/null 2>&1
     for v in 0 1; do
       DSV4_CUDA_TOPK_W=$v CUDA_INJECTION64_PATH=$PWD/$carry/lib/ktrace.so KTRACE_OUT=/tmp/kt3_$v.csv timeout 120 \
         $bin/dsv4 bench --model $m3 --backend cuda --prompt 32768 --gen 16 --op-profile 0 --greedy 1 \

@@ -1295,7 +1295,7 @@ int dsv4_forward(dsv4_model *m, dsv4_fwd_item *items, int n_items, dsv4_err *err
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < c->hc_mult; k++)
                 cl_add(m, &ncl, m->X + r * hcd + (size_t)k * c->dim, m->y + (size_t)r * c->dim,
-                        sizeof(float) * c->dim);
+                       sizeof(float) * c->dim);
         cl_flush(m, &ncl);
         if (m->n_hash) { /* every hash layer's ids of this pass, one upload */
             size_t per = (size_t)rows * c->n_active;

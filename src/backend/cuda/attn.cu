@@ -1510,6 +1510,22 @@ __device__ __forceinline__ int tk_whole(int32_t *ir, int *n_out, int r, int nr, 
     return 1;
 }
 
+/* The placement of k_topk_s / k_topk_w, whose threads own contiguous runs of entries: tk_run_bases turns a run's
+ * counts above the cut (gt) and at it (eq) into *g / *e, the counts of the runs before it (one block scan; the sums
+ * over the block must stay below 2^16 a field), and tk_put places the run's entry i of masked key km in index order:
+ * after every earlier entry above the cut and, at the cut, only the first `need` of them (the lower indices). */
+__device__ __forceinline__ void tk_run_bases(int gt, int eq, unsigned *wsum, int *g, int *e) {
+    unsigned utot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &utot);
+    *g = (int)(ex & 0xffffu), *e = (int)(ex >> 16);
+}
+__device__ __forceinline__ void tk_put(int32_t *ir, uint32_t km, uint32_t prefix, int need, int i, int &g, int &e) {
+    if (km > prefix) ir[g++ + min(e, need)] = i;
+    else if (km == prefix) {
+        if (e < need) ir[g + e] = i;
+        e++;
+    }
+}
+
 __global__ void __launch_bounds__(TK_THREADS) k_topk(int32_t *idx, int *n_out, const float *score, int stride,
                                                      const int *n, const __grid_constant__ row_params rp, int k) {
     pdl_enter();
@@ -1682,17 +1698,12 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_w(int32_t *idx, int *n_out,
         gt += u < cnt && km > prefix;
         eq += u < cnt && km == prefix;
     }
-    unsigned utot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &utot); /* <= nr < 2^16 a field */
-    int g = (int)(ex & 0xffffu), e = (int)(ex >> 16);
+    int g, e;
+    tk_run_bases(gt, eq, wsum, &g, &e); /* <= nr < 2^16 a field */
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        uint32_t km = key[u] & mask;
         if (u >= cnt) break;
-        if (km > prefix) ir[g++ + min(e, need)] = i0 + u;
-        else if (km == prefix) {
-            if (e < need) ir[g + e] = i0 + u;
-            e++;
-        }
+        tk_put(ir, key[u] & mask, prefix, need, i0 + u, g, e);
     }
     if (t == 0) n_out[r] = k;
 }
@@ -1754,16 +1765,9 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_s(int32_t *idx, int *n_out,
         eq += km == prefix;
     }
     /* the sums of gt and of eq over the block are <= nr <= TK_SMAX < 2^16: 16 bits each, unsigned */
-    unsigned utot, ex = tk_scan((unsigned)gt | (unsigned)eq << 16, wsum, &utot);
-    int g = (int)(ex & 0xffffu), e = (int)(ex >> 16);
-    for (int i = i0; i < i1; i++) {
-        uint32_t km = tk_keys[i] & mask;
-        if (km > prefix) ir[g++ + min(e, need)] = i;
-        else if (km == prefix) {
-            if (e < need) ir[g + e] = i;
-            e++;
-        }
-    }
+    int g, e;
+    tk_run_bases(gt, eq, wsum, &g, &e);
+    for (int i = i0; i < i1; i++) tk_put(ir, tk_keys[i] & mask, prefix, need, i, g, e);
     if (t == 0) n_out[r] = k;
 }
 
