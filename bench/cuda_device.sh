@@ -402,27 +402,28 @@ for stage in "${stages[@]}"; do
       rm -f "$OUT/pp$r"
     done ;;
   topkw)
-    # DSV4_CUDA_TOPK_W=1 (stop 61): test_cuda_attn's top-k cases (test_topk_w runs a second backend with the switch
-    # against the CPU's ids), the indexer and top-k alone at 516 and 8198 entries without and with it (test_zz_bench,
-    # graph times on), then the 20-layer step at 32K and 2K (AB_ROUNDS, default 2 at 32K, 1 at 2K; after synthbg)
+    # k_topk_w (built in stop 61; the default for rows of 8193..16384 since stop 62): test_cuda_attn's top-k cases
+    # (test_topk_w: a second backend at DSV4_CUDA_TOPK_W=2 and the default one against the CPU's ids), the indexer
+    # and top-k alone at 516 and 8198 entries at DSV4_CUDA_TOPK_W=0 / 1 / 2 (test_zz_bench, graph times on), then the
+    # 20-layer step at 32K and 2K, the default against =0 (AB_ROUNDS, default 2 at 32K, 1 at 2K; after synthbg)
     tcase topkw_test "^FAIL|topk_w|k_topk_w" 300 $bin/test_cuda_attn test_topk test_topk_w
-    for v in 0 1; do
+    for v in 0 1 2; do
       tcase "topkw_bench_$v" "(516|8198) keys" 200 DSV4_ATTN_BENCH=1 DSV4_CUDA_GRAPH_TIMES=1 DSV4_CUDA_TOPK_W=$v \
         $bin/test_cuda_attn test_zz_bench
     done
     wait_synth
     if [ -d /dev/shm/flash20 ]; then
-      AB_ROUNDS=${AB_ROUNDS:-2} AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_CUDA_TOPK_W=1" OUT="$OUT/topkw32_ab" \
+      AB_ROUNDS=${AB_ROUNDS:-2} AB_ARGS="--prompt 32768" AB_ENVS="- DSV4_CUDA_TOPK_W=0" OUT="$OUT/topkw32_ab" \
         bash "$0" ab >/dev/null 2>&1
       grep -E "^ab" "$OUT/topkw32_ab/summary.txt" >>"$summary"
-      AB_ROUNDS=1 AB_ENVS="- DSV4_CUDA_TOPK_W=1" OUT="$OUT/topkw2_ab" bash "$0" ab >/dev/null 2>&1
+      AB_ROUNDS=1 AB_ENVS="- DSV4_CUDA_TOPK_W=0" OUT="$OUT/topkw2_ab" bash "$0" ab >/dev/null 2>&1
       grep -E "^ab" "$OUT/topkw2_ab/summary.txt" >>"$summary"
     else
       note "topkw: no /dev/shm/flash20 (run synthbg first): no A/B"
     fi ;;
   topkwkt)
     # DSV4_CUDA_TOPK_W in the decode graphs without the 20-layer model: a 3-layer Flash synth (layer 2 has the
-    # indexer; 11 GB, ~10 s), greedy decode at 32K context with the switch off and on under the kernel tracer, each
+    # indexer; 11 GB, ~10 s), greedy decode at 32K context at DSV4_CUDA_TOPK_W=0 and =1 (the default) traced, each
     # trace into $OUT/kt3_w<v>.csv.xz (ktrace_report.py --vs of the two: k_topk_s against k_topk_w)
     m3=/dev/shm/flash3
     [ -f $carry/lib/ktrace.so ] || { note "topkwkt: $carry/lib/ktrace.so missing"; continue; }

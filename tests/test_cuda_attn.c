@@ -530,17 +530,18 @@ static void test_topk(void) {
     free(sc);
 }
 
-/* DSV4_CUDA_TOPK_W=1 (read at backend init): rows of up to 16384 entries on k_topk_w instead of k_topk_r /
- * k_topk_s.  On a second backend with the switch: the CPU's ids for the decode shapes (516 at 2K, 2052, 8192 at
- * 32K, 8193 and 8198 just past it, 12000, 16384 at 64K, mixed rows), random values, ties across the cut (5
- * values), all equal, and scores of one sign with many exact zeros (relu'd sums), k 512 and 1024, device and host
- * outputs, n <= k taken whole; the kernel taken exactly where the longest row has at most 16384 entries (its call
- * counter), and rows past it (16385) on the kernels they take without the switch. */
+/* k_topk_w: by default rows of 8193..16384 entries (k_topk_s's before stop 62); DSV4_CUDA_TOPK_W=2 (read at
+ * backend init) every row up to 16384.  On a second backend at =2: the CPU's ids for the decode shapes (516 at
+ * 2K, 2052, 8192 at 32K, 8193 and 8198 just past it, 12000, 16384 at 64K, mixed rows), random values, ties
+ * across the cut (5 values), all equal, and scores of one sign with many exact zeros (relu'd sums), k 512 and
+ * 1024, device and host outputs, n <= k taken whole; the kernel taken exactly where the longest row has at most
+ * 16384 entries (its call counter), and rows past it (16385) on the kernels they take without the switch.  On
+ * the default backend: the kernel taken for 8193 and 16384 only, not for 8192 or 16385. */
 static void test_topk_w(void) {
     NEED_GPU();
     dsv4_backend g2;
-    if (cuda_init_env(&g2, "DSV4_CUDA_TOPK_W", "1")) {
-        CHECKF(0, "a backend with DSV4_CUDA_TOPK_W=1");
+    if (cuda_init_env(&g2, "DSV4_CUDA_TOPK_W", "2")) {
+        CHECKF(0, "a backend with DSV4_CUDA_TOPK_W=2");
         return;
     }
     enum { S = 16400 };
@@ -572,12 +573,29 @@ static void test_topk_w(void) {
     int nout[2] = {8192, 16385};
     check_topk_on(&g2, "topk_w random, 8192 and 16385 keys (past its range)", sc, 2, S, nout, ITK, 1);
     long c2 = dsv4_cuda_topk_w_calls(&g2);
-    printf("  k_topk_w calls: %ld in range (%d expected), %ld past it (0 expected); without the switch %ld\n",
-           c1 - c0, calls, c2 - c1, dsv4_cuda_topk_w_calls(&gpu));
+    printf("  k_topk_w calls at =2: %ld in range (%d expected), %ld past it (0 expected)\n", c1 - c0, calls, c2 - c1);
     CHECK_EQ_INT(c1 - c0, calls);
     CHECK_EQ_INT(c2 - c1, 0);
-    /* with the switch in the process's environment the default backend takes the kernel too */
-    if (!getenv("DSV4_CUDA_TOPK_W")) CHECK_EQ_INT(dsv4_cuda_topk_w_calls(&gpu), 0);
+    /* the default backend: k_topk_w only where the longest row is past k_topk_r's 8192 and within 16384 (one
+     * launch each for 8193 and for 16384, none for 8192 or 16385), the CPU's ids every time.  With the switch in
+     * the process's environment the default backend follows it, so the counts are not checked then. */
+    fill(sc, (size_t)3 * S, 3);
+    int d1[2] = {8192, 300}, d2[2] = {8193, 300}, d3[2] = {16384, 8000}, d4[2] = {16385, 516};
+    long w0 = dsv4_cuda_topk_w_calls(&gpu);
+    check_topk_on(&gpu, "topk default, 8192 and 300 keys (k_topk_r)", sc, 2, S, d1, ITK, 1);
+    long w1 = dsv4_cuda_topk_w_calls(&gpu);
+    check_topk_on(&gpu, "topk default, 8193 and 300 keys (k_topk_w)", sc, 2, S, d2, ITK, 1);
+    check_topk_on(&gpu, "topk default, 16384 and 8000 keys (k_topk_w)", sc, 2, S, d3, ITK, 0);
+    long w2 = dsv4_cuda_topk_w_calls(&gpu);
+    check_topk_on(&gpu, "topk default, 16385 and 516 keys (k_topk_s)", sc, 2, S, d4, ITK, 1);
+    long w3 = dsv4_cuda_topk_w_calls(&gpu);
+    printf("  default backend's k_topk_w calls: %ld at 8192 (0 expected), %ld at 8193 and 16384 (2), %ld at 16385 "
+           "(0)\n", w1 - w0, w2 - w1, w3 - w2);
+    if (!getenv("DSV4_CUDA_TOPK_W")) {
+        CHECK_EQ_INT(w1 - w0, 0);
+        CHECK_EQ_INT(w2 - w1, 2);
+        CHECK_EQ_INT(w3 - w2, 0);
+    }
     free(sc);
     dsv4_backend_cuda_free(&g2);
 }

@@ -41,8 +41,9 @@
  *   straight into the caller's device buffers.  O(n) per row.  Rows of <= 8192 entries
  *   keep their keys in registers and stop the passes once the digit holding the k-th
  *   largest is taken whole (k_topk_r); rows of up to 49152 in shared memory, the same way,
- *   with one scan over contiguous runs at the end (k_topk_s).  DSV4_CUDA_TOPK_W=1 (A/B): rows of
- *   up to 16384 on k_topk_w (11-bit digits, runs in registers, no per-entry warp match).
+ *   with one scan over contiguous runs at the end (k_topk_s).  Rows of 8193..16384 take k_topk_w
+ *   instead (11-bit digits, runs in registers, no per-entry warp match; DSV4_CUDA_TOPK_W=0 off, =2 for
+ *   every row up to 16384).
  * pool: one thread per channel, softmax over the window in entry order.
  * Target: sm_90a.
  */
@@ -1622,7 +1623,8 @@ __global__ void __launch_bounds__(TK_THREADS) k_topk_r(int32_t *idx, int *n_out,
     if (t == 0) n_out[r] = k;
 }
 
-/* k_topk_w<PER> (DSV4_CUDA_TOPK_W=1, an A/B switch, off: stop 61): rows of up to TK_THREADS PER entries
+/* k_topk_w<PER> (built in stop 61; the default for rows of 8193..16384 entries since stop 62, DSV4_CUDA_TOPK_W=0
+ * off, =2 for every row up to 16384, where it is slower than k_topk_r at 516): rows of up to TK_THREADS PER entries
  * (PER 8 or 16) with each thread's keys a contiguous run of entries in registers, and neither the per-entry
  * __match_any_sync nor the per-1024-entry block scans of k_topk_r.  Why: one block on one SM selects a row,
  * and the H200's 32K greedy trace (stop 61) put k_topk_s at 25.8 us a call, 12.3 of them exposed, 111 us a
@@ -1804,7 +1806,9 @@ void cu_topk(dsv4_backend *b, int32_t *idx, int *n_out, const float *score, int 
     if (!sd || (rows > ROW_PARAMS && !nd) || !id || !no) return;
     int maxn = 0;
     for (int r = 0; r < rows; r++) maxn = n[r] > maxn ? n[r] : maxn;
-    if (c->topk_w && maxn <= TK_THREADS * 2 * TK_PER) {
+    /* k_topk_w: rows past k_topk_r's registers (8193..16384 entries, 32K-64K context) by default, where it beat
+     * k_topk_s (stop 62); at DSV4_CUDA_TOPK_W=2 every row up to 16384, where k_topk_r was faster at 516 */
+    if (maxn <= TK_THREADS * 2 * TK_PER && (c->topk_w == 2 || (c->topk_w == 1 && maxn > TK_THREADS * TK_PER))) {
         if (maxn <= TK_THREADS * TK_PER)
             dsv4_launch(k_topk_w<TK_PER>, rows, TK_THREADS, 0, c->stream, id, no, sd, stride, nd, rp, k);
         else

@@ -1180,11 +1180,11 @@ extern "C" int dsv4_backend_cuda_init(dsv4_backend *b, int device, dsv4_err *err
      * stop 45, same bits); DSV4_CUDA_HC_DIST=0: block 0 alone forms them, as before */
     const char *hcd = getenv("DSV4_CUDA_HC_DIST");
     c->hc_dist = !(hcd && !strcmp(hcd, "0"));
-    /* DSV4_CUDA_TOPK_W=1 (an A/B switch, off: built in stop 61): top-k rows of up to 16384 entries (decode to
-     * 64K context) on k_topk_w instead of k_topk_r / k_topk_s (attn.cu cu_topk; the same set and order by
-     * construction, test_cuda_attn test_topk_w) */
+    /* k_topk_w (attn.cu cu_topk; the same set and order as k_topk_r / k_topk_s by construction, test_cuda_attn
+     * test_topk_w): by default (1) for top-k rows of 8193..16384 entries (32K-64K context) instead of k_topk_s
+     * (stop 62: faster there); DSV4_CUDA_TOPK_W=0 off, =2 for every row up to 16384 (A/B: slower at 516) */
     const char *tw = getenv("DSV4_CUDA_TOPK_W");
-    c->topk_w = tw && !strcmp(tw, "1");
+    c->topk_w = !tw ? 1 : !strcmp(tw, "0") ? 0 : !strcmp(tw, "2") ? 2 : 1;
     /* DSV4_CUDA_POOL_PRE (default 1 since stop 52; "0" off): a pool of <= 16 device rows asks for all its rows
      * at once (attn.cu k_pool_tab; the default kernel's bits, test_cuda_ops test_pool_pre) */
     const char *pp = getenv("DSV4_CUDA_POOL_PRE");

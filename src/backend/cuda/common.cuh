@@ -69,7 +69,7 @@ struct cuda_impl {
     long recovered;        /* failures reported and recovered from (dsv4_cuda_recovered) */
     size_t attn_sc_max;    /* sparse attention's scratch per launch (attn.cu attn_rows_per_call; bytes) */
     long attn_parts;       /* sparse attention launches (a call cut into row chunks counts each) */
-    int topk_w;            /* DSV4_CUDA_TOPK_W=1: rows of up to 16384 entries on k_topk_w (attn.cu cu_topk) */
+    int topk_w;            /* DSV4_CUDA_TOPK_W: 1 (default) rows of 8193..16384 on k_topk_w, 2 all <= 16384, 0 none */
     long topk_w_calls;     /* topk calls that took k_topk_w (dsv4_cuda_topk_w_calls) */
     /* weight map: open addressing on the host data pointer */
     wentry *map;

@@ -33,7 +33,7 @@ long dsv4_cuda_recovered(struct dsv4_backend *b);
  * the old value; dsv4_cuda_attn_parts counts the launches (chunks) of sparse_attn and its rope form */
 size_t dsv4_cuda_set_attn_scratch(struct dsv4_backend *b, size_t bytes);
 long dsv4_cuda_attn_parts(struct dsv4_backend *b);
-/* topk calls that took k_topk_w (DSV4_CUDA_TOPK_W=1: rows of up to 16384 entries) */
+/* topk calls that took k_topk_w (rows of 8193..16384 entries; DSV4_CUDA_TOPK_W=2: all up to 16384) */
 long dsv4_cuda_topk_w_calls(struct dsv4_backend *b);
 /* one-row MoE calls that took k_moe_b1r's MMA instances (moe.dot=mma: MXFP4 dots on tensor cores) on this backend */
 long dsv4_cuda_moe_mma_calls(struct dsv4_backend *b);
