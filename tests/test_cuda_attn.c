@@ -597,6 +597,20 @@ static void test_topk_w(void) {
         CHECK_EQ_INT(w3 - w2, 0);
     }
     free(sc);
+    /* a prefill chunk past 32K context: more rows than the launch's parameter block holds (ROW_PARAMS 32), so the
+     * kernel reads the counts staged on the device; 40 rows of 8193..16384 entries (and one of 600), one launch */
+    enum { RP = 40 };
+    sc = malloc(sizeof(float) * RP * S);
+    REQUIRE(sc);
+    fill(sc, (size_t)RP * S, 4);
+    int np[RP];
+    for (int r = 0; r < RP; r++) np[r] = r == 7 ? 600 : 8193 + (r * 2003) % 8192;
+    long w4 = dsv4_cuda_topk_w_calls(&gpu);
+    check_topk_on(&gpu, "topk default, 40 rows of 600..16384 keys (counts staged)", sc, RP, S, np, ITK, 1);
+    long w5 = dsv4_cuda_topk_w_calls(&gpu);
+    printf("  default backend's k_topk_w calls for the 40 staged rows: %ld (1 expected)\n", w5 - w4);
+    if (!getenv("DSV4_CUDA_TOPK_W")) CHECK_EQ_INT(w5 - w4, 1);
+    free(sc);
     dsv4_backend_cuda_free(&g2);
 }
 
