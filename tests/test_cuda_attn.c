@@ -1069,8 +1069,8 @@ static void test_zz_bench(void) {
     bench_indexer(1, 516); /* 2K context: 516 compressed rows, k 512 */
     bench_indexer(1, 2052); /* 8K context */
     bench_indexer(1, 4100); /* 16K context */
-    bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 (k_topk_s; with
-                             * DSV4_CUDA_TOPK_W=1 k_topk_w) */
+    bench_indexer(1, 8198); /* 32K context after a few steps: above k_topk_r's 8192 (k_topk_w; with
+                             * DSV4_CUDA_TOPK_W=0 k_topk_s) */
     bench_indexer(8, 516);  /* batch 8 at 2K */
 }
 
