@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topkw topkwkt
+#        pools pltest bmforms bmsrc moetest phase topkw topkwt moe1 topkwkt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|topkwkt) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|topkwt|moe1|topkwkt) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -421,6 +421,14 @@ for stage in "${stages[@]}"; do
     else
       note "topkw: no /dev/shm/flash20 (run synthbg first): no A/B"
     fi ;;
+  topkwt)
+    # test_cuda_attn's top-k cases only (test_topk, test_topk_w: the staged-counts case of 40 rows included), beside
+    # the synth
+    tcase topkw_test "^FAIL|topk_w|k_topk_w" 300 $bin/test_cuda_attn test_topk test_topk_w ;;
+  moe1)
+    # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features
+    # among them), beside the synth
+    tcase moe1_test "^FAIL|interleaved" 300 $bin/test_cuda_moe test_one_row ;;
   topkwkt)
     # DSV4_CUDA_TOPK_W in the decode graphs without the 20-layer model: a 3-layer Flash synth (layer 2 has the
     # indexer; 11 GB, ~10 s), greedy decode at 32K context at DSV4_CUDA_TOPK_W=0 and =1 (the default) traced, each

@@ -65,6 +65,26 @@ __global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32
     block_xor(x, out);
 }
 
+/* chunk U: the pattern of dsv4's GEMV and MoE grids, where a block owns a contiguous share of the weight (its rows):
+ * block b reads vectors [n16 b / G, n16 (b + 1) / G) in steps of NT * U (thread t's U loads at t, t + NT, ... of
+ * the step), so at any moment the grid's loads are spread over G separate runs instead of one span (ldg) */
+template <int U>
+__global__ void __launch_bounds__(NT) k_chunk(const uint4 *src, size_t n16, uint32_t *out) {
+    uint32_t x = 0;
+    const size_t v0 = n16 * blockIdx.x / gridDim.x, v1 = n16 * (blockIdx.x + 1) / gridDim.x;
+    for (size_t base = v0 + threadIdx.x; base < v1; base += (size_t)NT * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            size_t i = base + (size_t)u * NT;
+            v[u] = i < v1 ? probe_ld_stream(src + i) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) x ^= fold(v[u]);
+    }
+    block_xor(x, out);
+}
+
 __device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* bulk S: the block's contiguous share of the buffer in units of T bytes (T % 16 == 0), a ring of S
@@ -129,7 +149,7 @@ static uint32_t host_xor(const uint32_t *part, int n) {
 
 struct run_cfg {
     const char *name;
-    int kind; /* 0 ldg, 1 bulk */
+    int kind; /* 0 ldg, 1 bulk, 2 chunk */
     int u, s, t, bps;
 };
 
@@ -143,6 +163,10 @@ static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes,
     auto launch = [&](int b) {
         if (c.kind == 1)
             k_bulk<<<grid, NT, smem, st>>>(buf[b], bytes, c.s, c.t, part_d);
+        else if (c.kind == 2 && c.u == 4)
+            k_chunk<4><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.kind == 2)
+            k_chunk<8><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
         else if (c.u == 1)
             k_ldg<1><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
         else if (c.u == 2)
@@ -216,6 +240,8 @@ int main(int argc, char **argv) {
         {"ldg", 0, 8, 0, 0, 2},       {"ldg", 0, 8, 0, 0, 4},       {"ldg", 0, 16, 0, 0, 2},
         {"bulk", 1, 0, 4, 8192, 2},   {"bulk", 1, 0, 8, 8192, 2},   {"bulk", 1, 0, 4, 16384, 2},
         {"bulk", 1, 0, 6, 16384, 1},  {"bulk", 1, 0, 12, 16384, 1}, {"bulk", 1, 0, 4, 32768, 1},
+        {"chunk", 2, 4, 0, 0, 4},     {"chunk", 2, 8, 0, 0, 4},     {"chunk", 2, 4, 0, 0, 2},
+        {"chunk", 2, 8, 0, 0, 2},
     };
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     uint32_t *part_d;
@@ -247,6 +273,7 @@ int main(int argc, char **argv) {
             if (i == 0) ref = x0;
             char label[64];
             if (c.kind == 0) snprintf(label, sizeof label, "ldg U%d, %d blocks/SM", c.u, c.bps);
+            else if (c.kind == 2) snprintf(label, sizeof label, "chunk U%d, %d blocks/SM", c.u, c.bps);
             else snprintf(label, sizeof label, "bulk %dx%dK, %d blocks/SM", c.s, c.t / 1024, c.bps);
             double gbs = bytes / (us * 1e-6) / 1e9;
             int ok = x0 == ref;

@@ -1007,7 +1007,7 @@ __device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
  * down the sum (bf16-rounded under act_bf16). */
 template <int UP, typename NT> /* NT: the callers' type of the feature count (int or int64_t) */
 __device__ __forceinline__ void b1_write(const float *part, int kw, NT n, int tid, int64_t f0, float *out,
-                                         float pre, float limit, int act_bf16) {
+                                         float pre, float limit, int act_bf16, int64_t fs = 1) {
     constexpr int NH = UP ? 2 : 1;
     for (int fl = tid; fl < n; fl += blockDim.x) {
         float v[2] = {0.0f, 0.0f};
@@ -1018,8 +1018,8 @@ __device__ __forceinline__ void b1_write(const float *part, int kw, NT n, int ti
             for (int j = 1; j < kw; j++) t += pp[j];
             v[hh] = t;
         }
-        if (UP) out[f0 + fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
-        else out[f0 + fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
+        if (UP) out[f0 + fs * fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
+        else out[f0 + fs * fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
     }
 }
 
@@ -1329,13 +1329,15 @@ __device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
 /* b1f_run and bn_run's refill at step st of a round: the copies of iteration it0 + st + S - 1
  * (features from the round's first: ib < nvr are valid; b0 / b1 the round's first vectors) into
  * stage (st + S - 1) % S, then the wait for stage st */
-template <int NH, int S, int V, int HINT>
-__device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1) {
+template <int NH, int S, int V, int HINT, int ILV = 0>
+__device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1,
+                                           int64_t fstep = 4096) {
     constexpr int U = V / NH, FSTEP = 4096;
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int u = j / NH, ib = (st + S - 1) * U + u;
-        if (ib < nvr) b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
+        if (ib < nvr)
+            b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * (ILV ? fstep : FSTEP));
     }
     d_cp_commit();
     d_cp_wait<S - 1>();
@@ -1345,25 +1347,30 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
  * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
  * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
  * (fsc), FP4 the block's table in shared memory (tile; read after the caller's barrier). */
-template <int UP, int FMT, int S, int V, int M, int HINT>
+template <int UP, int FMT, int S, int V, int M, int HINT, int ILV = 0>
 __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
-                                          int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2]) {
+                                          int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2],
+                                          int64_t fs = 1) {
+    static_assert(!ILV || FMT != B1F_FP8, "interleaved features: FP4 only (FP8's one scale row a block)");
     constexpr int NH = UP ? 2 : 1, U = V / NH;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
     uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
     uint8_t *tile = sm + S * V * 256 * 16;
     int tid = threadIdx.x;
     int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv;
-    nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
+    /* ILV: local feature l is the group's feature f0 + fs l (a prefix of l is valid) */
+    const int64_t nf = ILV ? (rows - f0 + fs - 1) / fs : rows - f0;
+    nfeat = (int)(nf < (int64_t)P * M ? nf : (int64_t)P * M);
     nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
-    g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
-    g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
+    g0 = W[0].data + (f0 + (ILV ? fs * p : p)) * W[0].rowb + c * 16;
+    g1 = UP ? W[1].data + (f0 + (ILV ? fs * p : p)) * W[1].rowb + c * 16 : g0;
     /* iteration it copies features it U .. it U + U - 1 (both halves for up) into stage it % S */
     auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) { /* ib: first feature, from b0/b1 */
 #pragma unroll
         for (int j = 0; j < V; j++) {
             int u = j / NH;
-            if (ib + u < nv) b1_cp16<HINT>(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
+            if (ib + u < nv)
+                b1_cp16<HINT>(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * (ILV ? FSTEP * fs : FSTEP));
         }
         d_cp_commit();
     };
@@ -1389,8 +1396,11 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
         for (int j = 0; j < NCH; j++) {
             int k = tid + 256 * j;
             if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
-            uint4 s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
-            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
+            /* ILV: chunk k's local row k 16 / srow is the group's row f0 + fs (k 16 / srow) */
+            const int64_t so = ILV ? (f0 + fs * ((int64_t)k * 16 / srow)) * srow + (int64_t)k * 16 % srow
+                                   : f0 * srow + (int64_t)k * 16;
+            uint4 s0 = __ldg((const uint4 *)(W[0].scale + so));
+            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + so)) : s0;
             const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
             if (FMT == B1F_MXFP4) {
                 uint32_t e[16];
@@ -1440,9 +1450,9 @@ __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32
 }
 
 /* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
-template <int UP, int FMT, int DEC, int S, int V, int M, int HINT>
+template <int UP, int FMT, int DEC, int S, int V, int M, int HINT, int ILV = 0>
 __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
-                                        float *out, float pre, float limit, int act_bf16) {
+                                        float *out, float pre, float limit, int act_bf16, int64_t fs = 1) {
     constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
     /* DEC 3: DEC 2's decode with the stage loop rolled (gate/up's default since stop 41: b1_geoms) */
     constexpr int DC = DEC == 3 ? 2 : DEC;
@@ -1456,7 +1466,8 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     int nfeat, nv;
     const uint8_t *g0, *g1;
     float fsc[2];
-    b1f_start<UP, FMT, S, V, M, HINT>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
+    b1f_start<UP, FMT, S, V, M, HINT, ILV>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc, fs);
+    const int64_t fstep = ILV ? FSTEP * fs : FSTEP;
     /* everything above reads weights only (copies, scales) or the plan's groups, which were
      * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
      * common.cuh's PDL); x is the previous kernel's output */
@@ -1472,7 +1483,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     const uint32_t *t32 = (const uint32_t *)tile + tid;
     const uint16_t *t16 = (const uint16_t *)tile + tid;
     for (int it0 = 0; it0 < NIT; it0 += S) {
-        const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
+        const uint8_t *b0 = g0 + (int64_t)it0 * U * fstep, *b1 = g1 + (int64_t)it0 * U * fstep;
         int nvr = nv - it0 * U; /* valid features counted from this round's first */
         /* DEC 3: one stage a trip, its V sums reduced at once (the same tree, so the same bits).  The
          * stage body and the part write repeat the unrolled form's below: moving both into shared helpers
@@ -1480,7 +1491,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         if constexpr (DEC == 3) {
 #pragma unroll 1
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1);
+                b1f_refill<NH, S, V, HINT, ILV>(sd, st, nvr, b0, b1, fstep);
                 float v[V];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -1501,7 +1512,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
             float v[NV];
 #pragma unroll
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1); /* then compute stage st */
+                b1f_refill<NH, S, V, HINT, ILV>(sd, st, nvr, b0, b1, fstep); /* then compute stage st */
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int i = (it0 + st) * U + u; /* the thread's feature index */
@@ -1522,18 +1533,19 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         }
     }
     __syncthreads();
-    b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16);
+    b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16, ILV ? fs : 1);
 }
 
 /* b1f_run in the instance of the group's weight format (w1 and w3 share one: the expert table
  * checks it) */
-template <int UP, int DEC, int S, int V, int M, int HINT>
+template <int UP, int DEC, int S, int V, int M, int HINT, int ILV = 0>
 __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs,
-                                           int64_t f0, float *out, float pre, float limit, int act_bf16) {
+                                           int64_t f0, float *out, float pre, float limit, int act_bf16,
+                                           int64_t fs = 1) {
     if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
     else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
     else
         b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
@@ -2052,7 +2064,7 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
  * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four), 4 on bm3_run
  * with the records staged (three); the host checks their shapes.  MMA = 0 ignores the four. */
-template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
+template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0, int ILV = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                     int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
@@ -2073,8 +2085,11 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     int64_t rows, f0;
     const float *xs;
     float *out;
+    /* ILV: an FP4 group's block takes the features chunk + n l (n: the group's block count), so it runs while
+     * chunk < rows; FP8 keeps its contiguous chunk (b1_group's f0) */
     if (gi < 0 || !b1_group<UP, M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out,
-                                   f0, chunk)) {
+                                   f0, ILV ? 0 : chunk) ||
+        (ILV && (f0 = W[0].fmt == DSV4_WF_FP8 ? (int64_t)chunk * (256 / (W[0].rowb / 16)) * M : chunk) >= rows)) {
         if (!UP) pdl_wait();
         return;
     }
@@ -2091,6 +2106,9 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
+    else if (ILV && W[0].fmt != DSV4_WF_FP8) /* the group's features interleaved over its blocks (chunk + n l) */
+        b1f_format<UP, DEC, S, V, M, B1_HINT, ILV>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16,
+                                                    gi < nr ? cr : cs);
     else
         b1f_format<UP, DEC, S, V, M, B1_HINT>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
@@ -2407,6 +2425,12 @@ struct b1_geom {
 #define B1_GEOM_R(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                        \
     {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD>,              \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
+/* 0's kernels with ILV (stop 63): an FP4 group's block takes the features chunk + n l (n: the group's blocks)
+ * instead of chunk P M + l, so that at any moment a group's blocks read neighbouring rows (one span of n rows)
+ * instead of n runs 128 KB (gate/up) / 64 KB (down) apart; the same sums in the same order, feature by feature */
+#define B1_GEOM_RI(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                       \
+    {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU, 0, 1>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD, 0, 1>, \
+     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
 /* DEC 3: b1f_run's stage loop rolled (gate/up's default since stop 41: H100, ncu, 2 synth Flash layers,
  * 4 calls: gate/up 30.3-31.0 us against 35.7-35.8 with it unrolled, 19.05 M against 16.92 M warp
  * instructions, issue slots 60 % against 46 % busy, DRAM 70 % against 61 %, no_instruction stalls 0.12
@@ -2419,6 +2443,7 @@ static const b1_geom b1_geoms[] = {
     B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),       /* 3: k_moe_b1_prev */
     B1_GEOM_R(3, 3, 4, 2, 16, 4, 4, 2, 16, 4),   /* 4: both halves rolled */
     B1_GEOM_R(2, 2, 4, 2, 16, 4, 4, 2, 16, 4),   /* 5: both unrolled (the default until stop 41) */
+    B1_GEOM_RI(3, 2, 4, 2, 16, 4, 4, 2, 16, 4),  /* 6: 0 with the FP4 features interleaved over a group's blocks */
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
