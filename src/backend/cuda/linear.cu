@@ -841,7 +841,7 @@ template <int SCL, int CPT, int RPP, int XBF>
 __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
-                                                 int64_t xg, int out_bf16, int tpr_log2, int npass) {
+                                                 int64_t xg, int out_bf16, int tpr_log2, int npass, int ilv) {
     __shared__ float red[2][8][RPP];
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
@@ -849,8 +849,12 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
 #pragma unroll
     for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
     const int slots = 256 >> tpr_log2, slot = threadIdx.x >> tpr_log2;
-    /* this block's passes [pb, pe): contiguous, every block within one of the others */
-    const int64_t pb = (int64_t)npass * blockIdx.x / gridDim.x, pe = (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
+    /* this block's passes pb, pb + ps, .. < pe: contiguous (ps 1), every block within one of the others; or (ilv,
+     * DSV4_CUDA_G8X_ILV=1) interleaved, pass blockIdx.x + n gridDim.x, so that at any moment the grid reads one span
+     * of neighbouring passes instead of gridDim.x runs a block's share apart */
+    const int64_t pb = ilv ? (int64_t)blockIdx.x : (int64_t)npass * blockIdx.x / gridDim.x,
+                  pe = ilv ? (int64_t)npass : (int64_t)npass * (blockIdx.x + 1) / gridDim.x,
+                  ps = ilv ? (int64_t)gridDim.x : 1;
     float xv[CPT][16];
     int64_t xgrp = -1;
     int buf = 0;
@@ -861,12 +865,12 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
                                                     tpr_log2, P, kcol)
     if (pb < pe) G8X_LOAD(ba, pb);
     pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
-    for (int64_t p = pb; p < pe; p += 2) { /* loads of pass p + 1 in flight during pass p */
-        if (p + 1 < pe) G8X_LOAD(bb, p + 1);
+    for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
+        if (p + ps < pe) G8X_LOAD(bb, p + ps);
         G8X_PASS(ba, p);
-        if (p + 1 >= pe) break;
-        if (p + 2 < pe) G8X_LOAD(ba, p + 2);
-        G8X_PASS(bb, p + 1);
+        if (p + ps >= pe) break;
+        if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
+        G8X_PASS(bb, p + ps);
     }
 #undef G8X_LOAD
 #undef G8X_PASS
@@ -907,10 +911,20 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
+/* DSV4_CUDA_G8X_ILV=1 (A/B, read once; stop 63): k_gemv8x's passes interleaved over the blocks */
+static int gemv8x_ilv(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *o = getenv("DSV4_CUDA_G8X_ILV");
+        v = o && o[0] == '1';
+    }
+    return v;
+}
+
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
     dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+                a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass, gemv8x_ilv());
 }
 
 template <int SCL, int XBF>
