@@ -5,7 +5,7 @@
 # unpacked elsewhere, e.g. a branch's build beside main's in one call; its bin/ and lib/ are used throughout).
 # usage: bench/cuda_device.sh STAGE...   stages: synthbg ops gemm e2e diff flash2 pro3 moeoff nograph hf f4 f20 ab
 #        abbin bar f20long ktrace ktab ncu ncuix nsys opb smemcold hcdefer hccomb hcab hckt wqbfirst eltest emitlist
-#        pools pltest bmforms bmsrc moetest phase topkw topkwt moe1 topkwkt
+#        pools pltest bmforms bmsrc moetest phase topkw topkwt moe1 sprobe topkwkt
 #        all = ops gemm e2e flash2 hf f20 ab ktrace f20long (the tests, the transformers baseline, every figure of
 #        the issue; ~8 minutes with the 20-layer synth; hf runs before f20, which removes the 2-layer model)
 # Logs go to $OUT (or /tmp/cuda-out); a summary is printed last.  OUT_PACK=1 leaves only summary.txt and
@@ -88,7 +88,7 @@ for stage in "${stages[@]}"; do
   pkill -f "^$bin/dsv4( |\$)" 2>/dev/null && sleep 1
   # only the stages that read no model of /dev/shm, or the 2-layer one, run beside the synth
   case $stage in
-  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|topkwt|moe1|topkwkt) ;;
+  synthbg|ops|gemm|e2e|diff|flash2|hf|moeoff|nograph|eltest|pltest|bmforms|bmsrc|moetest|phase|topkw|topkwt|moe1|sprobe|topkwkt) ;;
   *) wait_synth ;;
   esac
   case $stage in
@@ -425,6 +425,14 @@ for stage in "${stages[@]}"; do
     # test_cuda_attn's top-k cases only (test_topk, test_topk_w: the staged-counts case of 40 rows included), beside
     # the synth
     tcase topkw_test "^FAIL|topk_w|k_topk_w" 300 $bin/test_cuda_attn test_topk test_topk_w ;;
+  sprobe)
+    # tools/device/stream_probe.cu (built here by nvcc) at PROBE_MB (default 16.8 33.5 70): grid-stride ldg, bulk rings
+    # and a block's contiguous share (chunk), beside the synth (it reads no model)
+    if nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/stream_probe.cu -o /tmp/stream_probe \
+      >"$OUT/sprobe.log" 2>&1; then
+      timeout 150 /tmp/stream_probe ${PROBE_MB:-16.8 33.5 70} >>"$OUT/sprobe.log" 2>&1
+      note "sprobe rc=$?"; grep -E "MB|ldg U4|ldg U8|chunk|bytes" "$OUT/sprobe.log" >>"$summary"
+    else note "sprobe: nvcc failed"; fi ;;
   moe1)
     # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features
     # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=1
