@@ -837,11 +837,11 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
     if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
 }
 
-template <int SCL, int CPT, int RPP, int XBF>
+template <int SCL, int CPT, int RPP, int XBF, int ILV = 0>
 __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
-                                                 int64_t xg, int out_bf16, int tpr_log2, int npass, int ilv) {
+                                                 int64_t xg, int out_bf16, int tpr_log2, int npass) {
     __shared__ float red[2][8][RPP];
     const int tpr = 1 << tpr_log2, c = threadIdx.x & (tpr - 1);
     const int scols = K >> blk_log2;
@@ -849,12 +849,12 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
 #pragma unroll
     for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
     const int slots = 256 >> tpr_log2, slot = threadIdx.x >> tpr_log2;
-    /* this block's passes pb, pb + ps, .. < pe: contiguous (ps 1), every block within one of the others; or (ilv,
+    /* this block's passes pb, pb + ps, .. < pe: contiguous (ps 1), every block within one of the others; or (ILV,
      * DSV4_CUDA_G8X_ILV=1) interleaved, pass blockIdx.x + n gridDim.x, so that at any moment the grid reads one span
      * of neighbouring passes instead of gridDim.x runs a block's share apart */
-    const int64_t pb = ilv ? (int64_t)blockIdx.x : (int64_t)npass * blockIdx.x / gridDim.x,
-                  pe = ilv ? (int64_t)npass : (int64_t)npass * (blockIdx.x + 1) / gridDim.x,
-                  ps = ilv ? (int64_t)gridDim.x : 1;
+    const int64_t pb = ILV ? (int64_t)blockIdx.x : (int64_t)npass * blockIdx.x / gridDim.x,
+                  pe = ILV ? (int64_t)npass : (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
+    const int64_t ps = ILV ? (int64_t)gridDim.x : 1;
     float xv[CPT][16];
     int64_t xgrp = -1;
     int buf = 0;
@@ -923,8 +923,12 @@ static int gemv8x_ilv(void) {
 
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass, gemv8x_ilv());
+    if (gemv8x_ilv())
+        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 1>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+    else
+        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
 }
 
 template <int SCL, int XBF>

@@ -1337,7 +1337,8 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
     for (int j = 0; j < V; j++) {
         int u = j / NH, ib = (st + S - 1) * U + u;
         if (ib < nvr)
-            b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * (ILV ? fstep : FSTEP));
+            b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256,
+                          (j % NH ? b1 : b0) + (ILV ? ib * fstep : (int64_t)(ib * FSTEP)));
     }
     d_cp_commit();
     d_cp_wait<S - 1>();
@@ -1370,7 +1371,8 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
         for (int j = 0; j < V; j++) {
             int u = j / NH;
             if (ib + u < nv)
-                b1_cp16<HINT>(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * (ILV ? FSTEP * fs : FSTEP));
+                b1_cp16<HINT>(sd + (st * V + j) * 256,
+                              (j % NH ? b1 : b0) + (ILV ? (ib + u) * FSTEP * fs : (int64_t)((ib + u) * FSTEP)));
         }
         d_cp_commit();
     };
@@ -1396,11 +1398,15 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
         for (int j = 0; j < NCH; j++) {
             int k = tid + 256 * j;
             if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
-            /* ILV: chunk k's local row k 16 / srow is the group's row f0 + fs (k 16 / srow) */
-            const int64_t so = ILV ? (f0 + fs * ((int64_t)k * 16 / srow)) * srow + (int64_t)k * 16 % srow
-                                   : f0 * srow + (int64_t)k * 16;
-            uint4 s0 = __ldg((const uint4 *)(W[0].scale + so));
-            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + so)) : s0;
+            uint4 s0, s1;
+            if constexpr (ILV) { /* chunk k's local row k 16 / srow is the group's row f0 + fs (k 16 / srow) */
+                const int64_t so = (f0 + fs * ((int64_t)k * 16 / srow)) * srow + (int64_t)k * 16 % srow;
+                s0 = __ldg((const uint4 *)(W[0].scale + so));
+                s1 = UP ? __ldg((const uint4 *)(W[1].scale + so)) : s0;
+            } else {
+                s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
+                s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
+            }
             const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
             if (FMT == B1F_MXFP4) {
                 uint32_t e[16];
