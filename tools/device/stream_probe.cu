@@ -6,6 +6,8 @@
  * a pattern:
  *   ldg U B:  each thread keeps U 16-byte loads in flight (ld.global.nc.L1::no_allocate.v4, a warp's
  *             32 loads one contiguous 512-byte run), B blocks of 256 threads per SM, grid-stride;
+ *   chunk U B: as ldg, but block b reads its own contiguous share [n b / G, n (b + 1) / G) (the MoE's and
+ *             k_gemv8x's grids: a block owns its rows), so the grid's loads are spread over G runs (stop 63);
  *   bulk S T B: one thread per block feeds a ring of S shared-memory stages of T bytes by
  *             cp.async.bulk (the copy engine: no registers hold bytes in flight), the 8 warps read
  *             each stage from shared memory and release it (a block barrier), B blocks per SM.
@@ -46,23 +48,29 @@ __device__ __forceinline__ void block_xor(uint32_t x, uint32_t *out) {
     }
 }
 
-/* ldg U: n16 16-byte vectors; a step of the grid covers gridDim.x * NT * U vectors, thread t's U
- * loads of a step at t, t + NT, ... within its block's run of NT * U */
+/* the xor of the 16-byte vectors base, base + NT, .., base + (U - 1) NT, then the same from base + step, ..., below
+ * end: U loads in flight a thread, issued before any is folded */
 template <int U>
-__global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32_t *out) {
+__device__ __forceinline__ uint32_t fold_run(const uint4 *src, size_t base, size_t end, size_t step) {
     uint32_t x = 0;
-    const size_t step = (size_t)gridDim.x * NT * U;
-    for (size_t base = (size_t)blockIdx.x * NT * U + threadIdx.x; base < n16; base += step) {
+    for (; base < end; base += step) {
         uint4 v[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             size_t i = base + (size_t)u * NT;
-            v[u] = i < n16 ? probe_ld_stream(src + i) : make_uint4(0, 0, 0, 0);
+            v[u] = i < end ? probe_ld_stream(src + i) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) x ^= fold(v[u]);
     }
-    block_xor(x, out);
+    return x;
+}
+
+/* ldg U: n16 16-byte vectors; a step of the grid covers gridDim.x * NT * U vectors, thread t's U
+ * loads of a step at t, t + NT, ... within its block's run of NT * U */
+template <int U>
+__global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32_t *out) {
+    block_xor(fold_run<U>(src, (size_t)blockIdx.x * NT * U + threadIdx.x, n16, (size_t)gridDim.x * NT * U), out);
 }
 
 /* chunk U: the pattern of dsv4's GEMV and MoE grids, where a block owns a contiguous share of the weight (its rows):
@@ -70,19 +78,8 @@ __global__ void __launch_bounds__(NT) k_ldg(const uint4 *src, size_t n16, uint32
  * the step), so at any moment the grid's loads are spread over G separate runs instead of one span (ldg) */
 template <int U>
 __global__ void __launch_bounds__(NT) k_chunk(const uint4 *src, size_t n16, uint32_t *out) {
-    uint32_t x = 0;
     const size_t v0 = n16 * blockIdx.x / gridDim.x, v1 = n16 * (blockIdx.x + 1) / gridDim.x;
-    for (size_t base = v0 + threadIdx.x; base < v1; base += (size_t)NT * U) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            size_t i = base + (size_t)u * NT;
-            v[u] = i < v1 ? probe_ld_stream(src + i) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) x ^= fold(v[u]);
-    }
-    block_xor(x, out);
+    block_xor(fold_run<U>(src, v0 + threadIdx.x, v1, (size_t)NT * U), out);
 }
 
 __device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
