@@ -2091,11 +2091,8 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     int64_t rows, f0;
     const float *xs;
     float *out;
-    /* ILV: an FP4 group's block takes the features chunk + n l (n: the group's block count), so it runs while
-     * chunk < rows; FP8 keeps its contiguous chunk (b1_group's f0) */
     if (gi < 0 || !b1_group<UP, M>(groups[gi], tab[groups[gi].ex], x, xq, h, ldh, y, dim, act_fp8, W, rows, xs, out,
-                                   f0, ILV ? 0 : chunk) ||
-        (ILV && (f0 = W[0].fmt == DSV4_WF_FP8 ? (int64_t)chunk * (256 / (W[0].rowb / 16)) * M : chunk) >= rows)) {
+                                   f0, chunk)) {
         if (!UP) pdl_wait();
         return;
     }
@@ -2112,8 +2109,10 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
-    else if (ILV && W[0].fmt != DSV4_WF_FP8) /* the group's features interleaved over its blocks (chunk + n l) */
-        b1f_format<UP, DEC, S, V, M, B1_HINT, ILV>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16,
+    else if (ILV && W[0].fmt != DSV4_WF_FP8)
+        /* an FP4 group's features interleaved over its n blocks: block chunk takes chunk + n l (n = cr routed, cs
+         * shared).  The group's blocks are chunk < n with n = ceil(rows / (P M)), so b1_group passed each of them */
+        b1f_format<UP, DEC, S, V, M, B1_HINT, ILV>(b1s, W, rows, xs, chunk, out, G.pre[0], limit, act_bf16,
                                                     gi < nr ? cr : cs);
     else
         b1f_format<UP, DEC, S, V, M, B1_HINT>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
