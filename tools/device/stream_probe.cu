@@ -8,6 +8,10 @@
  *             32 loads one contiguous 512-byte run), B blocks of 256 threads per SM, grid-stride;
  *   chunk U B: as ldg, but block b reads its own contiguous share [n b / G, n (b + 1) / G) (the MoE's and
  *             k_gemv8x's grids: a block owns its rows), so the grid's loads are spread over G runs (stop 63);
+ *   share U K B: the MoE's grid (k_moe_b1r): one block a K-byte share aligned to K (64 or 128 KB), as many blocks
+ *             as shares (not persistent: the blocks run in waves), B blocks per SM (held by dynamic shared memory);
+ *   rows U K B: the same grid and occupancy, but block b reads the 4 KB rows b, b + G, b + 2 G, ... (G blocks):
+ *             DSV4_CUDA_MOE_B1G=6's interleaved features, where a group's blocks read neighbouring rows;
  *   bulk S T B: one thread per block feeds a ring of S shared-memory stages of T bytes by
  *             cp.async.bulk (the copy engine: no registers hold bytes in flight), the 8 warps read
  *             each stage from shared memory and release it (a block barrier), B blocks per SM.
@@ -82,6 +86,34 @@ __global__ void __launch_bounds__(NT) k_chunk(const uint4 *src, size_t n16, uint
     block_xor(fold_run<U>(src, v0 + threadIdx.x, v1, (size_t)NT * U), out);
 }
 
+/* share U: block b reads vectors [b K16, min((b + 1) K16, n16)) (K16: a share's 16-byte vectors), one share a block,
+ * as k_moe_b1r's blocks each read their group's 64 KB (down) or 2 x 64 KB (gate/up) of rows; the dynamic shared
+ * memory the host passes only caps the blocks per SM */
+template <int U>
+__global__ void __launch_bounds__(NT) k_share(const uint4 *src, size_t n16, size_t k16, uint32_t *out) {
+    const size_t v0 = (size_t)blockIdx.x * k16, v1 = v0 + k16 < n16 ? v0 + k16 : n16;
+    block_xor(fold_run<U>(src, v0 + threadIdx.x, v1, (size_t)NT * U), out);
+}
+
+/* rows U: rows of NT vectors (4 KB); block b of G reads rows b, b + G, ... (U rows in flight, thread t vector t of
+ * each), so at any moment the grid's loads fall in one span of about G rows, as with DSV4_CUDA_MOE_B1G=6 */
+template <int U>
+__global__ void __launch_bounds__(NT) k_rows(const uint4 *src, size_t n16, uint32_t *out) {
+    const size_t g = gridDim.x, nrows = n16 / NT;
+    uint32_t x = 0;
+    for (size_t r = blockIdx.x; r < nrows; r += g * U) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            size_t ru = r + (size_t)u * g;
+            v[u] = ru < nrows ? probe_ld_stream(src + ru * NT + threadIdx.x) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) x ^= fold(v[u]);
+    }
+    block_xor(x, out);
+}
+
 __device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* bulk S: the block's contiguous share of the buffer in units of T bytes (T % 16 == 0), a ring of S
@@ -146,19 +178,35 @@ static uint32_t host_xor(const uint32_t *part, int n) {
 
 struct run_cfg {
     const char *name;
-    int kind; /* 0 ldg, 1 bulk, 2 chunk */
-    int u, s, t, bps;
+    int kind; /* 0 ldg, 1 bulk, 2 chunk, 3 share, 4 rows */
+    int u, s, t, bps; /* share, rows: t the share's bytes */
 };
 
 /* one configuration on nbuf buffers of `bytes` each: 32 launches in a graph, rotating through the
  * buffers; returns us per kernel, the xor of buffer 0 in *x0 */
-static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes, int nsm, uint32_t *part_d,
-                  uint32_t *x0, cudaStream_t st) {
+static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes, int nsm, size_t sm_per_sm,
+                  size_t sm_reserved, uint32_t *part_d, uint32_t *x0, cudaStream_t st) {
     int grid = nsm * c.bps;
     size_t smem = c.kind == 1 ? (size_t)c.s * c.t + 8 * (size_t)c.s : 0;
     if (c.kind == 1) CKP(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (c.kind >= 3) {
+        /* one block a share; the shared memory (unused) lets at most bps blocks share an SM */
+        grid = (int)((bytes + (size_t)c.t - 1) / (size_t)c.t);
+        smem = sm_per_sm / (size_t)c.bps - sm_reserved - 256;
+        CKP(cudaFuncSetAttribute(c.kind == 4 ? (const void *)(c.u == 2 ? k_rows<2> : k_rows<4>)
+                                 : (const void *)(c.u == 4 ? k_share<4> : k_share<8>),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
     auto launch = [&](int b) {
-        if (c.kind == 1)
+        if (c.kind == 3 && c.u == 4)
+            k_share<4><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, (size_t)c.t / 16, part_d);
+        else if (c.kind == 3)
+            k_share<8><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, (size_t)c.t / 16, part_d);
+        else if (c.kind == 4 && c.u == 2)
+            k_rows<2><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.kind == 4)
+            k_rows<4><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
+        else if (c.kind == 1)
             k_bulk<<<grid, NT, smem, st>>>(buf[b], bytes, c.s, c.t, part_d);
         else if (c.kind == 2 && c.u == 4)
             k_chunk<4><<<grid, NT, 0, st>>>((const uint4 *)buf[b], bytes / 16, part_d);
@@ -238,11 +286,17 @@ int main(int argc, char **argv) {
         {"bulk", 1, 0, 4, 8192, 2},   {"bulk", 1, 0, 8, 8192, 2},   {"bulk", 1, 0, 4, 16384, 2},
         {"bulk", 1, 0, 6, 16384, 1},  {"bulk", 1, 0, 12, 16384, 1}, {"bulk", 1, 0, 4, 32768, 1},
         {"chunk", 2, 4, 0, 0, 4},     {"chunk", 2, 8, 0, 0, 4},     {"chunk", 2, 4, 0, 0, 2},
-        {"chunk", 2, 8, 0, 0, 2},
+        {"chunk", 2, 8, 0, 0, 2},     {"share", 3, 4, 0, 65536, 4}, {"share", 3, 8, 0, 65536, 4},
+        {"share", 3, 4, 0, 131072, 4}, {"rows", 4, 2, 0, 65536, 4}, {"rows", 4, 4, 0, 65536, 4},
+        {"rows", 4, 4, 0, 131072, 4},
     };
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
+    /* a share kernel's grid: one block per 64 KB of the largest size */
+    double max_mb = 0;
+    for (int z = 0; z < nsz; z++) max_mb = sizes_mb[z] > max_mb ? sizes_mb[z] : max_mb;
+    const size_t nparts = (size_t)nsm * 16 + (size_t)(max_mb * 1e6) / 65536 + 1;
     uint32_t *part_d;
-    CKP(cudaMalloc(&part_d, sizeof(uint32_t) * nsm * 16));
+    CKP(cudaMalloc(&part_d, sizeof(uint32_t) * nparts));
     int bad = 0;
     for (int z = 0; z < nsz; z++) {
         /* a multiple of 32 KB (the largest stage), so every variant reads the same bytes */
@@ -266,11 +320,14 @@ int main(int argc, char **argv) {
             const run_cfg &c = cfgs[i];
             if (c.kind == 1 && (size_t)c.s * c.t + 8 * (size_t)c.s > (size_t)prop.sharedMemPerBlockOptin / c.bps) continue;
             uint32_t x0 = 0;
-            double us = run(c, buf, nbuf, bytes, nsm, part_d, &x0, st);
+            double us = run(c, buf, nbuf, bytes, nsm, prop.sharedMemPerMultiprocessor, prop.reservedSharedMemPerBlock,
+                            part_d, &x0, st);
             if (i == 0) ref = x0;
             char label[64];
             if (c.kind == 0) snprintf(label, sizeof label, "ldg U%d, %d blocks/SM", c.u, c.bps);
             else if (c.kind == 2) snprintf(label, sizeof label, "chunk U%d, %d blocks/SM", c.u, c.bps);
+            else if (c.kind >= 3)
+                snprintf(label, sizeof label, "%s U%d %dK, %d blocks/SM", c.name, c.u, c.t / 1024, c.bps);
             else snprintf(label, sizeof label, "bulk %dx%dK, %d blocks/SM", c.s, c.t / 1024, c.bps);
             double gbs = bytes / (us * 1e-6) / 1e9;
             int ok = x0 == ref;
