@@ -11,8 +11,9 @@
  * reported by ops->check), the path actually taken (dsv4_cuda_moe_gemm_calls).
  * One row (test_one_row): the default (k_moe_b1r: the grid of the real blocks, e2m1 through e4m3
  * bytes, gate/up's stage loop rolled) and k_moe_b1_prev for both (DSV4_CUDA_MOE_B1G=3), and k_moe_b1r
- * with both stage loops rolled (=4), both unrolled (=5) and an FP4 group's features interleaved over its blocks
- * (=6: block chunk takes features chunk + n l), which must give the default's bits;
+ * with both stage loops rolled (=4), both unrolled (=5) and a group's features interleaved over its blocks
+ * (=6: block chunk takes features chunk + n l; FP4 groups and FP8 ones with e8m0 scales, whose features then fall in
+ * several rows of scale blocks a block), which must give the default's bits;
  * MXFP4, NVFP4, FP8 with e8m0 or f32 block scales; each
  * against the CPU op with the tolerances above; e8m0 codes 0 (2^-127) and 255 (NaN) and an NVFP4
  * NaN scale among the block scales (the NaN outputs must be the CPU's), routed experts of inter
@@ -244,7 +245,7 @@ static const struct {
 } ab_runs[NAB] = {{"3", "k_moe_b1_prev", 0},
                   {"4", "k_moe_b1r, both stage loops rolled", 1},
                   {"5", "k_moe_b1r, both stage loops unrolled", 1},
-                  {"6", "k_moe_b1r, FP4 features interleaved over a group's blocks", 1}};
+                  {"6", "k_moe_b1r, features interleaved over a group's blocks", 1}};
 static dsv4_backend g_ab[NAB];
 static int have_ab;
 

@@ -1352,7 +1352,6 @@ template <int UP, int FMT, int S, int V, int M, int HINT, int ILV = 0>
 __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
                                           int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2],
                                           int64_t fs = 1) {
-    static_assert(!ILV || FMT != B1F_FP8, "interleaved features: FP4 only (FP8's one scale row a block)");
     constexpr int NH = UP ? 2 : 1, U = V / NH;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
     uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
@@ -1378,9 +1377,23 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
     };
 #pragma unroll
     for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
-    /* the scale table (FP4) or this thread's two block scales (FP8) */
+    /* the scale table (FP4, interleaved FP8) or this thread's two block scales (FP8) */
     fsc[0] = fsc[1] = 0.0f;
-    if (FMT == B1F_FP8) {
+    if (FMT == B1F_FP8 && ILV) {
+        /* interleaved FP8 (e8m0 scales: k_moe_b1r keeps f32 ones contiguous): the thread's feature i is the group's
+         * f0 + fs (p + P i), in its own row of scale blocks, so the thread writes its entries tid + 256 i of the
+         * table as FP4's are laid out (bf16 bits of the scale; up: w1's low, w3's high), read after b1f_run's
+         * barrier; the same scale values as fsc, so the same products */
+        const int cb = c * 16 / W[0].block;
+        for (int i = 0; i < nv && i < M; i++) {
+            const int64_t rb = (f0 + fs * (p + (int64_t)P * i)) / W[0].block;
+            const uint32_t lo = b1_e8m0_bf16(__ldg(W[0].scale + rb * W[0].srow + cb));
+            if (UP)
+                ((uint32_t *)tile)[tid + 256 * i] = lo | b1_e8m0_bf16(__ldg(W[1].scale + rb * W[1].srow + cb)) << 16;
+            else
+                ((uint16_t *)tile)[tid + 256 * i] = (uint16_t)lo;
+        }
+    } else if (FMT == B1F_FP8) {
         int64_t rb = f0 / W[0].block;
         int cb = c * 16 / W[0].block;
 #pragma unroll
@@ -1441,10 +1454,11 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
 }
 
 /* one stage vector q's sum in format FMT: the products with xr and the scale (FP8: this thread's block
- * scale fsc; FP4: the entry te of the block's table, half hh) */
-template <int FMT, int DEC>
+ * scale fsc, or with ILV the table's entry te, half hh; FP4: the entry te of the block's table, half hh) */
+template <int FMT, int DEC, int ILV = 0>
 __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32_t te, int hh, float fsc,
                                          const mb_half &H) {
+    if (FMT == B1F_FP8 && ILV) return b1f_fp8(q, xr) * __uint_as_float((hh ? te >> 16 : te & 0xffffu) << 16);
     if (FMT == B1F_FP8) return b1f_fp8(q, xr) * fsc;
     float a, b;
     b1f_fp4<DEC>(q, xr, a, b);
@@ -1505,7 +1519,8 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
                     uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
 #pragma unroll
                     for (int hh = 0; hh < NH; hh++)
-                        v[u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh, fsc[hh], W[hh]);
+                        v[u * NH + hh] =
+                            b1f_dot<FMT, DC, ILV>(sd[(st * V + u * NH + hh) * 256], xr, te, hh, fsc[hh], W[hh]);
                 }
                 float wsum = b1f_reduce<V>(v, lane);
                 if ((lane & (32 / V - 1)) == 0) {
@@ -1525,8 +1540,8 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
                     uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
 #pragma unroll
                     for (int hh = 0; hh < NH; hh++)
-                        v[st * V + u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh,
-                                                                   fsc[hh], W[hh]);
+                        v[st * V + u * NH + hh] = b1f_dot<FMT, DC, ILV>(sd[(st * V + u * NH + hh) * 256], xr, te,
+                                                                        hh, fsc[hh], W[hh]);
                 }
             }
             /* rows past the weight's end hold stale stage data: their sums are never read */
@@ -1553,7 +1568,7 @@ __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], i
     else if (W[0].fmt == DSV4_WF_NVFP4)
         b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
     else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
+        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
 }
 
 /* ----- one row on tensor cores (moe.dot=mma: k_moe_b1r's MMA instances, below) -----
@@ -2109,9 +2124,10 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
-    else if (ILV && W[0].fmt != DSV4_WF_FP8)
-        /* an FP4 group's features interleaved over its n blocks: block chunk takes chunk + n l (n = cr routed, cs
-         * shared).  The group's blocks are chunk < n with n = ceil(rows / (P M)), so b1_group passed each of them */
+    else if (ILV && (W[0].fmt != DSV4_WF_FP8 || !W[0].scale_f32))
+        /* a group's features interleaved over its n blocks: block chunk takes chunk + n l (n = cr routed, cs shared).
+         * The group's blocks are chunk < n with n = ceil(rows / (P M)), so b1_group passed each of them.  FP4, and
+         * FP8 with e8m0 scales (a table of the features' scale rows); FP8 with f32 scales keeps its chunk */
         b1f_format<UP, DEC, S, V, M, B1_HINT, ILV>(b1s, W, rows, xs, chunk, out, G.pre[0], limit, act_bf16,
                                                     gi < nr ? cr : cs);
     else
@@ -2430,9 +2446,10 @@ struct b1_geom {
 #define B1_GEOM_R(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                        \
     {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD>,              \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
-/* 0's kernels with ILV (stop 63): an FP4 group's block takes the features chunk + n l (n: the group's blocks)
- * instead of chunk P M + l, so that at any moment a group's blocks read neighbouring rows (one span of n rows)
- * instead of n runs 128 KB (gate/up) / 64 KB (down) apart; the same sums in the same order, feature by feature */
+/* 0's kernels with ILV (stop 63): a group's block takes the features chunk + n l (n: the group's blocks) instead of
+ * chunk P M + l, so that at any moment a group's blocks read neighbouring rows (one span of n rows) instead of n runs
+ * 128 KB (gate/up) / 64 KB (down) apart; the same sums in the same order, feature by feature.  FP4 groups and, since
+ * stop 64, FP8 groups with e8m0 scales (the shared expert's); FP8 with f32 scales keeps its chunk */
 #define B1_GEOM_RI(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                       \
     {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU, 0, 1>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD, 0, 1>, \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
@@ -2448,7 +2465,7 @@ static const b1_geom b1_geoms[] = {
     B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),       /* 3: k_moe_b1_prev */
     B1_GEOM_R(3, 3, 4, 2, 16, 4, 4, 2, 16, 4),   /* 4: both halves rolled */
     B1_GEOM_R(2, 2, 4, 2, 16, 4, 4, 2, 16, 4),   /* 5: both unrolled (the default until stop 41) */
-    B1_GEOM_RI(3, 2, 4, 2, 16, 4, 4, 2, 16, 4),  /* 6: 0 with the FP4 features interleaved over a group's blocks */
+    B1_GEOM_RI(3, 2, 4, 2, 16, 4, 4, 2, 16, 4),  /* 6: 0 with a group's features interleaved over its blocks */
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
