@@ -849,12 +849,6 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
 #pragma unroll
     for (int i = 0; i < CPT; i++) kcol[i] = (c + i * tpr) * 16, scol[i] = kcol[i] >> blk_log2;
     const int slots = 256 >> tpr_log2, slot = threadIdx.x >> tpr_log2;
-    /* this block's passes pb, pb + ps, .. < pe: contiguous (ps 1), every block within one of the others; or (ILV,
-     * DSV4_CUDA_G8X_ILV=1) interleaved, pass blockIdx.x + n gridDim.x, so that at any moment the grid reads one span
-     * of neighbouring passes instead of gridDim.x runs a block's share apart */
-    const int64_t pb = ILV ? (int64_t)blockIdx.x : (int64_t)npass * blockIdx.x / gridDim.x,
-                  pe = ILV ? (int64_t)npass : (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
-    const int64_t ps = ILV ? (int64_t)gridDim.x : 1;
     float xv[CPT][16];
     int64_t xgrp = -1;
     int buf = 0;
@@ -863,14 +857,36 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
                                                ((int64_t)(P) * slots + slot) * RPP, kcol, scol)
 #define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP, XBF>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
                                                     tpr_log2, P, kcol)
-    if (pb < pe) G8X_LOAD(ba, pb);
-    pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
-    for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
-        if (p + ps < pe) G8X_LOAD(bb, p + ps);
-        G8X_PASS(ba, p);
-        if (p + ps >= pe) break;
-        if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
-        G8X_PASS(bb, p + ps);
+    if constexpr (ILV) {
+        /* DSV4_CUDA_G8X_ILV=ILV: runs of ILV passes interleaved over the blocks, the block's k-th pass in run
+         * blockIdx.x + (k / ILV) gridDim.x, so that at any moment the grid reads one span of neighbouring passes
+         * instead of gridDim.x runs a block's share apart; a run of several passes keeps grouped wo_a's x (one group
+         * a run) in registers, where single passes 2112 rows apart each start a new group */
+        const int64_t G = gridDim.x, b = blockIdx.x;
+        auto pass_of = [&](int64_t k) { return ((k / ILV) * G + b) * ILV + k % ILV; }; /* increasing in k */
+        if (pass_of(0) < npass) G8X_LOAD(ba, pass_of(0));
+        pdl_enter();
+        for (int64_t k = 0; pass_of(k) < npass; k += 2) {
+            const int64_t p0 = pass_of(k), p1 = pass_of(k + 1), p2 = pass_of(k + 2);
+            if (p1 < npass) G8X_LOAD(bb, p1);
+            G8X_PASS(ba, p0);
+            if (p1 >= npass) break;
+            if (p2 < npass) G8X_LOAD(ba, p2);
+            G8X_PASS(bb, p1);
+        }
+    } else {
+        /* this block's passes pb .. pe - 1: contiguous, every block within one of the others */
+        const int64_t pb = (int64_t)npass * blockIdx.x / gridDim.x, pe = (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
+        const int64_t ps = 1;
+        if (pb < pe) G8X_LOAD(ba, pb);
+        pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
+        for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
+            if (p + ps < pe) G8X_LOAD(bb, p + ps);
+            G8X_PASS(ba, p);
+            if (p + ps >= pe) break;
+            if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
+            G8X_PASS(bb, p + ps);
+        }
     }
 #undef G8X_LOAD
 #undef G8X_PASS
@@ -911,19 +927,23 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
-/* DSV4_CUDA_G8X_ILV=1 (A/B, read once; stop 63): k_gemv8x's passes interleaved over the blocks */
+/* DSV4_CUDA_G8X_ILV=R (A/B, read once): k_gemv8x's passes interleaved over the blocks in runs of R = 1 (stop 63) or
+ * 4 (stop 64) passes; anything else the contiguous default */
 static int gemv8x_ilv(void) {
     static int v = -1;
     if (v < 0) {
         const char *o = getenv("DSV4_CUDA_G8X_ILV");
-        v = o && o[0] == '1';
+        v = o && (!strcmp(o, "1") || !strcmp(o, "4")) ? o[0] - '0' : 0;
     }
     return v;
 }
 
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    if (gemv8x_ilv())
+    if (gemv8x_ilv() == 4)
+        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 4>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+    else if (gemv8x_ilv())
         dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 1>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
                     a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
     else
