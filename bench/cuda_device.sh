@@ -428,11 +428,12 @@ for stage in "${stages[@]}"; do
   sprobe)
     # tools/device/stream_probe.cu (built here by nvcc) at PROBE_MB (default 16.8 33.5 70): grid-stride ldg, bulk rings,
     # a persistent block's contiguous share (chunk), the MoE's grid of 64 / 128 KB shares (share) and its rows
-    # interleaved over the blocks (rows), beside the synth (it reads no model)
+    # interleaved over the blocks (rows), both also through k_moe_b1r's cp.async ring (cpa, cpa-rows), beside the
+    # synth (it reads no model)
     if nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/device/stream_probe.cu -o /tmp/stream_probe \
       >"$OUT/sprobe.log" 2>&1; then
       timeout 150 /tmp/stream_probe ${PROBE_MB:-16.8 33.5 70} >>"$OUT/sprobe.log" 2>&1
-      note "sprobe rc=$?"; grep -E "MB|ldg U4|ldg U8|chunk|share|rows|bytes" "$OUT/sprobe.log" >>"$summary"
+      note "sprobe rc=$?"; grep -E "MB|ldg U4|ldg U8|chunk|share|rows|cpa|bytes" "$OUT/sprobe.log" >>"$summary"
     else note "sprobe: nvcc failed"; fi ;;
   moe1)
     # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features

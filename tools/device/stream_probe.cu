@@ -12,6 +12,9 @@
  *             as shares (not persistent: the blocks run in waves), B blocks per SM (held by dynamic shared memory);
  *   rows U K B: the same grid and occupancy, but block b reads the 4 KB rows b, b + G, b + 2 G, ... (G blocks):
  *             DSV4_CUDA_MOE_B1G=6's interleaved features, where a group's blocks read neighbouring rows;
+ *   cpa S V K, cpa-rows S V K: share's and rows' grids and bytes, loaded as k_moe_b1r loads them (b1f_run): each
+ *             thread's 16-byte cp.async.cg copies into its own slots of an S-stage shared-memory ring, V copies a
+ *             stage, S - 1 stages in flight (cp.async.wait_group), then read back from shared memory;
  *   bulk S T B: one thread per block feeds a ring of S shared-memory stages of T bytes by
  *             cp.async.bulk (the copy engine: no registers hold bytes in flight), the 8 warps read
  *             each stage from shared memory and release it (a block barrier), B blocks per SM.
@@ -116,6 +119,50 @@ __global__ void __launch_bounds__(NT) k_rows(const uint4 *src, size_t n16, uint3
 
 __device__ __forceinline__ uint32_t sm_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* cpa S V (ROWS 0: share's layout, block b's vectors [b K16, (b + 1) K16) in stages of V NT; ROWS 1: rows', V rows
+ * of NT vectors a stage from b, b + G, ...): copy j of stage `it` of thread t is vector at(it, j) (n16 where there
+ * is none), into slot ((it mod S) V + j) NT + t of the ring; each thread reads back only its own slots, so the
+ * cp.async wait of its own groups is the only synchronisation, as in b1f_run */
+template <int S, int V, int ROWS>
+__global__ void __launch_bounds__(NT) k_cpa(const uint4 *src, size_t n16, size_t k16, uint32_t *out) {
+    extern __shared__ __align__(128) uint4 cring[]; /* S V NT vectors (the rest of the allocation caps occupancy) */
+    const size_t g = gridDim.x, b = blockIdx.x, t = threadIdx.x, nrows = n16 / NT;
+    const size_t v0 = b * k16, v1 = v0 + k16 < n16 ? v0 + k16 : n16;
+    auto at = [&](size_t it, int j) -> size_t {
+        if (ROWS) {
+            const size_t r = b + g * (it * V + (size_t)j);
+            return r < nrows ? r * NT + t : n16;
+        }
+        const size_t v = v0 + (it * V + (size_t)j) * NT + t;
+        return v < v1 ? v : n16;
+    };
+    const size_t nb = ROWS ? (nrows > b ? (nrows - b + g - 1) / g : 0) : 0; /* rows: the block's row count */
+    const size_t nit = ROWS ? (nb + V - 1) / V : (v1 > v0 ? (v1 - v0 + (size_t)NT * V - 1) / ((size_t)NT * V) : 0);
+    auto issue = [&](size_t it) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const size_t v = at(it, j);
+            if (v < n16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                 sm_addr(cring + ((it % S) * V + (size_t)j) * NT + t)),
+                             "l"(src + v)
+                             : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) issue((size_t)st); /* copies past the end issue nothing, an empty group */
+    uint32_t x = 0;
+    for (size_t it = 0; it < nit; it++) {
+        issue(it + S - 1);
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (at(it, j) < n16) x ^= fold(cring[((it % S) * V + (size_t)j) * NT + t]);
+    }
+    block_xor(x, out);
+}
+
 /* bulk S: the block's contiguous share of the buffer in units of T bytes (T % 16 == 0), a ring of S
  * stages; thread 0 arms stage s's mbarrier with its byte count and issues the copy, every thread
  * waits on it (parity = use count & 1), reads its 16-byte vectors of the stage, and the block's
@@ -178,8 +225,8 @@ static uint32_t host_xor(const uint32_t *part, int n) {
 
 struct run_cfg {
     const char *name;
-    int kind; /* 0 ldg, 1 bulk, 2 chunk, 3 share, 4 rows */
-    int u, s, t, bps; /* share, rows: t the share's bytes */
+    int kind; /* 0 ldg, 1 bulk, 2 chunk, 3 share, 4 rows, 5 cpa, 6 cpa-rows */
+    int u, s, t, bps; /* share, rows, cpa: t the share's bytes; cpa: s stages of u copies */
 };
 
 /* one configuration on nbuf buffers of `bytes` each: 32 launches in a graph, rotating through the
@@ -193,12 +240,28 @@ static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes,
         /* one block a share; the shared memory (unused) lets at most bps blocks share an SM */
         grid = (int)((bytes + (size_t)c.t - 1) / (size_t)c.t);
         smem = sm_per_sm / (size_t)c.bps - sm_reserved - 256;
-        CKP(cudaFuncSetAttribute(c.kind == 4 ? (const void *)(c.u == 2 ? k_rows<2> : k_rows<4>)
-                                 : (const void *)(c.u == 4 ? k_share<4> : k_share<8>),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (c.kind >= 5 && smem < (size_t)c.s * c.u * NT * 16) {
+            fprintf(stderr, "stream_probe: %s S%d V%d does not fit %d blocks an SM\n", c.name, c.s, c.u, c.bps);
+            exit(1);
+        }
+        const void *fn = c.kind == 6 ? (c.u == 2 ? (const void *)k_cpa<4, 2, 1> : (const void *)k_cpa<4, 4, 1>)
+                         : c.kind == 5 ? (c.u == 2 ? (const void *)k_cpa<4, 2, 0> : (const void *)k_cpa<4, 4, 0>)
+                         : c.kind == 4 ? (c.u == 2 ? (const void *)k_rows<2> : (const void *)k_rows<4>)
+                                       : (c.u == 4 ? (const void *)k_share<4> : (const void *)k_share<8>);
+        CKP(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     }
     auto launch = [&](int b) {
-        if (c.kind == 3 && c.u == 4)
+        const uint4 *src = (const uint4 *)buf[b];
+        const size_t n16 = bytes / 16, k16 = (size_t)c.t / 16;
+        if (c.kind == 5 && c.u == 2)
+            k_cpa<4, 2, 0><<<grid, NT, smem, st>>>(src, n16, k16, part_d);
+        else if (c.kind == 5)
+            k_cpa<4, 4, 0><<<grid, NT, smem, st>>>(src, n16, k16, part_d);
+        else if (c.kind == 6 && c.u == 2)
+            k_cpa<4, 2, 1><<<grid, NT, smem, st>>>(src, n16, k16, part_d);
+        else if (c.kind == 6)
+            k_cpa<4, 4, 1><<<grid, NT, smem, st>>>(src, n16, k16, part_d);
+        else if (c.kind == 3 && c.u == 4)
             k_share<4><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, (size_t)c.t / 16, part_d);
         else if (c.kind == 3)
             k_share<8><<<grid, NT, smem, st>>>((const uint4 *)buf[b], bytes / 16, (size_t)c.t / 16, part_d);
@@ -288,7 +351,8 @@ int main(int argc, char **argv) {
         {"chunk", 2, 4, 0, 0, 4},     {"chunk", 2, 8, 0, 0, 4},     {"chunk", 2, 4, 0, 0, 2},
         {"chunk", 2, 8, 0, 0, 2},     {"share", 3, 4, 0, 65536, 4}, {"share", 3, 8, 0, 65536, 4},
         {"share", 3, 4, 0, 131072, 4}, {"rows", 4, 2, 0, 65536, 4}, {"rows", 4, 4, 0, 65536, 4},
-        {"rows", 4, 4, 0, 131072, 4},
+        {"rows", 4, 4, 0, 131072, 4}, {"cpa", 5, 2, 4, 65536, 4},  {"cpa", 5, 4, 4, 65536, 3},
+        {"cpa-rows", 6, 2, 4, 65536, 4}, {"cpa-rows", 6, 4, 4, 65536, 3},
     };
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     /* a share kernel's grid: one block per 64 KB of the largest size */
@@ -326,6 +390,8 @@ int main(int argc, char **argv) {
             char label[64];
             if (c.kind == 0) snprintf(label, sizeof label, "ldg U%d, %d blocks/SM", c.u, c.bps);
             else if (c.kind == 2) snprintf(label, sizeof label, "chunk U%d, %d blocks/SM", c.u, c.bps);
+            else if (c.kind >= 5)
+                snprintf(label, sizeof label, "%s S%d V%d %dK, %d blocks/SM", c.name, c.s, c.u, c.t / 1024, c.bps);
             else if (c.kind >= 3)
                 snprintf(label, sizeof label, "%s U%d %dK, %d blocks/SM", c.name, c.u, c.t / 1024, c.bps);
             else snprintf(label, sizeof label, "bulk %dx%dK, %d blocks/SM", c.s, c.t / 1024, c.bps);
