@@ -237,7 +237,7 @@ static double run(const run_cfg &c, uint8_t *const *buf, int nbuf, size_t bytes,
     size_t smem = c.kind == 1 ? (size_t)c.s * c.t + 8 * (size_t)c.s : 0;
     if (c.kind == 1) CKP(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (c.kind >= 3) {
-        /* one block a share; the shared memory (unused) lets at most bps blocks share an SM */
+        /* one block a share; the shared memory (cpa's ring, else unused) lets at most bps blocks share an SM */
         grid = (int)((bytes + (size_t)c.t - 1) / (size_t)c.t);
         smem = sm_per_sm / (size_t)c.bps - sm_reserved - 256;
         if (c.kind >= 5 && smem < (size_t)c.s * c.u * NT * 16) {
@@ -378,7 +378,7 @@ int main(int argc, char **argv) {
         CKP(cudaStreamSynchronize(st));
         printf("\n%.1f MB (%zu bytes), %d buffers (%.0f MB) rotating, %d launches a graph\n", bytes / 1e6, bytes, nbuf,
                nbuf * bytes / 1e6, RUN_LAUNCHES);
-        printf("  %-24s %10s %9s %8s  %s\n", "pattern", "us/kernel", "GB/s", "% copy", "check");
+        printf("  %-32s %10s %9s %8s  %s\n", "pattern", "us/kernel", "GB/s", "% copy", "check");
         uint32_t ref = 0;
         for (int i = 0; i < ncfg; i++) {
             const run_cfg &c = cfgs[i];
@@ -398,7 +398,7 @@ int main(int argc, char **argv) {
             double gbs = bytes / (us * 1e-6) / 1e9;
             int ok = x0 == ref;
             bad += !ok;
-            printf("  %-24s %10.2f %9.0f %7.1f%%  %s\n", label, us, gbs, 100.0 * gbs / copy_gbs,
+            printf("  %-32s %10.2f %9.0f %7.1f%%  %s\n", label, us, gbs, 100.0 * gbs / copy_gbs,
                    ok ? "xor ok" : "XOR DIFFERS");
         }
         for (int b = 0; b < nbuf; b++) CKP(cudaFree(buf[b]));
