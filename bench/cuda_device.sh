@@ -437,10 +437,11 @@ for stage in "${stages[@]}"; do
     else note "sprobe: nvcc failed"; fi ;;
   moe1)
     # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features
-    # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=1 and =4
+    # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=1, =4, =8
     tcase moe1_test "^FAIL|interleaved" 300 $bin/test_cuda_moe test_one_row
     tcase g8xilv_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=1 $bin/test_cuda_linear test_gemv8 test_fused_input
-    tcase g8xilv4_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=4 $bin/test_cuda_linear test_gemv8 test_fused_input ;;
+    tcase g8xilv4_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=4 $bin/test_cuda_linear test_gemv8 test_fused_input
+    tcase g8xilv8_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=8 $bin/test_cuda_linear test_gemv8 test_fused_input ;;
   topkwkt)
     # DSV4_CUDA_TOPK_W in the decode graphs without the 20-layer model: a 3-layer Flash synth (layer 2 has the
     # indexer; 11 GB, ~10 s), greedy decode at 32K context at DSV4_CUDA_TOPK_W=0 and =1 (the default) traced, each

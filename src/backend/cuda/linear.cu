@@ -927,20 +927,23 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
-/* DSV4_CUDA_G8X_ILV=R (A/B, read once): k_gemv8x's passes interleaved over the blocks in runs of R = 1 (stop 63) or
- * 4 (stop 64) passes; anything else the contiguous default */
+/* DSV4_CUDA_G8X_ILV=R (A/B, read once): k_gemv8x's passes interleaved over the blocks in runs of R = 1 (stop 63), 4
+ * or 8 (stop 64) passes; anything else the contiguous default */
 static int gemv8x_ilv(void) {
     static int v = -1;
     if (v < 0) {
         const char *o = getenv("DSV4_CUDA_G8X_ILV");
-        v = o && (!strcmp(o, "1") || !strcmp(o, "4")) ? o[0] - '0' : 0;
+        v = o && (!strcmp(o, "1") || !strcmp(o, "4") || !strcmp(o, "8")) ? o[0] - '0' : 0;
     }
     return v;
 }
 
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    if (gemv8x_ilv() == 4)
+    if (gemv8x_ilv() == 8)
+        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 8>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
+                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+    else if (gemv8x_ilv() == 4)
         dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 4>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
                     a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
     else if (gemv8x_ilv())
