@@ -437,8 +437,10 @@ for stage in "${stages[@]}"; do
     else note "sprobe: nvcc failed"; fi ;;
   moe1)
     # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features
-    # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=1, =4, =8
+    # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=0 (the split
+    # before stop 64), =1, =4 and =8 (the default, whole runs, runs in every other test)
     tcase moe1_test "^FAIL|interleaved" 300 $bin/test_cuda_moe test_one_row
+    tcase g8xilv0_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=0 $bin/test_cuda_linear test_gemv8 test_fused_input
     tcase g8xilv_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=1 $bin/test_cuda_linear test_gemv8 test_fused_input
     tcase g8xilv4_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=4 $bin/test_cuda_linear test_gemv8 test_fused_input
     tcase g8xilv8_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=8 $bin/test_cuda_linear test_gemv8 test_fused_input ;;
