@@ -436,14 +436,11 @@ for stage in "${stages[@]}"; do
       note "sprobe rc=$?"; grep -E "MB|ldg U4|ldg U8|chunk|share|rows|cpa|bytes" "$OUT/sprobe.log" >>"$summary"
     else note "sprobe: nvcc failed"; fi ;;
   moe1)
-    # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits, =6's interleaved features
-    # among them), beside the synth; then test_cuda_linear's one-row FP8 GEMV cases at DSV4_CUDA_G8X_ILV=0 (the split
-    # before stop 64), =1, =4 and =8 (the default, whole runs, runs in every other test)
-    tcase moe1_test "^FAIL|interleaved" 300 $bin/test_cuda_moe test_one_row
-    tcase g8xilv0_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=0 $bin/test_cuda_linear test_gemv8 test_fused_input
-    tcase g8xilv_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=1 $bin/test_cuda_linear test_gemv8 test_fused_input
-    tcase g8xilv4_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=4 $bin/test_cuda_linear test_gemv8 test_fused_input
-    tcase g8xilv8_test "^FAIL" 300 DSV4_CUDA_G8X_ILV=8 $bin/test_cuda_linear test_gemv8 test_fused_input ;;
+    # test_cuda_moe's one-row cases only (every A/B geometry against the default's bits), beside the synth; then
+    # test_cuda_linear's one-row FP8 GEMV cases with k_gemv8x's proportional split (DSV4_CUDA_G8X_SPLIT=1, the default
+    # before stop 64; the default's whole runs run in every other test)
+    tcase moe1_test "^FAIL" 300 $bin/test_cuda_moe test_one_row
+    tcase g8xsplit_test "^FAIL" 300 DSV4_CUDA_G8X_SPLIT=1 $bin/test_cuda_linear test_gemv8 test_fused_input ;;
   topkwkt)
     # DSV4_CUDA_TOPK_W in the decode graphs without the 20-layer model: a 3-layer Flash synth (layer 2 has the
     # indexer; 11 GB, ~10 s), greedy decode at 32K context at DSV4_CUDA_TOPK_W=0 and =1 (the default) traced, each

@@ -837,7 +837,7 @@ __device__ __forceinline__ void g8x_pass(const g8x_buf<CPT, RPP> &b, float (&xv)
     if (wr && o < no) out[o] = out_bf16 ? d_round_bf16(sum) : sum;
 }
 
-template <int SCL, int CPT, int RPP, int XBF, int ILV = 0>
+template <int SCL, int CPT, int RPP, int XBF, int SPLIT = 0>
 __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float *__restrict__ x,
                                                  const uint8_t *__restrict__ wd, const uint8_t *__restrict__ ws,
                                                  int K, int sf32, int blk_log2, int64_t o0, int64_t no, int64_t gR,
@@ -857,44 +857,25 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
                                                ((int64_t)(P) * slots + slot) * RPP, kcol, scol)
 #define G8X_PASS(B, P) g8x_pass<SCL, CPT, RPP, XBF>(B, xv, xgrp, buf, red, out, x, sf32, no, gR, xg, out_bf16, \
                                                     tpr_log2, P, kcol)
-    if constexpr (ILV > 0) {
-        /* DSV4_CUDA_G8X_ILV=ILV: runs of ILV passes interleaved over the blocks, the block's k-th pass in run
-         * blockIdx.x + (k / ILV) gridDim.x, so that at any moment the grid reads one span of neighbouring passes
-         * instead of gridDim.x runs a block's share apart; a run of several passes keeps grouped wo_a's x (one group
-         * a run) in registers, where single passes 2112 rows apart each start a new group */
-        const int64_t G = gridDim.x, b = blockIdx.x;
-        auto pass_of = [&](int64_t k) { return ((k / ILV) * G + b) * ILV + k % ILV; }; /* increasing in k */
-        if (pass_of(0) < npass) G8X_LOAD(ba, pass_of(0));
-        pdl_enter();
-        for (int64_t k = 0; pass_of(k) < npass; k += 2) {
-            const int64_t p0 = pass_of(k), p1 = pass_of(k + 1), p2 = pass_of(k + 2);
-            if (p1 < npass) G8X_LOAD(bb, p1);
-            G8X_PASS(ba, p0);
-            if (p1 >= npass) break;
-            if (p2 < npass) G8X_LOAD(ba, p2);
-            G8X_PASS(bb, p1);
-        }
-    } else {
-        /* this block's passes pb .. pe - 1, contiguous.  ILV 0 (the default since stop 64): whole runs of
-         * R = ceil(npass / gridDim.x) passes, block b's run [b R, b R + R) (the last shorter, blocks past npass idle),
-         * so no block takes more passes than under the split below, and on Flash's wo_a / wo_b (npass 1024, 264
-         * blocks) it is DSV4_CUDA_G8X_ILV=4's schedule, which the H100 measured 5.6 % faster than the split (stop 64).
-         * ILV -1 (DSV4_CUDA_G8X_ILV=0, the default before): npass split in proportion, every block within one pass of
-         * the others */
-        const int64_t R = ((int64_t)npass + gridDim.x - 1) / gridDim.x;
-        const int64_t pb = ILV == 0 ? R * blockIdx.x : (int64_t)npass * blockIdx.x / gridDim.x,
-                      pe = ILV == 0 ? (pb + R < npass ? pb + R : (int64_t)npass)
-                                    : (int64_t)npass * (blockIdx.x + 1) / gridDim.x;
-        const int64_t ps = 1;
-        if (pb < pe) G8X_LOAD(ba, pb);
-        pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
-        for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
-            if (p + ps < pe) G8X_LOAD(bb, p + ps);
-            G8X_PASS(ba, p);
-            if (p + ps >= pe) break;
-            if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
-            G8X_PASS(bb, p + ps);
-        }
+    /* this block's passes pb .. pe - 1, contiguous.  The default (since stop 64): whole runs of R = ceil(npass /
+     * gridDim.x) passes, block b's run [b R, b R + R) (the last shorter, blocks past npass idle), so no block takes
+     * more passes than under the split; on Flash's wo_a / wo_b (1024 passes, 264 blocks) that is one run of 4 a
+     * block, measured 5.6 % faster per kernel than the split on an H100 (as runs of 4 interleaved, the same
+     * assignment there; stop 64).  SPLIT (DSV4_CUDA_G8X_SPLIT=1, the default before): npass split in proportion,
+     * every block within one pass of the others */
+    const int64_t R = ((int64_t)npass + gridDim.x - 1) / gridDim.x;
+    const int64_t pb = SPLIT ? (int64_t)npass * blockIdx.x / gridDim.x : R * blockIdx.x,
+                  pe = SPLIT ? (int64_t)npass * (blockIdx.x + 1) / gridDim.x
+                             : (pb + R < npass ? pb + R : (int64_t)npass);
+    const int64_t ps = 1;
+    if (pb < pe) G8X_LOAD(ba, pb);
+    pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
+    for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
+        if (p + ps < pe) G8X_LOAD(bb, p + ps);
+        G8X_PASS(ba, p);
+        if (p + ps >= pe) break;
+        if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
+        G8X_PASS(bb, p + ps);
     }
 #undef G8X_LOAD
 #undef G8X_PASS
@@ -935,35 +916,22 @@ static void gemv8_cr(const lin_args &a, int cpt, int rpp, const gemv8_geom &g, c
     }
 }
 
-/* DSV4_CUDA_G8X_ILV (A/B, read once): k_gemv8x's passes interleaved over the blocks in runs of R = 1 (stop 63), 4 or
- * 8 (stop 64) passes; 0 the proportional split (the default before stop 64); unset or anything else the default,
- * contiguous whole runs (k_gemv8x's ILV 0) */
-static int gemv8x_ilv(void) {
-    static int v = -2;
-    if (v == -2) {
-        const char *o = getenv("DSV4_CUDA_G8X_ILV");
-        v = o && (!strcmp(o, "1") || !strcmp(o, "4") || !strcmp(o, "8")) ? o[0] - '0' : o && !strcmp(o, "0") ? -1 : 0;
+/* DSV4_CUDA_G8X_SPLIT=1 (A/B, read once): k_gemv8x's passes split in proportion over the blocks, the default before
+ * stop 64's whole runs */
+static int gemv8x_split(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *o = getenv("DSV4_CUDA_G8X_SPLIT");
+        v = o && !strcmp(o, "1");
     }
     return v;
 }
 
 template <int SCL, int RPP, int XBF>
 static void gemv8x_go(const lin_args &a, int tpr_log2, int npass, int grid, cudaStream_t st) {
-    if (gemv8x_ilv() == 8)
-        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 8>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
-    else if (gemv8x_ilv() == 4)
-        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 4>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
-    else if (gemv8x_ilv() == -1)
-        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, -1>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
-    else if (gemv8x_ilv() == 1)
-        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF, 1>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
-    else
-        dsv4_launch(k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out, a.x, a.w.data, a.w.scale, (int)a.w.cols,
-                    a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg, a.out_bf16, tpr_log2, npass);
+    dsv4_launch(gemv8x_split() ? k_gemv8x<SCL, 2, RPP, XBF, 1> : k_gemv8x<SCL, 2, RPP, XBF>, grid, 256, 0, st, a.out,
+                a.x, a.w.data, a.w.scale, (int)a.w.cols, a.w.scale_f32, ilog2(a.w.block), a.o0, a.no, a.gR, a.xg,
+                a.out_bf16, tpr_log2, npass);
 }
 
 template <int SCL, int XBF>

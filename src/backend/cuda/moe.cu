@@ -1007,7 +1007,7 @@ __device__ __forceinline__ void b1_cp4(void *dst, const void *src) {
  * down the sum (bf16-rounded under act_bf16). */
 template <int UP, typename NT> /* NT: the callers' type of the feature count (int or int64_t) */
 __device__ __forceinline__ void b1_write(const float *part, int kw, NT n, int tid, int64_t f0, float *out,
-                                         float pre, float limit, int act_bf16, int64_t fs = 1) {
+                                         float pre, float limit, int act_bf16) {
     constexpr int NH = UP ? 2 : 1;
     for (int fl = tid; fl < n; fl += blockDim.x) {
         float v[2] = {0.0f, 0.0f};
@@ -1018,8 +1018,8 @@ __device__ __forceinline__ void b1_write(const float *part, int kw, NT n, int ti
             for (int j = 1; j < kw; j++) t += pp[j];
             v[hh] = t;
         }
-        if (UP) out[f0 + fs * fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
-        else out[f0 + fs * fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
+        if (UP) out[f0 + fl] = moe_swiglu(v[0], v[1], limit, act_bf16, pre);
+        else out[f0 + fl] = act_bf16 ? d_round_bf16(v[0]) : v[0];
     }
 }
 
@@ -1329,16 +1329,13 @@ __device__ __forceinline__ float b1f_reduce(float (&v)[N], int lane) {
 /* b1f_run and bn_run's refill at step st of a round: the copies of iteration it0 + st + S - 1
  * (features from the round's first: ib < nvr are valid; b0 / b1 the round's first vectors) into
  * stage (st + S - 1) % S, then the wait for stage st */
-template <int NH, int S, int V, int HINT, int ILV = 0>
-__device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1,
-                                           int64_t fstep = 4096) {
+template <int NH, int S, int V, int HINT>
+__device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uint8_t *b0, const uint8_t *b1) {
     constexpr int U = V / NH, FSTEP = 4096;
 #pragma unroll
     for (int j = 0; j < V; j++) {
         int u = j / NH, ib = (st + S - 1) * U + u;
-        if (ib < nvr)
-            b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256,
-                          (j % NH ? b1 : b0) + (ILV ? ib * fstep : (int64_t)(ib * FSTEP)));
+        if (ib < nvr) b1_cp16<HINT>(sd + (((st + S - 1) % S) * V + j) * 256, (j % NH ? b1 : b0) + ib * FSTEP);
     }
     d_cp_commit();
     d_cp_wait<S - 1>();
@@ -1348,52 +1345,33 @@ __device__ __forceinline__ void b1f_refill(uint4 *sd, int st, int nvr, const uin
  * features nfeat and this thread's valid ones nv (i < nv), its first weight vectors g0 / g1, the
  * first S - 1 stages of its copies in flight, and the scales: FP8 this thread's two block scales
  * (fsc), FP4 the block's table in shared memory (tile; read after the caller's barrier). */
-template <int UP, int FMT, int S, int V, int M, int HINT, int ILV = 0>
+template <int UP, int FMT, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], int64_t rows, int64_t f0, int &nfeat,
-                                          int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2],
-                                          int64_t fs = 1) {
+                                          int &nv, const uint8_t *&g0, const uint8_t *&g1, float (&fsc)[2]) {
     constexpr int NH = UP ? 2 : 1, U = V / NH;
     constexpr int FSTEP = 4096; /* bytes from one of a thread's features to the next */
     uint4 *sd = (uint4 *)sm + threadIdx.x; /* this thread's slot of stage vector 0 */
     uint8_t *tile = sm + S * V * 256 * 16;
     int tid = threadIdx.x;
     int cv = W[0].rowb / 16, P = 256 / cv, c = tid & (cv - 1), p = tid / cv;
-    /* ILV: local feature l is the group's feature f0 + fs l (a prefix of l is valid) */
-    const int64_t nf = ILV ? (rows - f0 + fs - 1) / fs : rows - f0;
-    nfeat = (int)(nf < (int64_t)P * M ? nf : (int64_t)P * M);
+    nfeat = (int)(rows - f0 < (int64_t)P * M ? rows - f0 : (int64_t)P * M);
     nv = (nfeat - p + P - 1) / P; /* this thread's valid features: i < nv */
-    g0 = W[0].data + (f0 + (ILV ? fs * p : p)) * W[0].rowb + c * 16;
-    g1 = UP ? W[1].data + (f0 + (ILV ? fs * p : p)) * W[1].rowb + c * 16 : g0;
+    g0 = W[0].data + (f0 + p) * W[0].rowb + c * 16;
+    g1 = UP ? W[1].data + (f0 + p) * W[1].rowb + c * 16 : g0;
     /* iteration it copies features it U .. it U + U - 1 (both halves for up) into stage it % S */
     auto issue = [&](int st, int ib, const uint8_t *b0, const uint8_t *b1) { /* ib: first feature, from b0/b1 */
 #pragma unroll
         for (int j = 0; j < V; j++) {
             int u = j / NH;
-            if (ib + u < nv)
-                b1_cp16<HINT>(sd + (st * V + j) * 256,
-                              (j % NH ? b1 : b0) + (ILV ? (ib + u) * FSTEP * fs : (int64_t)((ib + u) * FSTEP)));
+            if (ib + u < nv) b1_cp16<HINT>(sd + (st * V + j) * 256, (j % NH ? b1 : b0) + (ib + u) * FSTEP);
         }
         d_cp_commit();
     };
 #pragma unroll
     for (int st = 0; st < S - 1; st++) issue(st, st * U, g0, g1);
-    /* the scale table (FP4, interleaved FP8) or this thread's two block scales (FP8) */
+    /* the scale table (FP4) or this thread's two block scales (FP8) */
     fsc[0] = fsc[1] = 0.0f;
-    if (FMT == B1F_FP8 && ILV) {
-        /* interleaved FP8 (e8m0 scales: k_moe_b1r keeps f32 ones contiguous): the thread's feature i is the group's
-         * f0 + fs (p + P i), in its own row of scale blocks, so the thread writes its entries tid + 256 i of the
-         * table as FP4's are laid out (bf16 bits of the scale; up: w1's low, w3's high), read after b1f_run's
-         * barrier; the same scale values as fsc, so the same products */
-        const int cb = c * 16 / W[0].block;
-        for (int i = 0; i < nv && i < M; i++) {
-            const int64_t rb = (f0 + fs * (p + (int64_t)P * i)) / W[0].block;
-            const uint32_t lo = b1_e8m0_bf16(__ldg(W[0].scale + rb * W[0].srow + cb));
-            if (UP)
-                ((uint32_t *)tile)[tid + 256 * i] = lo | b1_e8m0_bf16(__ldg(W[1].scale + rb * W[1].srow + cb)) << 16;
-            else
-                ((uint16_t *)tile)[tid + 256 * i] = (uint16_t)lo;
-        }
-    } else if (FMT == B1F_FP8) {
+    if (FMT == B1F_FP8) {
         int64_t rb = f0 / W[0].block;
         int cb = c * 16 / W[0].block;
 #pragma unroll
@@ -1411,15 +1389,8 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
         for (int j = 0; j < NCH; j++) {
             int k = tid + 256 * j;
             if ((int64_t)k * 16 >= (int64_t)nfeat * srow) break;
-            uint4 s0, s1;
-            if constexpr (ILV) { /* chunk k's local row k 16 / srow is the group's row f0 + fs (k 16 / srow) */
-                const int64_t so = (f0 + fs * ((int64_t)k * 16 / srow)) * srow + (int64_t)k * 16 % srow;
-                s0 = __ldg((const uint4 *)(W[0].scale + so));
-                s1 = UP ? __ldg((const uint4 *)(W[1].scale + so)) : s0;
-            } else {
-                s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
-                s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
-            }
+            uint4 s0 = __ldg((const uint4 *)(W[0].scale + f0 * srow) + k);
+            uint4 s1 = UP ? __ldg((const uint4 *)(W[1].scale + f0 * srow) + k) : s0;
             const uint32_t *a = (const uint32_t *)&s0, *b = (const uint32_t *)&s1;
             if (FMT == B1F_MXFP4) {
                 uint32_t e[16];
@@ -1454,11 +1425,10 @@ __device__ __forceinline__ void b1f_start(uint8_t *sm, const mb_half (&W)[2], in
 }
 
 /* one stage vector q's sum in format FMT: the products with xr and the scale (FP8: this thread's block
- * scale fsc, or with ILV the table's entry te, half hh; FP4: the entry te of the block's table, half hh) */
-template <int FMT, int DEC, int ILV = 0>
+ * scale fsc; FP4: the entry te of the block's table, half hh) */
+template <int FMT, int DEC>
 __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32_t te, int hh, float fsc,
                                          const mb_half &H) {
-    if (FMT == B1F_FP8 && ILV) return b1f_fp8(q, xr) * __uint_as_float((hh ? te >> 16 : te & 0xffffu) << 16);
     if (FMT == B1F_FP8) return b1f_fp8(q, xr) * fsc;
     float a, b;
     b1f_fp4<DEC>(q, xr, a, b);
@@ -1470,9 +1440,9 @@ __device__ __forceinline__ float b1f_dot(const uint4 &q, const float *xr, uint32
 }
 
 /* the block's features f0 .. f0 + P M of one group in format FMT (up: w1, w3; down: w2) */
-template <int UP, int FMT, int DEC, int S, int V, int M, int HINT, int ILV = 0>
+template <int UP, int FMT, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs, int64_t f0,
-                                        float *out, float pre, float limit, int act_bf16, int64_t fs = 1) {
+                                        float *out, float pre, float limit, int act_bf16) {
     constexpr int NH = UP ? 2 : 1, U = V / NH, NIT = M / U, VN = FMT == B1F_FP8 ? 16 : 32, NV = S * V;
     /* DEC 3: DEC 2's decode with the stage loop rolled (gate/up's default since stop 41: b1_geoms) */
     constexpr int DC = DEC == 3 ? 2 : DEC;
@@ -1486,8 +1456,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     int nfeat, nv;
     const uint8_t *g0, *g1;
     float fsc[2];
-    b1f_start<UP, FMT, S, V, M, HINT, ILV>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc, fs);
-    const int64_t fstep = ILV ? FSTEP * fs : FSTEP;
+    b1f_start<UP, FMT, S, V, M, HINT>(sm, W, rows, f0, nfeat, nv, g0, g1, fsc);
     /* everything above reads weights only (copies, scales) or the plan's groups, which were
      * complete before the kernel this one follows started (k_moe_b1r's down half waits here,
      * common.cuh's PDL); x is the previous kernel's output */
@@ -1503,7 +1472,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
     const uint32_t *t32 = (const uint32_t *)tile + tid;
     const uint16_t *t16 = (const uint16_t *)tile + tid;
     for (int it0 = 0; it0 < NIT; it0 += S) {
-        const uint8_t *b0 = g0 + (int64_t)it0 * U * fstep, *b1 = g1 + (int64_t)it0 * U * fstep;
+        const uint8_t *b0 = g0 + (int64_t)it0 * U * FSTEP, *b1 = g1 + (int64_t)it0 * U * FSTEP;
         int nvr = nv - it0 * U; /* valid features counted from this round's first */
         /* DEC 3: one stage a trip, its V sums reduced at once (the same tree, so the same bits).  The
          * stage body and the part write repeat the unrolled form's below: moving both into shared helpers
@@ -1511,7 +1480,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         if constexpr (DEC == 3) {
 #pragma unroll 1
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V, HINT, ILV>(sd, st, nvr, b0, b1, fstep);
+                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1);
                 float v[V];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -1519,8 +1488,7 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
                     uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
 #pragma unroll
                     for (int hh = 0; hh < NH; hh++)
-                        v[u * NH + hh] =
-                            b1f_dot<FMT, DC, ILV>(sd[(st * V + u * NH + hh) * 256], xr, te, hh, fsc[hh], W[hh]);
+                        v[u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh, fsc[hh], W[hh]);
                 }
                 float wsum = b1f_reduce<V>(v, lane);
                 if ((lane & (32 / V - 1)) == 0) {
@@ -1533,15 +1501,15 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
             float v[NV];
 #pragma unroll
             for (int st = 0; st < S; st++) {
-                b1f_refill<NH, S, V, HINT, ILV>(sd, st, nvr, b0, b1, fstep); /* then compute stage st */
+                b1f_refill<NH, S, V, HINT>(sd, st, nvr, b0, b1); /* then compute stage st */
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int i = (it0 + st) * U + u; /* the thread's feature index */
                     uint32_t te = UP ? t32[256 * i] : (uint32_t)t16[256 * i];
 #pragma unroll
                     for (int hh = 0; hh < NH; hh++)
-                        v[st * V + u * NH + hh] = b1f_dot<FMT, DC, ILV>(sd[(st * V + u * NH + hh) * 256], xr, te,
-                                                                        hh, fsc[hh], W[hh]);
+                        v[st * V + u * NH + hh] = b1f_dot<FMT, DC>(sd[(st * V + u * NH + hh) * 256], xr, te, hh,
+                                                                   fsc[hh], W[hh]);
                 }
             }
             /* rows past the weight's end hold stale stage data: their sums are never read */
@@ -1554,21 +1522,20 @@ __device__ __forceinline__ void b1f_run(uint8_t *sm, const mb_half (&W)[2], int6
         }
     }
     __syncthreads();
-    b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16, ILV ? fs : 1);
+    b1_write<UP>(part, kw, nfeat, tid, f0, out, pre, limit, act_bf16);
 }
 
 /* b1f_run in the instance of the group's weight format (w1 and w3 share one: the expert table
  * checks it) */
-template <int UP, int DEC, int S, int V, int M, int HINT, int ILV = 0>
+template <int UP, int DEC, int S, int V, int M, int HINT>
 __device__ __forceinline__ void b1f_format(uint8_t *sm, const mb_half (&W)[2], int64_t rows, const float *xs,
-                                           int64_t f0, float *out, float pre, float limit, int act_bf16,
-                                           int64_t fs = 1) {
+                                           int64_t f0, float *out, float pre, float limit, int act_bf16) {
     if (W[0].fmt == DSV4_WF_MXFP4)
-        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
+        b1f_run<UP, B1F_MXFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else if (W[0].fmt == DSV4_WF_NVFP4)
-        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
+        b1f_run<UP, B1F_NVFP4, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
     else
-        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT, ILV>(sm, W, rows, xs, f0, out, pre, limit, act_bf16, fs);
+        b1f_run<UP, B1F_FP8, DEC, S, V, M, HINT>(sm, W, rows, xs, f0, out, pre, limit, act_bf16);
 }
 
 /* ----- one row on tensor cores (moe.dot=mma: k_moe_b1r's MMA instances, below) -----
@@ -2085,7 +2052,7 @@ __global__ void __launch_bounds__(256) k_moe_xsplit(uint4 *xf, int64_t ldf, cons
  * uint4 a row; gate/up with hf (not NULL) also writes h's records there (row G.slot[0], ldhf a
  * row).  MMA = 2: the same on bm2_run (M 32, two blocks per SM), MMA = 3 on bm3_run (M 16, four), 4 on bm3_run
  * with the records staged (three); the host checks their shapes.  MMA = 0 ignores the four. */
-template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0, int ILV = 0>
+template <int UP, int DEC, int S, int V, int M, int MINB, int MMA = 0>
 __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, const int *n_groups, const dexpert *tab,
                                                     const float *x, const float *xq, float *h, int64_t ldh, float *y,
                                                     int64_t dim, int act_fp8, float limit, int act_bf16, int cr,
@@ -2124,12 +2091,6 @@ __global__ void __launch_bounds__(256, MINB) k_moe_b1r(const group *groups, cons
     else if (MMA && W[0].fmt == DSV4_WF_MXFP4)
         bm_run<UP, M>(b1s, W, rows, xf + (int64_t)(UP ? G.row[0] : G.slot[0]) * ldf, f0, out, G.pre[0], limit,
                       act_bf16, UP && hf ? hf + (int64_t)G.slot[0] * ldhf : NULL);
-    else if (ILV && (W[0].fmt != DSV4_WF_FP8 || !W[0].scale_f32))
-        /* a group's features interleaved over its n blocks: block chunk takes chunk + n l (n = cr routed, cs shared).
-         * The group's blocks are chunk < n with n = ceil(rows / (P M)), so b1_group passed each of them.  FP4, and
-         * FP8 with e8m0 scales (a table of the features' scale rows); FP8 with f32 scales keeps its chunk */
-        b1f_format<UP, DEC, S, V, M, B1_HINT, ILV>(b1s, W, rows, xs, chunk, out, G.pre[0], limit, act_bf16,
-                                                    gi < nr ? cr : cs);
     else
         b1f_format<UP, DEC, S, V, M, B1_HINT>(b1s, W, rows, xs, f0, out, G.pre[0], limit, act_bf16);
 }
@@ -2446,13 +2407,6 @@ struct b1_geom {
 #define B1_GEOM_R(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                        \
     {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD>,              \
      B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
-/* 0's kernels with ILV (stop 63): a group's block takes the features chunk + n l (n: the group's blocks) instead of
- * chunk P M + l, so that at any moment a group's blocks read neighbouring rows (one span of n rows) instead of n runs
- * 128 KB (gate/up) / 64 KB (down) apart; the same sums in the same order, feature by feature.  FP4 groups and, since
- * stop 64, FP8 groups with e8m0 scales (the shared expert's); FP8 with f32 scales keeps its chunk */
-#define B1_GEOM_RI(DECU, DECD, SU, VU, MU, BU, SD, VD, MDN, BD)                                                       \
-    {(const void *)k_moe_b1r<1, DECU, SU, VU, MU, BU, 0, 1>, (const void *)k_moe_b1r<0, DECD, SD, VD, MDN, BD, 0, 1>, \
-     B1F_SMEM(SU, VU, MU, 2), B1F_SMEM(SD, VD, MDN, 1), MU, MDN, 1, 1, 1}
 /* DEC 3: b1f_run's stage loop rolled (gate/up's default since stop 41: H100, ncu, 2 synth Flash layers,
  * 4 calls: gate/up 30.3-31.0 us against 35.7-35.8 with it unrolled, 19.05 M against 16.92 M warp
  * instructions, issue slots 60 % against 46 % busy, DRAM 70 % against 61 %, no_instruction stalls 0.12
@@ -2465,7 +2419,6 @@ static const b1_geom b1_geoms[] = {
     B1_GEOM_PREV(1, 4, 2, 4, 4, 4, 32, 2),       /* 3: k_moe_b1_prev */
     B1_GEOM_R(3, 3, 4, 2, 16, 4, 4, 2, 16, 4),   /* 4: both halves rolled */
     B1_GEOM_R(2, 2, 4, 2, 16, 4, 4, 2, 16, 4),   /* 5: both unrolled (the default until stop 41) */
-    B1_GEOM_RI(3, 2, 4, 2, 16, 4, 4, 2, 16, 4),  /* 6: 0 with a group's features interleaved over its blocks */
 };
 enum { B1_NGEOM = (int)(sizeof(b1_geoms) / sizeof(b1_geoms[0])), B1_LUT = 2, B1_PREV = 3 };
 
