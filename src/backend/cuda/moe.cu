@@ -2288,9 +2288,13 @@ __device__ __forceinline__ void q8_rows(const dweight &Wa, int64_t ra, const dwe
  * before waiting for h's records.  xq: the input rows' records (k_moe_q8x, ldq
  * bytes a row: gate/up row G.row[0] of x, down row G.slot[0] of h).  gate/up writes h (SwiGLU,
  * the weight before w2 when the plan set it, as b1_write), down y.  A group whose weights are
- * not MXFP4 or FP8 is a broken invariant (the host checks the table): its block exits. */
+ * not MXFP4 or FP8 is a broken invariant (the host checks the table): its block exits.
+ * Gate/up is held to two blocks an SM (126 registers, no spills): left free, ptxas gave it 159 registers, so one
+ * block an SM and its 224 blocks on Flash in 1.7 waves (ncu on an H100, stop 65: 46.3-47.4 us a call, 12 % of the
+ * warps resident, against k_moe_b1r's 30.1-31.7).  Down keeps the compiler's choice (0: no minimum; 128 registers,
+ * two blocks, 0.85 waves; its PTX unchanged). */
 template <int UP>
-__global__ void __launch_bounds__(256) k_moe_q8(const group *groups, const int *n_groups, const dexpert *tab,
+__global__ void __launch_bounds__(256, UP ? 2 : 0) k_moe_q8(const group *groups, const int *n_groups, const dexpert *tab,
                                                 const uint8_t *xq, int64_t ldq, float *h, int64_t ldh, float *y,
                                                 int64_t dim, float limit, int act_bf16, int cr, int cs, int hs) {
     if (UP) pdl_enter(); /* the plan's groups are the previous kernel's */
