@@ -2294,9 +2294,9 @@ __device__ __forceinline__ void q8_rows(const dweight &Wa, int64_t ra, const dwe
  * warps resident, against k_moe_b1r's 30.1-31.7).  Down keeps the compiler's choice (0: no minimum; 128 registers,
  * two blocks, 0.85 waves; its PTX unchanged). */
 template <int UP>
-__global__ void __launch_bounds__(256, UP ? 2 : 0) k_moe_q8(const group *groups, const int *n_groups, const dexpert *tab,
-                                                const uint8_t *xq, int64_t ldq, float *h, int64_t ldh, float *y,
-                                                int64_t dim, float limit, int act_bf16, int cr, int cs, int hs) {
+__global__ void __launch_bounds__(256, UP ? 2 : 0)
+    k_moe_q8(const group *groups, const int *n_groups, const dexpert *tab, const uint8_t *xq, int64_t ldq, float *h,
+             int64_t ldh, float *y, int64_t dim, float limit, int act_bf16, int cr, int cs, int hs) {
     if (UP) pdl_enter(); /* the plan's groups are the previous kernel's */
     int nr = *n_groups - hs, b = (int)blockIdx.x, gi = -1, chunk = 0;
     if (nr >= 0 && b < nr * cr) gi = b / cr, chunk = b - gi * cr;
