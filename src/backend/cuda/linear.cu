@@ -867,15 +867,14 @@ __global__ void __launch_bounds__(256, G8X_BPS) k_gemv8x(float *out, const float
     const int64_t pb = SPLIT ? (int64_t)npass * blockIdx.x / gridDim.x : R * blockIdx.x,
                   pe = SPLIT ? (int64_t)npass * (blockIdx.x + 1) / gridDim.x
                              : (pb + R < npass ? pb + R : (int64_t)npass);
-    const int64_t ps = 1;
     if (pb < pe) G8X_LOAD(ba, pb);
     pdl_enter(); /* the first pass's weights and scales are in flight while the previous kernel ends */
-    for (int64_t p = pb; p < pe; p += 2 * ps) { /* loads of the next pass in flight during pass p */
-        if (p + ps < pe) G8X_LOAD(bb, p + ps);
+    for (int64_t p = pb; p < pe; p += 2) { /* loads of the next pass in flight during pass p */
+        if (p + 1 < pe) G8X_LOAD(bb, p + 1);
         G8X_PASS(ba, p);
-        if (p + ps >= pe) break;
-        if (p + 2 * ps < pe) G8X_LOAD(ba, p + 2 * ps);
-        G8X_PASS(bb, p + ps);
+        if (p + 1 >= pe) break;
+        if (p + 2 < pe) G8X_LOAD(ba, p + 2);
+        G8X_PASS(bb, p + 1);
     }
 #undef G8X_LOAD
 #undef G8X_PASS
